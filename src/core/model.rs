@@ -1,0 +1,530 @@
+//! Strategy model and its validation.
+//!
+//! A strategy is a conjunction of exact `dimension = value` conditions, one
+//! algorithm, a rate and what to do on overflow. Everything that reaches the
+//! shared-memory table has passed [`Strategy::validate`]: a rate of 0, an
+//! absurd burst or an interval that rounds to 0 is an error here, never a
+//! silent bypass later.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+/// Largest number of conditions in one strategy.
+pub const MAX_CONDITIONS: usize = 16;
+/// Longest dimension name, in bytes.
+pub const MAX_DIMENSION_LEN: usize = 32;
+/// Longest condition value, in bytes.
+pub const MAX_VALUE_LEN: usize = 256;
+/// Largest burst of a token bucket.
+pub const MAX_BURST: u32 = 1_000_000;
+/// Largest wait of a delay action, in milliseconds (one hour).
+pub const MAX_DELAY_MS: u32 = 3_600_000;
+/// Smallest GCRA emission interval: 1 µs, i.e. at most 1,000,000 requests a
+/// second per strategy and host. Integer nanoseconds keep the error of the
+/// rounded-up interval under 0.1 % at this bound.
+pub const MIN_INTERVAL_NS: u64 = 1_000;
+/// Largest count per window for `fixed_window` and `sliding_window`, and the
+/// largest in-flight limit of `concurrency` (counts are 32-bit in the slot).
+pub const MAX_WINDOW_COUNT: u64 = u32::MAX as u64 - 1;
+
+/// Why a strategy was refused. Every variant names the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("id: must be between 1 and {max}", max = u32::MAX)]
+    ZeroId,
+    #[error("conditions: at most {MAX_CONDITIONS} per strategy, got {0}")]
+    TooManyConditions(usize),
+    #[error("conditions[{index}].dimension: {name:?} is not a valid name ([a-z][a-z0-9_]*, at most {MAX_DIMENSION_LEN} bytes)")]
+    BadDimension { index: usize, name: String },
+    #[error("conditions[{index}].dimension: {name:?} appears twice in one strategy")]
+    DuplicateDimension { index: usize, name: String },
+    #[error("conditions[{index}].value: must be 1 to {MAX_VALUE_LEN} bytes, got {len}")]
+    BadValueLength { index: usize, len: usize },
+    #[error("conditions[{index}].value: {value:?} is not an IPv4 or IPv6 address")]
+    BadIp { index: usize, value: String },
+    #[error("rate: must be greater than 0")]
+    ZeroRate,
+    #[error("rate: {rate} per {per} is too high for {algorithm} (the interval between requests would be under {MIN_INTERVAL_NS} ns)")]
+    RateTooHigh {
+        rate: u64,
+        per: Unit,
+        algorithm: Algorithm,
+    },
+    #[error("rate: {rate} is more than the {algorithm} limit of {MAX_WINDOW_COUNT}")]
+    CountTooHigh { rate: u64, algorithm: Algorithm },
+    #[error("burst: must be between 1 and {MAX_BURST} for {algorithm}, got {burst}")]
+    BadBurst { burst: u32, algorithm: Algorithm },
+    #[error("burst: {burst} × interval of {interval_ns} ns does not fit the clock")]
+    BurstOverflow { burst: u32, interval_ns: u64 },
+    #[error("action.status: must be between 400 and 599, got {0}")]
+    BadStatus(u16),
+    #[error("action.max_delay_ms: must be between 1 and {MAX_DELAY_MS}, got {0}")]
+    BadMaxDelay(u32),
+    #[error("action: delay needs token_bucket or leaky_bucket, not {0}")]
+    DelayNeedsBucket(Algorithm),
+    #[error("{field}: unknown value {value:?} (expected one of {expected})")]
+    UnknownKeyword {
+        field: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+/// The limiting algorithm of a strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Algorithm {
+    FixedWindow = 1,
+    SlidingWindow = 2,
+    TokenBucket = 3,
+    LeakyBucket = 4,
+    Concurrency = 5,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| *a as u8 == v)
+    }
+
+    /// GCRA algorithms (one theoretical arrival time per slot).
+    pub fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| ModelError::UnknownKeyword {
+                field: "algorithm",
+                value: s.to_string(),
+                expected: "fixed_window, sliding_window, token_bucket, leaky_bucket, concurrency",
+            })
+    }
+}
+
+/// The period a rate is counted over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Unit {
+    Second = 1,
+    Minute = 2,
+    Hour = 3,
+    Day = 4,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 4] = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| *u as u8 == v)
+    }
+
+    /// Length of the period in nanoseconds.
+    pub fn period_ns(self) -> u64 {
+        const S: u64 = 1_000_000_000;
+        match self {
+            Unit::Second => S,
+            Unit::Minute => 60 * S,
+            Unit::Hour => 3_600 * S,
+            Unit::Day => 86_400 * S,
+        }
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Unit {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = match s {
+            "s" | "sec" => "second",
+            "m" | "min" => "minute",
+            "h" => "hour",
+            "d" => "day",
+            other => other.strip_suffix('s').unwrap_or(other),
+        };
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.as_str() == s)
+            .ok_or_else(|| ModelError::UnknownKeyword {
+                field: "per",
+                value: s.to_string(),
+                expected: "second, minute, hour, day",
+            })
+    }
+}
+
+/// What happens to a request the strategy does not admit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Answer with this status; `None` uses the location's `rate_ctl_status`.
+    Reject { status: Option<u16> },
+    /// Queue the request (leaky bucket as a queue) for at most this long,
+    /// then reject with the location's status.
+    Delay { max_delay_ms: u32 },
+    /// Count and log only.
+    DryRun,
+}
+
+impl Action {
+    pub fn kind(&self) -> u8 {
+        match self {
+            Action::Reject { .. } => 1,
+            Action::Delay { .. } => 2,
+            Action::DryRun => 3,
+        }
+    }
+}
+
+/// One exact `dimension = value` condition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Condition {
+    pub dimension: String,
+    pub value: Vec<u8>,
+}
+
+impl Condition {
+    pub fn new(dimension: impl Into<String>, value: impl Into<Vec<u8>>) -> Condition {
+        Condition {
+            dimension: dimension.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// A rate-limiting strategy as stored and as published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Strategy {
+    pub id: u32,
+    pub conditions: Vec<Condition>,
+    pub algorithm: Algorithm,
+    /// Requests per `per` (for `concurrency`: requests in flight).
+    pub rate: u64,
+    pub per: Unit,
+    /// Bucket capacity for `token_bucket` (≥ 1); ignored and stored as 1
+    /// for `leaky_bucket`; ignored by the window and concurrency algorithms.
+    pub burst: u32,
+    pub action: Action,
+    pub enabled: bool,
+}
+
+/// Is `name` a valid dimension name: `[a-z][a-z0-9_]*`, at most 32 bytes.
+pub fn valid_dimension_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_DIMENSION_LEN
+        && b[0].is_ascii_lowercase()
+        && b[1..]
+            .iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+}
+
+/// The canonical text of an IP address value: IPv4 dotted quad, IPv6 in
+/// RFC 5952 form, IPv4-mapped IPv6 as IPv4. The module formats the client
+/// address the same way, so equal addresses compare equal as bytes.
+pub fn canonical_ip(value: &[u8]) -> Option<String> {
+    let s = std::str::from_utf8(value).ok()?;
+    let ip: IpAddr = s.trim().parse().ok()?;
+    Some(canonical_ip_addr(ip))
+}
+
+/// See [`canonical_ip`].
+pub fn canonical_ip_addr(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => v6.to_string(),
+        },
+        IpAddr::V4(v4) => v4.to_string(),
+    }
+}
+
+impl Strategy {
+    /// Checks every field and canonicalises `ip` values in place.
+    pub fn validate(&mut self) -> Result<(), ModelError> {
+        if self.id == 0 {
+            return Err(ModelError::ZeroId);
+        }
+        if self.conditions.len() > MAX_CONDITIONS {
+            return Err(ModelError::TooManyConditions(self.conditions.len()));
+        }
+        for index in 0..self.conditions.len() {
+            let c = &self.conditions[index];
+            if !valid_dimension_name(&c.dimension) {
+                return Err(ModelError::BadDimension {
+                    index,
+                    name: c.dimension.clone(),
+                });
+            }
+            if self.conditions[..index]
+                .iter()
+                .any(|p| p.dimension == c.dimension)
+            {
+                return Err(ModelError::DuplicateDimension {
+                    index,
+                    name: c.dimension.clone(),
+                });
+            }
+            if c.value.is_empty() || c.value.len() > MAX_VALUE_LEN {
+                return Err(ModelError::BadValueLength {
+                    index,
+                    len: c.value.len(),
+                });
+            }
+            if c.dimension == "ip" {
+                let canon = canonical_ip(&c.value).ok_or_else(|| ModelError::BadIp {
+                    index,
+                    value: String::from_utf8_lossy(&c.value).into_owned(),
+                })?;
+                self.conditions[index].value = canon.into_bytes();
+            }
+        }
+        if self.rate == 0 {
+            return Err(ModelError::ZeroRate);
+        }
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                if self.algorithm == Algorithm::LeakyBucket {
+                    self.burst = 1;
+                }
+                if self.burst == 0 || self.burst > MAX_BURST {
+                    return Err(ModelError::BadBurst {
+                        burst: self.burst,
+                        algorithm: self.algorithm,
+                    });
+                }
+                let interval_ns = self.interval_ns();
+                if interval_ns < MIN_INTERVAL_NS {
+                    return Err(ModelError::RateTooHigh {
+                        rate: self.rate,
+                        per: self.per,
+                        algorithm: self.algorithm,
+                    });
+                }
+                // Tolerance plus the longest delay must stay far from u64::MAX
+                // so that `now + tau + delay` never overflows (≈ 146 years).
+                let tau = interval_ns.checked_mul(self.burst as u64);
+                if tau.is_none_or(|t| t > u64::MAX / 4) {
+                    return Err(ModelError::BurstOverflow {
+                        burst: self.burst,
+                        interval_ns,
+                    });
+                }
+            }
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::Concurrency => {
+                if self.rate > MAX_WINDOW_COUNT {
+                    return Err(ModelError::CountTooHigh {
+                        rate: self.rate,
+                        algorithm: self.algorithm,
+                    });
+                }
+            }
+        }
+        match self.action {
+            Action::Reject { status: Some(s) } if !(400..=599).contains(&s) => {
+                return Err(ModelError::BadStatus(s))
+            }
+            Action::Delay { max_delay_ms } => {
+                if max_delay_ms == 0 || max_delay_ms > MAX_DELAY_MS {
+                    return Err(ModelError::BadMaxDelay(max_delay_ms));
+                }
+                if !self.algorithm.is_bucket() {
+                    return Err(ModelError::DelayNeedsBucket(self.algorithm));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// GCRA emission interval: the period divided by the rate, rounded up so
+    /// that rounding never admits more than the rate.
+    pub fn interval_ns(&self) -> u64 {
+        interval_ns(self.rate, self.per)
+    }
+}
+
+/// `period / rate`, rounded up; `u64::MAX` for a rate of 0.
+pub fn interval_ns(rate: u64, per: Unit) -> u64 {
+    if rate == 0 {
+        return u64::MAX;
+    }
+    per.period_ns().div_ceil(rate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Strategy {
+        Strategy {
+            id: 7,
+            conditions: vec![
+                Condition::new("ip", "::ffff:1.2.3.4"),
+                Condition::new("userid", "u1024"),
+            ],
+            algorithm: Algorithm::TokenBucket,
+            rate: 100,
+            per: Unit::Second,
+            burst: 20,
+            action: Action::Reject { status: None },
+            enabled: true,
+        }
+    }
+
+    #[test]
+    fn valid_strategy_canonicalises_ip() {
+        let mut s = base();
+        s.validate().unwrap();
+        assert_eq!(s.conditions[0].value, b"1.2.3.4");
+        let mut s = base();
+        s.conditions[0].value = b"0:0:0:0:0:0:0:1".to_vec();
+        s.validate().unwrap();
+        assert_eq!(s.conditions[0].value, b"::1");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: Vec<(fn(&mut Strategy), &str)> = vec![
+            (|s| s.id = 0, "id"),
+            (|s| s.rate = 0, "rate"),
+            (|s| s.rate = 2_000_000, "rate"),
+            (|s| s.burst = 0, "burst"),
+            (|s| s.burst = MAX_BURST + 1, "burst"),
+            (
+                |s| s.conditions[1].dimension = "User".into(),
+                "conditions[1].dimension",
+            ),
+            (
+                |s| s.conditions[1].dimension = "ip".into(),
+                "conditions[1].dimension",
+            ),
+            (|s| s.conditions[1].value = vec![], "conditions[1].value"),
+            (
+                |s| s.conditions[1].value = vec![b'x'; 257],
+                "conditions[1].value",
+            ),
+            (
+                |s| s.conditions[0].value = b"1.2.3".to_vec(),
+                "conditions[0].value",
+            ),
+            (
+                |s| s.action = Action::Reject { status: Some(200) },
+                "action.status",
+            ),
+            (
+                |s| s.action = Action::Delay { max_delay_ms: 0 },
+                "action.max_delay_ms",
+            ),
+            (
+                |s| {
+                    s.algorithm = Algorithm::FixedWindow;
+                    s.action = Action::Delay { max_delay_ms: 10 }
+                },
+                "action",
+            ),
+            (
+                |s| {
+                    s.conditions = (0..17)
+                        .map(|i| Condition::new(format!("d{i}"), "v"))
+                        .collect()
+                },
+                "conditions",
+            ),
+            (
+                |s| {
+                    s.per = Unit::Day;
+                    s.rate = 1;
+                    s.burst = MAX_BURST
+                },
+                "burst",
+            ),
+        ];
+        for (mutate, field) in cases {
+            let mut s = base();
+            mutate(&mut s);
+            let err = s.validate().unwrap_err().to_string();
+            assert!(err.starts_with(field), "{err:?} should name {field}");
+        }
+    }
+
+    #[test]
+    fn leaky_bucket_is_burst_one_and_windows_allow_large_counts() {
+        let mut s = base();
+        s.algorithm = Algorithm::LeakyBucket;
+        s.burst = 50;
+        s.validate().unwrap();
+        assert_eq!(s.burst, 1);
+        let mut s = base();
+        s.algorithm = Algorithm::FixedWindow;
+        s.per = Unit::Day;
+        s.rate = 4_000_000_000;
+        s.validate().unwrap();
+        s.rate = u32::MAX as u64;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn interval_rounds_up() {
+        assert_eq!(interval_ns(3, Unit::Second), 333_333_334);
+        assert_eq!(interval_ns(1000, Unit::Second), 1_000_000);
+        assert_eq!(interval_ns(0, Unit::Second), u64::MAX);
+    }
+
+    #[test]
+    fn keywords_parse() {
+        assert_eq!(
+            "token_bucket".parse::<Algorithm>().unwrap(),
+            Algorithm::TokenBucket
+        );
+        assert_eq!("minutes".parse::<Unit>().unwrap(), Unit::Minute);
+        assert_eq!("s".parse::<Unit>().unwrap(), Unit::Second);
+        assert!("weekly"
+            .parse::<Unit>()
+            .unwrap_err()
+            .to_string()
+            .starts_with("per:"));
+    }
+}

@@ -1,0 +1,127 @@
+//! Stat slots: one 64-byte, cache-line-aligned record per strategy.
+//!
+//! | offset | size | field      | written by | meaning                                            |
+//! |-------:|-----:|------------|------------|----------------------------------------------------|
+//! | 0      | 8    | state0     | workers    | limiter state word (GCRA TAT, window word, in-flight) |
+//! | 8      | 8    | state1     | workers    | second limiter word (sliding window: odd windows)  |
+//! | 16     | 8    | generation | agent      | bumped each time the slot is assigned to a strategy |
+//! | 24     | 8    | passed     | workers    | requests admitted (monotonic)                      |
+//! | 32     | 8    | limited    | workers    | requests rejected, or that a dry run would reject  |
+//! | 40     | 8    | delayed    | workers    | requests admitted after a delay                    |
+//! | 48     | 8    | owner      | agent      | strategy id (low 32 bits) the slot belongs to      |
+//! | 56     | 8    | freed_at   | agent      | unix ms when the slot was freed (0 = in use/never) |
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::region::Region;
+
+pub const SLOT_SIZE: usize = 64;
+pub const OFF_STATE0: usize = 0;
+pub const OFF_STATE1: usize = 8;
+pub const OFF_GENERATION: usize = 16;
+pub const OFF_PASSED: usize = 24;
+pub const OFF_LIMITED: usize = 32;
+pub const OFF_DELAYED: usize = 40;
+pub const OFF_OWNER: usize = 48;
+pub const OFF_FREED_AT: usize = 56;
+
+/// One stat slot. All fields are atomics in shared memory.
+#[derive(Clone, Copy)]
+pub struct Slot<'a> {
+    pub state0: &'a AtomicU64,
+    pub state1: &'a AtomicU64,
+    pub generation: &'a AtomicU64,
+    pub passed: &'a AtomicU64,
+    pub limited: &'a AtomicU64,
+    pub delayed: &'a AtomicU64,
+    pub owner: &'a AtomicU64,
+    pub freed_at: &'a AtomicU64,
+}
+
+/// Counter values of a slot, for stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub passed: u64,
+    pub limited: u64,
+    pub delayed: u64,
+}
+
+impl<'a> Slot<'a> {
+    /// The slot at `index` of a slot array region; `None` past the end.
+    #[inline]
+    pub fn at(slots: &Region<'a>, index: u32) -> Option<Slot<'a>> {
+        let base = (index as usize).checked_mul(SLOT_SIZE)?;
+        // One bounds check for the whole slot, then the fields.
+        slots.u64_at(base.checked_add(OFF_FREED_AT)?)?;
+        Some(Slot {
+            state0: slots.u64_at(base + OFF_STATE0)?,
+            state1: slots.u64_at(base + OFF_STATE1)?,
+            generation: slots.u64_at(base + OFF_GENERATION)?,
+            passed: slots.u64_at(base + OFF_PASSED)?,
+            limited: slots.u64_at(base + OFF_LIMITED)?,
+            delayed: slots.u64_at(base + OFF_DELAYED)?,
+            owner: slots.u64_at(base + OFF_OWNER)?,
+            freed_at: slots.u64_at(base + OFF_FREED_AT)?,
+        })
+    }
+
+    pub fn counters(&self) -> Counters {
+        Counters {
+            passed: self.passed.load(Ordering::Relaxed),
+            limited: self.limited.load(Ordering::Relaxed),
+            delayed: self.delayed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Agent side: give the slot to `owner` with a fresh generation; the
+    /// limiter state and the counters start from zero (a new bucket is full,
+    /// a new window empty).
+    pub fn reset(&self, owner: u32, generation: u64) {
+        self.state0.store(0, Ordering::Relaxed);
+        self.state1.store(0, Ordering::Relaxed);
+        self.passed.store(0, Ordering::Relaxed);
+        self.limited.store(0, Ordering::Relaxed);
+        self.delayed.store(0, Ordering::Relaxed);
+        self.owner.store(owner as u64, Ordering::Relaxed);
+        self.freed_at.store(0, Ordering::Relaxed);
+        self.generation.store(generation, Ordering::Release);
+    }
+}
+
+/// Process-local slots for tests and benchmarks.
+pub struct LocalSlots {
+    words: Vec<AtomicU64>,
+}
+
+impl LocalSlots {
+    pub fn new(count: usize) -> LocalSlots {
+        LocalSlots {
+            words: (0..count * SLOT_SIZE / 8)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    pub fn region(&self) -> Region<'_> {
+        Region::from_atomics(&self.words)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_bounds_checked() {
+        let local = LocalSlots::new(2);
+        let r = local.region();
+        assert!(Slot::at(&r, 1).is_some());
+        assert!(Slot::at(&r, 2).is_none());
+        assert!(Slot::at(&r, u32::MAX).is_none());
+        let s = Slot::at(&r, 1).unwrap();
+        s.passed.fetch_add(3, Ordering::Relaxed);
+        s.reset(9, 2);
+        assert_eq!(s.counters(), Counters::default());
+        assert_eq!(s.owner.load(Ordering::Relaxed), 9);
+    }
+}
