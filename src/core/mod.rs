@@ -2,6 +2,9 @@
 //! reader, matcher, limiters and blacklist. Used by the nginx module
 //! (`src/module`) and by the `rate-ctl` binary (`src/cli`).
 
+pub mod admit;
+pub mod clock;
+pub mod limiter;
 pub mod model;
 pub mod region;
 pub mod slot;
