@@ -89,15 +89,17 @@
 //! # Refunds
 //!
 //! A [`Reservation`] carries what is needed to give an admitted request
-//! back (multi-strategy admission refunds when a later strategy rejects).
-//! Windows: the count of the window the request was counted in is
-//! decremented if that word still holds that window — exact. GCRA: if the
-//! TAT is still the value this acquire wrote, it is restored to the value
-//! before it — exact; otherwise (other requests were admitted in between)
-//! the TAT is decreased by `T`, saturating, which is exact unless one of
-//! those requests arrived more than `T` after ours and found the bucket
-//! full (then the refunded token had already drained and one extra request
-//! may pass). Concurrency: release.
+//! back (multi-strategy admission refunds when a later strategy rejects):
+//! the word this acquire wrote and the word it replaced. If the word still
+//! holds what this acquire wrote, it is put back to the value before it, so
+//! the slot is bit for bit as if the request never came. Otherwise (other
+//! requests changed it in between): windows decrement the count of the
+//! window the request was counted in, if that word still holds that window
+//! (exact in effect; a window that has been replaced no longer counts);
+//! GCRA decreases the TAT by `T`, saturating, which is exact unless one of
+//! the requests in between arrived more than `T` after ours and found the
+//! bucket full (then the refunded token had already drained and one extra
+//! request may pass). Concurrency: release (a decrement, exact).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -164,9 +166,10 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Reservation {
     pub wait_ns: u64,
-    /// GCRA: the TAT this acquire wrote; windows: the window counted in.
+    /// The state word this acquire wrote (GCRA: the TAT; windows:
+    /// `window << 32 | count`, so `token >> 32` is the window counted in).
     token: u64,
-    /// GCRA: the TAT before this acquire.
+    /// The state word it replaced.
     prev: u64,
 }
 
@@ -375,12 +378,13 @@ impl Limiter {
         match self.params {
             Params::Gcra { interval, .. } => gcra_refund(slot.state0, r, interval),
             Params::Window { .. } => {
-                let word = if self.algorithm == Algorithm::SlidingWindow && r.token & 1 == 1 {
+                let window = r.token >> 32;
+                let word = if self.algorithm == Algorithm::SlidingWindow && window & 1 == 1 {
                     slot.state1
                 } else {
                     slot.state0
                 };
-                window_refund(word, r.token);
+                window_refund(word, r);
             }
             Params::Concurrency { .. } => concurrency_release(slot.state0),
         }
@@ -548,8 +552,8 @@ fn fixed_acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Outcome {
             Ok(_) => {
                 return Outcome::Admitted(Reservation {
                     wait_ns: 0,
-                    token: win,
-                    prev: 0,
+                    token: next,
+                    prev: cur,
                 })
             }
             Err(actual) => cur = actual,
@@ -557,15 +561,21 @@ fn fixed_acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Outcome {
     }
 }
 
-/// Decrements the count of window `window` in `w`, if `w` still holds it.
-fn window_refund(w: &AtomicU64, window: u64) {
+/// Puts back the word `r` replaced if `w` still holds the one it wrote;
+/// else decrements the count of `r`'s window, if `w` still holds it.
+fn window_refund(w: &AtomicU64, r: Reservation) {
+    let window = r.token >> 32;
     let mut cur = w.load(Ordering::SeqCst);
     loop {
         let (sw, sc) = unpack(cur);
-        if sw != window || sc == 0 {
+        let back = if cur == r.token {
+            r.prev
+        } else if sw == window && sc > 0 {
+            pack(sw, sc - 1)
+        } else {
             return;
-        }
-        match w.compare_exchange_weak(cur, pack(sw, sc - 1), Ordering::SeqCst, Ordering::SeqCst) {
+        };
+        match w.compare_exchange_weak(cur, back, Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) => return,
             Err(actual) => cur = actual,
         }
@@ -624,14 +634,15 @@ fn sliding_acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Outcome {
                 && ow == v.window - 1
                 && oc > v.prev
                 && sliding_estimate(oc, v.cur + 1, v.elapsed, period) > limit);
+        let r = Reservation {
+            wait_ns: 0,
+            token: next,
+            prev: v.cur_word,
+        };
         if !stale {
-            return Outcome::Admitted(Reservation {
-                wait_ns: 0,
-                token: v.window,
-                prev: 0,
-            });
+            return Outcome::Admitted(r);
         }
-        window_refund(words[pos], v.window);
+        window_refund(words[pos], r);
     }
 }
 
