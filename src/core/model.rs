@@ -346,7 +346,7 @@ impl Strategy {
                 // Tolerance plus the longest delay must stay far from u64::MAX
                 // so that `now + tau + delay` never overflows (≈ 146 years).
                 let tau = interval_ns.checked_mul(self.burst as u64);
-                if tau.is_none_or(|t| t > u64::MAX / 4) {
+                if tau.map_or(true, |t| t > u64::MAX / 4) {
                     return Err(ModelError::BurstOverflow {
                         burst: self.burst,
                         interval_ns,
@@ -425,9 +425,11 @@ mod tests {
         assert_eq!(s.conditions[0].value, b"::1");
     }
 
+    type Mutation = fn(&mut Strategy);
+
     #[test]
     fn errors_name_the_field() {
-        let cases: Vec<(fn(&mut Strategy), &str)> = vec![
+        let cases: Vec<(Mutation, &str)> = vec![
             (|s| s.id = 0, "id"),
             (|s| s.rate = 0, "rate"),
             (|s| s.rate = 2_000_000, "rate"),
