@@ -17,7 +17,10 @@
 //!   always [`Verdict::Pass`]: never delayed, never rejected.
 //! * Counters: `limited` on every rejecting hit; when the request passes,
 //!   `passed` on every admitting hit and `delayed` on those that asked for
-//!   a wait (with `dry_run_all`, "would have been delayed").
+//!   a wait. With `dry_run_all` such a wait is not served, but the
+//!   reservation is kept (the bucket moves as if the request had queued)
+//!   and it counts as `delayed`: the counters show what enforcement would
+//!   have done.
 //!
 //! # Concurrency hits
 //!

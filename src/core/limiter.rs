@@ -227,9 +227,14 @@ fn window_start(w: u64, period: u64) -> u64 {
 /// `floor(prev × (period − elapsed) / period) + cur`.
 #[inline]
 fn sliding_estimate(prev: u64, cur: u64, elapsed: u64, period: u64) -> u64 {
-    let weight = period.saturating_sub(elapsed) as u128;
-    let weighted = (prev as u128 * weight) / period as u128;
-    (weighted as u64).saturating_add(cur)
+    let weight = period.saturating_sub(elapsed);
+    // A 64-bit division when the product fits (the common case), 128-bit
+    // otherwise; the result is the same.
+    let weighted = match prev.checked_mul(weight) {
+        Some(p) => p / period,
+        None => ((prev as u128 * weight as u128) / period as u128) as u64,
+    };
+    weighted.saturating_add(cur)
 }
 
 /// Smallest elapsed time `e` in a window with `prev` requests in the
@@ -1186,5 +1191,103 @@ mod tests {
                 }
             );
         });
+    }
+}
+
+#[cfg(test)]
+mod race_tests {
+    use super::*;
+    use crate::core::model::Unit;
+    use crate::core::slot::LocalSlots;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Barrier;
+
+    /// Requests racing across a sliding-window boundary: some threads read
+    /// a time at the very end of window 0 (stale), others the very start of
+    /// window 1, where the estimate is `count(0) + count(1)`. Whatever the
+    /// interleaving, `count(0) + count(1)` may never exceed the limit: that
+    /// is what the cross-check after each increment guarantees (without it
+    /// a late increment of window 0 is missed by a window-1 request).
+    #[test]
+    fn sliding_window_boundary_race_never_overcounts() {
+        const THREADS: usize = 4;
+        const LIMIT: u64 = 3;
+        let mut st = Strategy {
+            id: 1,
+            conditions: vec![],
+            algorithm: Algorithm::SlidingWindow,
+            rate: LIMIT,
+            per: Unit::Second,
+            burst: 0,
+            action: Action::Reject { status: None },
+            enabled: true,
+        };
+        st.validate().unwrap();
+        let l = Limiter::from_strategy(&st);
+        let period = Unit::Second.period_ns();
+        let local = LocalSlots::new(1);
+        let region = local.region();
+        let slot = Slot::at(&region, 0).unwrap();
+        let start = Barrier::new(THREADS + 1);
+        let done = Barrier::new(THREADS + 1);
+        let admitted = AtomicU64::new(0);
+        let stop = AtomicBool::new(false);
+        let panicked = AtomicBool::new(false);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut rounds = 0u64;
+        let mut failure = None;
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (l, slot, start, done, admitted, stop, panicked) =
+                    (&l, &slot, &start, &done, &admitted, &stop, &panicked);
+                s.spawn(move || loop {
+                    start.wait();
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    // A panic must not leave the others waiting forever.
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        for i in 0..6 {
+                            // Threads mix stale (end of window 0) and fresh
+                            // (start of window 1) readings.
+                            let now = if (t + i) % 3 == 0 { period } else { period - 1 };
+                            if l.acquire(slot, now).is_admitted() {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }));
+                    if run.is_err() {
+                        panicked.store(true, Ordering::SeqCst);
+                    }
+                    done.wait();
+                });
+            }
+            while std::time::Instant::now() < deadline && rounds < 200_000 {
+                slot.state0.store(0, Ordering::SeqCst);
+                slot.state1.store(0, Ordering::SeqCst);
+                admitted.store(0, Ordering::SeqCst);
+                start.wait();
+                done.wait();
+                let (w0, c0) = unpack(slot.state0.load(Ordering::SeqCst));
+                let (w1, c1) = unpack(slot.state1.load(Ordering::SeqCst));
+                let c0 = if w0 == 0 { c0 } else { 0 };
+                let c1 = if w1 == 1 { c1 } else { 0 };
+                let n = admitted.load(Ordering::SeqCst);
+                rounds += 1;
+                if panicked.load(Ordering::SeqCst) {
+                    failure = Some(format!("round {rounds}: acquire panicked"));
+                    break;
+                }
+                if c0 + c1 > LIMIT || c0 + c1 != n {
+                    // Not a panic here: the workers wait on the barriers.
+                    failure = Some(format!("round {rounds}: {c0} + {c1} counted, {n} admitted"));
+                    break;
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            start.wait();
+        });
+        assert_eq!(failure, None, "limit {LIMIT} exceeded or counts lost");
+        assert!(rounds > 1_000, "only {rounds} rounds");
     }
 }
