@@ -116,7 +116,9 @@ CREATE USER IF NOT EXISTS 'rate_ctl'@'127.0.0.1' IDENTIFIED BY 'rate_ctl';
 CREATE USER IF NOT EXISTS 'rate_ctl'@'localhost' IDENTIFIED BY 'rate_ctl';
 GRANT ALL PRIVILEGES ON rate_ctl.* TO 'rate_ctl'@'127.0.0.1';
 GRANT ALL PRIVILEGES ON rate_ctl.* TO 'rate_ctl'@'localhost';
-GRANT CREATE, DROP ON *.* TO 'rate_ctl'@'127.0.0.1';
+-- Tests create and drop their own databases named rate_ctl_t<pid>_<n>.
+GRANT ALL PRIVILEGES ON `rate\_ctl\_t%`.* TO 'rate_ctl'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON `rate\_ctl\_t%`.* TO 'rate_ctl'@'localhost';
 FLUSH PRIVILEGES;
 SQL
     fi

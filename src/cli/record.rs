@@ -124,12 +124,12 @@ pub struct StrategyRecord {
     #[serde(default = "default_scope")]
     pub scope: Scope,
     /// Unix ms; set by the store.
-    #[serde(default, skip_deserializing)]
+    #[serde(default)]
     pub created_ms: u64,
-    #[serde(default, skip_deserializing)]
+    #[serde(default)]
     pub updated_ms: u64,
     /// Config version of the last change to this strategy; set by the store.
-    #[serde(default, skip_deserializing)]
+    #[serde(default)]
     pub version: u64,
 }
 
