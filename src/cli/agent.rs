@@ -91,6 +91,7 @@ impl<S: Sink> Agent<S> {
         }
     }
 
+    #[cfg(test)]
     pub fn sink(&self) -> &S {
         &self.sink
     }
@@ -200,7 +201,7 @@ impl<S: Sink> Agent<S> {
         let blacklist: Vec<BlacklistRecord> = snap
             .blacklist
             .into_iter()
-            .filter(|b| b.expires_ms.is_none_or(|e| e > now))
+            .filter(|b| b.expires_ms.map_or(true, |e| e > now))
             .collect();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
             Ok(summary) => {

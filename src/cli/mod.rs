@@ -24,6 +24,7 @@ use store::{now_ms, Store, StoreError, DEFAULT_STORE};
 #[command(
     name = "rate-ctl",
     version,
+    args_override_self = true,
     about = "Dynamic rate control for nginx: agent, config store and shared-memory tools"
 )]
 pub struct Cli {
@@ -395,13 +396,12 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
         }
         StrategyCmd::Update(u) => {
             let store = open(url).await?;
-            let mut rec = store.get_strategy(u.id).await.or_else(|e| match e {
-                // A row broken in the database can be repaired with a full update.
-                StoreError::Invalid(_) => Err(Failure::other(format!(
+            let mut rec = store.get_strategy(u.id).await.map_err(|e| match e {
+                StoreError::Invalid(_) => Failure::other(format!(
                     "strategy {}: stored row is invalid ({e}); use `strategy rm` and add it again",
                     u.id
-                ))),
-                e => Err(e.into()),
+                )),
+                e => e.into(),
             })?;
             if let Some(n) = u.name {
                 rec.name = n;
@@ -481,7 +481,7 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
             let recs: Vec<_> = recs
                 .into_iter()
-                .filter(|r| name.as_ref().is_none_or(|n| r.name.contains(n.as_str())))
+                .filter(|r| name.as_ref().map_or(true, |n| r.name.contains(n.as_str())))
                 .filter(|r| filter.iter().all(|(d, v)| r.conditions.get(d) == Some(v)))
                 .collect();
             if json {

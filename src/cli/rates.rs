@@ -22,11 +22,6 @@ pub struct Share {
 }
 
 impl Share {
-    pub const WHOLE: Share = Share {
-        weight: 1,
-        total: 1,
-    };
-
     /// `ceil(v × weight / total)`, at least 1 when `v > 0`.
     pub fn of(&self, v: u64) -> u64 {
         if v == 0 || self.total == 0 {
@@ -133,7 +128,11 @@ mod tests {
             total: 1_000_000,
         };
         assert_eq!(tiny.of(5), 1);
-        assert_eq!(Share::WHOLE.of(u64::MAX), u64::MAX);
+        let whole = Share {
+            weight: 1,
+            total: 1,
+        };
+        assert_eq!(whole.of(u64::MAX), u64::MAX);
         assert_eq!(s.of(0), 0);
     }
 

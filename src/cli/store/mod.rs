@@ -90,10 +90,7 @@ impl Store {
         Ok(store)
     }
 
-    pub fn dialect(&self) -> Dialect {
-        self.dialect
-    }
-
+    #[cfg(test)]
     pub fn pool(&self) -> &AnyPool {
         &self.pool
     }
