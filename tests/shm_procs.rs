@@ -147,9 +147,9 @@ fn writer_killed_mid_publish_leaves_the_last_good_table() {
         let d = read_segment(&map.segment(1), 1, &mut Vec::new()).unwrap();
         d.strategies[0].slot
     };
-    let mut counted = 0u64;
     let mut buf = Vec::new();
     for i in 0..20u64 {
+        let counted = i;
         let mut child = spawn_role(
             "writer_killed_mid_publish_leaves_the_last_good_table",
             "writer",

@@ -488,19 +488,6 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Monotonic nanoseconds (CLOCK_MONOTONIC; the same clock in every process).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass and nothing else.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 /// Fuzzing entry point: treats `data` as a whole file image and as a bare
 /// segment payload and runs every reader-side parser over it. Must never
 /// panic or read out of bounds, whatever the bytes.

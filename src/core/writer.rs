@@ -23,7 +23,9 @@ use std::sync::Arc;
 use super::blacklist::{self, Blacklist, BlacklistEntry};
 use super::model::{Algorithm, Strategy};
 use super::segment::{self, Published, MAX_TABLE_DIMENSIONS};
-use super::shm::{self, Capacities, Geometry, Mapping, ShmError, H_CONFIG_VERSION, H_HEARTBEAT, H_SEQ};
+use super::shm::{
+    self, Capacities, Geometry, Mapping, ShmError, H_CONFIG_VERSION, H_HEARTBEAT, H_SEQ,
+};
 use super::slot::Slot;
 
 /// How long a freed slot waits before it may be given to another strategy.
@@ -44,8 +46,13 @@ pub struct PublishReport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Opened {
     Created,
-    Adopted { strategies: usize, boot_changed: bool },
-    Recreated { reason: String },
+    Adopted {
+        strategies: usize,
+        boot_changed: bool,
+    },
+    Recreated {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -293,7 +300,11 @@ impl Writer {
                 bl_dims.push(e.dimension.clone());
             }
         }
-        let all_dims = dims.len() + bl_dims.iter().filter(|d| !dims.contains(&d.as_str())).count();
+        let all_dims = dims.len()
+            + bl_dims
+                .iter()
+                .filter(|d| !dims.contains(&d.as_str()))
+                .count();
         if all_dims > MAX_TABLE_DIMENSIONS {
             return Err(ShmError::Capacity {
                 what: "dimensions per table",
