@@ -118,6 +118,7 @@ sub conf_text {
     my $d = $self->{dir};
     my $listen6 = $self->{port6} ? "listen [::1]:$self->{port6};" : '';
     my $http = $self->{http} // '';
+    my $lopts = $self->{listen_opts} // '';
     my $server = $self->{server} // '';
     $http =~ s/\@SHM\@/$self->{shm}/g;
     $http =~ s/\@DIR\@/$d/g;
@@ -139,7 +140,7 @@ http {
     rate_ctl_shm $self->{shm};
     $http
     server {
-        listen 127.0.0.1:$self->{port};
+        listen 127.0.0.1:$self->{port} $lopts;
         $listen6
         access_log $d/logs/access.log rate_ctl;
         root $d/html;
