@@ -290,6 +290,8 @@ fn act(r: &mut Request, lc: &LocConf, _mc: &MainConf, d: Decided, now_ms: u64) -
         Verdict::Pass { id } => (ReqStatus::Passed, id.unwrap_or(0)),
         Verdict::Delay { id, .. } => (ReqStatus::Delayed, id),
         Verdict::Reject { id, .. } => (ReqStatus::Rejected, id),
+        // A dry-run location only reports what it would have refused.
+        Verdict::Blacklisted if lc.dry_run() => (ReqStatus::DryRunRejected, 0),
         Verdict::Blacklisted => (ReqStatus::Blacklisted, 0),
         Verdict::DryRunRejected { id } => (ReqStatus::DryRunRejected, id),
     };
@@ -309,7 +311,11 @@ fn act(r: &mut Request, lc: &LocConf, _mc: &MainConf, d: Decided, now_ms: u64) -
         }
         Verdict::Blacklisted => {
             log_event(r, 0, Event::Blacklisted, lc.log_level(), now_ms);
-            Status(lc.blacklist_status() as ngx_int_t)
+            if lc.dry_run() {
+                Status::NGX_DECLINED
+            } else {
+                Status(lc.blacklist_status() as ngx_int_t)
+            }
         }
         Verdict::Reject {
             id,
