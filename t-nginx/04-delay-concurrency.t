@@ -40,7 +40,7 @@ T
     sleep 1.2;
     $t0 = time;
     my $urls = join ' ', map { "-o /dev/null '" . $n->url('/d') . "'" } 1 .. 10;
-    @c = split /\n/, `curl -s -m 10 --parallel --parallel-immediate --parallel-max 10 -w '%{http_code}\\n' $urls`;
+    @c = split /\n/, `curl -s --no-progress-meter -m 10 --parallel --parallel-immediate --parallel-max 10 -w '%{http_code}\\n' $urls`;
     my $ok = RateCtlTest::count_of(200, @c);
     ok($ok >= 4 && $ok <= 6, "parallel burst: $ok of 10 admitted within the 450 ms cap");
     is(RateCtlTest::count_of(503, @c), 10 - $ok, 'the rest rejected, not delayed beyond the cap');

@@ -123,7 +123,7 @@ fn run(args: &[String]) -> Result<(), String> {
             let text = std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?;
             let (strategies, blacklist) = parse_table(&text)?;
             let version = rest.first().map_or(Ok(1), |v| v.parse::<u64>()).map_err(|e| e.to_string())?;
-            let mut w = Writer::create_or_adopt(Path::new(path), caps(), 0o644).map_err(|e| e.to_string())?;
+            let mut w = Writer::create_or_adopt(Path::new(path), caps(), 0o666).map_err(|e| e.to_string())?;
             let report = w.publish(&strategies, &blacklist, version).map_err(|e| e.to_string())?;
             w.heartbeat(unix_ms());
             println!("published seq {} with {} strategies", report.seq, report.strategies);
@@ -144,7 +144,7 @@ fn run(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         [cmd, path] if cmd == "heartbeat" => {
-            let w = Writer::create_or_adopt(Path::new(path), caps(), 0o644).map_err(|e| e.to_string())?;
+            let w = Writer::create_or_adopt(Path::new(path), caps(), 0o666).map_err(|e| e.to_string())?;
             w.heartbeat(unix_ms());
             Ok(())
         }

@@ -72,7 +72,7 @@ sub publish {
     open my $fh, '>', "$dir/table" or die $!;
     print $fh $table;
     close $fh;
-    my $out = `@{[tool()]} publish $shm $dir/table $version 2>&1`;
+    my $out = `umask 0; @{[tool()]} publish $shm $dir/table $version 2>&1`;
     die "publish failed: $out" if $?;
     return $out;
 }
@@ -92,6 +92,7 @@ sub free_port {
 sub new {
     my ($class, $t, %o) = @_;
     my $dir = tempdir('rate_ctl_t_XXXXXX', TMPDIR => 1, CLEANUP => !$ENV{RATE_CTL_KEEP});
+    chmod 0755, $dir;    # workers run as nobody when the tests run as root
     mkdir "$dir/logs";
     mkdir "$dir/html";
     my $self = bless {
