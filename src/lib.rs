@@ -6,3 +6,10 @@
 //!   `unsafe` lives there.
 
 pub mod core;
+#[cfg(feature = "module")]
+mod module;
+
+// The directive parsers are nginx-free: test them in the ordinary build too.
+#[cfg(all(test, not(feature = "module")))]
+#[path = "module/parse.rs"]
+mod module_parse;

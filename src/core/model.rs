@@ -427,7 +427,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        let cases: Vec<(fn(&mut Strategy), &str)> = vec![
+        type Case = (fn(&mut Strategy), &'static str);
+        let cases: Vec<Case> = vec![
             (|s| s.id = 0, "id"),
             (|s| s.rate = 0, "rate"),
             (|s| s.rate = 2_000_000, "rate"),
