@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 
 use super::rates::{local_strategy, share, Share};
 use super::record::{BlacklistRecord, HostRecord};
-use super::store::{now_ms, BadRow, Store, StoreError};
+use super::store::{now_ms, redact_url, BadRow, Store, StoreError};
 
 /// Where published tables go: the core writer in production, a recorder in
 /// unit tests.
@@ -117,7 +117,7 @@ impl<S: Sink> Agent<S> {
                 Ok(()) => {
                     if self.healthy != Some(true) {
                         if self.healthy.is_some() {
-                            info!(store = %self.opts.store_url, "store reachable again");
+                            info!(store = %redact_url(&self.opts.store_url), "store reachable again");
                         }
                         self.healthy = Some(true);
                     }
@@ -125,7 +125,7 @@ impl<S: Sink> Agent<S> {
                 }
                 Err(e) => {
                     if self.healthy != Some(false) {
-                        warn!(store = %self.opts.store_url, error = %e,
+                        warn!(store = %redact_url(&self.opts.store_url), error = %e,
                               "store unreachable; the file keeps the last table, retrying with backoff");
                         self.healthy = Some(false);
                     }
@@ -201,7 +201,7 @@ impl<S: Sink> Agent<S> {
         let blacklist: Vec<BlacklistRecord> = snap
             .blacklist
             .into_iter()
-            .filter(|b| b.expires_ms.map_or(true, |e| e > now))
+            .filter(|b| b.expires_ms.is_none_or(|e| e > now))
             .collect();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
             Ok(summary) => {
@@ -274,16 +274,20 @@ fn log_bad_rows(logged: &mut HashSet<(i64, String)>, bad: &[BadRow]) {
     *logged = now;
 }
 
-/// A future that resolves on SIGTERM or SIGINT, logging which.
-pub async fn shutdown_signal() {
+/// Installs SIGTERM and SIGINT handlers now (so a signal that arrives
+/// during start-up is not fatal) and returns a future that resolves on the
+/// first of them, logging which.
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    info!("{name} received; exiting after the publish in progress");
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        info!("{name} received; exiting after the publish in progress");
+    })
 }
 
 #[cfg(test)]

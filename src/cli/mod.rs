@@ -319,6 +319,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_max_level(cli.log_level)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -354,7 +355,7 @@ async fn run(cli: Cli) -> CmdResult {
 async fn open(url: &str) -> Result<Store, Failure> {
     Store::open(url).await.map_err(|e| match e {
         StoreError::Url(m) => Failure::usage(m),
-        e => Failure::other(format!("{e} (--store {url})")),
+        e => Failure::other(format!("{e} (--store {})", store::redact_url(url))),
     })
 }
 
@@ -481,7 +482,7 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
             let recs: Vec<_> = recs
                 .into_iter()
-                .filter(|r| name.as_ref().map_or(true, |n| r.name.contains(n.as_str())))
+                .filter(|r| name.as_ref().is_none_or(|n| r.name.contains(n.as_str())))
                 .filter(|r| filter.iter().all(|(d, v)| r.conditions.get(d) == Some(v)))
                 .collect();
             if json {
@@ -736,6 +737,9 @@ fn hostname() -> String {
 }
 
 async fn run_agent(url: &str, a: AgentArgs) -> CmdResult {
+    // Before anything slow, so that SIGTERM during start-up exits cleanly too.
+    let shutdown = agent::shutdown_signal()
+        .map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
     let host_id = a.host_id.unwrap_or_else(hostname);
     let caps = publish::Caps {
         max_strategies: a.max_strategies,
@@ -754,10 +758,10 @@ async fn run_agent(url: &str, a: AgentArgs) -> CmdResult {
         max_backoff: std::time::Duration::from_millis(a.max_backoff_ms),
     };
     tracing::info!(
-        shm = %a.shm.display(), host = %opts.host_id, store = %url,
+        shm = %a.shm.display(), host = %opts.host_id, store = %store::redact_url(url),
         poll_ms = a.poll_ms, freshness_ms = a.freshness, "agent starting"
     );
     let mut agent = agent::Agent::new(opts, sink);
-    agent.run(agent::shutdown_signal()).await;
+    agent.run(shutdown).await;
     Ok(())
 }

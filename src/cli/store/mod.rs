@@ -740,6 +740,18 @@ fn decode_blacklist(r: &AnyRow) -> Result<BlacklistRecord, sqlx::Error> {
     })
 }
 
+/// The URL with its password replaced by `***`, for logs and messages.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((cred, host)) = rest.rsplit_once('@') {
+            if let Some((user, _password)) = cred.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+    }
+    url.to_string()
+}
+
 /// `sqlite:PATH` → a URL that creates the file (and its directory);
 /// `mysql://…` / `mariadb://…` as given.
 fn normalise_url(url: &str) -> Result<(Dialect, String)> {
@@ -795,5 +807,10 @@ mod tests {
             "mysql://u:p@127.0.0.1:1/db"
         );
         assert!(normalise_url("postgres://x").is_err());
+        assert_eq!(
+            redact_url("mysql://u:s3cr@t@h:1/db"),
+            "mysql://u:***@h:1/db"
+        );
+        assert_eq!(redact_url("sqlite:/a/b.db"), "sqlite:/a/b.db");
     }
 }
