@@ -741,6 +741,11 @@ async fn run_agent(url: &str, a: AgentArgs) -> CmdResult {
     let shutdown = agent::shutdown_signal()
         .map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
     let host_id = a.host_id.unwrap_or_else(hostname);
+    if host_id.is_empty() || host_id.len() > 255 || host_id.chars().any(char::is_control) {
+        return Err(Failure::usage(format!(
+            "invalid --host-id: {host_id:?} must be 1 to 255 bytes without control characters"
+        )));
+    }
     let caps = publish::Caps {
         max_strategies: a.max_strategies,
         segment_bytes: a.segment_bytes,
