@@ -284,6 +284,23 @@ pub fn canonical_ip_addr(ip: IpAddr) -> String {
 impl Strategy {
     /// Checks every field and canonicalises `ip` values in place.
     pub fn validate(&mut self) -> Result<(), ModelError> {
+        for c in &mut self.conditions {
+            if c.dimension == "ip" {
+                if let Some(canon) = canonical_ip(&c.value) {
+                    c.value = canon.into_bytes();
+                }
+            }
+        }
+        if self.algorithm == Algorithm::LeakyBucket {
+            self.burst = 1;
+        }
+        self.check()
+    }
+
+    /// Checks every field without changing anything: `ip` values must
+    /// already be canonical and a leaky bucket's burst 1 (the reader's check
+    /// of published strategies).
+    pub fn check(&self) -> Result<(), ModelError> {
         if self.id == 0 {
             return Err(ModelError::ZeroId);
         }
@@ -313,12 +330,11 @@ impl Strategy {
                     len: c.value.len(),
                 });
             }
-            if c.dimension == "ip" {
-                let canon = canonical_ip(&c.value).ok_or_else(|| ModelError::BadIp {
+            if c.dimension == "ip" && canonical_ip(&c.value).as_deref().map(str::as_bytes) != Some(&c.value[..]) {
+                return Err(ModelError::BadIp {
                     index,
                     value: String::from_utf8_lossy(&c.value).into_owned(),
-                })?;
-                self.conditions[index].value = canon.into_bytes();
+                });
             }
         }
         if self.rate == 0 {
@@ -326,10 +342,8 @@ impl Strategy {
         }
         match self.algorithm {
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                if self.algorithm == Algorithm::LeakyBucket {
-                    self.burst = 1;
-                }
-                if self.burst == 0 || self.burst > MAX_BURST {
+                if self.burst == 0
+                    || (self.algorithm == Algorithm::LeakyBucket && self.burst != 1) || self.burst > MAX_BURST {
                     return Err(ModelError::BadBurst {
                         burst: self.burst,
                         algorithm: self.algorithm,
