@@ -84,7 +84,7 @@
 //! | 0 | 8 | tag + seq | bits 56..63 tag (0 empty, 1 IP, 2 hashed value), bits 0..55 seq |
 //! | 8 | 8 | key 1 | IP: high 64 bits of the IPv6 address (as `u128` from its octets); hashed: [`value_hash`] |
 //! | 16 | 8 | key 2 | IP: low 64 bits; hashed: [`dimension_hash`] of the dimension |
-//! | 24 | 8 | expires | unix time in ms after which the entry no longer matches; 0 = never |
+//! | 24 | 8 | expires | unix ms; the entry matches while `now < expires`; 0 = never (an input expiry of 0 is stored as 1) |
 //!
 //! # Hashes
 //!
