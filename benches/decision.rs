@@ -158,11 +158,17 @@ fn decision(c: &mut Criterion) {
         let (t, _w) = setup(n, dir.path());
         let map = t.mapping().unwrap().clone();
         let mut buf = Vec::new();
-        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+        g.bench_with_input(BenchmarkId::new("copy+decode+build", n), &n, |b, _| {
             b.iter(|| {
                 let seq = map.seq();
                 let d = read_segment(&map.segment((seq & 1) as usize), seq, &mut buf).unwrap();
                 black_box(Table::build(d, Some(map.clone())))
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("copy+decode", n), &n, |b, _| {
+            b.iter(|| {
+                let seq = map.seq();
+                black_box(read_segment(&map.segment((seq & 1) as usize), seq, &mut buf).unwrap())
             })
         });
     }

@@ -95,8 +95,9 @@ pub struct Table {
     anchored: Vec<u32>,
     unconditioned: Vec<u32>,
     strategies: Vec<Compiled>,
-    /// Dimensions (by index) with blacklist entries, `ip` excluded.
-    bl_dims: Vec<usize>,
+    /// Dimensions (by index, with their name hash) that have blacklist
+    /// entries, `ip` excluded.
+    bl_dims: Vec<(usize, u64)>,
 }
 
 impl Table {
@@ -159,7 +160,7 @@ impl Table {
         for d in &decoded.blacklist_dimensions {
             if d != "ip" {
                 if let Some(i) = dim_of(&mut dims, d) {
-                    bl_dims.push(i);
+                    bl_dims.push((i, super::blacklist::dimension_hash(d)));
                 }
             }
         }
@@ -287,9 +288,9 @@ impl Table {
                     };
                 }
             }
-            for &d in &self.bl_dims {
+            for &(d, hash) in &self.bl_dims {
                 if let Some(Some(v)) = r.values.get(d) {
-                    if !v.is_empty() && bl.contains(&self.dims[d], v, r.now_unix_ms) {
+                    if !v.is_empty() && bl.contains_hashed(hash, v, r.now_unix_ms) {
                         return TableDecision {
                             outcome: Outcome::Blacklisted {
                                 dimension_index: Some(d),
