@@ -52,7 +52,9 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             when = true;
             continue;
         }
-        let (k, v) = w.split_once('=').ok_or_else(|| format!("expected key=value, got {w:?}"))?;
+        let (k, v) = w
+            .split_once('=')
+            .ok_or_else(|| format!("expected key=value, got {w:?}"))?;
         if when {
             s.conditions.push(Condition::new(k, v.as_bytes()));
             continue;

@@ -13,9 +13,11 @@
 //!
 //! `L` levels of strictly decreasing prime sizes (new tables: 4 levels with
 //! 40 / 30 / 20 / 10 % of the slots, twice as many slots as the capacity). An
-//! entry with position hash `h` may sit at `h % size[0]` in level 0, ...,
-//! `h % size[L-2]` in level `L-2`, or in the last level at one of `probe`
-//! consecutive positions from `h % size[L-1]` (linear probing, wrapping).
+//! entry with 32-bit position hash `h` may sit at `h % size[0]` in level 0,
+//! ..., `h % size[L-2]` in level `L-2`, or in the last level at one of
+//! `probe` consecutive positions from `h % size[L-1]` (linear probing,
+//! wrapping). The remainders are computed with two multiplies (Lemire's
+//! fastmod), not a division.
 //! An insert takes the first free position in that order. With 50 % load the
 //! table holds its capacity with a wide margin (simulated: the first failed
 //! insert comes after 1.3 × capacity random entries or more).
@@ -82,7 +84,7 @@
 //! | 0 | 8 | tag + seq | bits 56..63 tag (0 empty, 1 IP, 2 hashed value), bits 0..55 seq |
 //! | 8 | 8 | key 1 | IP: high 64 bits of the IPv6 address (as `u128` from its octets); hashed: [`value_hash`] |
 //! | 16 | 8 | key 2 | IP: low 64 bits; hashed: [`dimension_hash`] of the dimension |
-//! | 24 | 8 | expires | unix time in ms after which the entry no longer matches; 0 = never |
+//! | 24 | 8 | expires | unix ms; the entry matches while `now < expires`; 0 = never (an input expiry of 0 is stored as 1) |
 //!
 //! # Hashes
 //!
@@ -91,8 +93,9 @@
 //!
 //! * `dimension_hash(name) = xxh3_64(name)`, 0 replaced by 1;
 //! * `value_hash(dh, value) = xxh3_64_with_seed(value, dh)`;
-//! * position hash: `value_hash` for hashed entries, `xxh3_64(octets)` of
-//!   the 16-byte IPv6 (v4-mapped) address for IPs.
+//! * position hash: `p = value_hash` for hashed entries, `p =
+//!   xxh3_64(octets)` of the 16-byte IPv6 (v4-mapped) address for IPs,
+//!   folded to 32 bits as `(p ^ (p >> 32)) as u32`.
 //!
 //! False positives: IPs never (exact compare). A hashed value not in the
 //! list matches only if its 64-bit value hash equals that of a listed value
@@ -269,18 +272,33 @@ impl Key {
         }
     }
 
-    fn position_hash(&self) -> u64 {
-        if self.tag == TAG_IP {
+    /// The 32-bit position hash: the 64-bit one folded.
+    fn position(&self) -> u32 {
+        let h = if self.tag == TAG_IP {
             let u = (u128::from(self.k1) << 64) | u128::from(self.k2);
             xxh3_64(&u.to_be_bytes())
         } else {
             self.k1
-        }
+        };
+        (h ^ (h >> 32)) as u32
     }
 }
 
 fn parse_ip(value: &[u8]) -> Option<IpAddr> {
     std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// Multiplier for [`fastmod`] by `d` (Lemire, Kaser, Kurz: "Faster
+/// remainder by direct computation", 2019).
+fn fastmod_multiplier(d: u32) -> u64 {
+    (u64::MAX / u64::from(d.max(1))).wrapping_add(1)
+}
+
+/// `a % d` for `d >= 1` without a division instruction (two multiplies).
+#[inline]
+fn fastmod(a: u32, m: u64, d: u32) -> u32 {
+    let low = m.wrapping_mul(u64::from(a));
+    ((u128::from(low) * u128::from(d)) >> 64) as u32
 }
 
 fn is_prime(n: u64) -> bool {
@@ -418,7 +436,8 @@ pub struct Blacklist<'a> {
     levels: usize,
     probe: u32,
     capacity: u32,
-    sizes: [u64; MAX_LEVELS],
+    sizes: [u32; MAX_LEVELS],
+    multipliers: [u64; MAX_LEVELS],
     bases: [u64; MAX_LEVELS],
     total_slots: u64,
 }
@@ -462,11 +481,12 @@ impl<'a> Blacklist<'a> {
                 value: probe.into(),
             });
         }
-        let mut sizes = [0u64; MAX_LEVELS];
+        let mut sizes = [0u32; MAX_LEVELS];
+        let mut multipliers = [0u64; MAX_LEVELS];
         let mut bases = [0u64; MAX_LEVELS];
         let mut total = 0u64;
         for i in 0..levels {
-            let s = u64::from(u32_at(OFF_SIZES + 4 * i));
+            let s = u32_at(OFF_SIZES + 4 * i);
             if s == 0 {
                 return Err(BlacklistError::BadHeader {
                     field: "level size",
@@ -474,10 +494,11 @@ impl<'a> Blacklist<'a> {
                 });
             }
             sizes[i] = s;
+            multipliers[i] = fastmod_multiplier(s);
             bases[i] = total;
-            total += s; // at most 8 × 2^32: no overflow
+            total += u64::from(s); // at most 8 × 2^32: no overflow
         }
-        if u64::from(probe) > sizes[levels - 1] {
+        if probe > sizes[levels - 1] {
             return Err(BlacklistError::BadHeader {
                 field: "probe",
                 value: probe.into(),
@@ -503,6 +524,7 @@ impl<'a> Blacklist<'a> {
             probe,
             capacity: u32_at(OFF_CAPACITY),
             sizes,
+            multipliers,
             bases,
             total_slots: total,
         })
@@ -590,20 +612,26 @@ impl<'a> Blacklist<'a> {
         HEADER_BYTES + (slot as usize) * SLOT_BYTES
     }
 
+    /// `pos % size` of level `lvl`.
+    #[inline]
+    fn level_index(&self, lvl: usize, pos: u32) -> u32 {
+        fastmod(pos, self.multipliers[lvl], self.sizes[lvl])
+    }
+
     /// Calls `f` with every candidate slot of `pos` in insertion order,
     /// checking `last_probes` positions of the last level; stops at `true`.
     #[inline]
-    fn any_position(&self, pos: u64, last_probes: u32, mut f: impl FnMut(u64) -> bool) -> bool {
+    fn any_position(&self, pos: u32, last_probes: u32, mut f: impl FnMut(u64) -> bool) -> bool {
         let last = self.levels - 1;
         for lvl in 0..last {
-            if f(self.bases[lvl] + pos % self.sizes[lvl]) {
+            if f(self.bases[lvl] + u64::from(self.level_index(lvl, pos))) {
                 return true;
             }
         }
         let size = self.sizes[last];
-        let mut p = pos % size;
+        let mut p = self.level_index(last, pos);
         for _ in 0..last_probes.min(self.probe) {
-            if f(self.bases[last] + p) {
+            if f(self.bases[last] + u64::from(p)) {
                 return true;
             }
             p += 1;
@@ -624,7 +652,7 @@ impl<'a> Blacklist<'a> {
             None => return false,
         };
         let bound = u32::try_from(self.region.load(OFF_BOUND)).unwrap_or(u32::MAX);
-        self.any_position(key.position_hash(), bound, |slot| {
+        self.any_position(key.position(), bound, |slot| {
             self.slot_matches(self.slot_off(slot), key, public, now_unix_ms)
         })
     }
@@ -633,16 +661,21 @@ impl<'a> Blacklist<'a> {
     #[inline]
     fn slot_matches(&self, off: usize, key: Key, public: u64, now_unix_ms: u64) -> bool {
         let r = &self.region;
-        let (Some(w0), Some(w1), Some(w2), Some(w3)) = (
-            r.u64_at(off),
-            r.u64_at(off + 8),
-            r.u64_at(off + 16),
-            r.u64_at(off + 24),
-        ) else {
+        let Some(w0) = r.u64_at(off) else {
+            return false;
+        };
+        let mut s1 = w0.load(Ordering::Acquire);
+        // Most slots a lookup visits are empty, stale or of another kind:
+        // one load decides.
+        if s1 >> SEQ_BITS != key.tag {
+            return false;
+        }
+        let (Some(w1), Some(w2), Some(w3)) =
+            (r.u64_at(off + 8), r.u64_at(off + 16), r.u64_at(off + 24))
+        else {
             return false;
         };
         for _ in 0..SLOT_RETRIES {
-            let s1 = w0.load(Ordering::Acquire);
             let seq = s1 & SEQ_MASK;
             if s1 >> SEQ_BITS != key.tag || seq == 0 || seq < public {
                 return false;
@@ -651,9 +684,11 @@ impl<'a> Blacklist<'a> {
             let k2 = w2.load(Ordering::Relaxed);
             let expires = w3.load(Ordering::Relaxed);
             fence(Ordering::Acquire);
-            if w0.load(Ordering::Relaxed) == s1 {
+            let s2 = w0.load(Ordering::Relaxed);
+            if s2 == s1 {
                 return k1 == key.k1 && k2 == key.k2 && (expires == 0 || now_unix_ms < expires);
             }
+            s1 = w0.load(Ordering::Acquire);
         }
         false
     }
@@ -742,10 +777,10 @@ impl<'a> Blacklist<'a> {
         let mut pending: Vec<usize> = Vec::new();
         let mut bound = 0u32;
         let last_base = self.bases[self.levels - 1];
-        let last_size = self.sizes[self.levels - 1];
-        let probe_distance = |slot: u64, pos: u64| -> u32 {
+        let last_size = u64::from(self.sizes[self.levels - 1]);
+        let probe_distance = |slot: u64, pos: u32| -> u32 {
             // Positions checked in the last level to reach `slot`.
-            let start = pos % last_size;
+            let start = u64::from(self.level_index(self.levels - 1, pos));
             let at = slot - last_base;
             let d = if at >= start {
                 at - start
@@ -755,7 +790,7 @@ impl<'a> Blacklist<'a> {
             (d + 1) as u32
         };
         for (k, &(key, expires, _)) in keys.iter().enumerate() {
-            let pos = key.position_hash();
+            let pos = key.position();
             let mut found = None;
             self.any_position(pos, self.probe, |slot| {
                 let off = self.slot_off(slot);
@@ -786,7 +821,7 @@ impl<'a> Blacklist<'a> {
         }
         for &k in &pending {
             let (key, expires, input_index) = keys[k];
-            let pos = key.position_hash();
+            let pos = key.position();
             let mut free = None;
             self.any_position(pos, self.probe, |slot| {
                 if taken[slot as usize] {
@@ -951,6 +986,27 @@ mod tests {
     }
 
     #[test]
+    fn fastmod_is_the_remainder() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u32
+        };
+        let edges = [0, 1, 2, 3, 16, 17, u32::MAX - 1, u32::MAX];
+        let divisors: Vec<u32> = edges.into_iter().chain((0..2000).map(|_| next())).collect();
+        let numerators: Vec<u32> = edges.into_iter().chain((0..200).map(|_| next())).collect();
+        for &d in &divisors {
+            let d = d.max(1);
+            let m = fastmod_multiplier(d);
+            for &a in &numerators {
+                assert_eq!(fastmod(a, m, d), a % d, "{a} % {d}");
+            }
+        }
+    }
+
+    #[test]
     fn geometry_is_decreasing_primes_with_room_for_the_probe() {
         for cap in [0, 1, 31, 32, 1000, 65_536, 1_000_000, u32::MAX] {
             let g = new_geometry(cap);
@@ -997,7 +1053,7 @@ mod tests {
         let ghost = Key::hashed(dimension_hash("userid"), b"ghost");
         let public = r.load(OFF_SEQ);
         let mut placed = false;
-        bl.any_position(ghost.position_hash(), bl.probe, |slot| {
+        bl.any_position(ghost.position(), bl.probe, |slot| {
             let off = bl.slot_off(slot);
             if r.load(off) != 0 {
                 return false;

@@ -296,7 +296,7 @@ pub fn decode_payload(
             let value = r.take(vl).ok_or_else(trunc)?;
             conditions.push(Condition::new(dim, value));
         }
-        let mut strategy = Strategy {
+        let strategy = Strategy {
             id,
             conditions,
             algorithm,
@@ -306,13 +306,9 @@ pub fn decode_payload(
             action,
             enabled,
         };
-        let before = strategy.clone();
         strategy
-            .validate()
+            .check()
             .map_err(|e| bad(&format!("strategy {id}: {e}")))?;
-        if strategy != before {
-            return Err(bad("strategy not in canonical form"));
-        }
         out.push(Published {
             strategy,
             slot,

@@ -95,8 +95,9 @@ pub struct Table {
     anchored: Vec<u32>,
     unconditioned: Vec<u32>,
     strategies: Vec<Compiled>,
-    /// Dimensions (by index) with blacklist entries, `ip` excluded.
-    bl_dims: Vec<usize>,
+    /// Dimensions (by index, with their name hash) that have blacklist
+    /// entries, `ip` excluded.
+    bl_dims: Vec<(usize, u64)>,
 }
 
 impl Table {
@@ -115,7 +116,8 @@ impl Table {
             Some(dims.len() - 1)
         };
         let mut strategies: Vec<Compiled> = Vec::with_capacity(decoded.strategies.len());
-        let mut value_ids: Vec<FxHashMap<Box<[u8]>, u32>> = Vec::new();
+        // Per dimension: value → (interned id, anchored start, anchored len).
+        let mut index: Vec<DimIndex> = Vec::new();
         let mut counts: Vec<u32> = Vec::new(); // strategies per value id
         let mut published = decoded.strategies;
         published.sort_by_key(|p| p.strategy.id);
@@ -129,16 +131,20 @@ impl Table {
                 let Some(d) = dim_of(&mut dims, &c.dimension) else {
                     continue 'next; // over the dimension limit: the writer refuses this
                 };
-                if value_ids.len() <= d {
-                    value_ids.resize_with(d + 1, FxHashMap::default);
+                if index.len() <= d {
+                    index.resize_with(d + 1, DimIndex::default);
                 }
                 let next = counts.len() as u32;
-                let id = *value_ids[d]
-                    .entry(c.value.clone().into_boxed_slice())
-                    .or_insert(next);
-                if id == next {
-                    counts.push(0);
-                }
+                let id = match index[d].values.get(&c.value[..]) {
+                    Some(&(id, _, _)) => id,
+                    None => {
+                        index[d]
+                            .values
+                            .insert(c.value.clone().into_boxed_slice(), (next, 0, 0));
+                        counts.push(0);
+                        next
+                    }
+                };
                 counts[id as usize] += 1;
                 conds.push((d as u8, id));
             }
@@ -154,29 +160,43 @@ impl Table {
         for d in &decoded.blacklist_dimensions {
             if d != "ip" {
                 if let Some(i) = dim_of(&mut dims, d) {
-                    bl_dims.push(i);
+                    bl_dims.push((i, super::blacklist::dimension_hash(d)));
                 }
             }
         }
-        // Anchor each strategy under its least shared condition.
-        let mut per_value: Vec<Vec<u32>> = vec![Vec::new(); counts.len()];
+        index.resize_with(dims.len(), DimIndex::default);
+        // Anchor each strategy under its least shared condition; lay the
+        // anchored lists out contiguously (counting sort by value id).
+        let mut anchor_of: Vec<u32> = Vec::with_capacity(strategies.len());
+        let mut per_value = vec![0u32; counts.len() + 1];
         let mut unconditioned = Vec::new();
         for (si, s) in strategies.iter().enumerate() {
             match s.conds.iter().min_by_key(|(_, v)| counts[*v as usize]) {
-                Some(&(_, v)) => per_value[v as usize].push(si as u32),
-                None => unconditioned.push(si as u32),
+                Some(&(_, v)) => {
+                    anchor_of.push(v);
+                    per_value[v as usize + 1] += 1;
+                }
+                None => {
+                    anchor_of.push(NONE);
+                    unconditioned.push(si as u32);
+                }
             }
         }
-        let mut index: Vec<DimIndex> = (0..dims.len()).map(|_| DimIndex::default()).collect();
-        let mut anchored = Vec::with_capacity(strategies.len());
-        for (d, ids) in value_ids.into_iter().enumerate() {
-            for (value, id) in ids {
-                let list = &per_value[id as usize];
-                let start = anchored.len() as u32;
-                anchored.extend_from_slice(list);
-                index[d]
-                    .values
-                    .insert(value, (id, start, list.len() as u32));
+        for v in 1..per_value.len() {
+            per_value[v] += per_value[v - 1];
+        }
+        let starts = per_value.clone();
+        let mut anchored = vec![0u32; *per_value.last().unwrap_or(&0) as usize];
+        for (si, &v) in anchor_of.iter().enumerate() {
+            if v != NONE {
+                anchored[per_value[v as usize] as usize] = si as u32;
+                per_value[v as usize] += 1;
+            }
+        }
+        for d in &mut index {
+            for (id, start, len) in d.values.values_mut() {
+                *start = starts[*id as usize];
+                *len = starts[*id as usize + 1] - *start;
             }
         }
         Table {
@@ -268,9 +288,9 @@ impl Table {
                     };
                 }
             }
-            for &d in &self.bl_dims {
+            for &(d, hash) in &self.bl_dims {
                 if let Some(Some(v)) = r.values.get(d) {
-                    if !v.is_empty() && bl.contains(&self.dims[d], v, r.now_unix_ms) {
+                    if !v.is_empty() && bl.contains_hashed(hash, v, r.now_unix_ms) {
                         return TableDecision {
                             outcome: Outcome::Blacklisted {
                                 dimension_index: Some(d),

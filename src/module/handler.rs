@@ -125,15 +125,7 @@ fn new_ctx(r: &mut Request, status: ReqStatus, strategy: u32, hold: Option<Hold>
 /// unlike nginx's millisecond cached clock.
 #[inline]
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write to.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
+    crate::core::clock::MonotonicClock::now()
 }
 
 /// Wall-clock milliseconds from nginx's cached time (blacklist expiry).

@@ -3,8 +3,6 @@
 //! [`variables`], the stats endpoint in [`stats`], and everything that
 //! talks to the core engine in [`backend`].
 
-// The stub backend uses only part of its interface until the engine lands.
-#[allow(dead_code)]
 mod backend;
 mod conf;
 mod handler;
