@@ -314,4 +314,46 @@ fn store_down_for_10s_agent_keeps_enforcing_then_catches_up() {
             .and_then(|s| s.code()),
         Some(0)
     );
+
+    // An agent (re)started while the store is down adopts the file and
+    // keeps its table, then catches up once the store is back.
+    server("stop");
+    let log2 = dir.path().join("b.log");
+    let mut b = AgentProc::start(&url, &shm, "h", &log2, &["--max-backoff-ms", "500"]);
+    let unreachable = wait_for(Duration::from_secs(10), || {
+        b.log_text().contains("store unreachable").then_some(())
+    });
+    assert!(unreachable.is_some(), "{}", b.log_text());
+    assert!(b.log_text().contains("adopted the shared-memory file"));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(b.alive());
+    let t = r.table().expect("table kept");
+    assert_eq!(t.config_version(), v2);
+    let rate = |t: &rate_ctl::core::table::Table| {
+        t.strategies()
+            .iter()
+            .find(|c| c.strategy.id == id)
+            .map(|c| c.strategy.rate)
+    };
+    assert_eq!(rate(&t), Some(999));
+    server("start");
+    ok(&[
+        "strategy",
+        "update",
+        "--store",
+        &url,
+        &id.to_string(),
+        "--rate",
+        "998",
+    ]);
+    let v3 = version(&url) as u64;
+    let t = r
+        .wait_version(v3, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("restarted agent catches up:\n{}", b.log_text()));
+    assert_eq!(rate(&t), Some(998));
+    assert_eq!(
+        b.stop_with(libc::SIGTERM, Duration::from_secs(10))
+            .and_then(|s| s.code()),
+        Some(0)
+    );
 }

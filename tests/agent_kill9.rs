@@ -19,9 +19,9 @@ use rate_ctl::core::shm::unix_ms;
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Request, Table};
 
-const CHANGING: u32 = 30;
+const CHANGING: u32 = 300;
 
-/// Generation `g` of the strategy set: id 1 never changes; ids 2..=31 all
+/// Generation `g` of the strategy set: id 1 never changes; ids 2..=CHANGING+1 all
 /// carry rate `g` and a userid naming `g`, so any mix of two generations
 /// is visible.
 fn generation(g: u64) -> String {
@@ -181,8 +181,9 @@ fn run(st: &TestStore, kills: usize, budget: Duration) {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        // Let it start, adopt and publish a few times, then kill mid-stream.
-        std::thread::sleep(Duration::from_millis(60 + rng % 120));
+        // Kill at a random point: start-up, adoption, first publish, polling
+        // or a later publish.
+        std::thread::sleep(Duration::from_millis(5 + rng % 150));
         a.signal(libc::SIGKILL);
         let _ = a.child.wait();
         done += 1;

@@ -203,11 +203,13 @@ impl<S: Sink> Agent<S> {
             .into_iter()
             .filter(|b| b.expires_ms.is_none_or(|e| e > now))
             .collect();
+        let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
             Ok(summary) => {
                 let at = now_ms();
                 info!(
                     version = snap.version,
+                    took_us = started.elapsed().as_micros() as u64,
                     strategies = strategies.len(),
                     skipped = snap.bad_rows.len(),
                     blacklist = blacklist.len(),
