@@ -93,9 +93,41 @@ struct AgentArgs {
     #[arg(long, default_value_t = 65_536, value_name = "N")]
     blacklist_entries: u32,
     /// Permission bits of a new file (octal); nginx workers must be able to
-    /// read and write it.
+    /// read and write it. To keep other local users out, use 0660 with
+    /// --group set to the workers' group.
     #[arg(long, default_value = "0666", value_name = "MODE", value_parser = parse_mode)]
     mode: u32,
+    /// Give the file to this group (name or number), e.g. www-data.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    group: Option<u32>,
+}
+
+/// A group name or number → gid.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(s).map_err(|_| format!("{s:?}: not a group name"))?;
+    // SAFETY: libc::group is plain data (integers and pointers); all-zero is
+    // a valid value that getgrnam_r overwrites.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer refers to live, writable memory of the length
+    // passed; getgrnam_r writes only into grp and buf and sets out.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    if rc != 0 || out.is_null() {
+        return Err(format!("{s:?}: no such group"));
+    }
+    Ok(grp.gr_gid)
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -753,6 +785,10 @@ async fn run_agent(url: &str, a: AgentArgs) -> CmdResult {
     };
     let sink = publish::open(&a.shm, caps, a.mode)
         .map_err(|e| Failure::other(format!("--shm {}: {e}", a.shm.display())))?;
+    if let Some(gid) = a.group {
+        std::os::unix::fs::chown(&a.shm, None, Some(gid))
+            .map_err(|e| Failure::other(format!("--group: chown {}: {e}", a.shm.display())))?;
+    }
     let opts = agent::AgentOptions {
         store_url: url.to_string(),
         host_id,
