@@ -200,7 +200,9 @@ struct StrategyAdd {
     /// Longest wait for delay, in ms.
     #[arg(long)]
     max_delay_ms: Option<u32>,
-    /// cluster (the rate is split across hosts by weight) or host (per host as written).
+    /// cluster: the rate is for the whole fleet; each host enforces
+    /// ceil(rate × its weight / Σ weights of hosts with a fresh heartbeat),
+    /// at least 1 (token-bucket burst split alike). host: per host as written.
     #[arg(long, default_value = "cluster", value_parser = parse_scope)]
     scope: Scope,
     /// Store it disabled.
