@@ -31,5 +31,8 @@ NGINX_BUILD_DIR="$root/target-debian/nginx-src/objs" CARGO_TARGET_DIR="$root/tar
     cargo clippy --release --lib --no-default-features --features module -- -D warnings
 t-nginx/run.sh
 
+step "fuzz smoke (every target, ${FUZZ_SECONDS:-20} s each)"
+scripts/fuzz-smoke.sh
+
 step "done"
 echo "all test steps passed"

@@ -10,6 +10,8 @@ pub mod core;
 mod module;
 
 // The directive parsers are nginx-free: test them in the ordinary build too.
+// Items only the nginx glue uses are dead here.
 #[cfg(all(test, not(feature = "module")))]
+#[allow(dead_code)]
 #[path = "module/parse.rs"]
 mod module_parse;

@@ -159,7 +159,7 @@ fn restart_adopts_the_file_and_keeps_counters() {
     let s = strategy(7, &[("api", "/x")], Algorithm::FixedWindow, 100, Unit::Hour);
     {
         let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
-        w.publish(&[s.clone()], &[], 1).unwrap();
+        w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
     }
     let mut e = Engine::new(&path);
     e.refresh(1);
@@ -192,7 +192,7 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
         10,
         Unit::Second,
     );
-    w.publish(&[one.clone()], &[], 1).unwrap();
+    w.publish(std::slice::from_ref(&one), &[], 1).unwrap();
     let five: Vec<_> = (1..=5)
         .map(|i| {
             strategy(
@@ -341,7 +341,7 @@ fn fail_open_states_are_logged_once_and_recover() {
         10,
         Unit::Second,
     );
-    w.publish(&[s.clone()], &[], 5).unwrap();
+    w.publish(std::slice::from_ref(&s), &[], 5).unwrap();
     assert!(
         e.refresh(RECHECK_NS + 1).is_none(),
         "not rechecked before a second"
