@@ -21,9 +21,12 @@ step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 
-step "cargo test"
-cargo test --no-fail-fast 2>&1 | tee target/cargo-test.log
-grep -q "test result:" target/cargo-test.log
+step "cargo test (SQLite, and MariaDB on a private loopback server)"
+mariadb_dir="$(mktemp -d /tmp/rate-ctl-mariadb-XXXXXX)"
+trap 'scripts/mariadb-test-server.sh stop "$mariadb_dir" || true' EXIT
+RATE_CTL_TEST_MYSQL_URL="$(scripts/mariadb-test-server.sh start "$mariadb_dir")"
+export RATE_CTL_TEST_MYSQL_URL
+cargo test --no-fail-fast
 
 step "nginx module: build both targets, lint, t-nginx suites"
 scripts/build-module.sh both
