@@ -440,3 +440,31 @@ fn delay_action_reports_the_wait() {
     );
     assert!(matches!(waits[3], Verdict::Reject { .. }), "{:?}", waits[3]);
 }
+
+#[test]
+fn adoption_frees_slots_no_published_strategy_owns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let s = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
+    {
+        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+        // A writer killed after marking slots 5 and 6 but before publishing.
+        let bm = w.mapping().bitmap();
+        bm.store(0, bm.load(0) | 0b110_0000);
+    }
+    let w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let bm = w.mapping().bitmap();
+    let word = bm.load(0);
+    assert_eq!(word & 0b110_0000, 0, "leaked slots freed on adoption");
+    assert_eq!(
+        word.count_ones(),
+        1,
+        "the published strategy keeps its slot"
+    );
+    let freed = Slot::at(&w.mapping().slots(), 5)
+        .unwrap()
+        .freed_at
+        .load(Ordering::Relaxed);
+    assert!(freed > 0, "freed slots are quarantined");
+}

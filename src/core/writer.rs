@@ -221,7 +221,7 @@ impl Writer {
             header.write_bytes(shm::H_BOOT_ID, &boot);
         }
         header.store(shm::H_WRITER_PID, std::process::id() as u64);
-        Ok(Writer {
+        let w = Writer {
             map: Arc::new(map),
             assigned,
             seq,
@@ -229,7 +229,31 @@ impl Writer {
                 strategies: count,
                 boot_changed,
             },
-        })
+        };
+        w.reconcile_bitmap();
+        Ok(w)
+    }
+
+    /// After adoption the active segment is the truth: a slot marked in use
+    /// that no published strategy owns (a writer killed between allocating
+    /// and publishing, or an unreadable segment) is freed, with quarantine.
+    fn reconcile_bitmap(&self) {
+        let owned: std::collections::HashSet<u32> =
+            self.assigned.values().map(|a| a.slot).collect();
+        let slots = self.map.slots();
+        let now_ms = shm::unix_ms().max(1);
+        for slot in 0..self.map.geometry.slot_count {
+            let used = self.slot_in_use(slot);
+            let owns = owned.contains(&slot);
+            if used && !owns {
+                self.set_slot_bit(slot, false);
+                if let Some(s) = Slot::at(&slots, slot) {
+                    s.freed_at.store(now_ms, Ordering::Relaxed);
+                }
+            } else if owns && !used {
+                self.set_slot_bit(slot, true);
+            }
+        }
     }
 
     /// Records the agent's heartbeat (unix ms) in the header.
