@@ -6,3 +6,12 @@
 //!   `unsafe` lives there.
 
 pub mod core;
+#[cfg(feature = "module")]
+mod module;
+
+// The directive parsers are nginx-free: test them in the ordinary build too.
+// Items only the nginx glue uses are dead here.
+#[cfg(all(test, not(feature = "module")))]
+#[allow(dead_code)]
+#[path = "module/parse.rs"]
+mod module_parse;

@@ -107,10 +107,10 @@ mod tests {
         let c = FakeClock::new(10);
         assert_eq!(c.now_ns(), 10);
         c.advance(5);
-        fn read(clock: impl Clock) -> u64 {
-            clock.now_ns()
+        fn read<K: Clock>(k: K) -> u64 {
+            k.now_ns()
         }
-        assert_eq!(read(&c), 15);
+        assert_eq!(read(&c), 15, "a reference is a clock too");
         c.set(3);
         assert_eq!(c.now_ns(), 3);
         c.advance(u64::MAX);

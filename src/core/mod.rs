@@ -3,8 +3,14 @@
 //! (`src/module`) and by the `rate-ctl` binary (`src/cli`).
 
 pub mod admit;
+pub mod blacklist;
 pub mod clock;
+pub mod engine;
 pub mod limiter;
 pub mod model;
 pub mod region;
+pub mod segment;
+pub mod shm;
 pub mod slot;
+pub mod table;
+pub mod writer;

@@ -270,6 +270,29 @@ pub fn canonical_ip(value: &[u8]) -> Option<String> {
     Some(canonical_ip_addr(ip))
 }
 
+/// Is `value` an IP address in the form [`canonical_ip`] gives? No
+/// allocation: the reader checks every published `ip` value with it.
+pub fn is_canonical_ip(value: &[u8]) -> bool {
+    use std::io::Write;
+    let Some(ip) = std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse::<IpAddr>().ok())
+    else {
+        return false;
+    };
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    let mut buf = [0u8; 64];
+    let mut w = &mut buf[..];
+    if write!(w, "{ip}").is_err() {
+        return false;
+    }
+    let n = 64 - w.len();
+    buf[..n] == *value
+}
+
 /// See [`canonical_ip`].
 pub fn canonical_ip_addr(ip: IpAddr) -> String {
     match ip {
@@ -284,6 +307,23 @@ pub fn canonical_ip_addr(ip: IpAddr) -> String {
 impl Strategy {
     /// Checks every field and canonicalises `ip` values in place.
     pub fn validate(&mut self) -> Result<(), ModelError> {
+        for c in &mut self.conditions {
+            if c.dimension == "ip" {
+                if let Some(canon) = canonical_ip(&c.value) {
+                    c.value = canon.into_bytes();
+                }
+            }
+        }
+        if self.algorithm == Algorithm::LeakyBucket {
+            self.burst = 1;
+        }
+        self.check()
+    }
+
+    /// Checks every field without changing anything: `ip` values must
+    /// already be canonical and a leaky bucket's burst 1 (the reader's check
+    /// of published strategies).
+    pub fn check(&self) -> Result<(), ModelError> {
         if self.id == 0 {
             return Err(ModelError::ZeroId);
         }
@@ -313,12 +353,11 @@ impl Strategy {
                     len: c.value.len(),
                 });
             }
-            if c.dimension == "ip" {
-                let canon = canonical_ip(&c.value).ok_or_else(|| ModelError::BadIp {
+            if c.dimension == "ip" && !is_canonical_ip(&c.value) {
+                return Err(ModelError::BadIp {
                     index,
                     value: String::from_utf8_lossy(&c.value).into_owned(),
-                })?;
-                self.conditions[index].value = canon.into_bytes();
+                });
             }
         }
         if self.rate == 0 {
@@ -326,10 +365,10 @@ impl Strategy {
         }
         match self.algorithm {
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                if self.algorithm == Algorithm::LeakyBucket {
-                    self.burst = 1;
-                }
-                if self.burst == 0 || self.burst > MAX_BURST {
+                if self.burst == 0
+                    || (self.algorithm == Algorithm::LeakyBucket && self.burst != 1)
+                    || self.burst > MAX_BURST
+                {
                     return Err(ModelError::BadBurst {
                         burst: self.burst,
                         algorithm: self.algorithm,
@@ -346,7 +385,7 @@ impl Strategy {
                 // Tolerance plus the longest delay must stay far from u64::MAX
                 // so that `now + tau + delay` never overflows (≈ 146 years).
                 let tau = interval_ns.checked_mul(self.burst as u64);
-                if tau.map_or(true, |t| t > u64::MAX / 4) {
+                if tau.is_none_or(|t| t > u64::MAX / 4) {
                     return Err(ModelError::BurstOverflow {
                         burst: self.burst,
                         interval_ns,
@@ -423,13 +462,18 @@ mod tests {
         s.conditions[0].value = b"0:0:0:0:0:0:0:1".to_vec();
         s.validate().unwrap();
         assert_eq!(s.conditions[0].value, b"::1");
+        assert!(s.check().is_ok());
+        s.conditions[0].value = b"0::1".to_vec();
+        assert!(s.check().is_err(), "check() wants the canonical form");
+        assert!(is_canonical_ip(b"10.0.0.1"));
+        assert!(!is_canonical_ip(b"::ffff:10.0.0.1"));
+        assert!(!is_canonical_ip(b"10.0.0.1 "));
     }
-
-    type Mutation = fn(&mut Strategy);
 
     #[test]
     fn errors_name_the_field() {
-        let cases: Vec<(Mutation, &str)> = vec![
+        type Case = (fn(&mut Strategy), &'static str);
+        let cases: Vec<Case> = vec![
             (|s| s.id = 0, "id"),
             (|s| s.rate = 0, "rate"),
             (|s| s.rate = 2_000_000, "rate"),

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One command on a fresh Debian 12 machine (as root): installs what it
+# needs, builds the module (vendored nginx 1.28) and the rate-ctl binary,
+# starts nginx with the module on 127.0.0.1:8080, the agent with a SQLite
+# store, seeds one strategy and shows it enforced. Ctrl-C stops everything
+# it started.
+#
+#   scripts/demo.sh              # runs until Ctrl-C
+#   DEMO_SECONDS=10 scripts/demo.sh   # stops by itself (used by the tests)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+scripts/deps.sh
+scripts/build-module.sh vendored
+cargo build --release --bin rate-ctl
+bin="$root/target/release/rate-ctl"
+nginx="$root/target/modules/vendored/nginx"
+module="$root/target/modules/vendored/ngx_http_rate_ctl_module.so"
+
+dir="${DEMO_DIR:-/tmp/rate-ctl-demo}"
+shm="${DEMO_SHM:-/dev/shm/rate_ctl_demo}"
+store="sqlite:$dir/rate-ctl.db"
+mkdir -p "$dir/logs" "$dir/tmp"
+chmod 0755 "$dir" "$dir/tmp"
+sed -e "s#@MODULE@#$module#g" -e "s#@PREFIX@#$dir#g" -e "s#@SHM@#$shm#g" \
+    nginx-conf/demo.conf >"$dir/nginx.conf"
+
+pids=()
+stop() {
+    trap - INT TERM EXIT
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    echo "demo: stopped nginx and the agent"
+}
+trap stop INT TERM EXIT
+
+"$bin" --store "$store" agent --shm "$shm" --host-id demo --weight 1 --mode 0666 \
+    >"$dir/logs/agent.log" 2>&1 &
+pids+=($!)
+"$nginx" -p "$dir" -c "$dir/nginx.conf" &
+pids+=($!)
+
+# Seed one strategy (once): 2 requests a second for /pay, burst 2.
+if ! "$bin" --store "$store" strategy list | grep -q demo-pay; then
+    "$bin" --store "$store" strategy add --name demo-pay --match api=/pay \
+        --algorithm token_bucket --rate 2 --per second --burst 2 --scope host
+fi
+for _ in $(seq 50); do
+    curl -s -o /dev/null "http://127.0.0.1:8080/" && break
+    sleep 0.1
+done
+sleep 1
+
+cat <<TXT
+
+rate_ctl demo is running.
+  nginx (vendored 1.28 + module):  http://127.0.0.1:8080/   (logs: $dir/logs)
+  agent:                           SQLite store $dir/rate-ctl.db -> $shm
+  stats:                           curl -s http://127.0.0.1:8080/rate_ctl/stats
+  strategies:                      $bin --store $store strategy list
+
+Five requests to /pay at once (strategy demo-pay: 2/s, burst 2):
+TXT
+for _ in 1 2 3 4 5; do
+    curl -s -o /dev/null -w '  curl http://127.0.0.1:8080/pay -> %{http_code}\n' http://127.0.0.1:8080/pay
+done
+cat <<TXT
+
+Try:  for i in 1 2 3 4 5; do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:8080/pay; done
+Change the limit (applies within a second, no reload):
+      $bin --store $store strategy update ID --rate 100
+Press Ctrl-C to stop.
+TXT
+if [[ -n "${DEMO_SECONDS:-}" ]]; then
+    sleep "$DEMO_SECONDS"
+else
+    wait
+fi

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# A throw-away MariaDB server for the store and agent tests.
+#
+#   scripts/mariadb-test-server.sh start [DIR]   # prints the mysql:// URL on stdout
+#   scripts/mariadb-test-server.sh stop  [DIR]   # stops the server started in DIR (by PID)
+#   scripts/mariadb-test-server.sh url   [DIR]   # prints the URL of a running server
+#
+# DIR defaults to $MARIADB_TEST_DIR or /tmp/rate-ctl-mariadb. The server runs as
+# a background process with its own --datadir under DIR, listens on 127.0.0.1
+# only (port $MARIADB_TEST_PORT, else the first free port from 33060), and has a
+# database `rate_ctl` with user `rate_ctl` / password `rate_ctl`. `start` on a
+# DIR that already has data reuses it (the agent outage test stops and restarts
+# one server). Debian's `mariadb-server` is installed with apt-get if missing;
+# the package's own service is not started.
+set -euo pipefail
+
+cmd=${1:-}
+dir=${2:-${MARIADB_TEST_DIR:-/tmp/rate-ctl-mariadb}}
+
+log() { echo "mariadb-test-server: $*" >&2; }
+
+find_bin() {
+    for b in mariadbd mysqld; do
+        for p in "/usr/sbin/$b" "$(command -v "$b" 2>/dev/null || true)"; do
+            [ -n "$p" ] && [ -x "$p" ] && { echo "$p"; return 0; }
+        done
+    done
+    return 1
+}
+
+install_server() {
+    if find_bin >/dev/null && command -v mariadb-install-db >/dev/null; then
+        return 0
+    fi
+    log "installing mariadb-server with apt-get"
+    # Keep the package's init script from starting a system-wide server on 3306.
+    local policy=/usr/sbin/policy-rc.d created_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        created_policy=1
+    fi
+    local rc=0
+    if ! apt-get install -y -qq --no-install-recommends mariadb-server mariadb-client >&2; then
+        apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq --no-install-recommends mariadb-server mariadb-client >&2 || rc=$?
+    fi
+    [ "$created_policy" = 1 ] && rm -f "$policy"
+    return $rc
+}
+
+port_free() {
+    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+running() {
+    [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null
+}
+
+client() {
+    local c
+    c=$(command -v mariadb || command -v mysql)
+    "$c" --no-defaults --protocol=socket --socket="$dir/mysqld.sock" -uroot "$@"
+}
+
+start() {
+    export DEBIAN_FRONTEND=noninteractive
+    install_server
+    local bin
+    bin=$(find_bin)
+    mkdir -p "$dir"
+    if running; then
+        cat "$dir/url"
+        return 0
+    fi
+    local fresh=0
+    if [ ! -d "$dir/data/mysql" ]; then
+        fresh=1
+        rm -rf "$dir/data"
+        mkdir -p "$dir/data"
+        mariadb-install-db --no-defaults --user="$(id -un)" --datadir="$dir/data" \
+            --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1 ||
+            { cat "$dir/install.log" >&2; exit 1; }
+    fi
+    local port
+    if [ -f "$dir/port" ]; then
+        port=$(cat "$dir/port")
+    else
+        port=${MARIADB_TEST_PORT:-33060}
+        while ! port_free "$port"; do port=$((port + 1)); done
+        echo "$port" >"$dir/port"
+    fi
+    # setsid: the server must not die with the shell or test that started it.
+    setsid "$bin" --no-defaults --user="$(id -un)" --datadir="$dir/data" \
+        --bind-address=127.0.0.1 --port="$port" --socket="$dir/mysqld.sock" \
+        --pid-file="$dir/mysqld.pid" --log-error="$dir/error.log" \
+        --skip-name-resolve --innodb-buffer-pool-size=64M --innodb-log-file-size=48M \
+        --max-connections=500 --innodb-flush-log-at-trx-commit=2 \
+        </dev/null >/dev/null 2>&1 &
+    echo $! >"$dir/pid"
+    local i
+    for i in $(seq 1 300); do
+        if client -e 'SELECT 1' >/dev/null 2>&1; then break; fi
+        if ! running; then
+            log "server exited; see $dir/error.log"
+            tail -20 "$dir/error.log" >&2 || true
+            exit 1
+        fi
+        sleep 0.1
+    done
+    client -e 'SELECT 1' >/dev/null
+    if [ "$fresh" = 1 ]; then
+        client <<'SQL'
+CREATE DATABASE IF NOT EXISTS rate_ctl CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+CREATE USER IF NOT EXISTS 'rate_ctl'@'127.0.0.1' IDENTIFIED BY 'rate_ctl';
+CREATE USER IF NOT EXISTS 'rate_ctl'@'localhost' IDENTIFIED BY 'rate_ctl';
+GRANT ALL PRIVILEGES ON rate_ctl.* TO 'rate_ctl'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON rate_ctl.* TO 'rate_ctl'@'localhost';
+-- Tests create and drop their own databases named rate_ctl_t<pid>_<n>.
+GRANT ALL PRIVILEGES ON `rate\_ctl\_t%`.* TO 'rate_ctl'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON `rate\_ctl\_t%`.* TO 'rate_ctl'@'localhost';
+FLUSH PRIVILEGES;
+SQL
+    fi
+    echo "mysql://rate_ctl:rate_ctl@127.0.0.1:$port/rate_ctl" >"$dir/url"
+    log "running as PID $(cat "$dir/pid") on 127.0.0.1:$port (data in $dir/data)"
+    cat "$dir/url"
+}
+
+stop() {
+    if ! running; then
+        rm -f "$dir/pid"
+        return 0
+    fi
+    local pid i
+    pid=$(cat "$dir/pid")
+    kill -TERM "$pid"
+    for i in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "PID $pid did not stop in 30 s; killing it"
+        kill -KILL "$pid" || true
+    fi
+    rm -f "$dir/pid"
+    log "stopped PID $pid"
+}
+
+case "$cmd" in
+start) start ;;
+stop) stop ;;
+url) running && cat "$dir/url" ;;
+*)
+    echo "usage: $0 start|stop|url [DIR]" >&2
+    exit 2
+    ;;
+esac

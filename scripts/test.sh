@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Sets up and runs every test of rate_ctl on a fresh Debian 12 machine (as root):
+#   1. Debian packages (scripts/deps.sh --with-test), Rust from the machine's rustup
+#   2. cargo fmt --check, cargo clippy -D warnings (core + binary, and the module)
+#   3. cargo test: core unit/property/multi-process tests, CLI/store/agent tests
+#      against SQLite and a throw-away MariaDB server on a loopback port
+#   4. the nginx module built for vendored nginx 1.28 and Debian's nginx 1.22,
+#      and the curl-driven t-nginx suites against both (prove)
+#   5. a short cargo-fuzz run of every fuzz target
+# Every server it starts is stopped by PID on exit.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export CARGO_TERM_COLOR=never
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "dependencies"
+scripts/deps.sh --with-test
+
+step "format and lint"
+cargo fmt --all -- --check
+cargo clippy --all-targets -- -D warnings
+
+step "cargo test (SQLite, and MariaDB on a private loopback server)"
+mariadb_dir="$(mktemp -d /tmp/rate-ctl-mariadb-XXXXXX)"
+trap 'scripts/mariadb-test-server.sh stop "$mariadb_dir" || true' EXIT
+RATE_CTL_TEST_MYSQL_URL="$(scripts/mariadb-test-server.sh start "$mariadb_dir")"
+export RATE_CTL_TEST_MYSQL_URL
+cargo test --no-fail-fast
+
+step "nginx module: build both targets, lint, t-nginx suites"
+scripts/build-module.sh both
+NGINX_BUILD_DIR="$root/target-debian/nginx-src/objs" CARGO_TARGET_DIR="$root/target-debian" \
+    cargo clippy --release --lib --no-default-features --features module -- -D warnings
+t-nginx/run.sh
+
+step "fuzz smoke (every target, ${FUZZ_SECONDS:-20} s each)"
+scripts/fuzz-smoke.sh
+
+step "done"
+echo "all test steps passed"

@@ -1,0 +1,390 @@
+//! `rate-ctl agent`: store → shared-memory file.
+//!
+//! Every `poll` (default 200 ms) the agent reads the one-row config version;
+//! every heartbeat interval (default 1 s) it records its heartbeat and
+//! applied version in the hosts table and re-reads the hosts. When the
+//! version or this host's share of the fleet changes, it loads the full set
+//! in one read transaction, computes local rates ([`super::rates`]) and
+//! publishes through the core writer ([`Sink`]).
+//!
+//! Faults: an unreachable store keeps the last table in the file and is
+//! retried with exponential backoff (up to `max_backoff`), logging once per
+//! change of state; an invalid row is skipped and named; a publish the
+//! writer refuses (capacity) keeps the previous table and is not retried
+//! until the version or the share changes; SIGTERM/SIGINT stop the agent
+//! between publishes (a publish is synchronous, so it is never cut short)
+//! and it exits 0.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
+
+use rate_ctl::core::model::Strategy;
+use tracing::{error, info, warn};
+
+use super::rates::{local_strategy, share, Share};
+use super::record::{BlacklistRecord, HostRecord};
+use super::store::{now_ms, redact_url, BadRow, Store, StoreError};
+
+/// Where published tables go: the core writer in production, a recorder in
+/// unit tests.
+pub trait Sink {
+    /// Publishes the full table; `Ok` carries a one-line summary, `Err` a
+    /// message naming what was refused (the previous table stays).
+    fn publish(
+        &mut self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistRecord],
+        config_version: u64,
+    ) -> Result<String, String>;
+    /// Writes the agent heartbeat (unix ms) into the file header.
+    fn heartbeat(&self, unix_ms: u64);
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub store_url: String,
+    pub host_id: String,
+    /// Set this host's weight at start; `None` keeps the stored one (1 for
+    /// a new host).
+    pub weight: Option<u32>,
+    pub poll: Duration,
+    pub heartbeat_every: Duration,
+    pub freshness_ms: u64,
+    pub max_backoff: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Applied {
+    version: u64,
+    share: Share,
+    at_ms: u64,
+}
+
+pub struct Agent<S: Sink> {
+    opts: AgentOptions,
+    sink: S,
+    store: Option<Store>,
+    healthy: Option<bool>,
+    applied: Option<Applied>,
+    /// Version and share a publish was refused for: not retried until they change.
+    refused: Option<(u64, Share)>,
+    hosts: Vec<HostRecord>,
+    my_weight: u32,
+    next_heartbeat_ms: u64,
+    logged_bad: HashSet<(i64, String)>,
+}
+
+impl<S: Sink> Agent<S> {
+    pub fn new(opts: AgentOptions, sink: S) -> Agent<S> {
+        Agent {
+            my_weight: opts.weight.unwrap_or(1),
+            opts,
+            sink,
+            store: None,
+            healthy: None,
+            applied: None,
+            refused: None,
+            hosts: Vec::new(),
+            next_heartbeat_ms: 0,
+            logged_bad: HashSet::new(),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    /// Runs until `shutdown` resolves; a publish in progress completes first.
+    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut delay = Duration::ZERO;
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            // The tick may be dropped at an await (a store query); publishing
+            // has no await, so it is never interrupted.
+            let r = tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                r = self.tick() => r,
+            };
+            match r {
+                Ok(()) => {
+                    if self.healthy != Some(true) {
+                        if self.healthy.is_some() {
+                            info!(store = %redact_url(&self.opts.store_url), "store reachable again");
+                        }
+                        self.healthy = Some(true);
+                    }
+                    delay = self.opts.poll;
+                }
+                Err(e) => {
+                    if self.healthy != Some(false) {
+                        warn!(store = %redact_url(&self.opts.store_url), error = %e,
+                              "store unreachable; the file keeps the last table, retrying with backoff");
+                        self.healthy = Some(false);
+                    }
+                    if matches!(e, StoreError::Db(_)) {
+                        // Reconnect from scratch next time: a pool may be stuck
+                        // on dead connections.
+                        if let Some(s) = self.store.take() {
+                            tokio::spawn(s.close());
+                        }
+                    }
+                    delay = (delay * 2).max(self.opts.poll).min(self.opts.max_backoff);
+                }
+            }
+        }
+        if let Some(s) = self.store.take() {
+            s.close().await;
+        }
+    }
+
+    /// One poll: heartbeat, version check, publish if needed.
+    pub async fn tick(&mut self) -> Result<(), StoreError> {
+        let now = now_ms();
+        self.sink.heartbeat(now);
+        if self.store.is_none() {
+            let store = Store::open_with_timeout(
+                &self.opts.store_url,
+                self.opts.max_backoff.max(Duration::from_secs(1)),
+            )
+            .await?;
+            self.register(&store).await?;
+            self.store = Some(store);
+            self.next_heartbeat_ms = 0;
+        }
+        let store = self.store.as_ref().expect("opened above");
+        if now >= self.next_heartbeat_ms {
+            let applied = self.applied.map(|a| (a.version, a.at_ms));
+            store
+                .heartbeat(&self.opts.host_id, self.my_weight, now, applied)
+                .await?;
+            self.hosts = store.hosts().await?;
+            if let Some(me) = self.hosts.iter().find(|h| h.host_id == self.opts.host_id) {
+                if me.weight != self.my_weight && me.weight > 0 {
+                    info!(weight = me.weight, "weight changed in the store");
+                    self.my_weight = me.weight;
+                }
+            }
+            self.next_heartbeat_ms = now + self.opts.heartbeat_every.as_millis() as u64;
+        }
+        let version = store.version().await?;
+        let share = share(
+            &self.hosts,
+            &self.opts.host_id,
+            self.my_weight,
+            now,
+            self.opts.freshness_ms,
+        );
+        let current = self.applied.map(|a| (a.version, a.share));
+        if current == Some((version, share)) || self.refused == Some((version, share)) {
+            return Ok(());
+        }
+        let snap = store.snapshot().await?;
+        if self.refused == Some((snap.version, share)) {
+            return Ok(());
+        }
+        log_bad_rows(&mut self.logged_bad, &snap.bad_rows);
+        let mut strategies = Vec::with_capacity(snap.strategies.len());
+        for rec in &snap.strategies {
+            match local_strategy(rec, share) {
+                Ok(s) => strategies.push(s),
+                Err(reason) => warn!(id = rec.id, %reason, "skipping strategy"),
+            }
+        }
+        let blacklist: Vec<BlacklistRecord> = snap
+            .blacklist
+            .into_iter()
+            .filter(|b| b.expires_ms.is_none_or(|e| e > now))
+            .collect();
+        let started = std::time::Instant::now();
+        match self.sink.publish(&strategies, &blacklist, snap.version) {
+            Ok(summary) => {
+                let at = now_ms();
+                info!(
+                    version = snap.version,
+                    took_us = started.elapsed().as_micros() as u64,
+                    strategies = strategies.len(),
+                    skipped = snap.bad_rows.len(),
+                    blacklist = blacklist.len(),
+                    weight = share.weight,
+                    total_weight = share.total,
+                    "published: {summary}"
+                );
+                self.applied = Some(Applied {
+                    version: snap.version,
+                    share,
+                    at_ms: at,
+                });
+                self.refused = None;
+                store
+                    .heartbeat(
+                        &self.opts.host_id,
+                        self.my_weight,
+                        at,
+                        Some((snap.version, at)),
+                    )
+                    .await?;
+            }
+            Err(e) => {
+                error!(version = snap.version, error = %e,
+                       "publish refused; the previous table stays active");
+                self.refused = Some((snap.version, share));
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers this host, or sets its weight if `--weight` differs from the store.
+    async fn register(&mut self, store: &Store) -> Result<(), StoreError> {
+        let hosts = store.hosts().await?;
+        match (
+            hosts.iter().find(|h| h.host_id == self.opts.host_id),
+            self.opts.weight,
+        ) {
+            (Some(me), Some(w)) if me.weight != w => {
+                store.set_weight(&self.opts.host_id, w).await?;
+                self.my_weight = w;
+            }
+            (Some(me), None) => self.my_weight = me.weight.max(1),
+            (Some(_), Some(_)) => {}
+            (None, _) => {
+                store
+                    .heartbeat(&self.opts.host_id, self.my_weight, now_ms(), None)
+                    .await?;
+            }
+        }
+        info!(host = %self.opts.host_id, weight = self.my_weight, "registered with the store");
+        Ok(())
+    }
+}
+
+/// Logs each invalid row once while it stays invalid.
+fn log_bad_rows(logged: &mut HashSet<(i64, String)>, bad: &[BadRow]) {
+    let now: HashSet<(i64, String)> = bad.iter().map(|b| (b.id, b.reason.clone())).collect();
+    for b in bad {
+        if !logged.contains(&(b.id, b.reason.clone())) {
+            warn!(id = b.id, reason = %b.reason, "skipping invalid strategy row");
+        }
+    }
+    *logged = now;
+}
+
+/// Installs SIGTERM and SIGINT handlers now (so a signal that arrives
+/// during start-up is not fatal) and returns a future that resolves on the
+/// first of them, logging which.
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        info!("{name} received; exiting after the publish in progress");
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::record::StrategyRecord;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[derive(Default)]
+    struct Recorder {
+        published: Vec<(u64, Vec<Strategy>)>,
+        heartbeat: AtomicU64,
+        limit: Option<usize>,
+    }
+
+    impl Sink for Recorder {
+        fn publish(
+            &mut self,
+            strategies: &[Strategy],
+            _blacklist: &[BlacklistRecord],
+            v: u64,
+        ) -> Result<String, String> {
+            if let Some(l) = self.limit {
+                if strategies.len() > l {
+                    return Err(format!("capacity: max strategies ({l}) exceeded"));
+                }
+            }
+            self.published.push((v, strategies.to_vec()));
+            Ok(format!("{} strategies", strategies.len()))
+        }
+        fn heartbeat(&self, ms: u64) {
+            self.heartbeat.store(ms, Ordering::Relaxed);
+        }
+    }
+
+    fn opts(url: &str, host: &str) -> AgentOptions {
+        AgentOptions {
+            store_url: url.into(),
+            host_id: host.into(),
+            weight: Some(1),
+            poll: Duration::from_millis(10),
+            heartbeat_every: Duration::from_millis(0),
+            freshness_ms: 10_000,
+            max_backoff: Duration::from_millis(100),
+        }
+    }
+
+    fn rec(name: &str, rate: u64) -> StrategyRecord {
+        serde_json::from_str(&format!(
+            r#"{{"name":"{name}","algorithm":"token_bucket","rate":{rate},"burst":4}}"#
+        ))
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn publishes_on_change_and_skips_bad_rows_and_keeps_table_on_refusal() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("s.db").display());
+        let store = Store::open(&url).await.unwrap();
+        store.add_strategy(&rec("a", 400)).await.unwrap();
+        let mut agent = Agent::new(opts(&url, "h1"), Recorder::default());
+        agent.tick().await.unwrap();
+        assert_eq!(agent.sink().published.len(), 1);
+        assert!(agent.sink().heartbeat.load(Ordering::Relaxed) > 0);
+        // No change, no publish.
+        agent.tick().await.unwrap();
+        assert_eq!(agent.sink().published.len(), 1);
+
+        // A second fresh host with weight 3 takes 3/4 of the rate.
+        store.heartbeat("h2", 3, now_ms(), None).await.unwrap();
+        agent.tick().await.unwrap();
+        let (_, last) = agent.sink().published.last().unwrap();
+        assert_eq!(last[0].rate, 100);
+
+        // A row broken behind the CLI's back is skipped; the rest applies.
+        store.add_strategy(&rec("b", 10)).await.unwrap();
+        sqlx::query("UPDATE strategies SET algorithm = 'bogus' WHERE name = 'a'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.add_strategy(&rec("c", 10)).await.unwrap();
+        agent.tick().await.unwrap();
+        let (v, last) = agent.sink().published.last().unwrap();
+        assert_eq!(*v, store.version().await.unwrap());
+        assert_eq!(last.len(), 2, "b and c, not the broken a");
+
+        // Refused publish: nothing recorded, not retried until a change.
+        agent.sink.limit = Some(2);
+        store.add_strategy(&rec("d", 10)).await.unwrap();
+        let n = agent.sink().published.len();
+        agent.tick().await.unwrap();
+        agent.tick().await.unwrap();
+        assert_eq!(agent.sink().published.len(), n);
+        let hosts = store.hosts().await.unwrap();
+        let me = hosts.iter().find(|h| h.host_id == "h1").unwrap();
+        assert!(me.applied_version.unwrap() < store.version().await.unwrap());
+    }
+}

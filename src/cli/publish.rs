@@ -1,0 +1,270 @@
+//! The one place the agent meets the core shared-memory writer and reader.
+
+use std::path::Path;
+
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::agent::Sink;
+use super::record::BlacklistRecord;
+use rate_ctl::core::blacklist::{Blacklist, BlacklistEntry};
+use rate_ctl::core::model::{Action, Strategy};
+use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
+use rate_ctl::core::shm::{
+    unix_ms, Capacities, Mapping, H_CONFIG_VERSION, H_CREATED, H_WRITER_PID, LAYOUT_VERSION,
+};
+use rate_ctl::core::slot::Slot;
+use rate_ctl::core::writer::{Opened, Writer};
+
+/// println! that ignores a closed stdout (e.g. `| head`).
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
+/// File capacities chosen on the command line.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    pub max_strategies: u32,
+    pub segment_bytes: u64,
+    pub blacklist_entries: u32,
+}
+
+/// The core writer as the agent's [`Sink`].
+pub struct ShmSink {
+    writer: Writer,
+}
+
+impl Sink for ShmSink {
+    fn publish(
+        &mut self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistRecord],
+        config_version: u64,
+    ) -> Result<String, String> {
+        let entries: Vec<BlacklistEntry> = blacklist
+            .iter()
+            .map(|b| BlacklistEntry {
+                dimension: b.dimension.clone(),
+                value: b.value.clone().into_bytes(),
+                expires_unix_ms: b.expires_ms,
+            })
+            .collect();
+        let r = self
+            .writer
+            .publish(strategies, &entries, config_version)
+            .map_err(|e| e.to_string())?;
+        Ok(format!(
+            "sequence {}, {} strategies ({} new slots, {} freed), {} blacklist entries, {} bytes",
+            r.seq, r.strategies, r.new_slots, r.freed_slots, r.blacklist_entries, r.payload_bytes
+        ))
+    }
+
+    fn heartbeat(&self, unix_ms: u64) {
+        self.writer.heartbeat(unix_ms);
+    }
+}
+
+/// Creates or adopts the file at `path` (an adopted file keeps its slots
+/// and counters).
+pub fn open(path: &Path, caps: Caps, mode: u32) -> Result<ShmSink, String> {
+    let writer = Writer::create_or_adopt(
+        path,
+        Capacities {
+            max_strategies: caps.max_strategies,
+            segment_bytes: caps.segment_bytes,
+            blacklist_entries: caps.blacklist_entries,
+        },
+        mode,
+    )
+    .map_err(|e| e.to_string())?;
+    match writer.opened() {
+        Opened::Created => info!(path = %path.display(), "created the shared-memory file"),
+        Opened::Adopted {
+            strategies,
+            boot_changed,
+        } => info!(
+            path = %path.display(), strategies, boot_changed,
+            "adopted the shared-memory file; counters of unchanged strategies continue"
+        ),
+        Opened::Recreated { reason } => {
+            warn!(path = %path.display(), %reason, "recreated the shared-memory file")
+        }
+    }
+    Ok(ShmSink { writer })
+}
+
+/// Reads the active segment, retrying while the writer is mid-publish.
+pub fn read_active(map: &Mapping) -> Result<Option<Decoded>, String> {
+    let mut buf = Vec::new();
+    for _ in 0..10_000 {
+        let seq = map.seq();
+        if seq == 0 {
+            return Ok(None);
+        }
+        match read_segment(&map.segment((seq & 1) as usize), seq, &mut buf) {
+            Ok(d) => return Ok(Some(d)),
+            Err(SegmentError::Busy) => std::thread::yield_now(),
+            Err(SegmentError::Sequence { .. }) if map.seq() != seq => {}
+            Err(e) => return Err(format!("active segment (sequence {seq}): {e}")),
+        }
+    }
+    Err("the writer kept publishing; try again".into())
+}
+
+/// `rate-ctl shm inspect`.
+pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
+    let map = Mapping::open(path).map_err(|e| e.to_string())?;
+    let g = map.geometry;
+    let header = map.header();
+    let seq = map.seq();
+    let heartbeat = map.heartbeat_unix_ms();
+    let now = unix_ms();
+    let heartbeat_age_ms = (heartbeat > 0).then(|| now.saturating_sub(heartbeat));
+    let decoded = read_active(&map)?;
+    let slots = map.slots();
+    let mut rows = Vec::new();
+    if let Some(d) = &decoded {
+        for p in &d.strategies {
+            let s = &p.strategy;
+            let (counters, current) = match Slot::at(&slots, p.slot) {
+                Some(slot) => (
+                    slot.counters(),
+                    slot.generation.load(std::sync::atomic::Ordering::Relaxed) == p.generation,
+                ),
+                None => (Default::default(), false),
+            };
+            let action = match s.action {
+                Action::Reject { status } => json!({"reject": status}),
+                Action::Delay { max_delay_ms } => json!({"delay_max_ms": max_delay_ms}),
+                Action::DryRun => json!("dry_run"),
+            };
+            rows.push(json!({
+                "id": s.id,
+                "match": s.conditions.iter().map(|c| {
+                    (c.dimension.clone(), json!(String::from_utf8_lossy(&c.value)))
+                }).collect::<serde_json::Map<_, _>>(),
+                "algorithm": s.algorithm.as_str(),
+                "local_rate": s.rate,
+                "per": s.per.as_str(),
+                "burst": s.burst,
+                "action": action,
+                "enabled": s.enabled,
+                "slot": p.slot,
+                "generation": p.generation,
+                "slot_current": current,
+                "passed": counters.passed,
+                "limited": counters.limited,
+                "delayed": counters.delayed,
+            }));
+        }
+    }
+    let blacklist_entries = Blacklist::open(map.blacklist())
+        .map(|b| b.len() as u64)
+        .map_err(|e| format!("blacklist region: {e}"))?;
+    let used_slots: u32 = (0..g.bitmap_len as usize / 8)
+        .map(|i| map.bitmap().load(i * 8).count_ones())
+        .sum();
+    let summary = json!({
+        "path": path.display().to_string(),
+        "layout_version": LAYOUT_VERSION,
+        "file_size": g.file_size,
+        "sequence": seq,
+        "active_segment": if seq == 0 { serde_json::Value::Null } else { json!(if seq & 1 == 0 { "A" } else { "B" }) },
+        "config_version": header.load(H_CONFIG_VERSION),
+        "published_unix_ms": decoded.as_ref().map(|d| d.published_unix_ms),
+        "heartbeat_unix_ms": heartbeat,
+        "heartbeat_age_ms": heartbeat_age_ms,
+        "writer_pid": header.load(H_WRITER_PID),
+        "created_unix_ms": header.load(H_CREATED),
+        "capacity": {
+            "strategies": g.slot_count,
+            "segment_bytes": g.seg_len,
+            "blacklist_entries": g.bl_capacity,
+        },
+        "slots_in_use": used_slots,
+        "blacklist_entries": blacklist_entries,
+        "blacklist_dimensions": decoded.as_ref().map(|d| d.blacklist_dimensions.clone()).unwrap_or_default(),
+        "strategies": rows.len(),
+    });
+    if as_json {
+        let mut doc = summary;
+        doc["strategies"] = serde_json::Value::Array(rows);
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serialisable")
+        );
+        return Ok(());
+    }
+    outln!("file:            {}", path.display());
+    outln!("layout version:  {LAYOUT_VERSION}, {} bytes", g.file_size);
+    outln!(
+        "sequence:        {seq} (active segment {})",
+        summary["active_segment"]
+            .as_str()
+            .unwrap_or("none: nothing published")
+    );
+    outln!("config version:  {}", summary["config_version"]);
+    match heartbeat_age_ms {
+        Some(a) => outln!(
+            "agent heartbeat: {:.1} s ago (pid {})",
+            a as f64 / 1000.0,
+            summary["writer_pid"]
+        ),
+        None => outln!("agent heartbeat: never"),
+    }
+    outln!(
+        "capacity:        {} strategies ({} slots in use), {} segment bytes, {} blacklist entries",
+        g.slot_count,
+        used_slots,
+        g.seg_len,
+        g.bl_capacity
+    );
+    outln!("blacklist:       {blacklist_entries} entries");
+    outln!("strategies:      {}", rows.len());
+    if !rows.is_empty() {
+        outln!(
+            "{:>8} {:<14} {:>10} {:<7} {:>6} {:>6} {:>12} {:>12} {:>10}  MATCH",
+            "ID",
+            "ALGORITHM",
+            "LOCAL RATE",
+            "PER",
+            "BURST",
+            "SLOT",
+            "PASSED",
+            "LIMITED",
+            "DELAYED"
+        );
+        for r in &rows {
+            let m: Vec<String> = r["match"]
+                .as_object()
+                .map(|o| {
+                    o.iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let n = |k: &str| r[k].to_string();
+            outln!(
+                "{:>8} {:<14} {:>10} {:<7} {:>6} {:>6} {:>12} {:>12} {:>10}  {}",
+                n("id"),
+                r["algorithm"].as_str().unwrap_or(""),
+                n("local_rate"),
+                r["per"].as_str().unwrap_or(""),
+                n("burst"),
+                n("slot"),
+                n("passed"),
+                n("limited"),
+                n("delayed"),
+                if m.is_empty() {
+                    "(all requests)".into()
+                } else {
+                    m.join(" ")
+                }
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! This host's share of cluster-scope rates.
+//!
+//! A `cluster` strategy's rate is for the whole fleet. Each host enforces
+//! `ceil(rate × weight / Σ weights of fresh hosts)`, at least 1 — a host
+//! never gets 0 for a positive rate. Rounding up means the fleet together
+//! may admit up to one request per period per host more than the rate, never
+//! less: with weights 1, 1, 2 and 400/s the shares are exactly 100, 100, 200;
+//! with three equal hosts and 100/s each host gets 34/s (102 in all). The
+//! token-bucket burst is split the same way (at least 1). A host is fresh
+//! when its last heartbeat is at most the freshness window old; this host
+//! always counts itself. `host` strategies apply as written.
+
+use rate_ctl::core::model::{Algorithm, Strategy};
+
+use super::record::{HostRecord, Scope, StrategyRecord};
+
+/// This host's weight and the fleet's total (including this host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub weight: u64,
+    pub total: u64,
+}
+
+impl Share {
+    /// `ceil(v × weight / total)`, at least 1 when `v > 0`.
+    pub fn of(&self, v: u64) -> u64 {
+        if v == 0 || self.total == 0 {
+            return v;
+        }
+        let x = (v as u128 * self.weight as u128).div_ceil(self.total as u128);
+        (x.max(1)).min(v as u128) as u64
+    }
+}
+
+/// This host's share: its own weight over the sum of the weights of itself
+/// and every other host whose heartbeat is at most `freshness_ms` old.
+pub fn share(
+    hosts: &[HostRecord],
+    me: &str,
+    my_weight: u32,
+    now_ms: u64,
+    freshness_ms: u64,
+) -> Share {
+    let mut total = my_weight as u64;
+    for h in hosts {
+        if h.host_id == me || h.weight == 0 {
+            continue;
+        }
+        let fresh = h
+            .last_heartbeat_ms
+            .is_some_and(|hb| hb.saturating_add(freshness_ms) >= now_ms);
+        if fresh {
+            total += h.weight as u64;
+        }
+    }
+    Share {
+        weight: my_weight as u64,
+        total: total.max(1),
+    }
+}
+
+/// The strategy this host publishes for `rec`: rates local, validated by
+/// the core model. `Err` names the field at fault.
+pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, String> {
+    let (rate, burst) = match rec.scope {
+        Scope::Host => (rec.rate, rec.burst),
+        Scope::Cluster => {
+            let burst = if rec.algorithm == Algorithm::TokenBucket {
+                share.of(rec.burst as u64) as u32
+            } else {
+                rec.burst
+            };
+            (share.of(rec.rate), burst)
+        }
+    };
+    let mut s = rec.to_core(rate, burst)?;
+    s.validate().map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(id: &str, weight: u32, hb: Option<u64>) -> HostRecord {
+        HostRecord {
+            host_id: id.into(),
+            weight,
+            last_heartbeat_ms: hb,
+            applied_version: None,
+            applied_ms: None,
+        }
+    }
+
+    #[test]
+    fn weights_1_1_2_split_400_exactly() {
+        let now = 1_000_000;
+        let hosts = vec![
+            host("a", 1, Some(now)),
+            host("b", 1, Some(now - 5_000)),
+            host("c", 2, Some(now - 9_999)),
+        ];
+        let rates: Vec<u64> = [("a", 1), ("b", 1), ("c", 2)]
+            .iter()
+            .map(|(me, w)| share(&hosts, me, *w, now, 10_000).of(400))
+            .collect();
+        assert_eq!(rates, vec![100, 100, 200]);
+        // c goes stale: a and b split 400 between them.
+        let later = now + 10_500;
+        let hosts = vec![
+            host("a", 1, Some(later)),
+            host("b", 1, Some(later)),
+            host("c", 2, Some(now - 9_999)),
+        ];
+        assert_eq!(share(&hosts, "a", 1, later, 10_000).of(400), 200);
+    }
+
+    #[test]
+    fn never_zero_and_rounds_up() {
+        let s = Share {
+            weight: 1,
+            total: 3,
+        };
+        assert_eq!(s.of(100), 34);
+        assert_eq!(s.of(1), 1);
+        let tiny = Share {
+            weight: 1,
+            total: 1_000_000,
+        };
+        assert_eq!(tiny.of(5), 1);
+        let whole = Share {
+            weight: 1,
+            total: 1,
+        };
+        assert_eq!(whole.of(u64::MAX), u64::MAX);
+        assert_eq!(s.of(0), 0);
+    }
+
+    #[test]
+    fn self_counts_even_without_a_row() {
+        assert_eq!(
+            share(&[], "me", 3, 0, 10_000),
+            Share {
+                weight: 3,
+                total: 3
+            }
+        );
+    }
+
+    #[test]
+    fn host_scope_as_written_cluster_burst_split() {
+        let mut r: StrategyRecord = serde_json::from_str(
+            r#"{"id":4,"name":"x","algorithm":"token_bucket","rate":400,"burst":20,"scope":"host"}"#,
+        )
+        .unwrap();
+        let half = Share {
+            weight: 1,
+            total: 2,
+        };
+        let s = local_strategy(&r, half).unwrap();
+        assert_eq!((s.rate, s.burst), (400, 20));
+        r.scope = Scope::Cluster;
+        let s = local_strategy(&r, half).unwrap();
+        assert_eq!((s.id, s.rate, s.burst), (4, 200, 10));
+    }
+}

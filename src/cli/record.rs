@@ -1,0 +1,433 @@
+//! Strategy and blacklist records as stored, exported and printed.
+//!
+//! A [`StrategyRecord`] is what an operator writes: the core
+//! [`Strategy`] fields plus a name and a scope. Validation is the core's
+//! [`Strategy::validate`] (one implementation); [`StrategyRecord::validate`]
+//! only adds the store's own fields.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use rate_ctl::core::model::{
+    canonical_ip, valid_dimension_name, Action, Algorithm, Condition, ModelError, Strategy, Unit,
+    MAX_VALUE_LEN,
+};
+
+/// Longest strategy name, in bytes.
+pub const MAX_NAME_LEN: usize = 200;
+/// Longest blacklist reason, in bytes.
+pub const MAX_REASON_LEN: usize = 500;
+
+/// Whose rate a strategy states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// The rate is for the whole fleet; each host enforces its weighted share.
+    Cluster,
+    /// The rate applies on every host as written.
+    Host,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Cluster => "cluster",
+            Scope::Host => "host",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cluster" => Ok(Scope::Cluster),
+            "host" => Ok(Scope::Host),
+            other => Err(format!(
+                "scope: unknown value {other:?} (expected one of cluster, host)"
+            )),
+        }
+    }
+}
+
+/// The overflow action, as stored: a keyword plus its optional parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    Reject,
+    Delay,
+    DryRun,
+}
+
+impl ActionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Reject => "reject",
+            ActionKind::Delay => "delay",
+            ActionKind::DryRun => "dry_run",
+        }
+    }
+}
+
+impl FromStr for ActionKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "reject" => Ok(ActionKind::Reject),
+            "delay" => Ok(ActionKind::Delay),
+            "dry_run" | "dry-run" => Ok(ActionKind::DryRun),
+            other => Err(format!(
+                "action: unknown value {other:?} (expected one of reject, delay, dry_run)"
+            )),
+        }
+    }
+}
+
+/// One strategy as the store holds it and as `export`/`import` and
+/// `--json` write it (one JSON object per line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyRecord {
+    /// 0 = not yet stored (import assigns one).
+    #[serde(default)]
+    pub id: u32,
+    pub name: String,
+    /// `dimension = value` conditions (all must hold).
+    #[serde(rename = "match", default)]
+    pub conditions: BTreeMap<String, String>,
+    #[serde(with = "keyword")]
+    pub algorithm: Algorithm,
+    pub rate: u64,
+    #[serde(with = "keyword", default = "default_unit")]
+    pub per: Unit,
+    #[serde(default = "one")]
+    pub burst: u32,
+    #[serde(default = "default_action")]
+    pub action: ActionKind,
+    /// Reject status; `None` = the location's `rate_ctl_status` (503).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Longest wait of a `delay` action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay_ms: Option<u32>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_scope")]
+    pub scope: Scope,
+    /// Unix ms; set by the store.
+    #[serde(default)]
+    pub created_ms: u64,
+    #[serde(default)]
+    pub updated_ms: u64,
+    /// Config version of the last change to this strategy; set by the store.
+    #[serde(default)]
+    pub version: u64,
+}
+
+fn default_unit() -> Unit {
+    Unit::Second
+}
+fn one() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn default_action() -> ActionKind {
+    ActionKind::Reject
+}
+fn default_scope() -> Scope {
+    Scope::Cluster
+}
+
+/// Serialises the core keyword enums (`Algorithm`, `Unit`) as their names.
+mod keyword {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<T: Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(D::Error::custom)
+    }
+}
+
+impl StrategyRecord {
+    /// The core action for the stored keyword and parameters.
+    pub fn core_action(&self) -> Result<Action, String> {
+        match self.action {
+            ActionKind::Reject => {
+                if self.max_delay_ms.is_some() {
+                    return Err("max_delay_ms: only for action delay".into());
+                }
+                Ok(Action::Reject {
+                    status: self.status,
+                })
+            }
+            ActionKind::Delay => {
+                if self.status.is_some() {
+                    return Err("status: only for action reject".into());
+                }
+                let max_delay_ms = self
+                    .max_delay_ms
+                    .ok_or_else(|| String::from("max_delay_ms: required for action delay"))?;
+                Ok(Action::Delay { max_delay_ms })
+            }
+            ActionKind::DryRun => {
+                if self.status.is_some() || self.max_delay_ms.is_some() {
+                    return Err("action: dry_run takes neither status nor max_delay_ms".into());
+                }
+                Ok(Action::DryRun)
+            }
+        }
+    }
+
+    /// The core strategy with `rate` and `burst` as given (no host share).
+    /// A record without an id yet is checked as id 1.
+    pub fn to_core(&self, rate: u64, burst: u32) -> Result<Strategy, String> {
+        Ok(Strategy {
+            id: if self.id == 0 { 1 } else { self.id },
+            conditions: self
+                .conditions
+                .iter()
+                .map(|(d, v)| Condition::new(d.clone(), v.clone().into_bytes()))
+                .collect(),
+            algorithm: self.algorithm,
+            rate,
+            per: self.per,
+            burst,
+            action: self.core_action()?,
+            enabled: self.enabled,
+        })
+    }
+
+    /// Checks every field (the core model's rules plus name and action
+    /// parameters) and canonicalises `ip` values in place. The error text
+    /// starts with the field at fault.
+    pub fn validate(&mut self) -> Result<(), String> {
+        let name = self.name.trim();
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return Err(format!("name: must be 1 to {MAX_NAME_LEN} bytes"));
+        }
+        if name.chars().any(char::is_control) {
+            return Err("name: must not contain control characters".into());
+        }
+        self.name = name.to_string();
+        if self.algorithm == Algorithm::LeakyBucket {
+            self.burst = 1;
+        }
+        let mut core = self.to_core(self.rate, self.burst)?;
+        core.validate().map_err(|e| e.to_string())?;
+        self.conditions = core
+            .conditions
+            .into_iter()
+            .map(|c| {
+                (
+                    c.dimension,
+                    String::from_utf8(c.value).expect("validated values stay UTF-8"),
+                )
+            })
+            .collect();
+        Ok(())
+    }
+}
+
+/// The CLI argument that carries a model field, for error messages.
+pub fn flag_for_field(message: &str) -> &'static str {
+    let field = message.split(':').next().unwrap_or("");
+    match field {
+        f if f.starts_with("conditions") => "--match",
+        "rate" => "--rate",
+        "burst" => "--burst",
+        "per" => "--per",
+        "algorithm" => "--algorithm",
+        "action.status" | "status" => "--status",
+        "action.max_delay_ms" | "max_delay_ms" => "--max-delay-ms",
+        "action" => "--action",
+        "name" => "--name",
+        "scope" => "--scope",
+        "id" => "ID",
+        "dimension" => "--dimension",
+        "value" => "--value",
+        "expires" => "--expires",
+        "reason" => "--reason",
+        "weight" => "--weight",
+        _ => "arguments",
+    }
+}
+
+/// Parses a `--match dimension=value` argument.
+pub fn parse_match(arg: &str) -> Result<(String, String), String> {
+    let (d, v) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("conditions: {arg:?} is not dimension=value"))?;
+    Ok((d.trim().to_string(), v.to_string()))
+}
+
+/// Turns `--match` arguments into the condition map, refusing a dimension
+/// given twice (the map would silently keep one).
+pub fn conditions_from_args(args: &[String]) -> Result<BTreeMap<String, String>, String> {
+    let mut map = BTreeMap::new();
+    for (index, a) in args.iter().enumerate() {
+        let (d, v) = parse_match(a)?;
+        if map.insert(d.clone(), v).is_some() {
+            return Err(ModelError::DuplicateDimension { index, name: d }.to_string());
+        }
+    }
+    Ok(map)
+}
+
+/// One blacklist entry as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlacklistRecord {
+    pub id: u64,
+    pub dimension: String,
+    pub value: String,
+    /// Unix ms after which the entry no longer applies; `None` = never.
+    pub expires_ms: Option<u64>,
+    pub reason: String,
+    pub created_ms: u64,
+}
+
+impl BlacklistRecord {
+    /// Checks dimension, value and reason; canonicalises an `ip` value.
+    pub fn validate(&mut self) -> Result<(), String> {
+        if !valid_dimension_name(&self.dimension) {
+            return Err(format!(
+                "dimension: {:?} is not a valid name ([a-z][a-z0-9_]*, at most 32 bytes)",
+                self.dimension
+            ));
+        }
+        if self.value.is_empty() || self.value.len() > MAX_VALUE_LEN {
+            return Err(format!(
+                "value: must be 1 to {MAX_VALUE_LEN} bytes, got {}",
+                self.value.len()
+            ));
+        }
+        if self.dimension == "ip" {
+            self.value = canonical_ip(self.value.as_bytes())
+                .ok_or_else(|| format!("value: {:?} is not an IPv4 or IPv6 address", self.value))?;
+        }
+        if self.reason.len() > MAX_REASON_LEN {
+            return Err(format!("reason: at most {MAX_REASON_LEN} bytes"));
+        }
+        Ok(())
+    }
+}
+
+/// One host as the hosts table holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    pub host_id: String,
+    pub weight: u32,
+    pub last_heartbeat_ms: Option<u64>,
+    pub applied_version: Option<u64>,
+    pub applied_ms: Option<u64>,
+}
+
+/// Parses a duration such as `30s`, `10m`, `2h`, `1d` or `500ms`.
+pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s, 10m, 2h, 1d"))?;
+    let mul = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{s:?} is not a duration like 30s, 10m, 2h, 1d")),
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec() -> StrategyRecord {
+        serde_json::from_str(
+            r#"{"name":"pay","match":{"ip":"::ffff:1.2.3.4","api":"/pay"},
+                "algorithm":"token_bucket","rate":100,"burst":20}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn json_defaults_and_canonical_ip() {
+        let mut r = rec();
+        assert_eq!(r.per, Unit::Second);
+        assert_eq!(r.scope, Scope::Cluster);
+        assert_eq!(r.action, ActionKind::Reject);
+        assert!(r.enabled);
+        r.validate().unwrap();
+        assert_eq!(r.conditions["ip"], "1.2.3.4");
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(line.contains(r#""algorithm":"token_bucket""#), "{line}");
+        assert!(line.contains(r#""per":"second""#), "{line}");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let mut r = rec();
+        r.rate = 0;
+        let e = r.validate().unwrap_err();
+        assert!(e.starts_with("rate:"), "{e}");
+        assert_eq!(flag_for_field(&e), "--rate");
+
+        let mut r = rec();
+        r.action = ActionKind::Delay;
+        let e = r.validate().unwrap_err();
+        assert!(e.starts_with("max_delay_ms:"), "{e}");
+
+        let mut r = rec();
+        r.name = " ".into();
+        assert!(r.validate().unwrap_err().starts_with("name:"));
+
+        let e =
+            serde_json::from_str::<StrategyRecord>(r#"{"name":"x","algorithm":"bogus","rate":1}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("algorithm"), "{e}");
+    }
+
+    #[test]
+    fn match_args() {
+        let m = conditions_from_args(&["ip=1.2.3.4".into(), "api=/a=b".into()]).unwrap();
+        assert_eq!(m["api"], "/a=b");
+        let e = conditions_from_args(&["ip=1".into(), "ip=2".into()]).unwrap_err();
+        assert!(e.starts_with("conditions[1].dimension"), "{e}");
+        assert!(parse_match("novalue").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ms("30").unwrap(), 30_000);
+        assert_eq!(parse_duration_ms("10m").unwrap(), 600_000);
+        assert_eq!(parse_duration_ms("250ms").unwrap(), 250);
+        assert!(parse_duration_ms("1w").is_err());
+    }
+}

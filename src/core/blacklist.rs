@@ -1,0 +1,1122 @@
+//! The shared-memory blacklist: the seed's multi-level hash, rebuilt in
+//! place by the agent and read per request by every nginx worker.
+//!
+//! # Model
+//!
+//! An entry is `dimension = value` with an optional expiry time. A request is
+//! blacklisted when one of its dimension values is an entry that has not
+//! expired. `ip` values are stored exactly (128 bits, IPv4 as v4-mapped IPv6,
+//! so `1.2.3.4` and `::ffff:1.2.3.4` are the same entry and `1.2.3.5` is
+//! never confused with it); every other value is stored as a 64-bit hash.
+//!
+//! # Table
+//!
+//! `L` levels of strictly decreasing prime sizes (new tables: 4 levels with
+//! 40 / 30 / 20 / 10 % of the slots, twice as many slots as the capacity). An
+//! entry with 32-bit position hash `h` may sit at `h % size[0]` in level 0,
+//! ..., `h % size[L-2]` in level `L-2`, or in the last level at one of
+//! `probe` consecutive positions from `h % size[L-1]` (linear probing,
+//! wrapping). The remainders are computed with two multiplies (Lemire's
+//! fastmod), not a division.
+//! An insert takes the first free position in that order. With 50 % load the
+//! table holds its capacity with a wide margin (simulated: the first failed
+//! insert comes after 1.3 × capacity random entries or more).
+//!
+//! A lookup checks every candidate position (removals leave holes, so an
+//! empty slot does not end the search) but only the first `probe bound`
+//! positions of the last level: the writer keeps that bound at the farthest
+//! probe distance in use, so with a sparsely filled table a lookup is `L - 1`
+//! slot checks, each one acquire load plus three relaxed loads on a hit.
+//!
+//! # Validity and rebuild (single writer: the agent)
+//!
+//! A slot is valid when its `seq` is non-zero and `>=` the public `seq` in
+//! the header, and it has not expired. [`Blacklist::rebuild`] replaces the
+//! whole list:
+//!
+//! 1. Plan in process memory first: which valid slots already hold an entry
+//!    of the new list (kept), and where each new entry goes (a slot no kept
+//!    or new entry uses: empty, stale, or holding an entry being removed). If
+//!    an entry does not fit, nothing is written and the old list stays valid.
+//! 2. Widen the header hints (dimensions in use, IP flag, probe bound) to
+//!    cover the old and the new list.
+//! 3. Pass 1: bump each kept slot in place to `seq + 1` (its expiry is
+//!    rewritten first, its key never changes).
+//! 4. Pass 2: write each new entry: slot `seq` := 0, fence, key and expiry,
+//!    then `seq + 1` with release.
+//! 5. Zero slots left over with a `seq` beyond the current one (a writer that
+//!    died mid-rebuild), then store the public `seq + 1` with release: every
+//!    slot not refreshed becomes invalid at once.
+//! 6. Narrow the header hints to the new list and store the entry count.
+//!
+//! A kept entry's slot keeps its key and a valid `seq` throughout, so a
+//! reader never misses it during a rebuild. Readers load the slot `seq`
+//! (acquire), the key words and expiry, fence, and re-load `seq`; if it moved
+//! they re-read the slot (bounded retries, then a miss).
+//!
+//! # Region layout (version 1)
+//!
+//! All fields are native-endian atomics; the project's hosts are
+//! little-endian, so the file is little-endian. The region should start on a
+//! 64-byte boundary so that no 32-byte slot straddles a cache line.
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | magic | `b"RCBLKLS1"` read as u64 LE; written last by [`init`] |
+//! | 8 | 4 | version | layout version, 1 |
+//! | 12 | 4 | levels | number of levels, 1..=8 |
+//! | 16 | 4 | probe | linear-probe length of the last level, 1..=64, ≤ its size |
+//! | 20 | 4 | capacity | entries the table was sized for; [`Blacklist::rebuild`] refuses more |
+//! | 24 | 32 | level sizes | u32 × 8: slots per level, levels in use non-zero |
+//! | 56 | 8 | seq | public sequence, starts at 1, +1 per rebuild (< 2^56) |
+//! | 64 | 8 | count | entries in the current list (expired ones included) |
+//! | 72 | 8 | probe bound | last-level positions a reader must check, 0..=probe |
+//! | 80 | 8 | ip flag | 1 when exact IP entries may exist, else 0 |
+//! | 88 | 8 | all-dims flag | 1 when more than 16 hashed dimensions are in use: check every dimension |
+//! | 96 | 128 | dimension hashes | u64 × 16: [`dimension_hash`] of each hashed dimension in use, 0 = free |
+//! | 224 | 32 | reserved | zero |
+//! | 256 | 32 × Σ sizes | slots | level 0 slots, then level 1, ... |
+//!
+//! Slot (32 bytes):
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | tag + seq | bits 56..63 tag (0 empty, 1 IP, 2 hashed value), bits 0..55 seq |
+//! | 8 | 8 | key 1 | IP: high 64 bits of the IPv6 address (as `u128` from its octets); hashed: [`value_hash`] |
+//! | 16 | 8 | key 2 | IP: low 64 bits; hashed: [`dimension_hash`] of the dimension |
+//! | 24 | 8 | expires | unix ms; the entry matches while `now < expires`; 0 = never (an input expiry of 0 is stored as 1) |
+//!
+//! # Hashes
+//!
+//! XXH3-64 (frozen since xxHash 0.8, no random seed, identical in every
+//! process and build):
+//!
+//! * `dimension_hash(name) = xxh3_64(name)`, 0 replaced by 1;
+//! * `value_hash(dh, value) = xxh3_64_with_seed(value, dh)`;
+//! * position hash: `p = value_hash` for hashed entries, `p =
+//!   xxh3_64(octets)` of the 16-byte IPv6 (v4-mapped) address for IPs,
+//!   folded to 32 bits as `(p ^ (p >> 32)) as u32`.
+//!
+//! False positives: IPs never (exact compare). A hashed value not in the
+//! list matches only if its 64-bit value hash equals that of a listed value
+//! of the same dimension: probability about `n / 2^64` per lookup for `n`
+//! entries of that dimension, i.e. 5 × 10^-14 with a million entries (one
+//! wrong block in roughly 600 years at a million lookups a second).
+//!
+//! Nothing here panics or reads out of bounds whatever the region holds:
+//! [`Blacklist::open`] validates the geometry against the region length and
+//! every access goes through [`Region`]'s bounds-checked atomics.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+use crate::core::model::{valid_dimension_name, MAX_VALUE_LEN};
+use crate::core::region::Region;
+
+/// `b"RCBLKLS1"` as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"RCBLKLS1");
+/// Layout version written by [`init`] and accepted by [`Blacklist::open`].
+pub const VERSION: u32 = 1;
+/// Bytes before the first slot.
+pub const HEADER_BYTES: usize = 256;
+/// Bytes per slot.
+pub const SLOT_BYTES: usize = 32;
+/// Most levels a table may have.
+pub const MAX_LEVELS: usize = 8;
+/// Longest linear probe a table may have.
+pub const MAX_PROBE: u32 = 64;
+/// Hashed dimensions listed in the header; more set the all-dims flag.
+pub const MAX_LISTED_DIMENSIONS: usize = 16;
+
+/// Levels of a table made by [`init`].
+const NEW_LEVELS: usize = 4;
+/// Probe length of a table made by [`init`].
+const NEW_PROBE: u32 = 16;
+/// Share of the slots per level (percent) in a table made by [`init`].
+const NEW_LEVEL_PERCENT: [u64; NEW_LEVELS] = [40, 30, 20, 10];
+/// Slots per entry of capacity (load factor 1/2).
+const SLOTS_PER_ENTRY: u64 = 2;
+/// Fewest slots in a table made by [`init`].
+const MIN_SLOTS: u64 = 64;
+
+const SEQ_BITS: u32 = 56;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+const TAG_IP: u64 = 1;
+const TAG_HASH: u64 = 2;
+/// Re-reads of one slot whose seq moved during the read.
+const SLOT_RETRIES: usize = 16;
+
+const OFF_MAGIC: usize = 0;
+const OFF_VERSION: usize = 8;
+const OFF_LEVELS: usize = 12;
+const OFF_PROBE: usize = 16;
+const OFF_CAPACITY: usize = 20;
+const OFF_SIZES: usize = 24;
+const OFF_SEQ: usize = 56;
+const OFF_COUNT: usize = 64;
+const OFF_BOUND: usize = 72;
+const OFF_IP: usize = 80;
+const OFF_ALL_DIMS: usize = 88;
+const OFF_DIMS: usize = 96;
+
+/// What went wrong with a blacklist region or a rebuild.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlacklistError {
+    #[error("blacklist region: {needed} bytes needed, {available} available")]
+    RegionTooSmall { needed: u64, available: u64 },
+    #[error("blacklist region: bad magic {found:#018x} (not initialised or not a blacklist)")]
+    BadMagic { found: u64 },
+    #[error("blacklist region: layout version {found}, this build reads {VERSION}")]
+    UnsupportedVersion { found: u32 },
+    #[error("blacklist region: header field {field} has invalid value {value}")]
+    BadHeader { field: &'static str, value: u64 },
+    #[error("blacklist: {entries} distinct entries, the table capacity is {capacity}")]
+    CapacityExceeded { entries: usize, capacity: u32 },
+    #[error("blacklist: table full, no free slot for entry {index} ({dimension}) of {entries} (capacity {capacity}); the previous list is unchanged")]
+    TableFull {
+        index: usize,
+        dimension: String,
+        entries: usize,
+        capacity: u32,
+    },
+    #[error("blacklist entry {index}: {reason}")]
+    InvalidEntry { index: usize, reason: String },
+    #[error("blacklist: sequence number exhausted; re-initialise the table")]
+    SeqExhausted,
+}
+
+/// One blacklist entry as the writer gets it from the store.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlacklistEntry {
+    pub dimension: String,
+    pub value: Vec<u8>,
+    /// Unix time in ms from which the entry no longer matches; `None` = never.
+    pub expires_unix_ms: Option<u64>,
+}
+
+impl BlacklistEntry {
+    pub fn new(
+        dimension: impl Into<String>,
+        value: impl Into<Vec<u8>>,
+        expires_unix_ms: Option<u64>,
+    ) -> BlacklistEntry {
+        BlacklistEntry {
+            dimension: dimension.into(),
+            value: value.into(),
+            expires_unix_ms,
+        }
+    }
+}
+
+/// What a rebuild did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RebuildReport {
+    /// The public sequence now in force.
+    pub seq: u64,
+    /// Distinct entries in the new list.
+    pub entries: usize,
+    /// Entries of the old list kept in place.
+    pub kept: usize,
+    /// Entries written to a new slot.
+    pub inserted: usize,
+    /// Entries of the old list that are gone.
+    pub removed: usize,
+    /// Input entries merged into another with the same key (the later
+    /// expiry wins, `None` = never beats any time).
+    pub merged_duplicates: usize,
+}
+
+/// Hash of a dimension name (never 0): XXH3-64 of its bytes.
+pub fn dimension_hash(name: &str) -> u64 {
+    match xxh3_64(name.as_bytes()) {
+        0 => 1,
+        h => h,
+    }
+}
+
+/// Hash of a value of the dimension whose [`dimension_hash`] is `dim_hash`.
+pub fn value_hash(dim_hash: u64, value: &[u8]) -> u64 {
+    xxh3_64_with_seed(value, dim_hash)
+}
+
+/// A slot key: tag, the two key words, and the position hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    tag: u64,
+    k1: u64,
+    k2: u64,
+}
+
+impl Key {
+    fn ip(ip: IpAddr) -> Key {
+        let v6 = match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        let u = u128::from(v6);
+        Key {
+            tag: TAG_IP,
+            k1: (u >> 64) as u64,
+            k2: u as u64,
+        }
+    }
+
+    fn hashed(dim_hash: u64, value: &[u8]) -> Key {
+        Key {
+            tag: TAG_HASH,
+            k1: value_hash(dim_hash, value),
+            k2: dim_hash,
+        }
+    }
+
+    /// The 32-bit position hash: the 64-bit one folded.
+    fn position(&self) -> u32 {
+        let h = if self.tag == TAG_IP {
+            let u = (u128::from(self.k1) << 64) | u128::from(self.k2);
+            xxh3_64(&u.to_be_bytes())
+        } else {
+            self.k1
+        };
+        (h ^ (h >> 32)) as u32
+    }
+}
+
+fn parse_ip(value: &[u8]) -> Option<IpAddr> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// Multiplier for [`fastmod`] by `d` (Lemire, Kaser, Kurz: "Faster
+/// remainder by direct computation", 2019).
+fn fastmod_multiplier(d: u32) -> u64 {
+    (u64::MAX / u64::from(d.max(1))).wrapping_add(1)
+}
+
+/// `a % d` for `d >= 1` without a division instruction (two multiplies).
+#[inline]
+fn fastmod(a: u32, m: u64, d: u32) -> u32 {
+    let low = m.wrapping_mul(u64::from(a));
+    ((u128::from(low) * u128::from(d)) >> 64) as u32
+}
+
+fn is_prime(n: u64) -> bool {
+    if n < 2 {
+        return false;
+    }
+    if n % 2 == 0 {
+        return n == 2;
+    }
+    let mut d = 3u64;
+    while d * d <= n {
+        if n % d == 0 {
+            return false;
+        }
+        d += 2;
+    }
+    true
+}
+
+/// Largest prime `<= n`, at least 2.
+fn prime_at_most(mut n: u64) -> u64 {
+    while n > 2 && !is_prime(n) {
+        n -= 1;
+    }
+    n.max(2)
+}
+
+/// Smallest prime `>= n`.
+fn prime_at_least(mut n: u64) -> u64 {
+    while !is_prime(n) {
+        n += 1;
+    }
+    n
+}
+
+/// Level sizes of a new table for `capacity` entries: primes, strictly
+/// decreasing, the last one at least the probe length.
+fn new_geometry(capacity: u32) -> [u32; NEW_LEVELS] {
+    let total = (u64::from(capacity) * SLOTS_PER_ENTRY).max(MIN_SLOTS);
+    let mut sizes = [0u32; NEW_LEVELS];
+    let mut below = u64::from(NEW_PROBE) - 1;
+    for (size, pct) in sizes.iter_mut().zip(NEW_LEVEL_PERCENT).rev() {
+        let p = prime_at_most(total * pct / 100).max(prime_at_least(below + 1));
+        // total <= 2^33, so each level is below 2^32.
+        *size = u32::try_from(p).unwrap_or(u32::MAX);
+        below = p;
+    }
+    sizes
+}
+
+/// Bytes a table for `capacity` entries needs (header and slots).
+pub fn region_bytes(capacity: u32) -> u64 {
+    let slots: u64 = new_geometry(capacity).iter().map(|&s| u64::from(s)).sum();
+    HEADER_BYTES as u64 + slots * SLOT_BYTES as u64
+}
+
+fn header_word<'a>(region: &Region<'a>, off: usize) -> Result<&'a AtomicU64, BlacklistError> {
+    region.u64_at(off).ok_or(BlacklistError::RegionTooSmall {
+        needed: HEADER_BYTES as u64,
+        available: region.len() as u64,
+    })
+}
+
+/// Formats an empty table for `capacity` entries (writer only, while no
+/// reader uses the region). The magic is written last.
+pub fn init(region: Region<'_>, capacity: u32) -> Result<(), BlacklistError> {
+    let needed = region_bytes(capacity);
+    if (region.len() as u64) < needed {
+        return Err(BlacklistError::RegionTooSmall {
+            needed,
+            available: region.len() as u64,
+        });
+    }
+    let magic = header_word(&region, OFF_MAGIC)?;
+    magic.store(0, Ordering::Release);
+    // needed <= region.len(), a usize, and is a multiple of 8.
+    let len = usize::try_from(needed).unwrap_or(usize::MAX);
+    region.zero(8, len - 8);
+    let sizes = new_geometry(capacity);
+    let u32_at = |off: usize, v: u32| {
+        if let Some(w) = region.u32_at(off) {
+            w.store(v, Ordering::Relaxed);
+        }
+    };
+    u32_at(OFF_VERSION, VERSION);
+    u32_at(OFF_LEVELS, NEW_LEVELS as u32);
+    u32_at(OFF_PROBE, NEW_PROBE);
+    u32_at(OFF_CAPACITY, capacity);
+    for (i, s) in sizes.iter().enumerate() {
+        u32_at(OFF_SIZES + 4 * i, *s);
+    }
+    region.store(OFF_SEQ, 1);
+    magic.store(MAGIC, Ordering::Release);
+    Ok(())
+}
+
+/// The hashed dimensions (and whether IPs) that have entries; a request's
+/// other dimensions need no lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DimensionsInUse {
+    /// Exact IP entries may exist.
+    pub ip: bool,
+    /// More than [`MAX_LISTED_DIMENSIONS`] hashed dimensions: every
+    /// dimension may have entries.
+    pub all: bool,
+    hashes: [u64; MAX_LISTED_DIMENSIONS],
+}
+
+impl DimensionsInUse {
+    /// May `dimension` have entries? (`ip` asks about exact IP entries.)
+    pub fn contains(&self, dimension: &str) -> bool {
+        if dimension == "ip" {
+            return self.ip;
+        }
+        self.contains_hash(dimension_hash(dimension))
+    }
+
+    /// As [`contains`](Self::contains) for a hashed dimension's
+    /// [`dimension_hash`].
+    pub fn contains_hash(&self, dim_hash: u64) -> bool {
+        self.all || self.hashes.contains(&dim_hash)
+    }
+
+    /// The listed dimension hashes.
+    pub fn hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.hashes.iter().copied().filter(|&h| h != 0)
+    }
+}
+
+/// A blacklist table over a shared-memory region, for readers and the
+/// (single) writer.
+#[derive(Clone, Copy)]
+pub struct Blacklist<'a> {
+    region: Region<'a>,
+    levels: usize,
+    probe: u32,
+    capacity: u32,
+    sizes: [u32; MAX_LEVELS],
+    multipliers: [u64; MAX_LEVELS],
+    bases: [u64; MAX_LEVELS],
+    total_slots: u64,
+}
+
+impl<'a> Blacklist<'a> {
+    /// Checks the header of an untrusted region: magic, version, geometry
+    /// within the region, sequence in range.
+    pub fn open(region: Region<'a>) -> Result<Blacklist<'a>, BlacklistError> {
+        if region.len() < HEADER_BYTES {
+            return Err(BlacklistError::RegionTooSmall {
+                needed: HEADER_BYTES as u64,
+                available: region.len() as u64,
+            });
+        }
+        let magic = header_word(&region, OFF_MAGIC)?.load(Ordering::Acquire);
+        if magic != MAGIC {
+            return Err(BlacklistError::BadMagic { found: magic });
+        }
+        let u32_at = |off: usize| {
+            region
+                .u32_at(off)
+                .map(|w| w.load(Ordering::Relaxed))
+                .unwrap_or(0)
+        };
+        let version = u32_at(OFF_VERSION);
+        if version != VERSION {
+            return Err(BlacklistError::UnsupportedVersion { found: version });
+        }
+        let levels = u32_at(OFF_LEVELS);
+        if levels == 0 || levels as usize > MAX_LEVELS {
+            return Err(BlacklistError::BadHeader {
+                field: "levels",
+                value: levels.into(),
+            });
+        }
+        let levels = levels as usize;
+        let probe = u32_at(OFF_PROBE);
+        if probe == 0 || probe > MAX_PROBE {
+            return Err(BlacklistError::BadHeader {
+                field: "probe",
+                value: probe.into(),
+            });
+        }
+        let mut sizes = [0u32; MAX_LEVELS];
+        let mut multipliers = [0u64; MAX_LEVELS];
+        let mut bases = [0u64; MAX_LEVELS];
+        let mut total = 0u64;
+        for i in 0..levels {
+            let s = u32_at(OFF_SIZES + 4 * i);
+            if s == 0 {
+                return Err(BlacklistError::BadHeader {
+                    field: "level size",
+                    value: 0,
+                });
+            }
+            sizes[i] = s;
+            multipliers[i] = fastmod_multiplier(s);
+            bases[i] = total;
+            total += u64::from(s); // at most 8 × 2^32: no overflow
+        }
+        if probe > sizes[levels - 1] {
+            return Err(BlacklistError::BadHeader {
+                field: "probe",
+                value: probe.into(),
+            });
+        }
+        let needed = HEADER_BYTES as u64 + total * SLOT_BYTES as u64;
+        if needed > region.len() as u64 {
+            return Err(BlacklistError::RegionTooSmall {
+                needed,
+                available: region.len() as u64,
+            });
+        }
+        let seq = region.load(OFF_SEQ);
+        if seq == 0 || seq > SEQ_MASK {
+            return Err(BlacklistError::BadHeader {
+                field: "seq",
+                value: seq,
+            });
+        }
+        Ok(Blacklist {
+            region,
+            levels,
+            probe,
+            capacity: u32_at(OFF_CAPACITY),
+            sizes,
+            multipliers,
+            bases,
+            total_slots: total,
+        })
+    }
+
+    /// Entries the table was sized for.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Entries in the current list (expired ones included).
+    pub fn len(&self) -> usize {
+        usize::try_from(self.load_acquire(OFF_COUNT)).unwrap_or(usize::MAX)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The public sequence (bumped by every rebuild).
+    pub fn seq(&self) -> u64 {
+        self.region.load(OFF_SEQ)
+    }
+
+    /// Which dimensions have entries.
+    pub fn dimensions_in_use(&self) -> DimensionsInUse {
+        let mut hashes = [0u64; MAX_LISTED_DIMENSIONS];
+        let all = self.flag(OFF_ALL_DIMS);
+        for (i, h) in hashes.iter_mut().enumerate() {
+            *h = self.region.load(OFF_DIMS + 8 * i);
+        }
+        DimensionsInUse {
+            ip: self.flag(OFF_IP),
+            all,
+            hashes,
+        }
+    }
+
+    /// Is `ip` blacklisted (and not expired at `now_unix_ms`)?
+    pub fn contains_ip(&self, ip: IpAddr, now_unix_ms: u64) -> bool {
+        if !self.flag(OFF_IP) {
+            return false;
+        }
+        self.lookup(Key::ip(ip), now_unix_ms)
+    }
+
+    /// Is `dimension = value` blacklisted? `ip` values that parse as an
+    /// address take the exact path of [`contains_ip`](Self::contains_ip).
+    pub fn contains(&self, dimension: &str, value: &[u8], now_unix_ms: u64) -> bool {
+        if dimension == "ip" {
+            if let Some(ip) = parse_ip(value) {
+                return self.contains_ip(ip, now_unix_ms);
+            }
+        }
+        self.contains_hashed(dimension_hash(dimension), value, now_unix_ms)
+    }
+
+    /// As [`contains`](Self::contains) for a hashed dimension given by its
+    /// precomputed [`dimension_hash`] (no IP parsing).
+    pub fn contains_hashed(&self, dim_hash: u64, value: &[u8], now_unix_ms: u64) -> bool {
+        if !self.dimension_listed(dim_hash) {
+            return false;
+        }
+        self.lookup(Key::hashed(dim_hash, value), now_unix_ms)
+    }
+
+    fn load_acquire(&self, off: usize) -> u64 {
+        self.region
+            .u64_at(off)
+            .map(|w| w.load(Ordering::Acquire))
+            .unwrap_or(0)
+    }
+
+    fn flag(&self, off: usize) -> bool {
+        self.load_acquire(off) != 0
+    }
+
+    fn dimension_listed(&self, dim_hash: u64) -> bool {
+        self.flag(OFF_ALL_DIMS)
+            || (0..MAX_LISTED_DIMENSIONS).any(|i| self.region.load(OFF_DIMS + 8 * i) == dim_hash)
+    }
+
+    fn slot_off(&self, slot: u64) -> usize {
+        // slot < total_slots, and open() checked that all slots fit.
+        HEADER_BYTES + (slot as usize) * SLOT_BYTES
+    }
+
+    /// `pos % size` of level `lvl`.
+    #[inline]
+    fn level_index(&self, lvl: usize, pos: u32) -> u32 {
+        fastmod(pos, self.multipliers[lvl], self.sizes[lvl])
+    }
+
+    /// Calls `f` with every candidate slot of `pos` in insertion order,
+    /// checking `last_probes` positions of the last level; stops at `true`.
+    #[inline]
+    fn any_position(&self, pos: u32, last_probes: u32, mut f: impl FnMut(u64) -> bool) -> bool {
+        let last = self.levels - 1;
+        for lvl in 0..last {
+            if f(self.bases[lvl] + u64::from(self.level_index(lvl, pos))) {
+                return true;
+            }
+        }
+        let size = self.sizes[last];
+        let mut p = self.level_index(last, pos);
+        for _ in 0..last_probes.min(self.probe) {
+            if f(self.bases[last] + u64::from(p)) {
+                return true;
+            }
+            p += 1;
+            if p == size {
+                p = 0;
+            }
+        }
+        false
+    }
+
+    #[inline]
+    fn lookup(&self, key: Key, now_unix_ms: u64) -> bool {
+        if self.load_acquire(OFF_COUNT) == 0 {
+            return false;
+        }
+        let public = match self.region.u64_at(OFF_SEQ) {
+            Some(w) => w.load(Ordering::Acquire),
+            None => return false,
+        };
+        let bound = u32::try_from(self.region.load(OFF_BOUND)).unwrap_or(u32::MAX);
+        self.any_position(key.position(), bound, |slot| {
+            self.slot_matches(self.slot_off(slot), key, public, now_unix_ms)
+        })
+    }
+
+    /// Seqlock read of one slot.
+    #[inline]
+    fn slot_matches(&self, off: usize, key: Key, public: u64, now_unix_ms: u64) -> bool {
+        let r = &self.region;
+        let Some(w0) = r.u64_at(off) else {
+            return false;
+        };
+        let mut s1 = w0.load(Ordering::Acquire);
+        // Most slots a lookup visits are empty, stale or of another kind:
+        // one load decides.
+        if s1 >> SEQ_BITS != key.tag {
+            return false;
+        }
+        let (Some(w1), Some(w2), Some(w3)) =
+            (r.u64_at(off + 8), r.u64_at(off + 16), r.u64_at(off + 24))
+        else {
+            return false;
+        };
+        for _ in 0..SLOT_RETRIES {
+            let seq = s1 & SEQ_MASK;
+            if s1 >> SEQ_BITS != key.tag || seq == 0 || seq < public {
+                return false;
+            }
+            let k1 = w1.load(Ordering::Relaxed);
+            let k2 = w2.load(Ordering::Relaxed);
+            let expires = w3.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            let s2 = w0.load(Ordering::Relaxed);
+            if s2 == s1 {
+                return k1 == key.k1 && k2 == key.k2 && (expires == 0 || now_unix_ms < expires);
+            }
+            s1 = w0.load(Ordering::Acquire);
+        }
+        false
+    }
+
+    /// Replaces the list with `entries` (writer only: one process, one
+    /// thread at a time). Entries present before and after stay visible
+    /// throughout; on error nothing visible changes.
+    pub fn rebuild(&self, entries: &[BlacklistEntry]) -> Result<RebuildReport, BlacklistError> {
+        let r = &self.region;
+        let public = r.load(OFF_SEQ);
+        if public == 0 || public >= SEQ_MASK {
+            return Err(BlacklistError::SeqExhausted);
+        }
+        let next = public + 1;
+
+        // Normalise: keys in input order, duplicates merged.
+        let mut keys: Vec<(Key, u64, usize)> = Vec::with_capacity(entries.len());
+        let mut index: HashMap<Key, usize> = HashMap::with_capacity(entries.len());
+        let mut merged = 0usize;
+        let mut new_dims: Vec<u64> = Vec::new();
+        let mut new_ip = false;
+        for (i, e) in entries.iter().enumerate() {
+            if !valid_dimension_name(&e.dimension) {
+                return Err(BlacklistError::InvalidEntry {
+                    index: i,
+                    reason: format!("dimension {:?} is not a valid name", e.dimension),
+                });
+            }
+            if e.value.is_empty() || e.value.len() > MAX_VALUE_LEN {
+                return Err(BlacklistError::InvalidEntry {
+                    index: i,
+                    reason: format!(
+                        "value must be 1 to {MAX_VALUE_LEN} bytes, got {}",
+                        e.value.len()
+                    ),
+                });
+            }
+            let key = if e.dimension == "ip" {
+                let ip = parse_ip(&e.value).ok_or_else(|| BlacklistError::InvalidEntry {
+                    index: i,
+                    reason: format!(
+                        "ip value {:?} is not an IPv4 or IPv6 address",
+                        String::from_utf8_lossy(&e.value)
+                    ),
+                })?;
+                new_ip = true;
+                Key::ip(ip)
+            } else {
+                let dh = dimension_hash(&e.dimension);
+                if !new_dims.contains(&dh) {
+                    new_dims.push(dh);
+                }
+                Key::hashed(dh, &e.value)
+            };
+            // 0 in the slot means never; an expiry of 0 is long past.
+            let expires = match e.expires_unix_ms {
+                None => 0,
+                Some(t) => t.max(1),
+            };
+            match index.get(&key) {
+                Some(&k) => {
+                    merged += 1;
+                    let old = &mut keys[k].1;
+                    if *old != 0 && (expires == 0 || expires > *old) {
+                        *old = expires;
+                    }
+                }
+                None => {
+                    index.insert(key, keys.len());
+                    keys.push((key, expires, i));
+                }
+            }
+        }
+        if keys.len() > self.capacity as usize {
+            return Err(BlacklistError::CapacityExceeded {
+                entries: keys.len(),
+                capacity: self.capacity,
+            });
+        }
+
+        // Plan without writing.
+        let total = usize::try_from(self.total_slots).unwrap_or(usize::MAX);
+        let mut taken = vec![false; total];
+        let mut bumps: Vec<(u64, u64)> = Vec::new();
+        let mut inserts: Vec<(u64, Key, u64)> = Vec::new();
+        let mut pending: Vec<usize> = Vec::new();
+        let mut bound = 0u32;
+        let last_base = self.bases[self.levels - 1];
+        let last_size = u64::from(self.sizes[self.levels - 1]);
+        let probe_distance = |slot: u64, pos: u32| -> u32 {
+            // Positions checked in the last level to reach `slot`.
+            let start = u64::from(self.level_index(self.levels - 1, pos));
+            let at = slot - last_base;
+            let d = if at >= start {
+                at - start
+            } else {
+                at + last_size - start
+            };
+            (d + 1) as u32
+        };
+        for (k, &(key, expires, _)) in keys.iter().enumerate() {
+            let pos = key.position();
+            let mut found = None;
+            self.any_position(pos, self.probe, |slot| {
+                let off = self.slot_off(slot);
+                let s = r.load(off);
+                let seq = s & SEQ_MASK;
+                if !taken[slot as usize]
+                    && s >> SEQ_BITS == key.tag
+                    && seq != 0
+                    && seq >= public
+                    && r.load(off + 8) == key.k1
+                    && r.load(off + 16) == key.k2
+                {
+                    found = Some(slot);
+                    return true;
+                }
+                false
+            });
+            match found {
+                Some(slot) => {
+                    taken[slot as usize] = true;
+                    bumps.push((slot, expires));
+                    if slot >= last_base {
+                        bound = bound.max(probe_distance(slot, pos));
+                    }
+                }
+                None => pending.push(k),
+            }
+        }
+        for &k in &pending {
+            let (key, expires, input_index) = keys[k];
+            let pos = key.position();
+            let mut free = None;
+            self.any_position(pos, self.probe, |slot| {
+                if taken[slot as usize] {
+                    return false;
+                }
+                free = Some(slot);
+                true
+            });
+            let Some(slot) = free else {
+                return Err(BlacklistError::TableFull {
+                    index: input_index,
+                    dimension: entries[input_index].dimension.clone(),
+                    entries: keys.len(),
+                    capacity: self.capacity,
+                });
+            };
+            taken[slot as usize] = true;
+            inserts.push((slot, key, expires));
+            if slot >= last_base {
+                bound = bound.max(probe_distance(slot, pos));
+            }
+        }
+        // Old entries that are gone, and slots from the future (a writer
+        // that died mid-rebuild) that must not survive the seq bump.
+        let mut removed = 0usize;
+        let mut future: Vec<u64> = Vec::new();
+        for (slot, &t) in taken.iter().enumerate() {
+            if t {
+                continue;
+            }
+            let s = r.load(self.slot_off(slot as u64));
+            let seq = s & SEQ_MASK;
+            if s >> SEQ_BITS != 0 && seq != 0 && seq >= public {
+                removed += 1;
+                if seq >= next {
+                    future.push(slot as u64);
+                }
+            }
+        }
+
+        // Widen the hints to old ∪ new.
+        self.widen_dimensions(&new_dims);
+        if new_ip {
+            self.store_release(OFF_IP, 1);
+        }
+        let old_bound = u32::try_from(r.load(OFF_BOUND))
+            .unwrap_or(self.probe)
+            .min(self.probe);
+        self.store_release(OFF_BOUND, u64::from(old_bound.max(bound)));
+
+        // Pass 1: kept entries, in place.
+        for &(slot, expires) in &bumps {
+            let off = self.slot_off(slot);
+            let s = r.load(off);
+            r.store(off + 24, expires);
+            self.store_release(off, (s & !SEQ_MASK) | next);
+        }
+        // Pass 2: new entries.
+        for &(slot, key, expires) in &inserts {
+            let off = self.slot_off(slot);
+            self.store_release(off, 0);
+            fence(Ordering::Release);
+            r.store(off + 8, key.k1);
+            r.store(off + 16, key.k2);
+            r.store(off + 24, expires);
+            self.store_release(off, (key.tag << SEQ_BITS) | next);
+        }
+        for &slot in &future {
+            self.store_release(self.slot_off(slot), 0);
+        }
+        // Publish: everything not refreshed is invalid from here on.
+        self.store_release(OFF_SEQ, next);
+
+        // Narrow the hints to the new list.
+        self.store_release(OFF_COUNT, keys.len() as u64);
+        self.store_release(OFF_BOUND, u64::from(bound));
+        self.narrow_dimensions(&new_dims);
+        self.store_release(OFF_IP, u64::from(new_ip));
+
+        Ok(RebuildReport {
+            seq: next,
+            entries: keys.len(),
+            kept: bumps.len(),
+            inserted: inserts.len(),
+            removed,
+            merged_duplicates: merged,
+        })
+    }
+
+    fn store_release(&self, off: usize, v: u64) {
+        if let Some(w) = self.region.u64_at(off) {
+            w.store(v, Ordering::Release);
+        }
+    }
+
+    fn listed_dims(&self) -> [u64; MAX_LISTED_DIMENSIONS] {
+        self.dimensions_in_use().hashes
+    }
+
+    /// Adds the new list's dimensions to the listed ones, or sets the
+    /// all-dims flag when they do not fit. Never removes one.
+    fn widen_dimensions(&self, new_dims: &[u64]) {
+        if self.flag(OFF_ALL_DIMS) {
+            return;
+        }
+        let listed = self.listed_dims();
+        let missing: Vec<u64> = new_dims
+            .iter()
+            .copied()
+            .filter(|h| !listed.contains(h))
+            .collect();
+        let free: Vec<usize> = (0..MAX_LISTED_DIMENSIONS)
+            .filter(|&i| listed[i] == 0)
+            .collect();
+        if missing.len() > free.len() {
+            self.store_release(OFF_ALL_DIMS, 1);
+            return;
+        }
+        for (h, i) in missing.iter().zip(free) {
+            self.store_release(OFF_DIMS + 8 * i, *h);
+        }
+    }
+
+    /// Lists exactly the new list's dimensions (or sets the all-dims flag if
+    /// they are too many). Dimensions that stay keep their place.
+    fn narrow_dimensions(&self, new_dims: &[u64]) {
+        if new_dims.len() > MAX_LISTED_DIMENSIONS {
+            self.store_release(OFF_ALL_DIMS, 1);
+            return;
+        }
+        let listed = self.listed_dims();
+        for (i, h) in listed.iter().enumerate() {
+            if *h != 0 && !new_dims.contains(h) {
+                self.store_release(OFF_DIMS + 8 * i, 0);
+            }
+        }
+        let listed = self.listed_dims();
+        let mut free = (0..MAX_LISTED_DIMENSIONS).filter(|&i| listed[i] == 0);
+        for h in new_dims {
+            if !listed.contains(h) {
+                if let Some(i) = free.next() {
+                    self.store_release(OFF_DIMS + 8 * i, *h);
+                }
+            }
+        }
+        self.store_release(OFF_ALL_DIMS, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(capacity: u32) -> Vec<AtomicU64> {
+        (0..region_bytes(capacity) / 8)
+            .map(|_| AtomicU64::new(0))
+            .collect()
+    }
+
+    fn user(v: &str) -> BlacklistEntry {
+        BlacklistEntry::new("userid", v, None)
+    }
+
+    #[test]
+    fn fastmod_is_the_remainder() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u32
+        };
+        let edges = [0, 1, 2, 3, 16, 17, u32::MAX - 1, u32::MAX];
+        let divisors: Vec<u32> = edges.into_iter().chain((0..2000).map(|_| next())).collect();
+        let numerators: Vec<u32> = edges.into_iter().chain((0..200).map(|_| next())).collect();
+        for &d in &divisors {
+            let d = d.max(1);
+            let m = fastmod_multiplier(d);
+            for &a in &numerators {
+                assert_eq!(fastmod(a, m, d), a % d, "{a} % {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn geometry_is_decreasing_primes_with_room_for_the_probe() {
+        for cap in [0, 1, 31, 32, 1000, 65_536, 1_000_000, u32::MAX] {
+            let g = new_geometry(cap);
+            assert!(g.iter().all(|&s| is_prime(u64::from(s))), "{cap}: {g:?}");
+            assert!(g.windows(2).all(|w| w[0] > w[1]), "{cap}: {g:?}");
+            assert!(g[NEW_LEVELS - 1] >= NEW_PROBE, "{cap}: {g:?}");
+            let slots: u64 = g.iter().map(|&s| u64::from(s)).sum();
+            assert!(slots >= u64::from(cap) * 2 * 98 / 100, "{cap}: {g:?}");
+            assert!(
+                slots <= (u64::from(cap) * 2).max(MIN_SLOTS) * 2,
+                "{cap}: {g:?}"
+            );
+        }
+        assert_eq!(region_bytes(65_536) % 64, 0);
+        assert!(region_bytes(65_536) < 5 << 20);
+    }
+
+    #[test]
+    fn probe_bound_follows_the_farthest_entry() {
+        let w = words(1000);
+        let r = Region::from_atomics(&w);
+        init(r, 1000).unwrap();
+        let bl = Blacklist::open(r).unwrap();
+        bl.rebuild(&[user("a")]).unwrap();
+        assert_eq!(r.load(OFF_BOUND), 0, "one entry sits in level 0");
+        let many: Vec<_> = (0..1000).map(|i| user(&format!("u{i}"))).collect();
+        bl.rebuild(&many).unwrap();
+        let bound = r.load(OFF_BOUND);
+        assert!(bound >= 1 && bound <= u64::from(NEW_PROBE), "{bound}");
+        assert!(many.iter().all(|e| bl.contains("userid", &e.value, 0)));
+        bl.rebuild(&[user("a")]).unwrap();
+        assert_eq!(r.load(OFF_BOUND), 0);
+    }
+
+    #[test]
+    fn leftovers_of_a_dead_writer_do_not_survive_a_rebuild() {
+        let w = words(100);
+        let r = Region::from_atomics(&w);
+        init(r, 100).unwrap();
+        let bl = Blacklist::open(r).unwrap();
+        bl.rebuild(&[user("kept")]).unwrap();
+        // A writer died in pass 2 of the next rebuild, after writing
+        // "ghost" with seq + 1 into some free slot.
+        let ghost = Key::hashed(dimension_hash("userid"), b"ghost");
+        let public = r.load(OFF_SEQ);
+        let mut placed = false;
+        bl.any_position(ghost.position(), bl.probe, |slot| {
+            let off = bl.slot_off(slot);
+            if r.load(off) != 0 {
+                return false;
+            }
+            r.store(off + 8, ghost.k1);
+            r.store(off + 16, ghost.k2);
+            r.store(off, (TAG_HASH << SEQ_BITS) | (public + 1));
+            placed = true;
+            true
+        });
+        assert!(placed);
+        assert!(bl.contains("userid", b"ghost", 0), "visible before");
+        let rep = bl.rebuild(&[user("kept")]).unwrap();
+        assert!(!bl.contains("userid", b"ghost", 0), "gone after");
+        assert!(bl.contains("userid", b"kept", 0));
+        assert_eq!(rep.removed, 1);
+        assert_eq!(rep.kept, 1);
+    }
+
+    #[test]
+    fn many_dimensions_fall_back_to_checking_all() {
+        let w = words(100);
+        let r = Region::from_atomics(&w);
+        init(r, 100).unwrap();
+        let bl = Blacklist::open(r).unwrap();
+        let wide: Vec<_> = (0..20)
+            .map(|i| BlacklistEntry::new(format!("d{i}"), "v", None))
+            .collect();
+        bl.rebuild(&wide).unwrap();
+        let d = bl.dimensions_in_use();
+        assert!(d.all && !d.ip);
+        assert!(wide.iter().all(|e| bl.contains(&e.dimension, b"v", 0)));
+        let narrow = vec![
+            BlacklistEntry::new("d3", "v", None),
+            BlacklistEntry::new("ip", "10.0.0.1", None),
+        ];
+        bl.rebuild(&narrow).unwrap();
+        let d = bl.dimensions_in_use();
+        assert!(!d.all && d.ip);
+        assert!(d.contains("d3") && d.contains("ip") && !d.contains("d4"));
+        assert_eq!(d.hashes().collect::<Vec<_>>(), vec![dimension_hash("d3")]);
+        assert!(bl.contains("d3", b"v", 0));
+        assert!(!bl.contains("d4", b"v", 0));
+    }
+
+    #[test]
+    fn duplicates_merge_to_the_longest_expiry() {
+        let w = words(10);
+        let r = Region::from_atomics(&w);
+        init(r, 10).unwrap();
+        let bl = Blacklist::open(r).unwrap();
+        let rep = bl
+            .rebuild(&[
+                BlacklistEntry::new("userid", "a", Some(100)),
+                BlacklistEntry::new("userid", "a", Some(300)),
+                BlacklistEntry::new("userid", "a", Some(200)),
+                BlacklistEntry::new("ip", "1.2.3.4", Some(100)),
+                BlacklistEntry::new("ip", "::ffff:1.2.3.4", None),
+            ])
+            .unwrap();
+        assert_eq!((rep.entries, rep.merged_duplicates), (2, 3));
+        assert!(bl.contains("userid", b"a", 299));
+        assert!(!bl.contains("userid", b"a", 300));
+        assert!(bl.contains("ip", b"1.2.3.4", u64::MAX));
+    }
+}

@@ -1,0 +1,207 @@
+//! The worker side: one [`Engine`] per nginx worker process.
+//!
+//! Per request the engine costs one acquire load (has the sequence moved?).
+//! When it moved, the active segment is copied, validated and compiled into
+//! a new [`Table`]; a bad segment is refused and the previous table stays.
+//! At most once a second (by the caller's monotonic clock) the engine also
+//! checks that the mapped file is still whole and still the one at the path:
+//! a truncated file is dropped before it can raise SIGBUS in a worker, and a
+//! file the agent recreated is mapped afresh. Without a usable file the
+//! engine fails open: [`Engine::table`] is `None` and requests pass.
+//!
+//! Every change of state is reported once by [`Engine::refresh`], never per
+//! request.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::segment::{read_segment, SegmentError};
+use super::shm::{Mapping, ShmError};
+use super::table::Table;
+
+/// How often a missing, replaced or truncated file is looked for.
+pub const RECHECK_NS: u64 = 1_000_000_000;
+/// Attempts to read a segment the writer is busy with, per refresh.
+const BUSY_RETRIES: usize = 16;
+/// Pause before trying a busy segment again.
+const BUSY_BACKOFF_NS: u64 = 200_000;
+
+/// Severity of a state change, for the caller's logger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Notice,
+}
+
+/// A change of the engine's state, to be logged once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateChange {
+    pub level: LogLevel,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Start,
+    Enforcing,
+    NothingPublished,
+    FileUnusable,
+    SegmentRefused,
+}
+
+pub struct Engine {
+    path: PathBuf,
+    map: Option<Arc<Mapping>>,
+    table: Option<Arc<Table>>,
+    seen_seq: u64,
+    next_check_ns: u64,
+    busy_until_ns: u64,
+    state: State,
+    buf: Vec<u8>,
+}
+
+impl Engine {
+    /// Opens nothing yet: the first [`Engine::refresh`] does.
+    pub fn new(path: impl Into<PathBuf>) -> Engine {
+        Engine {
+            path: path.into(),
+            map: None,
+            table: None,
+            seen_seq: 0,
+            next_check_ns: 0,
+            busy_until_ns: 0,
+            state: State::Start,
+            buf: Vec::new(),
+        }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The table to decide with; `None` = fail open.
+    #[inline]
+    pub fn table(&self) -> Option<&Arc<Table>> {
+        self.table.as_ref()
+    }
+
+    /// The mapped file, when there is one (for stats).
+    pub fn mapping(&self) -> Option<&Arc<Mapping>> {
+        self.map.as_ref()
+    }
+
+    /// Call once per request with a monotonic time in nanoseconds.
+    #[inline]
+    pub fn refresh(&mut self, now_ns: u64) -> Option<StateChange> {
+        let mut change = None;
+        if now_ns >= self.next_check_ns {
+            self.next_check_ns = now_ns.saturating_add(RECHECK_NS);
+            change = self.check_file();
+        }
+        if let Some(map) = &self.map {
+            if map.seq() != self.seen_seq && now_ns >= self.busy_until_ns {
+                let map = map.clone();
+                change = self.reload(&map, now_ns).or(change);
+            }
+        }
+        change
+    }
+
+    fn set_state(&mut self, state: State, level: LogLevel, message: String) -> Option<StateChange> {
+        if self.state == state {
+            return None;
+        }
+        self.state = state;
+        Some(StateChange { level, message })
+    }
+
+    fn fail_open(&mut self, err: &ShmError) -> Option<StateChange> {
+        self.map = None;
+        self.table = None;
+        self.seen_seq = 0;
+        self.set_state(
+            State::FileUnusable,
+            LogLevel::Error,
+            format!("rate_ctl: {err}; requests pass unlimited until the file is usable"),
+        )
+    }
+
+    fn check_file(&mut self) -> Option<StateChange> {
+        if let Some(map) = &self.map {
+            match map.still_valid() {
+                Ok(true) => return None,
+                Ok(false) => {} // replaced or removed: reopen below
+                Err(e) => return self.fail_open(&e),
+            }
+        }
+        match Mapping::open(&self.path) {
+            Ok(m) => {
+                self.map = Some(Arc::new(m));
+                self.seen_seq = u64::MAX; // force a reload
+                self.state = State::Start;
+                None
+            }
+            Err(e) => self.fail_open(&e),
+        }
+    }
+
+    fn reload(&mut self, map: &Arc<Mapping>, now_ns: u64) -> Option<StateChange> {
+        for _ in 0..BUSY_RETRIES {
+            let seq = map.seq();
+            if seq == 0 {
+                self.seen_seq = 0;
+                self.table = None;
+                return self.set_state(
+                    State::NothingPublished,
+                    LogLevel::Notice,
+                    format!(
+                        "rate_ctl: {}: no table published yet; requests pass",
+                        self.path.display()
+                    ),
+                );
+            }
+            match read_segment(&map.segment((seq & 1) as usize), seq, &mut self.buf) {
+                Ok(decoded) => {
+                    let n = decoded.strategies.len();
+                    let version = decoded.config_version;
+                    self.table = Some(Arc::new(Table::build(decoded, Some(map.clone()))));
+                    self.seen_seq = seq;
+                    return self.set_state(
+                        State::Enforcing,
+                        LogLevel::Notice,
+                        format!(
+                            "rate_ctl: {}: enforcing {n} strategies (config version {version})",
+                            self.path.display()
+                        ),
+                    );
+                }
+                // The writer published again while we copied: read afresh.
+                Err(SegmentError::Busy) => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Err(SegmentError::Sequence { .. }) if map.seq() != seq => continue,
+                Err(e) => {
+                    // Refused: keep the last good table until the next publish.
+                    self.seen_seq = seq;
+                    let kept = if self.table.is_some() {
+                        "keeping the previous table"
+                    } else {
+                        "requests pass"
+                    };
+                    return self.set_state(
+                        State::SegmentRefused,
+                        LogLevel::Error,
+                        format!(
+                            "rate_ctl: {}: refused segment of sequence {seq}: {e}; {kept}",
+                            self.path.display()
+                        ),
+                    );
+                }
+            }
+        }
+        // Still busy: requests go on with the current table; try again shortly.
+        self.busy_until_ns = now_ns.saturating_add(BUSY_BACKOFF_NS);
+        None
+    }
+}

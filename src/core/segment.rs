@@ -1,0 +1,415 @@
+//! Config segments A and B: encoding (writer) and validated decoding
+//! (reader). Layout in `docs/SHM-LAYOUT.md`.
+//!
+//! The reader never trusts a segment: it copies it out of shared memory
+//! under a per-segment seqlock, checks magic, version, lengths, every record
+//! and the CRC, and validates every strategy again with the model's rules.
+
+use std::sync::atomic::{fence, Ordering};
+
+use super::model::{Action, Algorithm, Condition, Strategy, Unit};
+use super::region::Region;
+
+/// `"RCSG"` little-endian.
+pub const SEG_MAGIC: u32 = u32::from_le_bytes(*b"RCSG");
+pub const SEG_VERSION: u16 = 1;
+pub const SEG_HEADER: usize = 64;
+// Segment header offsets.
+const S_MAGIC_VER: usize = 0; // u32 magic | u16 version << 32
+const S_WRITE_SEQ: usize = 8; // seqlock: odd while the writer writes
+const S_PUBLISH_SEQ: usize = 16;
+const S_CONFIG_VERSION: usize = 24;
+const S_LEN_COUNT: usize = 32; // u32 payload length | u32 strategy count << 32
+const S_CRC_DIMS: usize = 40; // u32 crc | u32 blacklist dimension count << 32
+const S_PUBLISHED_AT: usize = 48;
+/// Fixed part of a strategy record.
+pub const REC_FIXED: usize = 48;
+/// Most dimension names one table may use (strategies and blacklist).
+pub const MAX_TABLE_DIMENSIONS: usize = 64;
+
+/// One strategy as published: the model plus its stat slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub strategy: Strategy,
+    pub slot: u32,
+    pub generation: u64,
+}
+
+/// A decoded segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    pub publish_seq: u64,
+    pub config_version: u64,
+    pub published_unix_ms: u64,
+    pub strategies: Vec<Published>,
+    /// Dimensions that have blacklist entries (other than `ip`).
+    pub blacklist_dimensions: Vec<String>,
+}
+
+/// Why a segment was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SegmentError {
+    #[error("segment is being written (retry)")]
+    Busy,
+    #[error("segment magic/version mismatch")]
+    Magic,
+    #[error("segment payload length {0} does not fit the segment")]
+    Length(u64),
+    #[error("segment checksum mismatch")]
+    Checksum,
+    #[error("segment holds sequence {found}, header published {expected}")]
+    Sequence { expected: u64, found: u64 },
+    #[error("record {index}: {what}")]
+    Record { index: usize, what: String },
+}
+
+/// Encodes strategies (already validated) and blacklist dimension names
+/// into a payload. Pure; used by the writer before touching the file.
+pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(items.len() * 96);
+    for p in items {
+        let s = &p.strategy;
+        let start = out.len();
+        out.extend_from_slice(&0u32.to_le_bytes()); // record length, patched below
+        out.extend_from_slice(&s.id.to_le_bytes());
+        out.extend_from_slice(&p.slot.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&p.generation.to_le_bytes());
+        out.extend_from_slice(&s.rate.to_le_bytes());
+        out.extend_from_slice(&s.burst.to_le_bytes());
+        let (kind, status, max_delay) = match s.action {
+            Action::Reject { status } => (1u8, status.unwrap_or(0), 0u32),
+            Action::Delay { max_delay_ms } => (2, 0, max_delay_ms),
+            Action::DryRun => (3, 0, 0),
+        };
+        out.extend_from_slice(&max_delay.to_le_bytes());
+        out.push(s.algorithm as u8);
+        out.push(s.per as u8);
+        out.push(kind);
+        out.push(s.conditions.len() as u8);
+        out.extend_from_slice(&status.to_le_bytes());
+        out.extend_from_slice(&(s.enabled as u16).to_le_bytes());
+        for c in &s.conditions {
+            out.push(c.dimension.len() as u8);
+            out.extend_from_slice(c.dimension.as_bytes());
+            out.extend_from_slice(&(c.value.len() as u16).to_le_bytes());
+            out.extend_from_slice(&c.value);
+        }
+        while out.len() % 8 != 0 {
+            out.push(0);
+        }
+        let len = (out.len() - start) as u32;
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    }
+    for d in bl_dims {
+        out.push(d.len() as u8);
+        out.extend_from_slice(d.as_bytes());
+    }
+    while out.len() % 8 != 0 {
+        out.push(0);
+    }
+    out
+}
+
+/// Bytes a payload needs, for capacity checks.
+pub fn capacity_bytes(seg_len: u64) -> u64 {
+    seg_len.saturating_sub(SEG_HEADER as u64)
+}
+
+/// Writer side: writes a payload into a segment under its seqlock.
+/// The caller checked that it fits.
+pub fn write_segment(
+    seg: &Region<'_>,
+    payload: &[u8],
+    count: u32,
+    bl_dims: u32,
+    publish_seq: u64,
+    config_version: u64,
+    now_ms: u64,
+) {
+    let ws = seg.u64_at(S_WRITE_SEQ).expect("segment header in range");
+    let w = ws.load(Ordering::Relaxed);
+    let begin = (w | 1).wrapping_add(if w & 1 == 1 { 2 } else { 0 });
+    ws.store(begin, Ordering::Relaxed);
+    fence(Ordering::Release);
+    seg.store(S_MAGIC_VER, SEG_MAGIC as u64 | (SEG_VERSION as u64) << 32);
+    seg.store(S_PUBLISH_SEQ, publish_seq);
+    seg.store(S_CONFIG_VERSION, config_version);
+    seg.store(S_LEN_COUNT, payload.len() as u64 | (count as u64) << 32);
+    seg.store(S_PUBLISHED_AT, now_ms);
+    seg.write_bytes(SEG_HEADER, payload);
+    let crc = checksum(payload, publish_seq, config_version, count, bl_dims);
+    seg.store(S_CRC_DIMS, crc as u64 | (bl_dims as u64) << 32);
+    ws.store(begin.wrapping_add(1), Ordering::Release);
+}
+
+fn checksum(payload: &[u8], seq: u64, version: u64, count: u32, bl_dims: u32) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&seq.to_le_bytes());
+    h.update(&version.to_le_bytes());
+    h.update(&count.to_le_bytes());
+    h.update(&bl_dims.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+/// Reader side: copies the segment out under its seqlock and decodes it.
+/// `expected_seq` is the header sequence that named this segment.
+pub fn read_segment(
+    seg: &Region<'_>,
+    expected_seq: u64,
+    buf: &mut Vec<u8>,
+) -> Result<Decoded, SegmentError> {
+    let ws = seg.u64_at(S_WRITE_SEQ).ok_or(SegmentError::Magic)?;
+    let w1 = ws.load(Ordering::Acquire);
+    if w1 & 1 == 1 {
+        return Err(SegmentError::Busy);
+    }
+    let mv = seg.load(S_MAGIC_VER);
+    let publish_seq = seg.load(S_PUBLISH_SEQ);
+    let config_version = seg.load(S_CONFIG_VERSION);
+    let lc = seg.load(S_LEN_COUNT);
+    let crc_dims = seg.load(S_CRC_DIMS);
+    let published_unix_ms = seg.load(S_PUBLISHED_AT);
+    let len = (lc & 0xffff_ffff) as usize;
+    let count = (lc >> 32) as u32;
+    let ok_len = len <= capacity_bytes(seg.len() as u64) as usize && len % 8 == 0;
+    if ok_len {
+        buf.clear();
+        buf.resize(len, 0);
+        seg.read_bytes(SEG_HEADER, buf);
+    }
+    fence(Ordering::Acquire);
+    if ws.load(Ordering::Relaxed) != w1 {
+        return Err(SegmentError::Busy);
+    }
+    // From here on the copy is stable; validate it.
+    if mv as u32 != SEG_MAGIC || (mv >> 32) as u16 != SEG_VERSION {
+        return Err(SegmentError::Magic);
+    }
+    if !ok_len {
+        return Err(SegmentError::Length(len as u64));
+    }
+    if publish_seq != expected_seq {
+        return Err(SegmentError::Sequence {
+            expected: expected_seq,
+            found: publish_seq,
+        });
+    }
+    let bl_dims = (crc_dims >> 32) as u32;
+    if checksum(buf, publish_seq, config_version, count, bl_dims) != crc_dims as u32 {
+        return Err(SegmentError::Checksum);
+    }
+    let (strategies, blacklist_dimensions) = decode_payload(buf, count, bl_dims)?;
+    Ok(Decoded {
+        publish_seq,
+        config_version,
+        published_unix_ms,
+        strategies,
+        blacklist_dimensions,
+    })
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.pos.checked_add(n)?;
+        let s = self.b.get(self.pos..end)?;
+        self.pos = end;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|s| s[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|s| u16::from_le_bytes([s[0], s[1]]))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+    }
+}
+
+/// Decodes a payload; every record is validated with the model's rules.
+pub fn decode_payload(
+    payload: &[u8],
+    count: u32,
+    bl_dims: u32,
+) -> Result<(Vec<Published>, Vec<String>), SegmentError> {
+    let mut c = Cursor { b: payload, pos: 0 };
+    // A record is at least REC_FIXED bytes: bound the allocation by the payload.
+    if count as usize > payload.len() / REC_FIXED {
+        return Err(SegmentError::Length(count as u64));
+    }
+    let mut out = Vec::with_capacity(count as usize);
+    for index in 0..count as usize {
+        let bad = |what: &str| SegmentError::Record {
+            index,
+            what: what.to_string(),
+        };
+        let start = c.pos;
+        let len = c.u32().ok_or_else(|| bad("truncated"))? as usize;
+        if len < REC_FIXED || len % 8 != 0 || start + len > payload.len() {
+            return Err(bad("bad record length"));
+        }
+        let mut r = Cursor {
+            b: &payload[..start + len],
+            pos: c.pos,
+        };
+        let trunc = || bad("truncated");
+        let id = r.u32().ok_or_else(trunc)?;
+        let slot = r.u32().ok_or_else(trunc)?;
+        r.u32().ok_or_else(trunc)?;
+        let generation = r.u64().ok_or_else(trunc)?;
+        let rate = r.u64().ok_or_else(trunc)?;
+        let burst = r.u32().ok_or_else(trunc)?;
+        let max_delay_ms = r.u32().ok_or_else(trunc)?;
+        let algorithm = Algorithm::from_u8(r.u8().ok_or_else(trunc)?)
+            .ok_or_else(|| bad("unknown algorithm"))?;
+        let per = Unit::from_u8(r.u8().ok_or_else(trunc)?).ok_or_else(|| bad("unknown unit"))?;
+        let kind = r.u8().ok_or_else(trunc)?;
+        let n = r.u8().ok_or_else(trunc)? as usize;
+        let status = r.u16().ok_or_else(trunc)?;
+        let enabled = r.u16().ok_or_else(trunc)? != 0;
+        let action = match kind {
+            1 => Action::Reject {
+                status: (status != 0).then_some(status),
+            },
+            2 => Action::Delay { max_delay_ms },
+            3 => Action::DryRun,
+            _ => return Err(bad("unknown action")),
+        };
+        let mut conditions = Vec::with_capacity(n.min(super::model::MAX_CONDITIONS + 1));
+        for _ in 0..n {
+            let dl = r.u8().ok_or_else(trunc)? as usize;
+            let dim = r.take(dl).ok_or_else(trunc)?;
+            let dim = std::str::from_utf8(dim).map_err(|_| bad("dimension not UTF-8"))?;
+            let vl = r.u16().ok_or_else(trunc)? as usize;
+            let value = r.take(vl).ok_or_else(trunc)?;
+            conditions.push(Condition::new(dim, value));
+        }
+        let strategy = Strategy {
+            id,
+            conditions,
+            algorithm,
+            rate,
+            per,
+            burst,
+            action,
+            enabled,
+        };
+        strategy
+            .check()
+            .map_err(|e| bad(&format!("strategy {id}: {e}")))?;
+        out.push(Published {
+            strategy,
+            slot,
+            generation,
+        });
+        c.pos = start + len;
+    }
+    let mut dims = Vec::with_capacity(bl_dims.min(MAX_TABLE_DIMENSIONS as u32) as usize);
+    for index in 0..bl_dims as usize {
+        let bad = || SegmentError::Record {
+            index: count as usize + index,
+            what: "blacklist dimension".into(),
+        };
+        if index >= MAX_TABLE_DIMENSIONS {
+            return Err(bad());
+        }
+        let dl = c.u8().ok_or_else(bad)? as usize;
+        let d = c.take(dl).ok_or_else(bad)?;
+        let d = std::str::from_utf8(d).map_err(|_| bad())?;
+        if !super::model::valid_dimension_name(d) {
+            return Err(bad());
+        }
+        dims.push(d.to_string());
+    }
+    Ok((out, dims))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn sample(id: u32) -> Published {
+        let mut s = Strategy {
+            id,
+            conditions: vec![
+                Condition::new("ip", "10.0.0.1"),
+                Condition::new("userid", format!("u{id}")),
+            ],
+            algorithm: Algorithm::TokenBucket,
+            rate: 100,
+            per: Unit::Second,
+            burst: 5,
+            action: Action::Reject { status: Some(429) },
+            enabled: true,
+        };
+        s.validate().unwrap();
+        Published {
+            strategy: s,
+            slot: id * 2,
+            generation: 3,
+        }
+    }
+
+    #[test]
+    fn round_trip_through_a_segment() {
+        let words: Vec<AtomicU64> = (0..1024).map(|_| AtomicU64::new(0)).collect();
+        let seg = Region::from_atomics(&words);
+        let items: Vec<_> = (1..=10).map(sample).collect();
+        let dims = vec!["userid".to_string()];
+        let payload = encode_payload(&items, &dims);
+        write_segment(&seg, &payload, 10, 1, 7, 42, 1000);
+        let mut buf = Vec::new();
+        let d = read_segment(&seg, 7, &mut buf).unwrap();
+        assert_eq!(d.strategies, items);
+        assert_eq!(d.blacklist_dimensions, dims);
+        assert_eq!(d.config_version, 42);
+        assert_eq!(
+            read_segment(&seg, 8, &mut buf).unwrap_err(),
+            SegmentError::Sequence {
+                expected: 8,
+                found: 7
+            }
+        );
+        // A flipped payload bit is caught by the checksum.
+        let v = seg.load(SEG_HEADER + 16);
+        seg.store(SEG_HEADER + 16, v ^ 4);
+        assert_eq!(
+            read_segment(&seg, 7, &mut buf).unwrap_err(),
+            SegmentError::Checksum
+        );
+        // A writer in progress makes the reader retry.
+        seg.store(S_WRITE_SEQ, 5);
+        assert_eq!(
+            read_segment(&seg, 7, &mut buf).unwrap_err(),
+            SegmentError::Busy
+        );
+    }
+
+    #[test]
+    fn decoder_rejects_invalid_records_even_with_a_good_checksum() {
+        let mut bad = sample(1);
+        bad.strategy.rate = 0; // bypasses validate: the decoder must catch it
+        let payload = encode_payload(&[bad], &[]);
+        assert!(matches!(
+            decode_payload(&payload, 1, 0),
+            Err(SegmentError::Record { index: 0, .. })
+        ));
+        let payload = encode_payload(&[sample(1)], &[]);
+        assert!(decode_payload(&payload, 2, 0).is_err());
+        assert!(decode_payload(&payload, u32::MAX, 0).is_err());
+        assert!(decode_payload(&payload[..40], 1, 0).is_err());
+    }
+}

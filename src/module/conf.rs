@@ -1,0 +1,419 @@
+//! Directives: the command table, the main and location configurations and
+//! their merge. Argument parsing is in [`super::parse`] (pure, unit-tested);
+//! here each handler reports a [`ParseError`] once through nginx's conf
+//! error path, so `nginx -t` prints the directive, the value and the line.
+
+use std::ffi::{c_char, c_void};
+use std::ptr;
+
+use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
+use ngx::ffi::{
+    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
+    ngx_http_complex_value_t, ngx_str_t, ngx_uint_t, NGX_CONF_FLAG, NGX_CONF_NOARGS,
+    NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
+};
+use ngx::http::{HttpModuleLocationConf, Merge, MergeConfigError, NgxHttpCoreModule};
+use ngx::{ngx_conf_log_error, ngx_string};
+
+use super::parse::{self, LogLevel, ParseError, DEFAULT_SHM_PATH};
+
+/// A `rate_ctl_dimension NAME VALUE;`.
+pub struct CustomDimension {
+    pub name: String,
+    /// Compiled complex value, allocated from the configuration pool.
+    pub value: *mut ngx_http_complex_value_t,
+}
+
+/// `http`-level configuration.
+#[derive(Default)]
+pub struct MainConf {
+    pub shm_path: Option<String>,
+    pub dimensions: Vec<CustomDimension>,
+}
+
+impl MainConf {
+    pub fn shm_path(&self) -> &str {
+        self.shm_path.as_deref().unwrap_or(DEFAULT_SHM_PATH)
+    }
+
+    pub fn dimension(&self, name: &str) -> Option<usize> {
+        self.dimensions.iter().position(|d| d.name == name)
+    }
+}
+
+/// `http` / `server` / `location` configuration; `None` = not set here,
+/// inherited from the level above by [`Merge`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LocConf {
+    pub enable: Option<bool>,
+    pub status: Option<u16>,
+    pub blacklist_status: Option<u16>,
+    pub dry_run: Option<bool>,
+    pub log_level: Option<LogLevel>,
+    pub headers: Option<bool>,
+}
+
+impl LocConf {
+    pub fn enabled(&self) -> bool {
+        self.enable.unwrap_or(false)
+    }
+    pub fn status(&self) -> u16 {
+        self.status.unwrap_or(503)
+    }
+    pub fn blacklist_status(&self) -> u16 {
+        self.blacklist_status.unwrap_or(403)
+    }
+    pub fn dry_run(&self) -> bool {
+        self.dry_run.unwrap_or(false)
+    }
+    pub fn log_level(&self) -> LogLevel {
+        self.log_level.unwrap_or(LogLevel::Error)
+    }
+    pub fn headers(&self) -> bool {
+        self.headers.unwrap_or(false)
+    }
+}
+
+impl Merge for LocConf {
+    fn merge(&mut self, prev: &LocConf) -> Result<(), MergeConfigError> {
+        self.enable = self.enable.or(prev.enable);
+        self.status = self.status.or(prev.status);
+        self.blacklist_status = self.blacklist_status.or(prev.blacklist_status);
+        self.dry_run = self.dry_run.or(prev.dry_run);
+        self.log_level = self.log_level.or(prev.log_level);
+        self.headers = self.headers.or(prev.headers);
+        Ok(())
+    }
+}
+
+const ANY_LEVEL: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
+
+const fn command(
+    name: ngx_str_t,
+    type_: u32,
+    set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut c_void) -> *mut c_char,
+    conf: usize,
+) -> ngx_command_t {
+    ngx_command_t {
+        name,
+        type_: type_ as ngx_uint_t,
+        set: Some(set),
+        conf,
+        offset: 0,
+        post: ptr::null_mut(),
+    }
+}
+
+/// The directive table; nginx walks it until the null entry.
+pub static mut COMMANDS: [ngx_command_t; 10] = [
+    command(
+        ngx_string!("rate_ctl"),
+        ANY_LEVEL | NGX_CONF_FLAG,
+        set_enable,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_shm"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        set_shm,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_dimension"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE2,
+        set_dimension,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_status"),
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        set_status,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_blacklist_status"),
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        set_blacklist_status,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_dry_run"),
+        ANY_LEVEL | NGX_CONF_FLAG,
+        set_dry_run,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_log_level"),
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        set_log_level,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_headers"),
+        ANY_LEVEL | NGX_CONF_FLAG,
+        set_headers,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_stats"),
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
+        set_stats,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    ngx_command_t {
+        name: ngx_str_t {
+            len: 0,
+            data: ptr::null_mut(),
+        },
+        type_: 0,
+        set: None,
+        conf: 0,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+];
+
+/// The arguments of the directive being parsed; `[0]` is its name.
+///
+/// # Safety
+/// `cf` must be the `ngx_conf_t` nginx passed to a directive handler.
+unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a mut [ngx_str_t] {
+    // SAFETY: during a directive handler cf->args is an ngx_array_t of
+    // ngx_str_t holding the directive name and its arguments.
+    unsafe {
+        let a = (*cf).args;
+        std::slice::from_raw_parts_mut((*a).elts.cast::<ngx_str_t>(), (*a).nelts)
+    }
+}
+
+fn bytes(s: &ngx_str_t) -> &[u8] {
+    if s.len == 0 || s.data.is_null() {
+        &[]
+    } else {
+        // SAFETY: nginx's conf parser gives ngx_str_t with `len` readable bytes at `data`.
+        unsafe { std::slice::from_raw_parts(s.data, s.len) }
+    }
+}
+
+/// Logs `e` once as an `[emerg]` with the file and line, and fails the directive.
+fn fail(cf: *mut ngx_conf_t, e: ParseError) -> *mut c_char {
+    ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{e}");
+    NGX_CONF_ERROR
+}
+
+/// Runs a location-conf setter: parses `args[1]` and stores it unless already set.
+///
+/// # Safety
+/// `cf` and `conf` as nginx passes them to a directive handler with
+/// `NGX_HTTP_LOC_CONF_OFFSET` (so `conf` is our `LocConf`).
+unsafe fn set_loc<T>(
+    cf: *mut ngx_conf_t,
+    conf: *mut c_void,
+    directive: &'static str,
+    field: fn(&mut LocConf) -> &mut Option<T>,
+    parse: impl FnOnce(&[u8]) -> Result<T, ParseError>,
+) -> *mut c_char {
+    // SAFETY: see the function's contract.
+    let (lc, a) = unsafe { (&mut *conf.cast::<LocConf>(), args(cf)) };
+    let slot = field(lc);
+    if slot.is_some() {
+        return fail(cf, ParseError::Duplicate { directive });
+    }
+    match parse(bytes(&a[1])) {
+        Ok(v) => {
+            *slot = Some(v);
+            NGX_CONF_OK
+        }
+        Err(e) => fail(cf, e),
+    }
+}
+
+extern "C" fn set_enable(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+    unsafe {
+        set_loc(
+            cf,
+            conf,
+            "rate_ctl",
+            |c| &mut c.enable,
+            |v| parse::parse_flag("rate_ctl", v),
+        )
+    }
+}
+
+extern "C" fn set_status(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+    unsafe {
+        set_loc(
+            cf,
+            conf,
+            "rate_ctl_status",
+            |c| &mut c.status,
+            |v| parse::parse_status("rate_ctl_status", v),
+        )
+    }
+}
+
+extern "C" fn set_blacklist_status(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+    unsafe {
+        set_loc(
+            cf,
+            conf,
+            "rate_ctl_blacklist_status",
+            |c| &mut c.blacklist_status,
+            |v| parse::parse_status("rate_ctl_blacklist_status", v),
+        )
+    }
+}
+
+extern "C" fn set_dry_run(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+    unsafe {
+        set_loc(
+            cf,
+            conf,
+            "rate_ctl_dry_run",
+            |c| &mut c.dry_run,
+            |v| parse::parse_flag("rate_ctl_dry_run", v),
+        )
+    }
+}
+
+extern "C" fn set_log_level(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+    unsafe {
+        set_loc(
+            cf,
+            conf,
+            "rate_ctl_log_level",
+            |c| &mut c.log_level,
+            parse::parse_log_level,
+        )
+    }
+}
+
+extern "C" fn set_headers(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+    unsafe {
+        set_loc(
+            cf,
+            conf,
+            "rate_ctl_headers",
+            |c| &mut c.headers,
+            |v| parse::parse_flag("rate_ctl_headers", v),
+        )
+    }
+}
+
+extern "C" fn set_shm(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
+    // cf is the parser state nginx passes to every directive handler.
+    let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
+    if mc.shm_path.is_some() {
+        return fail(
+            cf,
+            ParseError::Duplicate {
+                directive: "rate_ctl_shm",
+            },
+        );
+    }
+    match parse::parse_shm_path(bytes(&a[1])) {
+        Ok(p) => {
+            mc.shm_path = Some(p);
+            NGX_CONF_OK
+        }
+        Err(e) => fail(cf, e),
+    }
+}
+
+extern "C" fn set_dimension(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
+    // cf is the parser state nginx passes to every directive handler.
+    let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
+    let name = match parse::parse_dimension_name(
+        bytes(&a[1]),
+        mc.dimensions.iter().map(|d| d.name.as_str()),
+    ) {
+        Ok(n) => n.to_string(),
+        Err(e) => return fail(cf, e),
+    };
+    if let Err(e) = parse::check_dimension_value(&name, bytes(&a[2])) {
+        return fail(cf, e);
+    }
+    // SAFETY: cf->pool is the configuration pool; it outlives the configuration.
+    let cv = unsafe {
+        ngx::ffi::ngx_pcalloc((*cf).pool, std::mem::size_of::<ngx_http_complex_value_t>())
+    }
+    .cast::<ngx_http_complex_value_t>();
+    if cv.is_null() {
+        return NGX_CONF_ERROR;
+    }
+    // SAFETY: an all-zero ngx_http_compile_complex_value_t is its documented
+    // initial state (nginx's modules ngx_memzero it).
+    let mut ccv: ngx_http_compile_complex_value_t = unsafe { std::mem::zeroed() };
+    ccv.cf = cf;
+    ccv.value = &mut a[2];
+    ccv.complex_value = cv;
+    // SAFETY: ccv is fully initialised; nginx logs its own error on failure.
+    if unsafe { ngx_http_compile_complex_value(&mut ccv) } != Status::NGX_OK.0 {
+        return NGX_CONF_ERROR;
+    }
+    mc.dimensions.push(CustomDimension { name, value: cv });
+    NGX_CONF_OK
+}
+
+extern "C" fn set_stats(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    _conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: cf is the parser state inside a location block, whose core
+    // location configuration exists.
+    let Some(clcf) = NgxHttpCoreModule::location_conf_mut(unsafe { &*cf }) else {
+        return NGX_CONF_ERROR;
+    };
+    if clcf.handler.is_some() {
+        return fail(
+            cf,
+            ParseError::Duplicate {
+                directive: "rate_ctl_stats",
+            },
+        );
+    }
+    clcf.handler = Some(super::stats::stats_handler);
+    NGX_CONF_OK
+}

@@ -1,0 +1,452 @@
+//! The PREACCESS handler: refresh → values → decide → pass / delay / reject,
+//! plus the per-request context that the variables read and whose pool
+//! cleanup releases concurrency slots when the request ends.
+
+use std::ffi::c_void;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::ptr;
+
+use ngx::core::Status;
+use ngx::ffi::{
+    ngx_add_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
+    ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
+    ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_pool_cleanup_add, ngx_pool_cleanup_t,
+    ngx_post_event, ngx_posted_events, ngx_table_elt_t, ngx_timeofday, sockaddr_in, sockaddr_in6,
+    AF_INET, AF_INET6, NGX_HTTP_INTERNAL_SERVER_ERROR,
+};
+use ngx::http::{
+    HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule, Request,
+};
+use ngx::ngx_log_error;
+
+use super::backend::{Decided, Hold, Quota, Source, Verdict};
+use super::conf::{LocConf, MainConf};
+use super::worker::{with_worker, Event};
+use super::RateCtlModule;
+
+/// `$rate_ctl_status` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReqStatus {
+    Passed,
+    Delayed,
+    Rejected,
+    Blacklisted,
+    DryRunRejected,
+    FailOpen,
+}
+
+impl ReqStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReqStatus::Passed => "PASSED",
+            ReqStatus::Delayed => "DELAYED",
+            ReqStatus::Rejected => "REJECTED",
+            ReqStatus::Blacklisted => "BLACKLISTED",
+            ReqStatus::DryRunRejected => "DRY_RUN_REJECTED",
+            ReqStatus::FailOpen => "FAIL_OPEN",
+        }
+    }
+}
+
+/// Per-request state, stored in a cleanup of the request pool (one
+/// allocation), so it survives internal redirects and is dropped (and its
+/// concurrency slots released) however the request ends.
+pub struct Ctx {
+    pub status: ReqStatus,
+    /// The strategy that decided (0 = none).
+    pub strategy: u32,
+    hold: Option<Hold>,
+}
+
+extern "C" fn ctx_cleanup(data: *mut c_void) {
+    // SAFETY: `data` is the Ctx written by `new_ctx`; nginx runs each pool
+    // cleanup once, when the request pool is destroyed.
+    let ctx = unsafe { ptr::read(data.cast::<Ctx>()) };
+    if let Some(hold) = ctx.hold {
+        hold.release();
+    }
+}
+
+/// The request's context, if rate_ctl decided on it (also after an
+/// internal redirect, which clears the module ctx but not the pool).
+pub fn find_ctx(r: &Request) -> Option<&Ctx> {
+    let raw: &ngx_http_request_t = r.as_ref();
+    if let Some(ctx) = r.get_module_ctx::<Ctx>(RateCtlModule::module_ref()) {
+        return Some(ctx);
+    }
+    // SAFETY: r->main and its pool are valid for the request's lifetime; the
+    // cleanup list is a NULL-terminated singly linked list owned by the pool.
+    unsafe {
+        let pool = (*raw.main).pool;
+        let mut c: *mut ngx_pool_cleanup_t = (*pool).cleanup;
+        while !c.is_null() {
+            if (*c).handler.map(|h| h as *const () as usize)
+                == Some(ctx_cleanup as *const () as usize)
+            {
+                return (*c).data.cast::<Ctx>().as_ref();
+            }
+            c = (*c).next;
+        }
+    }
+    None
+}
+
+fn new_ctx(r: &mut Request, status: ReqStatus, strategy: u32, hold: Option<Hold>) -> bool {
+    let raw: &mut ngx_http_request_t = r.as_mut();
+    // SAFETY: r->pool is the live request pool; the cleanup's data area is
+    // sized and (word-)aligned for Ctx, whose alignment is at most 8.
+    let cln = unsafe { ngx_pool_cleanup_add(raw.pool, std::mem::size_of::<Ctx>()) };
+    if cln.is_null() {
+        if let Some(h) = hold {
+            h.release();
+        }
+        return false;
+    }
+    const { assert!(std::mem::align_of::<Ctx>() <= std::mem::align_of::<usize>()) };
+    // SAFETY: cln was just allocated with room for a Ctx at cln->data.
+    unsafe {
+        ptr::write(
+            (*cln).data.cast::<Ctx>(),
+            Ctx {
+                status,
+                strategy,
+                hold,
+            },
+        );
+        (*cln).handler = Some(ctx_cleanup);
+    }
+    // SAFETY: as above; the module ctx points into the same pool allocation.
+    r.set_module_ctx(unsafe { (*cln).data }, RateCtlModule::module_ref());
+    true
+}
+
+/// Monotonic nanoseconds (vDSO `clock_gettime`): exact GCRA arithmetic,
+/// unlike nginx's millisecond cached clock.
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    crate::core::clock::MonotonicClock::now()
+}
+
+/// Wall-clock milliseconds from nginx's cached time (blacklist expiry).
+#[inline]
+pub fn unix_ms() -> u64 {
+    let tp = ngx_timeofday();
+    (tp.sec as u64) * 1000 + tp.msec as u64
+}
+
+/// The client address, v4-mapped IPv6 unmapped.
+fn client_ip(raw: &ngx_http_request_t) -> Option<IpAddr> {
+    // SAFETY: r->connection and its sockaddr are valid for the request; the
+    // family tells which sockaddr layout it is.
+    unsafe {
+        let sa = (*raw.connection).sockaddr;
+        if sa.is_null() {
+            return None;
+        }
+        match (*sa).sa_family as u32 {
+            AF_INET => {
+                let sin = &*sa.cast::<sockaddr_in>();
+                Some(IpAddr::from(
+                    u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                ))
+            }
+            AF_INET6 => {
+                let sin6 = &*sa.cast::<sockaddr_in6>();
+                let v6 = std::net::Ipv6Addr::from(sin6.sin6_addr.__in6_u.__u6_addr8);
+                Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn str_bytes<'a>(s: &ngx::ffi::ngx_str_t) -> Option<&'a [u8]> {
+    if s.len == 0 || s.data.is_null() {
+        None
+    } else {
+        // SAFETY: request strings point to `len` bytes in the request's
+        // buffers or pool, which outlive this handler call.
+        Some(unsafe { std::slice::from_raw_parts(s.data, s.len) })
+    }
+}
+
+const MAX_STACK_DIMS: usize = 16;
+
+/// The PREACCESS phase handler.
+pub extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls phase handlers with a valid request.
+    let r = unsafe { Request::from_ngx_http_request(r) };
+    handle(r).0
+}
+
+fn handle(r: &mut Request) -> Status {
+    let raw: *mut ngx_http_request_t = r.as_mut();
+    // SAFETY: raw is the live request.
+    if unsafe { (*raw).main } != raw {
+        return Status::NGX_DECLINED; // subrequests follow their main request
+    }
+    let Some(lc) = RateCtlModule::location_conf(r) else {
+        return Status::NGX_DECLINED;
+    };
+    if !lc.enabled() || find_ctx(r).is_some() {
+        // Off here, or decided already (resumed after a delay, or an
+        // internal redirect): never count a request twice.
+        return Status::NGX_DECLINED;
+    }
+    let Some(mc) = RateCtlModule::main_conf(r) else {
+        return Status::NGX_DECLINED;
+    };
+    let now_ns = monotonic_ns();
+    let now_ms = unix_ms();
+    let log = r.log();
+    let shared: &Request = r;
+    let decided = with_worker(mc, |w| {
+        if w.log.due(now_ms) {
+            w.log.flush(log, now_ms);
+        }
+        w.refresh(now_ns, log);
+        w.resolve_sources(mc);
+        decide(w, mc, shared, now_ns, now_ms, lc.dry_run())
+    });
+    let Some(d) = decided else {
+        return Status::NGX_DECLINED;
+    };
+    act(r, lc, mc, d, now_ms)
+}
+
+fn decide(
+    w: &mut super::worker::Worker,
+    mc: &MainConf,
+    r: &Request,
+    now_ns: u64,
+    now_ms: u64,
+    dry_run: bool,
+) -> Decided {
+    if w.backend.dimensions().is_none() {
+        return Decided {
+            verdict: Verdict::NoTable,
+            quota: None,
+            hold: None,
+        };
+    }
+    let rr: &ngx_http_request_t = r.as_ref();
+    let ip = client_ip(rr);
+    let mut ip_buf = [0u8; 48];
+    let ip_text: Option<&[u8]> = ip.and_then(|ip| {
+        let mut cur = std::io::Cursor::new(&mut ip_buf[..]);
+        write!(cur, "{ip}").ok()?;
+        let n = cur.position() as usize;
+        Some(&ip_buf[..n])
+    });
+    let n = w.sources.len();
+    let mut stack: [Option<&[u8]>; MAX_STACK_DIMS] = [None; MAX_STACK_DIMS];
+    let mut heap: Vec<Option<&[u8]>>;
+    let values: &mut [Option<&[u8]>] = if n <= MAX_STACK_DIMS {
+        &mut stack[..n]
+    } else {
+        heap = vec![None; n];
+        &mut heap[..]
+    };
+    for (v, src) in values.iter_mut().zip(&w.sources) {
+        *v = match *src {
+            Source::Ip => ip_text,
+            Source::Api => str_bytes(&rr.uri),
+            Source::Method => str_bytes(&rr.method_name),
+            Source::Host => str_bytes(&rr.headers_in.server).or_else(|| {
+                NgxHttpCoreModule::server_conf(r).and_then(|cscf| str_bytes(&cscf.server_name))
+            }),
+            Source::Custom(i) => mc
+                .dimensions
+                .get(i)
+                // SAFETY: the complex value was compiled at configuration
+                // time from the configuration pool, which outlives requests.
+                .and_then(|d| r.get_complex_value(unsafe { &*d.value }))
+                .map(|s| s.as_bytes())
+                .filter(|b| !b.is_empty()),
+            Source::Unbound => None,
+        };
+    }
+    w.backend.decide(values, ip, now_ns, now_ms, dry_run)
+}
+
+fn act(r: &mut Request, lc: &LocConf, _mc: &MainConf, d: Decided, now_ms: u64) -> Status {
+    let Decided {
+        verdict,
+        quota,
+        hold,
+    } = d;
+    let (status, strategy) = match verdict {
+        Verdict::NoTable => (ReqStatus::FailOpen, 0),
+        Verdict::NoMatch => (ReqStatus::Passed, 0),
+        Verdict::Pass { id } => (ReqStatus::Passed, id.unwrap_or(0)),
+        Verdict::Delay { id, .. } => (ReqStatus::Delayed, id),
+        Verdict::Reject { id, .. } => (ReqStatus::Rejected, id),
+        // A dry-run location only reports what it would have refused.
+        Verdict::Blacklisted if lc.dry_run() => (ReqStatus::DryRunRejected, 0),
+        Verdict::Blacklisted => (ReqStatus::Blacklisted, 0),
+        Verdict::DryRunRejected { id } => (ReqStatus::DryRunRejected, id),
+    };
+    if !new_ctx(r, status, strategy, hold) {
+        return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+    }
+    if lc.headers() {
+        if let Some(q) = quota {
+            add_quota_headers(r, &q);
+        }
+    }
+    match verdict {
+        Verdict::NoTable | Verdict::NoMatch | Verdict::Pass { .. } => Status::NGX_DECLINED,
+        Verdict::DryRunRejected { id } => {
+            log_event(r, id, Event::DryRunRejected, lc.log_level(), now_ms);
+            Status::NGX_DECLINED
+        }
+        Verdict::Blacklisted => {
+            log_event(r, 0, Event::Blacklisted, lc.log_level(), now_ms);
+            if lc.dry_run() {
+                Status::NGX_DECLINED
+            } else {
+                Status(lc.blacklist_status() as ngx_int_t)
+            }
+        }
+        Verdict::Reject {
+            id,
+            status,
+            retry_after_ns,
+        } => {
+            log_event(r, id, Event::Rejected, lc.log_level(), now_ms);
+            if lc.headers() {
+                add_header_num(r, "Retry-After", ceil_secs(retry_after_ns).max(1));
+            }
+            Status(status.unwrap_or(lc.status()) as ngx_int_t)
+        }
+        Verdict::Delay { id, wait_ns } => {
+            log_event(r, id, Event::Delayed, lc.log_level().lower(), now_ms);
+            let ms = wait_ns.div_ceil(1_000_000);
+            if ms == 0 {
+                return Status::NGX_DECLINED;
+            }
+            start_delay(r, ms)
+        }
+    }
+}
+
+fn log_event(r: &Request, id: u32, event: Event, level: super::parse::LogLevel, now_ms: u64) {
+    let Some(mc) = RateCtlModule::main_conf(r) else {
+        return;
+    };
+    let first = with_worker(mc, |w| w.log.record(id, event, level, now_ms)).unwrap_or(false);
+    if first {
+        let what = match event {
+            Event::Rejected => "rejecting request",
+            Event::Delayed => "delaying request",
+            Event::DryRunRejected => "would reject request (dry run)",
+            Event::Blacklisted => "refusing blacklisted request",
+        };
+        if id == 0 {
+            ngx_log_error!(level.ngx_level(), r.log(), "rate_ctl: {what}");
+        } else {
+            ngx_log_error!(
+                level.ngx_level(),
+                r.log(),
+                "rate_ctl: {what} by strategy {id}"
+            );
+        }
+    }
+}
+
+fn ceil_secs(ns: u64) -> u64 {
+    ns.div_ceil(1_000_000_000)
+}
+
+fn add_quota_headers(r: &mut Request, q: &Quota) {
+    add_header_num(r, "RateLimit-Limit", q.limit);
+    add_header_num(r, "RateLimit-Remaining", q.remaining);
+    let reset = ceil_secs(q.reset_ns);
+    // Never 0 while limited: a client told "reset in 0 s" would retry at once.
+    let reset = if q.remaining == 0 {
+        reset.max(1)
+    } else {
+        reset
+    };
+    add_header_num(r, "RateLimit-Reset", reset);
+}
+
+/// Adds `name: n` to the response headers; the name is static, the value
+/// is formatted into the request pool.
+fn add_header_num(r: &mut Request, name: &'static str, n: u64) {
+    let raw: &mut ngx_http_request_t = r.as_mut();
+    let mut buf = [0u8; 20];
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    if write!(cur, "{n}").is_err() {
+        return;
+    }
+    let len = cur.position() as usize;
+    // SAFETY: headers_out.headers is the request's initialised header list;
+    // a pushed element is zeroed (covering every nginx version's fields)
+    // and then filled with a static name and a pool-allocated value.
+    unsafe {
+        let h = ngx_list_push(&mut raw.headers_out.headers).cast::<ngx_table_elt_t>();
+        if h.is_null() {
+            return;
+        }
+        let data = ngx_pnalloc(raw.pool, len).cast::<u8>();
+        if data.is_null() {
+            // Leave an entry nginx skips (hash 0) rather than a half-filled one.
+            ptr::write_bytes(h, 0, 1);
+            return;
+        }
+        ptr::copy_nonoverlapping(buf.as_ptr(), data, len);
+        ptr::write_bytes(h, 0, 1);
+        (*h).hash = 1;
+        (*h).key.len = name.len();
+        (*h).key.data = name.as_ptr().cast_mut();
+        (*h).value.len = len;
+        (*h).value.data = data;
+    }
+}
+
+/// Delays the request by `ms` like limit_req: a timer on the write event,
+/// the read side watched for a client that goes away, then the phases run
+/// again (and this handler declines, the ctx being set).
+fn start_delay(r: &mut Request, ms: u64) -> Status {
+    let raw: &mut ngx_http_request_t = r.as_mut();
+    // SAFETY: the request's connection and its events are valid; this is
+    // the sequence nginx's limit_req module uses to suspend a request.
+    unsafe {
+        let c = raw.connection;
+        if (*(*c).read).ready() != 0 {
+            ngx_post_event((*c).read, ptr::addr_of_mut!(ngx_posted_events));
+        } else if ngx_handle_read_event((*c).read, 0) != Status::NGX_OK.0 {
+            return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+        }
+        raw.read_event_handler = Some(ngx_http_test_reading);
+        raw.write_event_handler = Some(delay_handler);
+        (*(*c).write).set_delayed(1);
+        ngx_add_timer((*c).write, ms as ngx::ffi::ngx_msec_t);
+    }
+    Status::NGX_AGAIN
+}
+
+extern "C" fn delay_handler(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls the write event handler with the live request
+    // whose handlers `start_delay` installed.
+    unsafe {
+        let c = (*r).connection;
+        let wev = (*c).write;
+        if (*wev).delayed() != 0 {
+            // Woken before the timer (the socket became writable): wait on.
+            if ngx_handle_write_event(wev, 0) != Status::NGX_OK.0 {
+                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            }
+            return;
+        }
+        if ngx_handle_read_event((*c).read, 0) != Status::NGX_OK.0 {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            return;
+        }
+        (*r).read_event_handler = Some(ngx_http_block_reading);
+        (*r).write_event_handler = Some(ngx_http_core_run_phases);
+        ngx_http_core_run_phases(r);
+    }
+}

@@ -1,0 +1,94 @@
+//! `ngx_http_rate_ctl_module`: registration only. Directives are in
+//! [`conf`], the PREACCESS handler in [`handler`], variables in
+//! [`variables`], the stats endpoint in [`stats`], and everything that
+//! talks to the core engine in [`backend`].
+
+mod backend;
+mod conf;
+mod handler;
+pub(crate) mod parse;
+mod stats;
+mod variables;
+mod worker;
+
+use std::ffi::c_void;
+use std::ptr;
+
+use ngx::core::Status;
+use ngx::ffi::{
+    ngx_array_push, ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t,
+    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_HTTP_MODULE,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+
+pub struct RateCtlModule;
+
+impl RateCtlModule {
+    pub(crate) fn module_ref() -> &'static ngx_module_t {
+        <Self as HttpModule>::module()
+    }
+}
+
+static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: Some(RateCtlModule::preconfiguration),
+    postconfiguration: Some(RateCtlModule::postconfiguration),
+    create_main_conf: Some(RateCtlModule::create_main_conf),
+    init_main_conf: None,
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: Some(RateCtlModule::create_loc_conf),
+    merge_loc_conf: Some(RateCtlModule::merge_loc_conf),
+};
+
+// The `ngx_modules` table nginx looks up in a dynamic module.
+ngx::ngx_modules!(ngx_http_rate_ctl_module);
+
+#[used]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_http_rate_ctl_module: ngx_module_t = ngx_module_t {
+    ctx: ptr::addr_of!(MODULE_CTX) as *mut c_void,
+    // SAFETY: taking the address of the static command table, not reading it.
+    commands: unsafe { ptr::addr_of_mut!(conf::COMMANDS[0]) },
+    type_: NGX_HTTP_MODULE as ngx_uint_t,
+    ..ngx_module_t::default()
+};
+
+impl HttpModule for RateCtlModule {
+    fn module() -> &'static ngx_module_t {
+        // SAFETY: nginx only writes the module's index fields during
+        // configuration, before any handler reads them.
+        unsafe { &*ptr::addr_of!(ngx_http_rate_ctl_module) }
+    }
+
+    unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        // SAFETY: nginx passes the configuration being parsed.
+        unsafe { variables::add_variables(cf) }.0
+    }
+
+    unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        // SAFETY: cf is the http block's configuration, whose core main conf exists.
+        let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(unsafe { &*cf }) else {
+            return Status::NGX_ERROR.0;
+        };
+        let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize];
+        // SAFETY: the phase's handler array was initialised by the core
+        // module with ngx_http_handler_pt elements.
+        let h = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_http_handler_pt>();
+        if h.is_null() {
+            return Status::NGX_ERROR.0;
+        }
+        // SAFETY: h points to a new element of the right type.
+        unsafe { *h = Some(handler::preaccess_handler) };
+        Status::NGX_OK.0
+    }
+}
+
+// SAFETY: create_main_conf allocates exactly `conf::MainConf` for this module.
+unsafe impl HttpModuleMainConf for RateCtlModule {
+    type MainConf = conf::MainConf;
+}
+
+// SAFETY: create_loc_conf allocates exactly `conf::LocConf` for this module.
+unsafe impl HttpModuleLocationConf for RateCtlModule {
+    type LocationConf = conf::LocConf;
+}

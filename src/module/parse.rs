@@ -1,0 +1,233 @@
+//! Pure parsers for the module's directive arguments.
+//!
+//! No nginx types here: every function takes the argument bytes and returns a
+//! value or a [`ParseError`] whose message names the directive and the value,
+//! so `nginx -t` says exactly what is wrong. `conf.rs` reports the error once
+//! through `ngx_conf_log_error` and returns `NGX_CONF_ERROR`.
+
+use crate::core::model::valid_dimension_name;
+
+/// Built-in dimensions, filled from the request without a directive.
+pub const BUILTIN_DIMENSIONS: [&str; 4] = ["ip", "api", "method", "host"];
+
+/// Default shared-memory file written by the agent.
+pub const DEFAULT_SHM_PATH: &str = "/dev/shm/rate_ctl";
+
+/// Why a directive argument was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error(
+        "invalid value \"{value}\" in \"{directive}\" directive, it must be \"on\" or \"off\""
+    )]
+    BadFlag {
+        directive: &'static str,
+        value: String,
+    },
+    #[error("invalid status \"{value}\" in \"{directive}\" directive, it must be a number between 400 and 599")]
+    BadStatus {
+        directive: &'static str,
+        value: String,
+    },
+    #[error("invalid level \"{value}\" in \"rate_ctl_log_level\" directive, it must be \"info\", \"notice\", \"warn\" or \"error\"")]
+    BadLogLevel { value: String },
+    #[error("invalid dimension name \"{value}\" in \"rate_ctl_dimension\" directive, it must match [a-z][a-z0-9_]* and be at most 32 bytes")]
+    BadDimensionName { value: String },
+    #[error("dimension \"{value}\" in \"rate_ctl_dimension\" directive is built in (ip, api, method, host) and cannot be redefined")]
+    BuiltinDimension { value: String },
+    #[error("duplicate dimension \"{value}\" in \"rate_ctl_dimension\" directive")]
+    DuplicateDimension { value: String },
+    #[error("empty value for dimension \"{name}\" in \"rate_ctl_dimension\" directive")]
+    EmptyDimensionValue { name: String },
+    #[error("invalid path \"{value}\" in \"rate_ctl_shm\" directive, it must be an absolute file path without NUL bytes")]
+    BadShmPath { value: String },
+    #[error("\"{directive}\" directive is duplicate")]
+    Duplicate { directive: &'static str },
+}
+
+fn lossy(v: &[u8]) -> String {
+    String::from_utf8_lossy(v).into_owned()
+}
+
+/// `on` / `off`, exactly as nginx's own flag slot accepts them (case-insensitive).
+pub fn parse_flag(directive: &'static str, v: &[u8]) -> Result<bool, ParseError> {
+    if v.eq_ignore_ascii_case(b"on") {
+        Ok(true)
+    } else if v.eq_ignore_ascii_case(b"off") {
+        Ok(false)
+    } else {
+        Err(ParseError::BadFlag {
+            directive,
+            value: lossy(v),
+        })
+    }
+}
+
+/// An HTTP status for a refused request: 400..=599, plain decimal digits.
+pub fn parse_status(directive: &'static str, v: &[u8]) -> Result<u16, ParseError> {
+    let bad = || ParseError::BadStatus {
+        directive,
+        value: lossy(v),
+    };
+    if v.is_empty() || v.len() > 3 || !v.iter().all(u8::is_ascii_digit) {
+        return Err(bad());
+    }
+    let n = v.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
+    if (400..=599).contains(&n) {
+        Ok(n)
+    } else {
+        Err(bad())
+    }
+}
+
+/// Severity of the rejection log lines. Delays log one level lower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Info,
+    Notice,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    /// nginx's `NGX_LOG_*` value (error = 4, warn = 5, notice = 6, info = 7).
+    pub fn ngx_level(self) -> usize {
+        match self {
+            LogLevel::Error => 4,
+            LogLevel::Warn => 5,
+            LogLevel::Notice => 6,
+            LogLevel::Info => 7,
+        }
+    }
+
+    /// The level for delayed requests: one step less severe, like `limit_req`.
+    pub fn lower(self) -> LogLevel {
+        match self {
+            LogLevel::Error => LogLevel::Warn,
+            LogLevel::Warn => LogLevel::Notice,
+            LogLevel::Notice | LogLevel::Info => LogLevel::Info,
+        }
+    }
+}
+
+pub fn parse_log_level(v: &[u8]) -> Result<LogLevel, ParseError> {
+    match v {
+        b"info" => Ok(LogLevel::Info),
+        b"notice" => Ok(LogLevel::Notice),
+        b"warn" => Ok(LogLevel::Warn),
+        b"error" => Ok(LogLevel::Error),
+        _ => Err(ParseError::BadLogLevel { value: lossy(v) }),
+    }
+}
+
+/// The name of a `rate_ctl_dimension`: a valid dimension name that is not
+/// built in and not yet defined in `existing`.
+pub fn parse_dimension_name<'a>(
+    v: &'a [u8],
+    existing: impl IntoIterator<Item = &'a str>,
+) -> Result<&'a str, ParseError> {
+    let name = std::str::from_utf8(v)
+        .ok()
+        .filter(|n| valid_dimension_name(n))
+        .ok_or_else(|| ParseError::BadDimensionName { value: lossy(v) })?;
+    if BUILTIN_DIMENSIONS.contains(&name) {
+        return Err(ParseError::BuiltinDimension {
+            value: name.to_string(),
+        });
+    }
+    if existing.into_iter().any(|e| e == name) {
+        return Err(ParseError::DuplicateDimension {
+            value: name.to_string(),
+        });
+    }
+    Ok(name)
+}
+
+/// The value template of a `rate_ctl_dimension` must not be empty (an empty
+/// template would make the dimension absent on every request).
+pub fn check_dimension_value(name: &str, v: &[u8]) -> Result<(), ParseError> {
+    if v.is_empty() {
+        Err(ParseError::EmptyDimensionValue {
+            name: name.to_string(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// `rate_ctl_shm PATH`: an absolute path.
+pub fn parse_shm_path(v: &[u8]) -> Result<String, ParseError> {
+    let bad = || ParseError::BadShmPath { value: lossy(v) };
+    let s = std::str::from_utf8(v).map_err(|_| bad())?;
+    if !s.starts_with('/') || s.ends_with('/') || s.contains('\0') {
+        return Err(bad());
+    }
+    Ok(s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags() {
+        assert_eq!(parse_flag("rate_ctl", b"on"), Ok(true));
+        assert_eq!(parse_flag("rate_ctl", b"OFF"), Ok(false));
+        let e = parse_flag("rate_ctl", b"yes").unwrap_err().to_string();
+        assert!(e.contains("\"yes\"") && e.contains("\"rate_ctl\""), "{e}");
+        assert!(parse_flag("rate_ctl", b"").is_err());
+    }
+
+    #[test]
+    fn statuses() {
+        assert_eq!(parse_status("rate_ctl_status", b"429"), Ok(429));
+        assert_eq!(parse_status("rate_ctl_status", b"400"), Ok(400));
+        assert_eq!(parse_status("rate_ctl_status", b"599"), Ok(599));
+        for bad in [&b"399"[..], b"600", b"", b"4290", b"-429", b"42a", b"+429"] {
+            let e = parse_status("rate_ctl_status", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("rate_ctl_status"), "{e}");
+        }
+    }
+
+    #[test]
+    fn log_levels() {
+        assert_eq!(parse_log_level(b"warn"), Ok(LogLevel::Warn));
+        assert_eq!(LogLevel::Error.lower(), LogLevel::Warn);
+        assert_eq!(LogLevel::Info.lower(), LogLevel::Info);
+        assert_eq!(LogLevel::Notice.ngx_level(), 6);
+        assert!(parse_log_level(b"debug").is_err());
+        assert!(parse_log_level(b"WARN").is_err());
+    }
+
+    #[test]
+    fn dimension_names() {
+        assert_eq!(parse_dimension_name(b"userid", []), Ok("userid"));
+        assert_eq!(
+            parse_dimension_name(b"userid", ["appid", "userid"]),
+            Err(ParseError::DuplicateDimension {
+                value: "userid".into()
+            })
+        );
+        assert_eq!(
+            parse_dimension_name(b"ip", []),
+            Err(ParseError::BuiltinDimension { value: "ip".into() })
+        );
+        for bad in [&b"User"[..], b"1x", b"", b"a-b", &[b'a'; 33]] {
+            assert!(matches!(
+                parse_dimension_name(bad, []),
+                Err(ParseError::BadDimensionName { .. })
+            ));
+        }
+        assert!(check_dimension_value("userid", b"").is_err());
+        assert!(check_dimension_value("userid", b"$cookie_uid").is_ok());
+    }
+
+    #[test]
+    fn shm_paths() {
+        assert_eq!(parse_shm_path(b"/dev/shm/x"), Ok("/dev/shm/x".into()));
+        for bad in [&b"rel/path"[..], b"", b"/dev/shm/", b"/a\0b"] {
+            assert!(parse_shm_path(bad).is_err());
+        }
+    }
+}

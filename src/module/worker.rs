@@ -1,0 +1,176 @@
+//! Per-worker state: the engine backend, the dimension sources resolved for
+//! the current table version, and the aggregated rejection log.
+//!
+//! nginx runs every HTTP handler of a worker on one thread, so the state is
+//! a thread-local `RefCell`: no lock, and a re-entrant use (which nginx does
+//! not do) would be refused by `try_borrow_mut` rather than aliased.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+
+use ngx::ffi::ngx_log_t;
+use ngx::ngx_log_error;
+
+use super::backend::{Backend, ChangeLevel, Source};
+use super::conf::MainConf;
+use super::parse::LogLevel;
+
+/// What a rejection log line is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Rejected,
+    Delayed,
+    DryRunRejected,
+    Blacklisted,
+}
+
+impl Event {
+    fn past(self) -> &'static str {
+        match self {
+            Event::Rejected => "rejected",
+            Event::Delayed => "delayed",
+            Event::DryRunRejected => "would have rejected (dry run)",
+            Event::Blacklisted => "refused (blacklisted)",
+        }
+    }
+}
+
+struct Entry {
+    id: u32,
+    event: Event,
+    level: LogLevel,
+    suppressed: u64,
+}
+
+/// Aggregated rejection logging: the first event per strategy and kind in a
+/// one-second window is logged with the request's context; the rest are
+/// counted and summarised in one line when the window closes. An attack
+/// therefore costs at most two lines per strategy per second per worker.
+#[derive(Default)]
+pub struct EventLog {
+    window_start_ms: u64,
+    entries: Vec<Entry>,
+}
+
+pub const LOG_WINDOW_MS: u64 = 1000;
+
+impl EventLog {
+    /// Records one event; returns `true` when the caller should log it now
+    /// (the first of its kind in the window).
+    pub fn record(&mut self, id: u32, event: Event, level: LogLevel, now_ms: u64) -> bool {
+        if self.entries.is_empty() {
+            self.window_start_ms = now_ms;
+        }
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.id == id && e.event == event)
+        {
+            e.suppressed += 1;
+            return false;
+        }
+        self.entries.push(Entry {
+            id,
+            event,
+            level,
+            suppressed: 0,
+        });
+        true
+    }
+
+    /// Whether a summary is due; one compare per request.
+    #[inline]
+    pub fn due(&self, now_ms: u64) -> bool {
+        !self.entries.is_empty() && now_ms.saturating_sub(self.window_start_ms) >= LOG_WINDOW_MS
+    }
+
+    /// Writes the summary lines and opens a new window.
+    pub fn flush(&mut self, log: *mut ngx_log_t, now_ms: u64) {
+        let secs = now_ms.saturating_sub(self.window_start_ms) as f64 / 1000.0;
+        for e in self.entries.drain(..) {
+            if e.suppressed == 0 {
+                continue;
+            }
+            let what = if e.id == 0 {
+                String::from("blacklist")
+            } else {
+                format!("strategy {}", e.id)
+            };
+            ngx_log_error!(
+                e.level.ngx_level(),
+                log,
+                "rate_ctl: {what} {} {} more requests in the last {secs:.1} s",
+                e.event.past(),
+                e.suppressed
+            );
+        }
+    }
+}
+
+pub struct Worker {
+    pub backend: Backend,
+    sources_version: Option<u64>,
+    pub sources: Vec<Source>,
+    pub log: EventLog,
+}
+
+impl Worker {
+    fn new(path: PathBuf) -> Worker {
+        Worker {
+            backend: Backend::new(path),
+            sources_version: None,
+            sources: Vec::new(),
+            log: EventLog::default(),
+        }
+    }
+
+    /// Picks up a new table and logs a state change once.
+    #[inline]
+    pub fn refresh(&mut self, now_ns: u64, log: *mut ngx_log_t) {
+        if let Some((level, msg)) = self.backend.refresh(now_ns) {
+            let level = match level {
+                ChangeLevel::Error => LogLevel::Error,
+                ChangeLevel::Notice => LogLevel::Notice,
+            };
+            ngx_log_error!(level.ngx_level(), log, "{msg}");
+        }
+    }
+
+    /// Maps the table's dimensions to request sources, once per table version.
+    #[inline]
+    pub fn resolve_sources(&mut self, mc: &MainConf) {
+        let Some((version, dims)) = self.backend.dimensions() else {
+            return;
+        };
+        if self.sources_version == Some(version) {
+            return;
+        }
+        self.sources = dims.iter().map(|d| source_for(d, mc)).collect();
+        self.sources_version = Some(version);
+    }
+}
+
+/// Where the value of dimension `name` comes from.
+pub fn source_for(name: &str, mc: &MainConf) -> Source {
+    match name {
+        "ip" => Source::Ip,
+        "api" => Source::Api,
+        "method" => Source::Method,
+        "host" => Source::Host,
+        other => mc.dimension(other).map_or(Source::Unbound, Source::Custom),
+    }
+}
+
+thread_local! {
+    static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this worker's state, creating it on first use from the
+/// `rate_ctl_shm` path. `None` if the state is already borrowed.
+pub fn with_worker<R>(mc: &MainConf, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
+    WORKER.with(|w| {
+        let mut w = w.try_borrow_mut().ok()?;
+        let w = w.get_or_insert_with(|| Worker::new(PathBuf::from(mc.shm_path())));
+        Some(f(w))
+    })
+}

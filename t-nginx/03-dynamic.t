@@ -1,0 +1,61 @@
+# Changes without reload, counters shared by workers, counters kept over reload.
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use Time::HiRes qw(time sleep);
+use RateCtlTest;
+
+for_each_target(sub {
+    my ($t) = @_;
+    # reuseport spreads new connections over both workers.
+    my $n = RateCtlTest->new($t,
+        listen_opts => 'reuseport',
+        server => q{
+            rate_ctl on;
+            add_header X-Worker $pid always;
+            location / { empty_gif; }
+        });
+
+    publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=minute when api=/a\n", 1);
+    $n->start;
+    is_deeply([$n->codes('/a', 5)], [(200) x 5], 'generous limit: all pass');
+
+    # Tighten while nginx runs; no reload.
+    my $t0 = time;
+    publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=minute when api=/a\n"
+        . "strategy id=2 algorithm=fixed_window rate=1 per=minute when api=/b\n", 2);
+    my $applied;
+    while (time - $t0 < 3) {
+        my @c = $n->codes('/b', 2);
+        if ($c[1] == 503) { $applied = time - $t0; last }
+        sleep 0.05;
+    }
+    ok(defined $applied && $applied <= 1.0, sprintf('new strategy enforced %.3f s after publish, no reload', $applied // -1));
+
+    # Both workers share one counter: 40 requests on fresh connections,
+    # fixed window 20/min, exactly 20 pass whichever worker answers.
+    publish($n->shm, "strategy id=3 algorithm=fixed_window rate=20 per=minute when api=/shared\n", 3);
+    sleep 0.3;
+    my (%pids, $ok);
+    for (1 .. 40) {
+        my $r = $n->get('/shared', '-H "Connection: close"');
+        $pids{ $r->{headers}{'x-worker'} // 'none' }++;
+        $ok++ if $r->{code} == 200;
+    }
+    is($ok, 20, 'two workers: exactly 20 of 40 passed in total');
+    is(scalar(keys %pids), 2, 'both workers answered: ' . join(',', sort keys %pids));
+
+    # Reload keeps counters: the per-minute window is not reset.
+    publish($n->shm, "strategy id=4 algorithm=fixed_window rate=5 per=minute when api=/reload\n", 4);
+    sleep 0.3;
+    is_deeply([$n->codes('/reload', 3)], [200, 200, 200], '3 of 5 used before reload');
+    $n->reload;
+    is_deeply([$n->codes('/reload', 4)], [200, 200, 503, 503], 'after nginx -s reload only 2 remain');
+
+    $n->stop;
+    $n->no_alerts;
+});
+
+done_testing;

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the module for both nginx targets and the table tool, then runs
+# every t-nginx suite with prove.  Usage: t-nginx/run.sh [prove args...]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+for p in curl perl; do command -v "$p" >/dev/null || {
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -q && $sudo apt-get install -y -q curl perl
+}; done
+scripts/build-module.sh "${RATE_CTL_BUILD:-both}"
+cargo build --example rate-ctl-test-tool
+exec prove -I t-nginx/lib "${@:-t-nginx/}"

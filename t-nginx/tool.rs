@@ -1,0 +1,166 @@
+//! Test tool for the t-nginx suites: writes the shared-memory table with the
+//! core `Writer`, the same code path as the agent.
+//!
+//! ```text
+//! rate-ctl-test-tool publish PATH TABLE_FILE [CONFIG_VERSION]
+//! rate-ctl-test-tool corrupt PATH      # publish a segment with a bad checksum
+//! rate-ctl-test-tool heartbeat PATH
+//! ```
+//!
+//! TABLE_FILE, one item per line (`#` starts a comment):
+//! ```text
+//! strategy id=1 algorithm=token_bucket rate=5 per=second burst=5 action=reject status=429 when ip=127.0.0.1 api=/pay
+//! strategy id=2 algorithm=leaky_bucket rate=10 per=second action=delay max_delay_ms=500
+//! strategy id=3 algorithm=concurrency rate=2 action=dry_run when api=/slow
+//! blacklist ip 127.0.0.1 ttl_ms=1500
+//! blacklist userid u666
+//! ```
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use rate_ctl::core::blacklist::BlacklistEntry;
+use rate_ctl::core::model::{Action, Condition, Strategy};
+use rate_ctl::core::shm::{unix_ms, Capacities, Mapping, H_SEQ};
+use rate_ctl::core::writer::Writer;
+
+fn caps() -> Capacities {
+    Capacities {
+        max_strategies: 16_384,
+        segment_bytes: 4 << 20,
+        blacklist_entries: 1024,
+    }
+}
+
+fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
+    let mut s = Strategy {
+        id: 0,
+        conditions: Vec::new(),
+        algorithm: "token_bucket".parse().map_err(|e| format!("{e}"))?,
+        rate: 0,
+        per: "second".parse().map_err(|e| format!("{e}"))?,
+        burst: 1,
+        action: Action::Reject { status: None },
+        enabled: true,
+    };
+    let mut action = "reject";
+    let mut status = None;
+    let mut max_delay_ms = 0;
+    let mut when = false;
+    for w in words {
+        if *w == "when" {
+            when = true;
+            continue;
+        }
+        let (k, v) = w
+            .split_once('=')
+            .ok_or_else(|| format!("expected key=value, got {w:?}"))?;
+        if when {
+            s.conditions.push(Condition::new(k, v.as_bytes()));
+            continue;
+        }
+        let num = || v.parse::<u64>().map_err(|e| format!("{k}: {e}"));
+        match k {
+            "id" => s.id = num()? as u32,
+            "algorithm" => s.algorithm = v.parse().map_err(|e| format!("{e}"))?,
+            "rate" => s.rate = num()?,
+            "per" => s.per = v.parse().map_err(|e| format!("{e}"))?,
+            "burst" => s.burst = num()? as u32,
+            "action" => action = v,
+            "status" => status = Some(num()? as u16),
+            "max_delay_ms" => max_delay_ms = num()? as u32,
+            "enabled" => s.enabled = v == "true",
+            _ => return Err(format!("unknown key {k:?}")),
+        }
+    }
+    s.action = match action {
+        "reject" => Action::Reject { status },
+        "delay" => Action::Delay { max_delay_ms },
+        "dry_run" => Action::DryRun,
+        other => return Err(format!("unknown action {other:?}")),
+    };
+    Ok(s)
+}
+
+fn parse_table(text: &str) -> Result<(Vec<Strategy>, Vec<BlacklistEntry>), String> {
+    let mut strategies = Vec::new();
+    let mut blacklist = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let err = |e: String| format!("line {}: {e}", n + 1);
+        match words.first() {
+            None => {}
+            Some(&"strategy") => strategies.push(parse_strategy(&words[1..]).map_err(err)?),
+            Some(&"blacklist") => {
+                let (dim, value) = match words.get(1..3) {
+                    Some([d, v]) => (*d, *v),
+                    _ => return Err(err("blacklist DIMENSION VALUE [ttl_ms=N]".into())),
+                };
+                let expires_unix_ms = match words.get(3) {
+                    Some(t) => {
+                        let ms: u64 = t
+                            .strip_prefix("ttl_ms=")
+                            .and_then(|v| v.parse().ok())
+                            .ok_or_else(|| err(format!("bad {t:?}")))?;
+                        Some(unix_ms() + ms)
+                    }
+                    None => None,
+                };
+                blacklist.push(BlacklistEntry {
+                    dimension: dim.to_string(),
+                    value: value.as_bytes().to_vec(),
+                    expires_unix_ms,
+                });
+            }
+            Some(other) => return Err(err(format!("unknown item {other:?}"))),
+        }
+    }
+    Ok((strategies, blacklist))
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    match args {
+        [cmd, path, file, rest @ ..] if cmd == "publish" => {
+            let text = std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?;
+            let (strategies, blacklist) = parse_table(&text)?;
+            let version = rest.first().map_or(Ok(1), |v| v.parse::<u64>()).map_err(|e| e.to_string())?;
+            let mut w = Writer::create_or_adopt(Path::new(path), caps(), 0o666).map_err(|e| e.to_string())?;
+            let report = w.publish(&strategies, &blacklist, version).map_err(|e| e.to_string())?;
+            w.heartbeat(unix_ms());
+            println!("published seq {} with {} strategies", report.seq, report.strategies);
+            Ok(())
+        }
+        [cmd, path] if cmd == "corrupt" => {
+            // Announce a new sequence whose segment fails its checksum: the
+            // workers must refuse it and keep their last good table.
+            let m = Mapping::open(Path::new(path)).map_err(|e| e.to_string())?;
+            let next = m.seq() + 1;
+            let seg = m.segment((next & 1) as usize);
+            // Overwrite the payload's first word (covered by the CRC) and
+            // stamp the segment with the new publish sequence.
+            seg.store(64, 0xdead_beef_dead_beef);
+            seg.store(16, next);
+            m.header().store(H_SEQ, next);
+            println!("announced corrupt seq {next}");
+            Ok(())
+        }
+        [cmd, path] if cmd == "heartbeat" => {
+            let w = Writer::create_or_adopt(Path::new(path), caps(), 0o666).map_err(|e| e.to_string())?;
+            w.heartbeat(unix_ms());
+            Ok(())
+        }
+        _ => Err("usage: rate-ctl-test-tool publish PATH TABLE [VERSION] | corrupt PATH | heartbeat PATH".into()),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rate-ctl-test-tool: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Running `rate-ctl agent` processes and reading their files the way an
+//! nginx worker does (through the core engine).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rate_ctl::core::clock::MonotonicClock;
+use rate_ctl::core::engine::Engine;
+use rate_ctl::core::table::Table;
+
+/// Small file capacities so that tests stay light.
+pub const SMALL_CAPS: &[&str] = &[
+    "--max-strategies",
+    "1024",
+    "--segment-bytes",
+    "262144",
+    "--blacklist-entries",
+    "256",
+];
+
+/// A running agent; killed (SIGKILL) on drop if still running.
+pub struct AgentProc {
+    pub child: Child,
+    pub log: PathBuf,
+    pub shm: PathBuf,
+}
+
+impl AgentProc {
+    /// Starts `rate-ctl agent` with `extra` arguments after the usual ones.
+    pub fn start(store: &str, shm: &Path, host: &str, log: &Path, extra: &[&str]) -> AgentProc {
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let mut args: Vec<&str> = vec![
+            "agent",
+            "--store",
+            store,
+            "--shm",
+            shm.to_str().unwrap(),
+            "--host-id",
+            host,
+            "--log-level",
+            "info",
+        ];
+        args.extend_from_slice(SMALL_CAPS);
+        args.extend_from_slice(extra);
+        let child = Command::new(crate::common::bin())
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .env("NO_COLOR", "1")
+            .spawn()
+            .expect("spawn agent");
+        AgentProc {
+            child,
+            log: log.to_path_buf(),
+            shm: shm.to_path_buf(),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill() on the pid of a child we spawned and have not reaped.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Sends `sig` and waits up to `timeout` for the exit status.
+    pub fn stop_with(&mut self, sig: i32, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.signal(sig);
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn log_text(&self) -> String {
+        strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for n in chars.by_ref() {
+                if n.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Polls `f` every millisecond until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A worker's view of a file.
+pub struct Reader {
+    engine: Engine,
+}
+
+impl Reader {
+    /// Waits until the file exists, then opens it like a worker.
+    pub fn open(path: &Path) -> Reader {
+        wait_for(Duration::from_secs(20), || path.exists().then_some(()))
+            .unwrap_or_else(|| panic!("{} never appeared", path.display()));
+        Reader {
+            engine: Engine::new(path.to_path_buf()),
+        }
+    }
+
+    /// The current table (reloading if the sequence moved).
+    pub fn table(&mut self) -> Option<Arc<Table>> {
+        self.engine.refresh(MonotonicClock::now());
+        self.engine.table().cloned()
+    }
+
+    /// Waits for a table of at least `config_version`.
+    pub fn wait_version(&mut self, config_version: u64, timeout: Duration) -> Option<Arc<Table>> {
+        wait_for(timeout, || {
+            self.table()
+                .filter(|t| t.config_version() >= config_version)
+        })
+    }
+
+    /// (id, local rate, burst) of every published strategy.
+    pub fn rates(&mut self) -> Vec<(u32, u64, u32)> {
+        self.table()
+            .map(|t| {
+                t.strategies()
+                    .iter()
+                    .map(|c| (c.strategy.id, c.strategy.rate, c.strategy.burst))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,169 @@
+//! Helpers shared by the store and agent integration tests: the `rate-ctl`
+//! binary, the stores to run against (a fresh SQLite file always, a fresh
+//! MariaDB database when `RATE_CTL_TEST_MYSQL_URL` is set) and raw SQL.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::Row;
+
+pub const MYSQL_ENV: &str = "RATE_CTL_TEST_MYSQL_URL";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rate-ctl")
+}
+
+pub fn rate_ctl(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run rate-ctl")
+}
+
+/// Runs rate-ctl, asserts success and returns stdout.
+pub fn ok(args: &[&str]) -> String {
+    let o = rate_ctl(args);
+    assert!(
+        o.status.success(),
+        "rate-ctl {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// One store to run a test against; a MariaDB database is dropped on drop.
+pub struct TestStore {
+    pub label: &'static str,
+    pub url: String,
+    admin: Option<(String, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        if let Some((admin, db)) = self.admin.take() {
+            let rt = rt();
+            let _ = rt.block_on(exec(&admin, &format!("DROP DATABASE IF EXISTS {db}")));
+        }
+    }
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+pub async fn exec(url: &str, sql: &str) -> Result<u64, sqlx::Error> {
+    sqlx::any::install_default_drivers();
+    let pool = AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await?;
+    let r = sqlx::query(sql)
+        .execute(&pool)
+        .await
+        .map(|r| r.rows_affected());
+    pool.close().await;
+    r
+}
+
+pub async fn query_i64(url: &str, sql: &str) -> Result<i64, sqlx::Error> {
+    sqlx::any::install_default_drivers();
+    let pool = AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await?;
+    let r = sqlx::query(sql)
+        .fetch_one(&pool)
+        .await
+        .and_then(|r| r.try_get(0));
+    pool.close().await;
+    r
+}
+
+/// The config version of a store (read directly).
+pub fn version(url: &str) -> i64 {
+    rt().block_on(query_i64(
+        &sqlx_url(url),
+        "SELECT version FROM config_version WHERE id = 1",
+    ))
+    .unwrap()
+}
+
+/// Raw SQL against a store, bypassing the CLI (to plant bad rows).
+pub fn sql(url: &str, stmt: &str) -> u64 {
+    rt().block_on(exec(&sqlx_url(url), stmt)).unwrap()
+}
+
+fn sqlx_url(url: &str) -> String {
+    match url.strip_prefix("sqlite:") {
+        Some(p) => format!("sqlite://{p}"),
+        None => url.to_string(),
+    }
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+pub fn sqlite_store() -> TestStore {
+    let dir = tempfile::tempdir().unwrap();
+    TestStore {
+        label: "sqlite",
+        url: format!("sqlite:{}", dir.path().join("rate-ctl.db").display()),
+        admin: None,
+        _dir: Some(dir),
+    }
+}
+
+/// A fresh database on the MariaDB server named by `RATE_CTL_TEST_MYSQL_URL`,
+/// or `None` with a loud message when it is unset.
+pub fn mariadb_store(test: &str) -> Option<TestStore> {
+    let Ok(base) = std::env::var(MYSQL_ENV) else {
+        eprintln!(
+            "\n!!!!!! {test}: SKIPPING the MariaDB half: {MYSQL_ENV} is not set.\n\
+             !!!!!! Start a server with `scripts/mariadb-test-server.sh start` and export its URL.\n"
+        );
+        return None;
+    };
+    let (server, _db) = base
+        .rsplit_once('/')
+        .expect("mysql://user:pass@host:port/db");
+    let db = format!(
+        "rate_ctl_t{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    rt().block_on(exec(&base, &format!("CREATE DATABASE {db}")))
+        .expect("create a test database (the test user needs CREATE)");
+    Some(TestStore {
+        label: "mariadb",
+        url: format!("{server}/{db}"),
+        admin: Some((base.clone(), db)),
+        _dir: None,
+    })
+}
+
+/// SQLite always, MariaDB when configured.
+pub fn stores(test: &str) -> Vec<TestStore> {
+    let mut v = vec![sqlite_store()];
+    v.extend(mariadb_store(test));
+    v
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+/// `q`-quantile of sorted values.
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i]
+}

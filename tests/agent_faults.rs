@@ -1,0 +1,359 @@
+//! Agent fault handling: invalid rows, signals, capacity, store outage.
+#![cfg(feature = "cli")]
+
+#[path = "agent_common/agent.rs"]
+mod agent;
+#[path = "agent_common/mod.rs"]
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agent::{wait_for, AgentProc, Reader};
+use common::{ok, sql, sqlite_store, stores, version, MYSQL_ENV};
+
+fn add(s: &str, name: &str, rate: u64) -> u32 {
+    ok(&[
+        "strategy",
+        "add",
+        "--store",
+        s,
+        "--name",
+        name,
+        "--match",
+        &format!("api=/{name}"),
+        "--algorithm",
+        "token_bucket",
+        "--rate",
+        &rate.to_string(),
+        "--scope",
+        "host",
+    ])
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+#[test]
+fn bad_rows_are_skipped_and_named_in_the_log() {
+    for st in stores("bad_rows") {
+        let s = st.url.as_str();
+        let dir = tempfile::tempdir().unwrap();
+        let good = add(s, "good", 10);
+        let ids: Vec<u32> = ["zero", "algo", "json", "ip", "dup"]
+            .iter()
+            .map(|n| add(s, n, 10))
+            .collect();
+        // Break rows behind the CLI's back, as a hand edit in the database would.
+        sql(
+            s,
+            &format!("UPDATE strategies SET rate = 0 WHERE id = {}", ids[0]),
+        );
+        sql(
+            s,
+            &format!(
+                "UPDATE strategies SET algorithm = 'bogus_bucket' WHERE id = {}",
+                ids[1]
+            ),
+        );
+        sql(
+            s,
+            &format!(
+                "UPDATE strategies SET conditions = '{{not json' WHERE id = {}",
+                ids[2]
+            ),
+        );
+        sql(
+            s,
+            &format!(
+                "UPDATE strategies SET conditions = '[[\"ip\",\"1.2.3.999\"]]' WHERE id = {}",
+                ids[3]
+            ),
+        );
+        sql(s, &format!("UPDATE strategies SET conditions = '[[\"api\",\"/a\"],[\"api\",\"/b\"]]' WHERE id = {}", ids[4]));
+        sql(s, "UPDATE config_version SET version = version + 1");
+
+        let shm = dir.path().join("f.shm");
+        let a = AgentProc::start(s, &shm, "h", &dir.path().join("a.log"), &[]);
+        let mut r = Reader::open(&shm);
+        let v = version(s) as u64;
+        let t = r
+            .wait_version(v, Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("{}: nothing published; log:\n{}", st.label, a.log_text()));
+        let published: Vec<u32> = t.strategies().iter().map(|c| c.strategy.id).collect();
+        assert_eq!(
+            published,
+            vec![good],
+            "{}: only the good row applies",
+            st.label
+        );
+        let log = a.log_text();
+        for (id, why) in ids.iter().zip([
+            "rate: must be greater than 0",
+            "algorithm: unknown value \"bogus_bucket\"",
+            "conditions: not a JSON list",
+            "1.2.3.999",
+            "appears twice",
+        ]) {
+            let line = log
+                .lines()
+                .find(|l| {
+                    l.contains("skipping invalid strategy row") && l.contains(&format!("id={id} "))
+                })
+                .unwrap_or_else(|| panic!("{}: no log line for id {id}:\n{log}", st.label));
+            assert!(
+                line.contains(why),
+                "{}: {line:?} should say {why:?}",
+                st.label
+            );
+        }
+        // Logged once, not on every poll.
+        std::thread::sleep(Duration::from_millis(600));
+        let n = a.log_text().matches(&format!("id={} ", ids[0])).count();
+        assert_eq!(n, 1, "{}: one line per bad row", st.label);
+
+        // Fixing the row applies it.
+        sql(
+            s,
+            &format!("UPDATE strategies SET rate = 5 WHERE id = {}", ids[0]),
+        );
+        sql(s, "UPDATE config_version SET version = version + 1");
+        let t = r.wait_version(v + 1, Duration::from_secs(5)).unwrap();
+        assert_eq!(t.strategies().len(), 2);
+    }
+}
+
+#[test]
+fn sigterm_and_sigint_exit_zero_and_restart_adopts_the_file() {
+    let st = sqlite_store();
+    let s = st.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("f.shm");
+    let id = add(s, "keep", 1_000_000);
+    for (n, sig) in [libc::SIGTERM, libc::SIGINT].into_iter().enumerate() {
+        let mut a = AgentProc::start(s, &shm, "h", &dir.path().join("a.log"), &[]);
+        // Signal a running agent (before its handlers exist, a signal is fatal).
+        let published = wait_for(Duration::from_secs(10), || {
+            (a.log_text().matches("published:").count() > n).then_some(())
+        });
+        assert!(published.is_some(), "agent published:\n{}", a.log_text());
+        let mut r = Reader::open(&shm);
+        assert!(r
+            .table()
+            .is_some_and(|t| t.strategies().iter().any(|c| c.strategy.id == id)));
+        let status = a.stop_with(sig, Duration::from_secs(10)).expect("exits");
+        assert_eq!(status.code(), Some(0), "signal {sig} → exit 0");
+        assert!(a.log_text().contains("received; exiting"));
+    }
+    let log = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
+    assert!(log.contains("created the shared-memory file"));
+    assert!(
+        log.contains("adopted the shared-memory file"),
+        "second start adopts:\n{log}"
+    );
+}
+
+#[test]
+fn capacity_exceeded_names_the_limit_and_keeps_the_previous_table() {
+    let st = sqlite_store();
+    let s = st.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("f.shm");
+    for i in 0..4 {
+        add(s, &format!("s{i}"), 10);
+    }
+    // --max-strategies after SMALL_CAPS overrides it.
+    let a = AgentProc::start(
+        s,
+        &shm,
+        "h",
+        &dir.path().join("a.log"),
+        &["--max-strategies", "4"],
+    );
+    let mut r = Reader::open(&shm);
+    let v = version(s) as u64;
+    assert_eq!(
+        r.wait_version(v, Duration::from_secs(10))
+            .unwrap()
+            .strategies()
+            .len(),
+        4
+    );
+    let fifth = add(s, "s4", 10);
+    let found = wait_for(Duration::from_secs(5), || {
+        a.log_text()
+            .lines()
+            .find(|l| l.contains("publish refused"))
+            .map(String::from)
+    })
+    .unwrap_or_else(|| panic!("no refusal logged:\n{}", a.log_text()));
+    assert!(
+        found.contains("max strategies") && found.contains("(4)"),
+        "{found}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let t = r.table().unwrap();
+    assert_eq!(t.config_version(), v, "previous table kept");
+    assert_eq!(t.strategies().len(), 4);
+    assert_eq!(
+        a.log_text().matches("publish refused").count(),
+        1,
+        "logged once"
+    );
+    ok(&["strategy", "rm", "--store", s, &fifth.to_string()]);
+    ok(&["strategy", "update", "--store", s, "1", "--rate", "11"]);
+    let v2 = version(s) as u64;
+    let t = r
+        .wait_version(v2, Duration::from_secs(5))
+        .expect("recovers once it fits");
+    assert_eq!(t.strategies().len(), 4);
+}
+
+/// Stops and restarts a private MariaDB server (its own data directory and
+/// port) under a running agent.
+#[test]
+fn store_down_for_10s_agent_keeps_enforcing_then_catches_up() {
+    if std::env::var(MYSQL_ENV).is_err() {
+        eprintln!(
+            "\n!!!!!! store_down: SKIPPED: {MYSQL_ENV} is not set (MariaDB not available).\n"
+        );
+        return;
+    }
+    let script = common::repo_root().join("scripts/mariadb-test-server.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let db_dir = dir.path().join("mariadb");
+    let server = |cmd: &str| -> String {
+        let o = Command::new("bash")
+            .arg(&script)
+            .arg(cmd)
+            .arg(&db_dir)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    struct Stop<'a>(&'a dyn Fn(&str) -> String);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            (self.0)("stop");
+        }
+    }
+    let url = server("start");
+    let _stop = Stop(&server);
+    let id = add(&url, "steady", 1_000_000);
+    let shm = dir.path().join("f.shm");
+    let mut a = AgentProc::start(
+        &url,
+        &shm,
+        "h",
+        &dir.path().join("a.log"),
+        &["--max-backoff-ms", "1000"],
+    );
+    let mut r = Reader::open(&shm);
+    let v = version(&url) as u64;
+    r.wait_version(v, Duration::from_secs(10))
+        .expect("published");
+
+    server("stop");
+    let down = Instant::now();
+    let mut beats = Vec::new();
+    while down.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(a.alive(), "agent must not crash while the store is down");
+        let t = r.table().expect("the file keeps its table");
+        assert!(t.strategies().iter().any(|c| c.strategy.id == id));
+        beats.push(
+            rate_ctl::core::shm::Mapping::open(&shm)
+                .unwrap()
+                .heartbeat_unix_ms(),
+        );
+    }
+    assert!(
+        beats.windows(2).all(|w| w[1] >= w[0]) && beats.last() > beats.first(),
+        "file heartbeat goes on while the store is down: {beats:?}"
+    );
+    server("start");
+    let up = Instant::now();
+    ok(&[
+        "strategy",
+        "update",
+        "--store",
+        &url,
+        &id.to_string(),
+        "--rate",
+        "999",
+    ]);
+    let v2 = version(&url) as u64;
+    let caught = r.wait_version(v2, Duration::from_secs(10));
+    assert!(caught.is_some(), "agent catches up; log:\n{}", a.log_text());
+    println!(
+        "OUTAGE mariadb: store down 10 s; change after restart visible {:.2} s after the server was back",
+        up.elapsed().as_secs_f64()
+    );
+    // The recovery line follows the publish it made possible.
+    wait_for(Duration::from_secs(2), || {
+        a.log_text().contains("store reachable again").then_some(())
+    });
+    let log = a.log_text();
+    // One line per change of state, not one per retry (about ten retries
+    // happened). A server that is shutting down may take one more query
+    // before it goes, so an outage can log down/up twice.
+    let down = log.matches("store unreachable").count();
+    let up = log.matches("store reachable again").count();
+    assert!(
+        (1..=2).contains(&down) && up == down,
+        "down {down}, up {up}:\n{log}"
+    );
+    assert!(!log.contains(":rate_ctl@"), "password in the log:\n{log}");
+    assert_eq!(
+        a.stop_with(libc::SIGTERM, Duration::from_secs(10))
+            .and_then(|s| s.code()),
+        Some(0)
+    );
+
+    // An agent (re)started while the store is down adopts the file and
+    // keeps its table, then catches up once the store is back.
+    server("stop");
+    let log2 = dir.path().join("b.log");
+    let mut b = AgentProc::start(&url, &shm, "h", &log2, &["--max-backoff-ms", "500"]);
+    let unreachable = wait_for(Duration::from_secs(10), || {
+        b.log_text().contains("store unreachable").then_some(())
+    });
+    assert!(unreachable.is_some(), "{}", b.log_text());
+    assert!(b.log_text().contains("adopted the shared-memory file"));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(b.alive());
+    let t = r.table().expect("table kept");
+    assert_eq!(t.config_version(), v2);
+    let rate = |t: &rate_ctl::core::table::Table| {
+        t.strategies()
+            .iter()
+            .find(|c| c.strategy.id == id)
+            .map(|c| c.strategy.rate)
+    };
+    assert_eq!(rate(&t), Some(999));
+    server("start");
+    ok(&[
+        "strategy",
+        "update",
+        "--store",
+        &url,
+        &id.to_string(),
+        "--rate",
+        "998",
+    ]);
+    let v3 = version(&url) as u64;
+    let t = r
+        .wait_version(v3, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("restarted agent catches up:\n{}", b.log_text()));
+    assert_eq!(rate(&t), Some(998));
+    assert_eq!(
+        b.stop_with(libc::SIGTERM, Duration::from_secs(10))
+            .and_then(|s| s.code()),
+        Some(0)
+    );
+}

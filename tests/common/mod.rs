@@ -1,0 +1,55 @@
+//! Helpers shared by the core integration tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command};
+
+use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
+use rate_ctl::core::shm::Capacities;
+
+/// Small capacities so tests are fast.
+pub fn small_caps() -> Capacities {
+    Capacities {
+        max_strategies: 1024,
+        segment_bytes: 256 << 10,
+        blacklist_entries: 256,
+    }
+}
+
+pub fn strategy(
+    id: u32,
+    conds: &[(&str, &str)],
+    algorithm: Algorithm,
+    rate: u64,
+    per: Unit,
+) -> Strategy {
+    Strategy {
+        id,
+        conditions: conds.iter().map(|(d, v)| Condition::new(*d, *v)).collect(),
+        algorithm,
+        rate,
+        per,
+        burst: 1,
+        action: Action::Reject { status: None },
+        enabled: true,
+    }
+}
+
+/// Runs the current test binary again as a child playing `role`: the test
+/// function named `test` sees RATE_CTL_TEST_ROLE and does the role's work
+/// instead of the test. Real processes, no fork in a threaded harness.
+pub fn spawn_role(test: &str, role: &str, path: &Path) -> Child {
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("RATE_CTL_TEST_ROLE", role)
+        .env("RATE_CTL_TEST_PATH", path)
+        .spawn()
+        .expect("spawn child")
+}
+
+/// The role this process plays, if it is a child.
+pub fn role() -> Option<(String, std::path::PathBuf)> {
+    let role = std::env::var("RATE_CTL_TEST_ROLE").ok()?;
+    let path = std::env::var_os("RATE_CTL_TEST_PATH")?;
+    Some((role, path.into()))
+}

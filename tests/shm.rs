@@ -1,0 +1,470 @@
+//! Writer → file → engine, in one process: publishing, slot stability,
+//! capacity errors, refusal of corrupt or hostile files, fail-open states.
+
+mod common;
+
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::Ordering;
+
+use common::{small_caps, strategy};
+use rate_ctl::core::admit::Verdict;
+use rate_ctl::core::blacklist::BlacklistEntry;
+use rate_ctl::core::engine::{Engine, LogLevel, RECHECK_NS};
+use rate_ctl::core::model::{Action, Algorithm, Unit};
+use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
+use rate_ctl::core::slot::Slot;
+use rate_ctl::core::table::{Outcome, Request, Table};
+use rate_ctl::core::writer::{Opened, Writer};
+
+fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
+    Request {
+        values,
+        ip: None,
+        now_ns,
+        now_unix_ms: 1,
+        dry_run: false,
+    }
+}
+
+/// Values for a table, by dimension name.
+fn values<'a>(t: &Table, pairs: &[(&str, &'a str)]) -> Vec<Option<&'a [u8]>> {
+    t.dimensions()
+        .iter()
+        .map(|d| {
+            pairs
+                .iter()
+                .find(|(n, _)| n == d)
+                .map(|(_, v)| v.as_bytes())
+        })
+        .collect()
+}
+
+fn passes(d: &rate_ctl::core::table::TableDecision) -> bool {
+    match &d.outcome {
+        Outcome::NoMatch => true,
+        Outcome::Blacklisted { .. } => false,
+        Outcome::Limited(x) => !matches!(x.verdict, Verdict::Reject { .. }),
+    }
+}
+
+#[test]
+fn publish_then_enforce_a_combination() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    assert_eq!(*w.opened(), Opened::Created);
+    let s = strategy(
+        1,
+        &[("ip", "127.0.0.1"), ("userid", "u1024"), ("api", "/pay")],
+        Algorithm::FixedWindow,
+        3,
+        Unit::Hour,
+    );
+    let r = w.publish(&[s], &[], 11).unwrap();
+    assert_eq!((r.seq, r.strategies, r.new_slots), (1, 1, 1));
+    let mut e = Engine::new(&path);
+    let change = e.refresh(1).expect("state change reported");
+    assert_eq!(change.level, LogLevel::Notice);
+    assert!(
+        change.message.contains("enforcing 1 strategies"),
+        "{}",
+        change.message
+    );
+    assert!(
+        e.refresh(2).is_none(),
+        "no second log line without a change"
+    );
+    let t = e.table().unwrap().clone();
+    assert_eq!(t.config_version(), 11);
+    let full = values(
+        &t,
+        &[("ip", "127.0.0.1"), ("userid", "u1024"), ("api", "/pay")],
+    );
+    let admitted = (0..10)
+        .filter(|_| passes(&t.decide(&req(&full, 5))))
+        .count();
+    assert_eq!(admitted, 3, "exactly the rate within the window");
+    for other in [
+        values(
+            &t,
+            &[("ip", "127.0.0.1"), ("userid", "u1025"), ("api", "/pay")],
+        ),
+        values(
+            &t,
+            &[("ip", "127.0.0.1"), ("userid", "u1024"), ("api", "/other")],
+        ),
+        values(&t, &[("ip", "127.0.0.1"), ("api", "/pay")]),
+        values(
+            &t,
+            &[("ip", "127.0.0.2"), ("userid", "u1024"), ("api", "/pay")],
+        ),
+    ] {
+        assert_eq!(t.decide(&req(&other, 5)).outcome, Outcome::NoMatch);
+    }
+    let slot = Slot::at(&t.mapping().unwrap().slots(), t.strategies()[0].slot).unwrap();
+    assert_eq!(slot.counters().passed, 3);
+    assert_eq!(slot.counters().limited, 7);
+}
+
+#[test]
+fn slots_are_stable_across_publishes_and_reset_when_reassigned() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let a = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
+    let b = strategy(2, &[("api", "/b")], Algorithm::FixedWindow, 5, Unit::Hour);
+    w.publish(&[a.clone(), b.clone()], &[], 1).unwrap();
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    let t1 = e.table().unwrap().clone();
+    let va = values(&t1, &[("api", "/a")]);
+    for _ in 0..4 {
+        t1.decide(&req(&va, 10));
+    }
+    let slot_a = t1.strategies()[0].slot;
+    // Rate change only: same slot, same counters, same window state.
+    let mut a2 = a.clone();
+    a2.rate = 6;
+    let r = w.publish(&[a2, b.clone()], &[], 2).unwrap();
+    assert_eq!((r.new_slots, r.freed_slots), (0, 0));
+    e.refresh(2);
+    let t2 = e.table().unwrap().clone();
+    assert_eq!(t2.strategies()[0].slot, slot_a);
+    let admitted = (0..5).filter(|_| passes(&t2.decide(&req(&va, 20)))).count();
+    assert_eq!(admitted, 2, "4 already counted in this window, new limit 6");
+    // Algorithm change: a fresh slot with a new generation.
+    let mut a3 = a.clone();
+    a3.algorithm = Algorithm::SlidingWindow;
+    let r = w.publish(&[a3, b.clone()], &[], 3).unwrap();
+    assert_eq!((r.new_slots, r.freed_slots), (1, 1));
+    e.refresh(3);
+    let t3 = e.table().unwrap().clone();
+    assert_ne!(t3.strategies()[0].slot, slot_a);
+    // Delete b: its slot is freed and quarantined (not reused at once).
+    let slot_b = t3.strategies()[1].slot;
+    let c = strategy(3, &[("api", "/c")], Algorithm::FixedWindow, 5, Unit::Hour);
+    let r = w.publish(&[c], &[], 4).unwrap();
+    assert_eq!(r.freed_slots, 2);
+    e.refresh(4);
+    let t4 = e.table().unwrap().clone();
+    assert_ne!(t4.strategies()[0].slot, slot_b);
+    assert_ne!(t4.strategies()[0].slot, slot_a);
+}
+
+#[test]
+fn restart_adopts_the_file_and_keeps_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let s = strategy(7, &[("api", "/x")], Algorithm::FixedWindow, 100, Unit::Hour);
+    {
+        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+    }
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    let t = e.table().unwrap().clone();
+    let v = values(&t, &[("api", "/x")]);
+    for _ in 0..10 {
+        t.decide(&req(&v, 5));
+    }
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    assert!(matches!(w.opened(), Opened::Adopted { strategies: 1, .. }));
+    let r = w.publish(&[s], &[], 2).unwrap();
+    assert_eq!(r.new_slots, 0, "unchanged strategy keeps its slot");
+    e.refresh(2);
+    let t = e.table().unwrap().clone();
+    let slot = Slot::at(&t.mapping().unwrap().slots(), t.strategies()[0].slot).unwrap();
+    assert_eq!(slot.counters().passed, 10);
+}
+
+#[test]
+fn capacity_and_invalid_input_leave_the_previous_table_active() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut caps = small_caps();
+    caps.max_strategies = 4;
+    let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
+    let one = strategy(
+        1,
+        &[("api", "/a")],
+        Algorithm::TokenBucket,
+        10,
+        Unit::Second,
+    );
+    w.publish(std::slice::from_ref(&one), &[], 1).unwrap();
+    let five: Vec<_> = (1..=5)
+        .map(|i| {
+            strategy(
+                i,
+                &[("api", "/a")],
+                Algorithm::TokenBucket,
+                10,
+                Unit::Second,
+            )
+        })
+        .collect();
+    let err = w.publish(&five, &[], 2).unwrap_err();
+    assert!(matches!(err, ShmError::Capacity { .. }), "{err}");
+    assert!(err.to_string().contains("max strategies (4)"), "{err}");
+    let mut bad = one.clone();
+    bad.rate = 0;
+    let err = w.publish(&[bad], &[], 3).unwrap_err();
+    assert!(err.to_string().starts_with("strategy 1: rate"), "{err}");
+    let err = w.publish(&[one.clone(), one.clone()], &[], 3).unwrap_err();
+    assert!(matches!(err, ShmError::DuplicateId(1)));
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    assert_eq!(e.table().unwrap().config_version(), 1);
+    assert_eq!(w.seq(), 1);
+}
+
+#[test]
+fn blacklist_through_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let bl = vec![
+        BlacklistEntry {
+            dimension: "ip".into(),
+            value: b"10.1.2.3".to_vec(),
+            expires_unix_ms: None,
+        },
+        BlacklistEntry {
+            dimension: "ip".into(),
+            value: b"2001:db8::1".to_vec(),
+            expires_unix_ms: None,
+        },
+        BlacklistEntry {
+            dimension: "userid".into(),
+            value: b"evil".to_vec(),
+            expires_unix_ms: Some(1_000),
+        },
+    ];
+    w.publish(&[], &bl, 1).unwrap();
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    let t = e.table().unwrap().clone();
+    assert_eq!(t.dimensions(), ["userid"]);
+    let check = |ip: &str, user: Option<&str>, now_ms: u64| {
+        let v = [user.map(str::as_bytes)];
+        let r = Request {
+            values: &v,
+            ip: Some(ip.parse::<IpAddr>().unwrap()),
+            now_ns: 1,
+            now_unix_ms: now_ms,
+            dry_run: false,
+        };
+        t.decide(&r).outcome
+    };
+    assert!(matches!(
+        check("10.1.2.3", None, 10),
+        Outcome::Blacklisted {
+            dimension_index: None
+        }
+    ));
+    assert!(matches!(
+        check("2001:db8::1", None, 10),
+        Outcome::Blacklisted { .. }
+    ));
+    assert_eq!(check("10.1.2.4", None, 10), Outcome::NoMatch);
+    assert_eq!(check("2001:db8::2", None, 10), Outcome::NoMatch);
+    assert!(matches!(
+        check("10.0.0.1", Some("evil"), 10),
+        Outcome::Blacklisted {
+            dimension_index: Some(0)
+        }
+    ));
+    assert_eq!(
+        check("10.0.0.1", Some("evil"), 2_000),
+        Outcome::NoMatch,
+        "expired"
+    );
+}
+
+#[test]
+fn hostile_paths_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("real");
+    std::fs::write(&target, b"precious data that is not ours").unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    assert!(matches!(
+        Writer::create_or_adopt(&link, small_caps(), 0o600),
+        Err(ShmError::Symlink(_))
+    ));
+    assert!(matches!(Mapping::open(&link), Err(ShmError::Symlink(_))));
+    // A file that is not ours is never overwritten.
+    assert!(Writer::create_or_adopt(&target, small_caps(), 0o600).is_err());
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        b"precious data that is not ours"
+    );
+    assert!(matches!(
+        Mapping::open(dir.path()),
+        Err(ShmError::NotRegular(_)) | Err(ShmError::Io { .. })
+    ));
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: plain libc call on a valid C string.
+    unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert!(Mapping::open(&fifo).is_err());
+}
+
+#[test]
+fn created_file_has_the_requested_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    Writer::create_or_adopt(&path, small_caps(), 0o660).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+}
+
+#[test]
+fn fail_open_states_are_logged_once_and_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut e = Engine::new(&path);
+    let c = e.refresh(0).expect("missing file reported");
+    assert_eq!(c.level, LogLevel::Error);
+    assert!(e.table().is_none());
+    assert!(
+        e.refresh(RECHECK_NS).is_none(),
+        "one line per state, not per check"
+    );
+    // The agent creates the file: enforcement resumes within a second.
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let s = strategy(
+        1,
+        &[("api", "/a")],
+        Algorithm::TokenBucket,
+        10,
+        Unit::Second,
+    );
+    w.publish(std::slice::from_ref(&s), &[], 5).unwrap();
+    assert!(
+        e.refresh(RECHECK_NS + 1).is_none(),
+        "not rechecked before a second"
+    );
+    assert!(e.table().is_none());
+    let c = e.refresh(2 * RECHECK_NS).expect("recovery reported");
+    assert!(c.message.contains("enforcing"), "{}", c.message);
+    assert_eq!(e.table().unwrap().config_version(), 5);
+
+    // A corrupt publish: the previous table stays, one error line.
+    let map = e.table().unwrap().mapping().unwrap().clone();
+    let seg = map.segment(0);
+    for off in (64..256).step_by(8) {
+        seg.store(off, 0xdead_beef);
+    }
+    // Claim sequence 2 (segment 0) without a proper write.
+    map.header()
+        .u64_at(H_SEQ)
+        .unwrap()
+        .store(2, Ordering::Release);
+    let c = e.refresh(2 * RECHECK_NS + 1).expect("refusal reported");
+    assert_eq!(c.level, LogLevel::Error);
+    assert!(
+        c.message.contains("keeping the previous table"),
+        "{}",
+        c.message
+    );
+    assert_eq!(e.table().unwrap().config_version(), 5);
+    assert!(e.refresh(2 * RECHECK_NS + 2).is_none());
+
+    // The agent recreates the file (new inode): picked up within a second.
+    std::fs::remove_file(&path).unwrap();
+    let mut w2 = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    w2.publish(&[s], &[], 9).unwrap();
+    e.refresh(4 * RECHECK_NS);
+    assert_eq!(e.table().unwrap().config_version(), 9);
+
+    // Truncated under us: dropped at the next check, before any access.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(8192).unwrap();
+    let c = e.refresh(6 * RECHECK_NS).expect("truncation reported");
+    assert!(c.message.contains("shrank"), "{}", c.message);
+    assert!(e.table().is_none());
+    drop(w);
+}
+
+#[test]
+fn delay_action_reports_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let mut s = strategy(
+        1,
+        &[("api", "/slow")],
+        Algorithm::LeakyBucket,
+        10,
+        Unit::Second,
+    );
+    s.action = Action::Delay { max_delay_ms: 250 };
+    w.publish(&[s], &[], 1).unwrap();
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    let t = e.table().unwrap().clone();
+    let v = values(&t, &[("api", "/slow")]);
+    let t0 = 1_000_000_000;
+    let mut waits = vec![];
+    for _ in 0..5 {
+        match t.decide(&req(&v, t0)).outcome {
+            Outcome::Limited(d) => waits.push(d.verdict),
+            o => panic!("{o:?}"),
+        }
+    }
+    // 10/s: 0, 100, 200 ms queued; the next would wait 300 ms > 250 ms cap.
+    assert!(matches!(waits[0], Verdict::Pass));
+    assert!(
+        matches!(
+            waits[1],
+            Verdict::Delay {
+                wait_ns: 100_000_000,
+                ..
+            }
+        ),
+        "{:?}",
+        waits[1]
+    );
+    assert!(
+        matches!(
+            waits[2],
+            Verdict::Delay {
+                wait_ns: 200_000_000,
+                ..
+            }
+        ),
+        "{:?}",
+        waits[2]
+    );
+    assert!(matches!(waits[3], Verdict::Reject { .. }), "{:?}", waits[3]);
+}
+
+#[test]
+fn adoption_frees_slots_no_published_strategy_owns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let s = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
+    {
+        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+        // A writer killed after marking slots 5 and 6 but before publishing.
+        let bm = w.mapping().bitmap();
+        bm.store(0, bm.load(0) | 0b110_0000);
+    }
+    let w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let bm = w.mapping().bitmap();
+    let word = bm.load(0);
+    assert_eq!(word & 0b110_0000, 0, "leaked slots freed on adoption");
+    assert_eq!(
+        word.count_ones(),
+        1,
+        "the published strategy keeps its slot"
+    );
+    let freed = Slot::at(&w.mapping().slots(), 5)
+        .unwrap()
+        .freed_at
+        .load(Ordering::Relaxed);
+    assert!(freed > 0, "freed slots are quarantined");
+}

@@ -1,0 +1,610 @@
+//! The `rate-ctl` store commands against a real SQLite file and a real
+//! MariaDB server (see tests/agent_common for how the server is found).
+#![cfg(feature = "cli")]
+
+#[path = "agent_common/mod.rs"]
+mod common;
+
+use std::time::Instant;
+
+use common::{ok, rate_ctl, sql, stores, version};
+use serde_json::Value;
+
+fn json_lines(s: &str) -> Vec<Value> {
+    s.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn strategy_lifecycle_bumps_the_version_on_every_change() {
+    for st in stores("strategy_lifecycle") {
+        let s = st.url.as_str();
+        ok(&["strategy", "list", "--store", s]); // creates and migrates
+        let v0 = version(s);
+        // Plain `add` prints just the new id.
+        let id: u32 = ok(&[
+            "strategy",
+            "add",
+            "--store",
+            s,
+            "--name",
+            "pay-u1024",
+            "--match",
+            "ip=::ffff:1.2.3.4",
+            "--match",
+            "userid=u1024",
+            "--match",
+            "api=/pay",
+            "--algorithm",
+            "token_bucket",
+            "--rate",
+            "100",
+            "--per",
+            "second",
+            "--burst",
+            "20",
+        ])
+        .trim()
+        .parse()
+        .expect("add prints the id");
+        assert!(id > 0, "{}", st.label);
+        let v1 = version(s);
+        assert!(v1 > v0, "{}: add bumps the version", st.label);
+
+        let list = json_lines(&ok(&["strategy", "list", "--store", s, "--json"]));
+        assert_eq!(list.len(), 1);
+        let r = &list[0];
+        assert_eq!(r["id"], id);
+        assert_eq!(r["match"]["ip"], "1.2.3.4", "ip stored canonical");
+        assert_eq!(r["match"]["userid"], "u1024");
+        assert_eq!(r["algorithm"], "token_bucket");
+        assert_eq!(r["rate"], 100);
+        assert_eq!(r["burst"], 20);
+        assert_eq!(r["scope"], "cluster");
+        assert_eq!(r["enabled"], true);
+
+        let upd: Value = serde_json::from_str(&ok(&[
+            "strategy",
+            "update",
+            "--store",
+            s,
+            &id.to_string(),
+            "--rate",
+            "50",
+            "--disable",
+            "--scope",
+            "host",
+            "--json",
+        ]))
+        .unwrap();
+        assert_eq!(upd["version"].as_i64().unwrap(), version(s));
+        assert!(version(s) > v1);
+        let r = &json_lines(&ok(&["strategy", "list", "--store", s, "--json"]))[0];
+        assert_eq!(
+            (r["rate"].as_u64(), r["enabled"].as_bool()),
+            (Some(50), Some(false))
+        );
+        assert_eq!(r["scope"], "host");
+        assert_eq!(
+            r["match"]["api"], "/pay",
+            "update keeps conditions not given"
+        );
+
+        // Filters.
+        let second = ok(&[
+            "strategy",
+            "add",
+            "--store",
+            s,
+            "--name",
+            "other",
+            "--match",
+            "api=/login",
+            "--algorithm",
+            "fixed_window",
+            "--rate",
+            "10",
+            "--per",
+            "minute",
+        ]);
+        assert_eq!(
+            json_lines(&ok(&[
+                "strategy",
+                "list",
+                "--store",
+                s,
+                "--json",
+                "--match",
+                "api=/login"
+            ]))
+            .len(),
+            1
+        );
+        assert_eq!(
+            json_lines(&ok(&[
+                "strategy", "list", "--store", s, "--json", "--name", "pay"
+            ]))
+            .len(),
+            1
+        );
+        let human = ok(&["strategy", "list", "--store", s]);
+        assert!(
+            human.contains("pay-u1024") && human.contains("api=/login"),
+            "{human}"
+        );
+
+        let v2 = version(s);
+        ok(&["strategy", "rm", "--store", s, second.trim()]);
+        assert!(version(s) > v2);
+        assert_eq!(
+            json_lines(&ok(&["strategy", "list", "--store", s, "--json"])).len(),
+            1
+        );
+
+        // Unknown id: non-zero, named, nothing bumped.
+        let v3 = version(s);
+        let o = rate_ctl(&["strategy", "rm", "--store", s, "999999"]);
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("999999"));
+        assert_eq!(
+            version(s),
+            v3,
+            "{}: a failed change bumps nothing",
+            st.label
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_name_the_argument_and_write_nothing() {
+    for st in stores("bad_arguments") {
+        let s = st.url.as_str();
+        ok(&[
+            "strategy",
+            "add",
+            "--store",
+            s,
+            "--name",
+            "taken",
+            "--algorithm",
+            "token_bucket",
+            "--rate",
+            "1",
+        ]);
+        let v = version(s);
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--name", "a", "--algorithm", "token_bucket", "--rate", "0"],
+                "--rate",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--match",
+                    "ip=1.2.3",
+                ],
+                "--match",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--match",
+                    "User=x",
+                ],
+                "--match",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--match",
+                    "novalue",
+                ],
+                "--match",
+            ),
+            (
+                &["--name", "a", "--algorithm", "tokenbucket", "--rate", "5"],
+                "--algorithm",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--burst",
+                    "0",
+                ],
+                "--burst",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--per",
+                    "week",
+                ],
+                "--per",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--status",
+                    "200",
+                ],
+                "--status",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "fixed_window",
+                    "--rate",
+                    "5",
+                    "--action",
+                    "delay",
+                    "--max-delay-ms",
+                    "10",
+                ],
+                "--action",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--action",
+                    "delay",
+                ],
+                "--max-delay-ms",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--scope",
+                    "galaxy",
+                ],
+                "--scope",
+            ),
+            (
+                &["--name", "", "--algorithm", "token_bucket", "--rate", "5"],
+                "--name",
+            ),
+            (
+                &[
+                    "--name",
+                    "taken",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                ],
+                "--name",
+            ),
+            (
+                &["--name", "a", "--algorithm", "token_bucket", "--rate", "-3"],
+                "--rate",
+            ),
+        ];
+        for (args, flag) in cases {
+            let mut full = vec!["strategy", "add", "--store", s];
+            full.extend_from_slice(args);
+            let o = rate_ctl(&full);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{}: {args:?} should fail", st.label);
+            assert!(
+                err.contains(flag),
+                "{}: {args:?}: {err:?} should name {flag}",
+                st.label
+            );
+            assert!(o.stdout.is_empty(), "no id printed for {args:?}");
+        }
+        let o = rate_ctl(&[
+            "blacklist",
+            "add",
+            "--store",
+            s,
+            "--dimension",
+            "ip",
+            "--value",
+            "999.1.1.1",
+        ]);
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--value"));
+        let o = rate_ctl(&["host", "set-weight", "--store", s, "h", "0"]);
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("WEIGHT"));
+        assert_eq!(version(s), v, "{}: nothing written", st.label);
+        assert_eq!(
+            json_lines(&ok(&["strategy", "list", "--store", s, "--json"])).len(),
+            1
+        );
+    }
+}
+
+#[test]
+fn export_import_round_trip_is_all_or_nothing_and_fast() {
+    for st in stores("export_import") {
+        let s = st.url.as_str();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.jsonl");
+        let mut text = String::new();
+        for i in 0..10_000 {
+            text.push_str(&format!(
+                "{{\"name\":\"s{i}\",\"match\":{{\"userid\":\"u{i}\",\"api\":\"/pay\"}},\
+                 \"algorithm\":\"token_bucket\",\"rate\":{},\"burst\":10}}\n",
+                100 + i
+            ));
+        }
+        std::fs::write(&file, &text).unwrap();
+        let t = Instant::now();
+        let out: Value = serde_json::from_str(&ok(&[
+            "strategy",
+            "import",
+            "--store",
+            s,
+            file.to_str().unwrap(),
+            "--json",
+        ]))
+        .unwrap();
+        let took = t.elapsed();
+        println!("{}: imported 10,000 strategies in {:?}", st.label, took);
+        assert_eq!(out["imported"], 10_000);
+        assert!(
+            took.as_secs_f64() < 10.0,
+            "{}: import took {took:?}",
+            st.label
+        );
+
+        let exported = dir.path().join("e.jsonl");
+        ok(&[
+            "strategy",
+            "export",
+            "--store",
+            s,
+            exported.to_str().unwrap(),
+        ]);
+        let lines = json_lines(&std::fs::read_to_string(&exported).unwrap());
+        assert_eq!(lines.len(), 10_000);
+        assert_eq!(lines[42]["match"]["userid"], "u42");
+
+        // Re-importing the export into the same store replaces by id.
+        ok(&[
+            "strategy",
+            "import",
+            "--store",
+            s,
+            exported.to_str().unwrap(),
+        ]);
+        assert_eq!(
+            json_lines(&ok(&["strategy", "list", "--store", s, "--json"])).len(),
+            10_000
+        );
+
+        // A bad third line: nothing written, line 3 named.
+        let v = version(s);
+        let bad = dir.path().join("bad.jsonl");
+        std::fs::write(
+            &bad,
+            "{\"name\":\"n1\",\"algorithm\":\"token_bucket\",\"rate\":1}\n\
+             {\"name\":\"n2\",\"algorithm\":\"token_bucket\",\"rate\":1}\n\
+             {\"name\":\"n3\",\"algorithm\":\"token_bucket\",\"rate\":0}\n\
+             {\"name\":\"n4\",\"algorithm\":\"token_bucket\",\"rate\":1}\n",
+        )
+        .unwrap();
+        for (content, what) in [
+            (None, "rate"),
+            (Some("{\"name\":\"n1\",\"algorithm\":\"token_bucket\",\"rate\":1}\n\n{\"name\":\"n2\"\n"), "line 3"),
+            (Some("{\"name\":\"n1\",\"algorithm\":\"token_bucket\",\"rate\":1}\n{\"name\":\"x\",\"algorithm\":\"token_bucket\",\"rate\":1}\n{\"name\":\"n1\",\"algorithm\":\"token_bucket\",\"rate\":1}\n"), "name"),
+            (Some("{\"name\":\"n1\",\"algorithm\":\"token_bucket\",\"rate\":1}\n{\"name\":\"x\",\"algorithm\":\"token_bucket\",\"rate\":1}\n{\"name\":\"s7\",\"algorithm\":\"token_bucket\",\"rate\":1}\n"), "already exists"),
+        ] {
+            if let Some(c) = content {
+                std::fs::write(&bad, c).unwrap();
+            }
+            let o = rate_ctl(&["strategy", "import", "--store", s, bad.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{}: bad import must fail", st.label);
+            assert!(err.contains("line 3"), "{}: {err}", st.label);
+            assert!(err.contains(what), "{}: {err} should mention {what}", st.label);
+            assert_eq!(version(s), v, "{}: nothing written", st.label);
+        }
+        let names: Vec<Value> = json_lines(&ok(&[
+            "strategy", "list", "--store", s, "--json", "--name", "n1",
+        ]));
+        assert!(names.is_empty());
+
+        // --replace drops what the file does not name.
+        let small = dir.path().join("small.jsonl");
+        std::fs::write(
+            &small,
+            "{\"name\":\"only\",\"algorithm\":\"leaky_bucket\",\"rate\":5}\n",
+        )
+        .unwrap();
+        ok(&[
+            "strategy",
+            "import",
+            "--store",
+            s,
+            small.to_str().unwrap(),
+            "--replace",
+        ]);
+        let all = json_lines(&ok(&["strategy", "list", "--store", s, "--json"]));
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0]["name"], "only");
+    }
+}
+
+#[test]
+fn blacklist_and_hosts() {
+    for st in stores("blacklist_and_hosts") {
+        let s = st.url.as_str();
+        let id = ok(&[
+            "blacklist",
+            "add",
+            "--store",
+            s,
+            "--dimension",
+            "ip",
+            "--value",
+            "::ffff:10.0.0.1",
+            "--expires",
+            "1h",
+            "--reason",
+            "scraper",
+        ]);
+        ok(&[
+            "blacklist",
+            "add",
+            "--store",
+            s,
+            "--dimension",
+            "userid",
+            "--value",
+            "u666",
+        ]);
+        let list = json_lines(&ok(&["blacklist", "list", "--store", s, "--json"]));
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0]["value"], "10.0.0.1");
+        assert_eq!(list[0]["reason"], "scraper");
+        assert!(list[0]["expires_ms"].as_u64().unwrap() > list[0]["created_ms"].as_u64().unwrap());
+        assert!(list[1]["expires_ms"].is_null());
+        let v = version(s);
+        ok(&["blacklist", "rm", "--store", s, id.trim()]);
+        assert!(version(s) > v);
+        assert_eq!(
+            json_lines(&ok(&["blacklist", "list", "--store", s, "--json"])).len(),
+            1
+        );
+
+        let v = version(s);
+        ok(&["host", "set-weight", "--store", s, "edge-1", "3"]);
+        assert!(
+            version(s) > v,
+            "a weight change re-splits rates: it bumps the version"
+        );
+        ok(&["host", "set-weight", "--store", s, "edge-1", "2"]);
+        let hosts = json_lines(&ok(&["host", "list", "--store", s, "--json"]));
+        assert_eq!(hosts.len(), 1);
+        assert_eq!(hosts[0]["host_id"], "edge-1");
+        assert_eq!(hosts[0]["weight"], 2);
+        assert_eq!(hosts[0]["fresh"], false, "never heartbeated");
+    }
+}
+
+#[test]
+fn concurrent_writers_each_get_their_own_version() {
+    for st in stores("concurrent_writers") {
+        let s = st.url.clone();
+        // No pre-created schema: eight processes create and migrate the
+        // store at once, then each adds one strategy.
+        let v0 = 1;
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let out = ok(&[
+                        "strategy",
+                        "add",
+                        "--store",
+                        &s,
+                        "--name",
+                        &format!("c{i}"),
+                        "--algorithm",
+                        "token_bucket",
+                        "--rate",
+                        "7",
+                        "--json",
+                    ]);
+                    serde_json::from_str::<Value>(&out).unwrap()["version"]
+                        .as_i64()
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut versions: Vec<i64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        versions.sort();
+        versions.dedup();
+        assert_eq!(
+            versions.len(),
+            8,
+            "{}: each change its own version",
+            st.label
+        );
+        assert_eq!(version(&s), v0 + 8);
+    }
+}
+
+#[test]
+fn rows_broken_in_the_database_are_reported_not_fatal() {
+    for st in stores("broken_rows") {
+        let s = st.url.as_str();
+        ok(&[
+            "strategy",
+            "add",
+            "--store",
+            s,
+            "--name",
+            "good",
+            "--algorithm",
+            "token_bucket",
+            "--rate",
+            "9",
+        ]);
+        ok(&[
+            "strategy",
+            "add",
+            "--store",
+            s,
+            "--name",
+            "bad",
+            "--algorithm",
+            "token_bucket",
+            "--rate",
+            "9",
+        ]);
+        sql(s, "UPDATE strategies SET rate = 0 WHERE name = 'bad'");
+        let o = rate_ctl(&["strategy", "list", "--store", s, "--json"]);
+        assert!(o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("rate: must be greater than 0"), "{err}");
+        let list = json_lines(&String::from_utf8_lossy(&o.stdout));
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0]["name"], "good");
+    }
+}
