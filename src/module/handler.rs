@@ -233,7 +233,9 @@ fn decide(
     let rr: &ngx_http_request_t = r.as_ref();
     let ip = client_ip(rr);
     let mut ip_buf = [0u8; 48];
-    let ip_text: Option<&[u8]> = ip.and_then(|ip| {
+    // Text form only when a strategy names `ip` (the blacklist uses the address).
+    let needs_text = w.sources.contains(&Source::Ip);
+    let ip_text: Option<&[u8]> = ip.filter(|_| needs_text).and_then(|ip| {
         let mut cur = std::io::Cursor::new(&mut ip_buf[..]);
         write!(cur, "{ip}").ok()?;
         let n = cur.position() as usize;
