@@ -22,6 +22,7 @@ use super::admit::{self, Decision, Hit, Verdict};
 use super::blacklist::Blacklist;
 use super::limiter::Limiter;
 use super::model::{Action, Algorithm, Strategy};
+use super::region::Region;
 use super::segment::{Decoded, MAX_TABLE_DIMENSIONS};
 use super::shm::Mapping;
 use super::slot::Slot;
@@ -36,6 +37,19 @@ pub struct Compiled {
     pub generation: u64,
     /// `(dimension index, interned value id)` of every condition.
     conds: SmallVec<[(u8, u32); 4]>,
+}
+
+impl Compiled {
+    /// This strategy's admission input, over its slot in `slots`.
+    fn hit<'a>(&'a self, slots: &Region<'a>) -> Option<Hit<'a>> {
+        Some(Hit {
+            id: self.strategy.id,
+            limiter: &self.limiter,
+            action: self.strategy.action,
+            slot: Slot::at(slots, self.slot)?,
+            generation: self.generation,
+        })
+    }
 }
 
 #[derive(Default)]
@@ -319,15 +333,8 @@ impl Table {
         let mut hits: SmallVec<[Hit<'_>; 8]> = SmallVec::new();
         let mut hit_index: SmallVec<[u32; 8]> = SmallVec::new();
         for &si in &matched {
-            let s = &self.strategies[si as usize];
-            if let Some(slot) = Slot::at(&slots, s.slot) {
-                hits.push(Hit {
-                    id: s.strategy.id,
-                    limiter: &s.limiter,
-                    action: s.strategy.action,
-                    slot,
-                    generation: s.generation,
-                });
+            if let Some(hit) = self.strategies[si as usize].hit(&slots) {
+                hits.push(hit);
                 hit_index.push(si);
             }
         }
@@ -354,17 +361,8 @@ impl Table {
         let slots = map.slots();
         let mut hits: SmallVec<[Hit<'_>; 2]> = SmallVec::new();
         for &si in &d.held {
-            let Some(s) = self.strategies.get(si as usize) else {
-                continue;
-            };
-            if let Some(slot) = Slot::at(&slots, s.slot) {
-                hits.push(Hit {
-                    id: s.strategy.id,
-                    limiter: &s.limiter,
-                    action: s.strategy.action,
-                    slot,
-                    generation: s.generation,
-                });
+            if let Some(hit) = self.strategies.get(si as usize).and_then(|s| s.hit(&slots)) {
+                hits.push(hit);
             }
         }
         admit::release(&hits);
