@@ -468,3 +468,57 @@ fn adoption_frees_slots_no_published_strategy_owns() {
         .load(Ordering::Relaxed);
     assert!(freed > 0, "freed slots are quarantined");
 }
+
+#[test]
+fn concurrency_units_are_released_in_dry_run_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let c = strategy(
+        1,
+        &[("api", "/slow")],
+        Algorithm::Concurrency,
+        1,
+        Unit::Second,
+    );
+    let mut dry = strategy(
+        2,
+        &[("api", "/dry")],
+        Algorithm::Concurrency,
+        1,
+        Unit::Second,
+    );
+    dry.action = Action::DryRun;
+    w.publish(&[c, dry], &[], 1).unwrap();
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    let t = e.table().unwrap().clone();
+    for (api, location_dry_run) in [("/slow", true), ("/dry", false), ("/slow", false)] {
+        let v = values(&t, &[("api", api)]);
+        for i in 0..5 {
+            let r = Request {
+                values: &v,
+                ip: None,
+                now_ns: 10,
+                now_unix_ms: 1,
+                dry_run: location_dry_run,
+            };
+            let d = t.decide(&r);
+            assert!(
+                passes(&d),
+                "{api} request {i} (dry run {location_dry_run}) passes"
+            );
+            t.release(&d); // the request ended
+        }
+    }
+    // Nothing leaked: one in-flight request is still admitted by the enforcing one.
+    let v = values(&t, &[("api", "/slow")]);
+    let held = t.decide(&req(&v, 20));
+    assert!(passes(&held));
+    assert!(
+        !passes(&t.decide(&req(&v, 20))),
+        "limit 1 holds while one is in flight"
+    );
+    t.release(&held);
+    assert!(passes(&t.decide(&req(&v, 30))));
+}

@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 use super::admit::{self, Decision, Hit, Verdict};
 use super::blacklist::Blacklist;
 use super::limiter::Limiter;
-use super::model::{Action, Algorithm, Strategy};
+use super::model::{Algorithm, Strategy};
 use super::region::Region;
 use super::segment::{Decoded, MAX_TABLE_DIMENSIONS};
 use super::shm::Mapping;
@@ -339,12 +339,12 @@ impl Table {
             }
         }
         let decision = admit::admit(&hits, r.now_ns, r.dry_run);
+        // After a pass or a delay every concurrency hit holds one unit (a
+        // dry run too: it counts real requests in flight); after a
+        // rejection none does (admit refunded them).
         if !matches!(decision.verdict, Verdict::Reject { .. }) {
             for (h, &si) in hits.iter().zip(&hit_index) {
-                if h.limiter.algorithm() == Algorithm::Concurrency
-                    && !matches!(h.action, Action::DryRun)
-                    && !r.dry_run
-                {
+                if h.limiter.algorithm() == Algorithm::Concurrency {
                     held.push(si);
                 }
             }
