@@ -224,7 +224,7 @@ pub fn document() -> Value {
                 "get": op("One strategy", vec![sid()], None,
                     json!({"200": answer("the strategy", schema_ref("Strategy")), "404": e404()}), true),
                 "put": op("Replace a strategy (optimistic: give the version it was based on)", vec![sid()],
-                    Some(body(schema_ref("StrategyPut"), json!({"name": "pay-u1024", "match": {"api": "/pay"}, "algorithm": "token_bucket", "rate": 200, "burst": 20, "version": 41}))),
+                    Some(body(schema_ref("StrategyPut"), json!({"name": "pay-u1024-v2", "match": {"api": "/pay"}, "algorithm": "token_bucket", "rate": 200, "burst": 20, "version": 41}))),
                     json!({"200": answer("stored", schema_ref("Strategy")), "400": e400(), "404": e404(), "409": e409(), "422": e422()}), true),
                 "patch": op("Enable, disable or toggle dry-run", vec![sid()],
                     Some(body(schema_ref("StrategyPatch"), json!({"version": 41, "enabled": false}))),

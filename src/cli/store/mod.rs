@@ -522,7 +522,7 @@ impl Store {
         rec.validate().map_err(StoreError::Invalid)?;
         let (mut tx, version) = self.begin_change().await?;
         let before = sqlx::query(
-            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist              WHERE dimension = ? AND value = ?",
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE dimension = ? AND value = ?",
         )
         .bind(&rec.dimension)
         .bind(&rec.value)
@@ -727,7 +727,7 @@ impl Store {
     /// Audit entries, newest first: at most `limit`, with ids below `before_id`.
     pub async fn audit_list(&self, limit: u32, before_id: Option<u64>) -> Result<Vec<AuditEntry>> {
         let rows = sqlx::query(
-            "SELECT id, at_ms, token, action, target, before_json, after_json FROM audit_log              WHERE id < ? ORDER BY id DESC LIMIT ?",
+            "SELECT id, at_ms, token, action, target, before_json, after_json FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT ?",
         )
         .bind(before_id.map(|b| b.min(i64::MAX as u64) as i64).unwrap_or(i64::MAX))
         .bind(limit as i64)
@@ -779,7 +779,7 @@ impl Store {
             Some(v) if known.is_some() => {
                 // applied_ms first: MySQL evaluates SET left to right.
                 sqlx::query(
-                    "UPDATE hosts SET applied_ms = CASE WHEN applied_version = ? THEN applied_ms                      ELSE ? END, applied_version = ?, last_heartbeat_ms = ? WHERE host_id = ?",
+                    "UPDATE hosts SET applied_ms = CASE WHEN applied_version = ? THEN applied_ms ELSE ? END, applied_version = ?, last_heartbeat_ms = ? WHERE host_id = ?",
                 )
                 .bind(v as i64)
                 .bind(now as i64)
@@ -808,7 +808,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         for chunk in c.chunks(200) {
             let sql = format!(
-                "INSERT INTO counter_samples (host_id, strategy_id, at_ms, passed, limited,                  delayed) VALUES {}",
+                "INSERT INTO counter_samples (host_id, strategy_id, at_ms, passed_count, limited_count, delayed_count) VALUES {}",
                 vec!["(?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
             );
             let mut q = sqlx::query(&sql);
@@ -834,7 +834,7 @@ impl Store {
     /// Counter samples of one strategy taken at or after `since_ms`, by host and time.
     pub async fn samples(&self, strategy: u32, since_ms: u64) -> Result<Vec<StoredSample>> {
         let rows = sqlx::query(
-            "SELECT host_id, at_ms, passed, limited, delayed FROM counter_samples              WHERE strategy_id = ? AND at_ms >= ? ORDER BY host_id, at_ms",
+            "SELECT host_id, at_ms, passed_count, limited_count, delayed_count FROM counter_samples WHERE strategy_id = ? AND at_ms >= ? ORDER BY host_id, at_ms",
         )
         .bind(strategy as i64)
         .bind(since_ms as i64)
