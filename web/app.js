@@ -231,6 +231,10 @@ function fmtRate(n) {
   return n.toFixed(2);
 }
 
+function fmtAxis(v) {
+  return String(Number(v.toPrecision(3)));
+}
+
 function describeLimit(s) {
   if (s.algorithm === 'concurrency') return `${s.rate} in flight`;
   let t = `${s.rate} / ${s.per}`;
@@ -739,7 +743,7 @@ function drawChart() {
     g.stroke();
     g.fillStyle = COLORS.axis;
     g.textAlign = 'right';
-    g.fillText(fmtRate((max * i) / 4).replace(/\.?0+$/, '') || '0', left - 6, y + 4);
+    g.fillText(fmtAxis((max * i) / 4), left - 6, y + 4);
   }
   g.textAlign = 'center';
   for (const s of [120, 90, 60, 30, 0]) {

@@ -218,7 +218,7 @@ after(async () => {
 test('admin page drives real nginx through serve and the agent', { timeout: 120000 }, async (t) => {
   await t.test('a wrong token is refused with a clear message, the right one opens the page', async () => {
     await page.goto(serveUrl('/'));
-    const tokenInput = page.getByLabel('API token');
+    const tokenInput = page.getByLabel('API token', { exact: true });
     await tokenInput.fill('not-the-token');
     await page.getByRole('button', { name: 'Use this token' }).click();
     await page.getByText('did not accept this token (401').waitFor();
