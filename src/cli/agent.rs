@@ -7,6 +7,13 @@
 //! in one read transaction, computes local rates ([`super::rates`]) and
 //! publishes through the core writer ([`Sink`]).
 //!
+//! The store is reached through a [`Source`]: the database itself
+//! ([`StoreSource`]) or `rate-ctl serve` over HTTP
+//! ([`super::serve::source::HttpSource`], `--store http://…`); everything
+//! else (rates, faults, logging, publishing) is this one implementation.
+//! Each heartbeat also reports the file's slot counters that moved since
+//! the last one (for `GET /api/v1/stats`).
+//!
 //! Faults: an unreachable store keeps the last table in the file and is
 //! retried with exponential backoff (up to `max_backoff`), logging once per
 //! change of state; an invalid row is skipped and named; a publish the
@@ -15,7 +22,7 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
@@ -24,7 +31,7 @@ use tracing::{error, info, warn};
 
 use super::rates::{local_strategy, share, Share};
 use super::record::{BlacklistRecord, HostRecord};
-use super::store::{now_ms, redact_url, BadRow, Store, StoreError};
+use super::store::{now_ms, redact_url, BadRow, CounterSample, Snapshot, Store, StoreError};
 
 /// Where published tables go: the core writer in production, a recorder in
 /// unit tests.
@@ -39,6 +46,152 @@ pub trait Sink {
     ) -> Result<String, String>;
     /// Writes the agent heartbeat (unix ms) into the file header.
     fn heartbeat(&self, unix_ms: u64);
+    /// The slot counters of the published strategies.
+    fn counters(&self) -> Vec<CounterSample> {
+        Vec::new()
+    }
+}
+
+/// Where the agent reads its configuration and records its heartbeat.
+#[allow(async_fn_in_trait)]
+pub trait Source {
+    fn connected(&self) -> bool;
+    /// Connects and registers this host: with `weight` given, sets it if the
+    /// stored one differs; returns the weight in force (`default_weight` for
+    /// a new host without `weight`).
+    async fn connect(
+        &mut self,
+        host_id: &str,
+        weight: Option<u32>,
+        default_weight: u32,
+    ) -> Result<u32, StoreError>;
+    /// Records the heartbeat (and the applied version and time, if any) and
+    /// counter samples; returns every host.
+    async fn heartbeat(
+        &mut self,
+        host_id: &str,
+        weight: u32,
+        now: u64,
+        applied: Option<(u64, u64)>,
+        counters: &[CounterSample],
+    ) -> Result<Vec<HostRecord>, StoreError>;
+    /// Records that `version` was applied at `at`.
+    async fn applied(
+        &mut self,
+        host_id: &str,
+        weight: u32,
+        at: u64,
+        version: u64,
+    ) -> Result<(), StoreError>;
+    /// The current config version (cheap).
+    async fn version(&mut self) -> Result<u64, StoreError>;
+    /// The full configuration with its version.
+    async fn snapshot(&mut self) -> Result<Snapshot, StoreError>;
+    /// Forgets the connection; the next tick connects again.
+    fn disconnect(&mut self);
+    /// Resolves when the configuration may have changed; a polled source
+    /// never resolves (the agent polls `version` every `poll`).
+    async fn changed(&self);
+}
+
+/// The store itself as the agent's [`Source`] (polled).
+pub struct StoreSource {
+    url: String,
+    timeout: Duration,
+    store: Option<Store>,
+}
+
+impl StoreSource {
+    pub fn new(url: &str, timeout: Duration) -> StoreSource {
+        StoreSource {
+            url: url.to_string(),
+            timeout,
+            store: None,
+        }
+    }
+
+    fn store(&self) -> Result<&Store, StoreError> {
+        self.store
+            .as_ref()
+            .ok_or_else(|| StoreError::Url("not connected".into()))
+    }
+}
+
+impl Source for StoreSource {
+    fn connected(&self) -> bool {
+        self.store.is_some()
+    }
+
+    async fn connect(
+        &mut self,
+        host_id: &str,
+        weight: Option<u32>,
+        default_weight: u32,
+    ) -> Result<u32, StoreError> {
+        let store = Store::open_with_timeout(&self.url, self.timeout).await?;
+        let hosts = store.hosts().await?;
+        let w = match (hosts.iter().find(|h| h.host_id == host_id), weight) {
+            (Some(me), Some(w)) if me.weight != w => {
+                store.set_weight(host_id, w, "agent").await?;
+                w
+            }
+            (Some(me), None) => me.weight.max(1),
+            (Some(_), Some(w)) => w,
+            (None, w) => {
+                let w = w.unwrap_or(default_weight);
+                store.heartbeat(host_id, w, now_ms(), None).await?;
+                w
+            }
+        };
+        self.store = Some(store);
+        Ok(w)
+    }
+
+    async fn heartbeat(
+        &mut self,
+        host_id: &str,
+        weight: u32,
+        now: u64,
+        applied: Option<(u64, u64)>,
+        counters: &[CounterSample],
+    ) -> Result<Vec<HostRecord>, StoreError> {
+        let store = self.store()?;
+        store.heartbeat(host_id, weight, now, applied).await?;
+        if !counters.is_empty() {
+            store.add_samples(host_id, now, counters).await?;
+        }
+        store.hosts().await
+    }
+
+    async fn applied(
+        &mut self,
+        host_id: &str,
+        weight: u32,
+        at: u64,
+        version: u64,
+    ) -> Result<(), StoreError> {
+        self.store()?
+            .heartbeat(host_id, weight, at, Some((version, at)))
+            .await
+    }
+
+    async fn version(&mut self) -> Result<u64, StoreError> {
+        self.store()?.version().await
+    }
+
+    async fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
+        self.store()?.snapshot().await
+    }
+
+    fn disconnect(&mut self) {
+        if let Some(s) = self.store.take() {
+            tokio::spawn(s.close());
+        }
+    }
+
+    async fn changed(&self) {
+        std::future::pending::<()>().await
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -61,10 +214,10 @@ struct Applied {
     at_ms: u64,
 }
 
-pub struct Agent<S: Sink> {
+pub struct Agent<S: Sink, R: Source> {
     opts: AgentOptions,
     sink: S,
-    store: Option<Store>,
+    source: R,
     healthy: Option<bool>,
     applied: Option<Applied>,
     /// Version and share a publish was refused for: not retried until they change.
@@ -73,21 +226,28 @@ pub struct Agent<S: Sink> {
     my_weight: u32,
     next_heartbeat_ms: u64,
     logged_bad: HashSet<(i64, String)>,
+    /// Counters as last reported, and the strategies whose counters moved
+    /// in the last report (reported once more when they stop, so that the
+    /// series has a point where they went flat).
+    sent: HashMap<u32, CounterSample>,
+    moving: HashSet<u32>,
 }
 
-impl<S: Sink> Agent<S> {
-    pub fn new(opts: AgentOptions, sink: S) -> Agent<S> {
+impl<S: Sink, R: Source> Agent<S, R> {
+    pub fn new(opts: AgentOptions, sink: S, source: R) -> Agent<S, R> {
         Agent {
             my_weight: opts.weight.unwrap_or(1),
             opts,
             sink,
-            store: None,
+            source,
             healthy: None,
             applied: None,
             refused: None,
             hosts: Vec::new(),
             next_heartbeat_ms: 0,
             logged_bad: HashSet::new(),
+            sent: HashMap::new(),
+            moving: HashSet::new(),
         }
     }
 
@@ -105,6 +265,7 @@ impl<S: Sink> Agent<S> {
                 biased;
                 _ = &mut shutdown => break,
                 _ = tokio::time::sleep(delay) => {}
+                _ = self.source.changed() => {}
             }
             // The tick may be dropped at an await (a store query); publishing
             // has no await, so it is never interrupted.
@@ -129,43 +290,43 @@ impl<S: Sink> Agent<S> {
                               "store unreachable; the file keeps the last table, retrying with backoff");
                         self.healthy = Some(false);
                     }
-                    if matches!(e, StoreError::Db(_)) {
+                    if matches!(e, StoreError::Db(_) | StoreError::Http(_)) {
                         // Reconnect from scratch next time: a pool may be stuck
                         // on dead connections.
-                        if let Some(s) = self.store.take() {
-                            tokio::spawn(s.close());
-                        }
+                        self.source.disconnect();
                     }
                     delay = (delay * 2).max(self.opts.poll).min(self.opts.max_backoff);
                 }
             }
         }
-        if let Some(s) = self.store.take() {
-            s.close().await;
-        }
+        self.source.disconnect();
     }
 
     /// One poll: heartbeat, version check, publish if needed.
     pub async fn tick(&mut self) -> Result<(), StoreError> {
         let now = now_ms();
         self.sink.heartbeat(now);
-        if self.store.is_none() {
-            let store = Store::open_with_timeout(
-                &self.opts.store_url,
-                self.opts.max_backoff.max(Duration::from_secs(1)),
-            )
-            .await?;
-            self.register(&store).await?;
-            self.store = Some(store);
+        if !self.source.connected() {
+            self.my_weight = self
+                .source
+                .connect(&self.opts.host_id, self.opts.weight, self.my_weight)
+                .await?;
+            info!(host = %self.opts.host_id, weight = self.my_weight, "registered with the store");
             self.next_heartbeat_ms = 0;
         }
-        let store = self.store.as_ref().expect("opened above");
         if now >= self.next_heartbeat_ms {
             let applied = self.applied.map(|a| (a.version, a.at_ms));
-            store
-                .heartbeat(&self.opts.host_id, self.my_weight, now, applied)
+            let (report, all) = self.counters_to_report();
+            self.hosts = self
+                .source
+                .heartbeat(&self.opts.host_id, self.my_weight, now, applied, &report)
                 .await?;
-            self.hosts = store.hosts().await?;
+            self.moving = report
+                .iter()
+                .filter(|c| self.sent.get(&c.id) != Some(c))
+                .map(|c| c.id)
+                .collect();
+            self.sent = all;
             if let Some(me) = self.hosts.iter().find(|h| h.host_id == self.opts.host_id) {
                 if me.weight != self.my_weight && me.weight > 0 {
                     info!(weight = me.weight, "weight changed in the store");
@@ -174,7 +335,7 @@ impl<S: Sink> Agent<S> {
             }
             self.next_heartbeat_ms = now + self.opts.heartbeat_every.as_millis() as u64;
         }
-        let version = store.version().await?;
+        let version = self.source.version().await?;
         let share = share(
             &self.hosts,
             &self.opts.host_id,
@@ -186,7 +347,7 @@ impl<S: Sink> Agent<S> {
         if current == Some((version, share)) || self.refused == Some((version, share)) {
             return Ok(());
         }
-        let snap = store.snapshot().await?;
+        let snap = self.source.snapshot().await?;
         if self.refused == Some((snap.version, share)) {
             return Ok(());
         }
@@ -223,13 +384,8 @@ impl<S: Sink> Agent<S> {
                     at_ms: at,
                 });
                 self.refused = None;
-                store
-                    .heartbeat(
-                        &self.opts.host_id,
-                        self.my_weight,
-                        at,
-                        Some((snap.version, at)),
-                    )
+                self.source
+                    .applied(&self.opts.host_id, self.my_weight, at, snap.version)
                     .await?;
             }
             Err(e) => {
@@ -241,27 +397,22 @@ impl<S: Sink> Agent<S> {
         Ok(())
     }
 
-    /// Registers this host, or sets its weight if `--weight` differs from the store.
-    async fn register(&mut self, store: &Store) -> Result<(), StoreError> {
-        let hosts = store.hosts().await?;
-        match (
-            hosts.iter().find(|h| h.host_id == self.opts.host_id),
-            self.opts.weight,
-        ) {
-            (Some(me), Some(w)) if me.weight != w => {
-                store.set_weight(&self.opts.host_id, w).await?;
-                self.my_weight = w;
-            }
-            (Some(me), None) => self.my_weight = me.weight.max(1),
-            (Some(_), Some(_)) => {}
-            (None, _) => {
-                store
-                    .heartbeat(&self.opts.host_id, self.my_weight, now_ms(), None)
-                    .await?;
-            }
-        }
-        info!(host = %self.opts.host_id, weight = self.my_weight, "registered with the store");
-        Ok(())
+    /// The counters to report (moved since the last report, or moved in
+    /// it) and all current counters.
+    fn counters_to_report(&self) -> (Vec<CounterSample>, HashMap<u32, CounterSample>) {
+        let all: HashMap<u32, CounterSample> = self
+            .sink
+            .counters()
+            .into_iter()
+            .map(|c| (c.id, c))
+            .collect();
+        let mut report: Vec<CounterSample> = all
+            .values()
+            .filter(|c| self.sent.get(&c.id) != Some(*c) || self.moving.contains(&c.id))
+            .copied()
+            .collect();
+        report.sort_by_key(|c| c.id);
+        (report, all)
     }
 }
 
@@ -349,8 +500,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite:{}", dir.path().join("s.db").display());
         let store = Store::open(&url).await.unwrap();
-        store.add_strategy(&rec("a", 400)).await.unwrap();
-        let mut agent = Agent::new(opts(&url, "h1"), Recorder::default());
+        store.add_strategy(&rec("a", 400), "test").await.unwrap();
+        let mut agent = Agent::new(
+            opts(&url, "h1"),
+            Recorder::default(),
+            StoreSource::new(&url, Duration::from_secs(1)),
+        );
         agent.tick().await.unwrap();
         assert_eq!(agent.sink().published.len(), 1);
         assert!(agent.sink().heartbeat.load(Ordering::Relaxed) > 0);
@@ -365,12 +520,12 @@ mod tests {
         assert_eq!(last[0].rate, 100);
 
         // A row broken behind the CLI's back is skipped; the rest applies.
-        store.add_strategy(&rec("b", 10)).await.unwrap();
+        store.add_strategy(&rec("b", 10), "test").await.unwrap();
         sqlx::query("UPDATE strategies SET algorithm = 'bogus' WHERE name = 'a'")
             .execute(store.pool())
             .await
             .unwrap();
-        store.add_strategy(&rec("c", 10)).await.unwrap();
+        store.add_strategy(&rec("c", 10), "test").await.unwrap();
         agent.tick().await.unwrap();
         let (v, last) = agent.sink().published.last().unwrap();
         assert_eq!(*v, store.version().await.unwrap());
@@ -378,7 +533,7 @@ mod tests {
 
         // Refused publish: nothing recorded, not retried until a change.
         agent.sink.limit = Some(2);
-        store.add_strategy(&rec("d", 10)).await.unwrap();
+        store.add_strategy(&rec("d", 10), "test").await.unwrap();
         let n = agent.sink().published.len();
         agent.tick().await.unwrap();
         agent.tick().await.unwrap();

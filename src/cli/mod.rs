@@ -4,6 +4,7 @@ pub mod agent;
 pub mod publish;
 pub mod rates;
 pub mod record;
+pub mod serve;
 pub mod store;
 
 use std::io::{BufRead, Write};
@@ -43,8 +44,11 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Keep a shared-memory file in step with the store.
+    /// Keep a shared-memory file in step with the store (or with
+    /// `rate-ctl serve`: --store http://HOST:PORT --token T).
     Agent(AgentArgs),
+    /// REST API, admin page and agent long-poll over the store.
+    Serve(serve::ServeArgs),
     /// Manage strategies.
     #[command(subcommand)]
     Strategy(StrategyCmd),
@@ -61,6 +65,10 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct AgentArgs {
+    /// With --store http://…: the agent (or admin) token of `rate-ctl serve`
+    /// (env RATE_CTL_TOKEN).
+    #[arg(long, env = "RATE_CTL_TOKEN", hide_env_values = true, value_name = "T")]
+    token: Option<String>,
     /// Shared-memory file to create or adopt.
     #[arg(long, default_value = "/dev/shm/rate_ctl", value_name = "PATH")]
     shm: PathBuf,
@@ -377,6 +385,7 @@ pub fn main() -> ExitCode {
 async fn run(cli: Cli) -> CmdResult {
     match cli.command {
         Command::Agent(a) => run_agent(&cli.store, a).await,
+        Command::Serve(a) => serve::run(&cli.store, a).await.map_err(Failure::other),
         Command::Strategy(c) => strategy(&cli.store, cli.json, c).await,
         Command::Blacklist(c) => blacklist(&cli.store, cli.json, c).await,
         Command::Host(c) => host(&cli.store, cli.json, c).await,
@@ -422,7 +431,7 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             // Refuse bad arguments before touching the store.
             rec.validate().map_err(Failure::invalid)?;
             let store = open(url).await?;
-            let (id, version) = store.add_strategy(&rec).await?;
+            let (id, version) = store.add_strategy(&rec, "cli").await?;
             if json {
                 out(json!({"id": id, "version": version}).to_string());
             } else {
@@ -483,7 +492,7 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             if u.disable {
                 rec.enabled = false;
             }
-            let version = store.update_strategy(&rec).await?;
+            let version = store.update_strategy(&rec, "cli").await?;
             if json {
                 out(json!({"id": rec.id, "version": version}).to_string());
             } else {
@@ -496,7 +505,7 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
         StrategyCmd::Rm { ids } => {
             let store = open(url).await?;
             for id in ids {
-                let version = store.delete_strategy(id).await?;
+                let version = store.delete_strategy(id, "cli").await?;
                 if json {
                     out(json!({"id": id, "version": version}).to_string());
                 } else {
@@ -555,10 +564,16 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
         StrategyCmd::Import { file, replace } => {
             let records = read_jsonl(&file)?;
             let store = open(url).await?;
-            let (n, version) = store.import(records, replace).await.map_err(|e| match e {
-                StoreError::Invalid(m) => Failure::usage(format!("{}: {m}", file.display())),
-                e => e.into(),
-            })?;
+            let (n, version) =
+                store
+                    .import(records, replace, "cli")
+                    .await
+                    .map_err(|e| match e {
+                        StoreError::Invalid(m) => {
+                            Failure::usage(format!("{}: {m}", file.display()))
+                        }
+                        e => e.into(),
+                    })?;
             if json {
                 out(json!({"imported": n, "version": version}).to_string());
             } else {
@@ -647,7 +662,7 @@ async fn blacklist(url: &str, json: bool, cmd: BlacklistCmd) -> CmdResult {
             };
             rec.validate().map_err(Failure::invalid)?;
             let store = open(url).await?;
-            let (id, version) = store.blacklist_add(&rec).await?;
+            let (id, version) = store.blacklist_add(&rec, "cli").await?;
             if json {
                 out(json!({"id": id, "version": version}).to_string());
             } else {
@@ -657,7 +672,7 @@ async fn blacklist(url: &str, json: bool, cmd: BlacklistCmd) -> CmdResult {
         BlacklistCmd::Rm { ids } => {
             let store = open(url).await?;
             for id in ids {
-                let version = store.blacklist_rm(id).await?;
+                let version = store.blacklist_rm(id, "cli").await?;
                 if json {
                     out(json!({"id": id, "version": version}).to_string());
                 } else {
@@ -745,7 +760,7 @@ async fn host(url: &str, json: bool, cmd: HostCmd) -> CmdResult {
         }
         HostCmd::SetWeight { host_id, weight } => {
             let store = open(url).await?;
-            let version = store.set_weight(&host_id, weight).await?;
+            let version = store.set_weight(&host_id, weight, "cli").await?;
             if json {
                 out(json!({"host_id": host_id, "weight": weight, "version": version}).to_string());
             } else {
@@ -804,7 +819,14 @@ async fn run_agent(url: &str, a: AgentArgs) -> CmdResult {
         shm = %a.shm.display(), host = %opts.host_id, store = %store::redact_url(url),
         poll_ms = a.poll_ms, freshness_ms = a.freshness, "agent starting"
     );
-    let mut agent = agent::Agent::new(opts, sink);
-    agent.run(shutdown).await;
+    if url.starts_with("http://") {
+        let source = serve::source::HttpSource::new(url, a.token.clone())
+            .map_err(|e| Failure::usage(format!("--store: {e}")))?;
+        agent::Agent::new(opts, sink, source).run(shutdown).await;
+    } else {
+        let source =
+            agent::StoreSource::new(url, opts.max_backoff.max(std::time::Duration::from_secs(1)));
+        agent::Agent::new(opts, sink, source).run(shutdown).await;
+    }
     Ok(())
 }

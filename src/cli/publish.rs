@@ -7,6 +7,7 @@ use tracing::{info, warn};
 
 use super::agent::Sink;
 use super::record::BlacklistRecord;
+use super::store::CounterSample;
 use rate_ctl::core::blacklist::{Blacklist, BlacklistEntry};
 use rate_ctl::core::model::{Action, Strategy};
 use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
@@ -64,6 +65,32 @@ impl Sink for ShmSink {
 
     fn heartbeat(&self, unix_ms: u64) {
         self.writer.heartbeat(unix_ms);
+    }
+
+    fn counters(&self) -> Vec<CounterSample> {
+        let map = self.writer.mapping();
+        let Ok(Some(decoded)) = read_active(map) else {
+            return Vec::new();
+        };
+        let slots = map.slots();
+        decoded
+            .strategies
+            .iter()
+            .filter_map(|p| {
+                let slot = Slot::at(&slots, p.slot)?;
+                // A slot handed to another strategy since is not this one's.
+                if slot.generation.load(std::sync::atomic::Ordering::Relaxed) != p.generation {
+                    return None;
+                }
+                let c = slot.counters();
+                Some(CounterSample {
+                    id: p.strategy.id,
+                    passed: c.passed,
+                    limited: c.limited,
+                    delayed: c.delayed,
+                })
+            })
+            .collect()
     }
 }
 

@@ -251,6 +251,68 @@ impl StrategyRecord {
     }
 }
 
+/// The REST API's JSON for a strategy (docs/API.md): the record's fields
+/// with `created_at`/`updated_at` and explicit nulls for absent parameters.
+pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id,
+        "name": r.name,
+        "match": r.conditions,
+        "algorithm": r.algorithm.as_str(),
+        "rate": r.rate,
+        "per": r.per.as_str(),
+        "burst": r.burst,
+        "action": r.action.as_str(),
+        "status": r.status,
+        "max_delay_ms": r.max_delay_ms,
+        "enabled": r.enabled,
+        "scope": r.scope.as_str(),
+        "version": r.version,
+        "created_at": r.created_ms,
+        "updated_at": r.updated_ms,
+    })
+}
+
+/// The inverse of [`strategy_api_json`] (not validated).
+pub fn strategy_from_api_json(v: &serde_json::Value) -> Result<StrategyRecord, String> {
+    let mut v = v.clone();
+    let o = v
+        .as_object_mut()
+        .ok_or_else(|| "strategy: not a JSON object".to_string())?;
+    for (from, to) in [("created_at", "created_ms"), ("updated_at", "updated_ms")] {
+        if let Some(x) = o.remove(from) {
+            o.insert(to.into(), x);
+        }
+    }
+    o.retain(|_, x| !x.is_null());
+    serde_json::from_value(v).map_err(|e| format!("strategy: {e}"))
+}
+
+/// The REST API's JSON for a blacklist entry.
+pub fn blacklist_api_json(b: &BlacklistRecord) -> serde_json::Value {
+    serde_json::json!({
+        "id": b.id,
+        "dimension": b.dimension,
+        "value": b.value,
+        "expires_at": b.expires_ms,
+        "reason": b.reason,
+        "created_at": b.created_ms,
+    })
+}
+
+/// The inverse of [`blacklist_api_json`] (not validated).
+pub fn blacklist_from_api_json(v: &serde_json::Value) -> Result<BlacklistRecord, String> {
+    let s = |k: &str| v[k].as_str().map(str::to_string);
+    Ok(BlacklistRecord {
+        id: v["id"].as_u64().ok_or("blacklist entry: id missing")?,
+        dimension: s("dimension").ok_or("blacklist entry: dimension missing")?,
+        value: s("value").ok_or("blacklist entry: value missing")?,
+        expires_ms: v["expires_at"].as_u64(),
+        reason: s("reason").unwrap_or_default(),
+        created_ms: v["created_at"].as_u64().unwrap_or(0),
+    })
+}
+
 /// The CLI argument that carries a model field, for error messages.
 pub fn flag_for_field(message: &str) -> &'static str {
     let field = message.split(':').next().unwrap_or("");

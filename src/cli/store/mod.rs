@@ -14,7 +14,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Row, Transaction};
 
-use super::record::{BlacklistRecord, HostRecord, StrategyRecord};
+use super::record::{
+    blacklist_api_json, strategy_api_json, BlacklistRecord, HostRecord, StrategyRecord,
+};
 use schema::{Dialect, CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 
 /// Default store when `--store` is not given.
@@ -31,6 +33,12 @@ pub enum StoreError {
     Invalid(String),
     #[error("store: {0}")]
     Url(String),
+    /// An update based on a version that is no longer current.
+    #[error("{0}")]
+    Conflict(String),
+    /// The HTTP store (`--store http://…`) failed or refused.
+    #[error("{0}")]
+    Http(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -48,6 +56,43 @@ pub struct BadRow {
     pub id: i64,
     pub reason: String,
 }
+
+/// One audit log entry.
+#[derive(Debug, Clone)]
+pub struct AuditEntry {
+    pub id: u64,
+    pub at_ms: u64,
+    pub token: String,
+    pub action: String,
+    pub target: String,
+    pub before: Option<serde_json::Value>,
+    pub after: Option<serde_json::Value>,
+}
+
+/// Slot counters of one strategy on one host, as an agent reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterSample {
+    pub id: u32,
+    pub passed: u64,
+    pub limited: u64,
+    pub delayed: u64,
+}
+
+/// A stored counter sample (for the stats series).
+#[derive(Debug, Clone)]
+pub struct StoredSample {
+    pub host_id: String,
+    pub at_ms: u64,
+    pub passed: u64,
+    pub limited: u64,
+    pub delayed: u64,
+}
+
+/// How long counter samples are kept.
+pub const SAMPLE_RETENTION_MS: u64 = 300_000;
+
+/// Longest before/after JSON kept in an audit entry (column width).
+const AUDIT_JSON_MAX: usize = 7_000;
 
 /// Everything an agent publishes, read in one transaction.
 #[derive(Debug, Clone)]
@@ -170,7 +215,18 @@ impl Store {
     // ---- strategies ----------------------------------------------------
 
     /// Validates and stores a new strategy; returns its id and the new version.
-    pub async fn add_strategy(&self, rec: &StrategyRecord) -> Result<(u32, u64)> {
+    pub async fn add_strategy(&self, rec: &StrategyRecord, who: &str) -> Result<(u32, u64)> {
+        self.add_strategy_full(rec, who)
+            .await
+            .map(|r| (r.id, r.version))
+    }
+
+    /// [`Store::add_strategy`], returning the stored record.
+    pub async fn add_strategy_full(
+        &self,
+        rec: &StrategyRecord,
+        who: &str,
+    ) -> Result<StrategyRecord> {
         let mut rec = rec.clone();
         rec.id = 0;
         rec.validate().map_err(StoreError::Invalid)?;
@@ -195,16 +251,61 @@ impl Store {
             .try_get(0)?;
         let id = u32::try_from(id)
             .map_err(|_| StoreError::Invalid(format!("id: {id} exceeds {}", u32::MAX)))?;
+        rec.id = id;
+        audit(
+            &mut tx,
+            who,
+            "strategy.create",
+            &format!("strategy/{id}"),
+            None,
+            Some(strategy_api_json(&rec)),
+        )
+        .await?;
         tx.commit().await?;
-        Ok((id, version))
+        Ok(rec)
     }
 
     /// Replaces strategy `rec.id` with `rec` (validated); returns the new version.
-    pub async fn update_strategy(&self, rec: &StrategyRecord) -> Result<u64> {
+    pub async fn update_strategy(&self, rec: &StrategyRecord, who: &str) -> Result<u64> {
+        self.update_strategy_full(rec, None, who, "strategy.update")
+            .await
+            .map(|r| r.version)
+    }
+
+    /// Replaces strategy `rec.id` with `rec` (validated) if its stored
+    /// version is still `expected` (when given, else `Conflict`); returns
+    /// the stored record. `action` names the change in the audit log.
+    pub async fn update_strategy_full(
+        &self,
+        rec: &StrategyRecord,
+        expected: Option<u64>,
+        who: &str,
+        action: &str,
+    ) -> Result<StrategyRecord> {
         let mut rec = rec.clone();
         rec.validate().map_err(StoreError::Invalid)?;
         let (mut tx, version) = self.begin_change().await?;
+        let before = strategy_in_tx(&mut tx, rec.id).await?;
+        if before.is_none() {
+            return Err(StoreError::NotFound(format!(
+                "ID: no strategy with id {}",
+                rec.id
+            )));
+        }
+        if let Some(exp) = expected {
+            let cur = before.as_ref().map(|b| b["version"].as_u64().unwrap_or(0));
+            if cur.is_some_and(|c| c != exp) {
+                return Err(StoreError::Conflict(format!(
+                    "version: strategy {} was changed at version {}; you edited version {exp}",
+                    rec.id,
+                    cur.unwrap_or(0)
+                )));
+            }
+        }
         ensure_name_free(&mut tx, &rec.name, Some(rec.id)).await?;
+        if let Some(b) = &before {
+            rec.created_ms = b["created_at"].as_u64().unwrap_or(0);
+        }
         rec.updated_ms = now_ms();
         rec.version = version;
         let res = bind_content(
@@ -226,13 +327,23 @@ impl Store {
                 rec.id
             )));
         }
+        audit(
+            &mut tx,
+            who,
+            action,
+            &format!("strategy/{}", rec.id),
+            before,
+            Some(strategy_api_json(&rec)),
+        )
+        .await?;
         tx.commit().await?;
-        Ok(version)
+        Ok(rec)
     }
 
     /// Deletes a strategy; returns the new version.
-    pub async fn delete_strategy(&self, id: u32) -> Result<u64> {
+    pub async fn delete_strategy(&self, id: u32, who: &str) -> Result<u64> {
         let (mut tx, version) = self.begin_change().await?;
+        let before = strategy_in_tx(&mut tx, id).await?;
         let res = sqlx::query("DELETE FROM strategies WHERE id = ?")
             .bind(id as i64)
             .execute(&mut *tx)
@@ -242,6 +353,15 @@ impl Store {
                 "ID: no strategy with id {id}"
             )));
         }
+        audit(
+            &mut tx,
+            who,
+            "strategy.delete",
+            &format!("strategy/{id}"),
+            before,
+            None,
+        )
+        .await?;
         tx.commit().await?;
         Ok(version)
     }
@@ -278,6 +398,7 @@ impl Store {
         &self,
         records: Vec<(usize, StrategyRecord)>,
         replace_all: bool,
+        who: &str,
     ) -> Result<(usize, u64)> {
         let mut records = records;
         let mut names: HashMap<String, usize> = HashMap::new();
@@ -368,6 +489,15 @@ impl Store {
             }
             q.execute(&mut *tx).await?;
         }
+        audit(
+            &mut tx,
+            who,
+            "strategy.import",
+            "strategies",
+            None,
+            Some(serde_json::json!({"count": records.len(), "replace": replace_all})),
+        )
+        .await?;
         tx.commit().await?;
         Ok((records.len(), version))
     }
@@ -376,10 +506,31 @@ impl Store {
 
     /// Adds (or replaces, for the same dimension and value) an entry;
     /// returns its id and the new version.
-    pub async fn blacklist_add(&self, rec: &BlacklistRecord) -> Result<(u64, u64)> {
+    pub async fn blacklist_add(&self, rec: &BlacklistRecord, who: &str) -> Result<(u64, u64)> {
+        self.blacklist_add_full(rec, who)
+            .await
+            .map(|(r, v)| (r.id, v))
+    }
+
+    /// [`Store::blacklist_add`], returning the stored entry.
+    pub async fn blacklist_add_full(
+        &self,
+        rec: &BlacklistRecord,
+        who: &str,
+    ) -> Result<(BlacklistRecord, u64)> {
         let mut rec = rec.clone();
         rec.validate().map_err(StoreError::Invalid)?;
         let (mut tx, version) = self.begin_change().await?;
+        let before = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE dimension = ? AND value = ?",
+        )
+        .bind(&rec.dimension)
+        .bind(&rec.value)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| decode_blacklist(&r))
+        .transpose()?;
+        rec.created_ms = now_ms();
         sqlx::query("DELETE FROM blacklist WHERE dimension = ? AND value = ?")
             .bind(&rec.dimension)
             .bind(&rec.value)
@@ -393,7 +544,7 @@ impl Store {
         .bind(&rec.value)
         .bind(rec.expires_ms.map(|e| e as i64))
         .bind(&rec.reason)
-        .bind(now_ms() as i64)
+        .bind(rec.created_ms as i64)
         .execute(&mut *tx)
         .await?;
         let id: i64 = sqlx::query("SELECT id FROM blacklist WHERE dimension = ? AND value = ?")
@@ -402,14 +553,31 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?
             .try_get(0)?;
-        let id = id as u64;
+        rec.id = id as u64;
+        audit(
+            &mut tx,
+            who,
+            "blacklist.add",
+            &format!("blacklist/{id}"),
+            before.as_ref().map(blacklist_api_json),
+            Some(blacklist_api_json(&rec)),
+        )
+        .await?;
         tx.commit().await?;
-        Ok((id, version))
+        Ok((rec, version))
     }
 
     /// Removes entries by id; returns the new version.
-    pub async fn blacklist_rm(&self, id: u64) -> Result<u64> {
+    pub async fn blacklist_rm(&self, id: u64, who: &str) -> Result<u64> {
         let (mut tx, version) = self.begin_change().await?;
+        let before = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE id = ?",
+        )
+        .bind(id as i64)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| decode_blacklist(&r))
+        .transpose()?;
         let res = sqlx::query("DELETE FROM blacklist WHERE id = ?")
             .bind(id as i64)
             .execute(&mut *tx)
@@ -419,6 +587,15 @@ impl Store {
                 "ID: no blacklist entry with id {id}"
             )));
         }
+        audit(
+            &mut tx,
+            who,
+            "blacklist.delete",
+            &format!("blacklist/{id}"),
+            before.as_ref().map(blacklist_api_json),
+            None,
+        )
+        .await?;
         tx.commit().await?;
         Ok(version)
     }
@@ -458,9 +635,15 @@ impl Store {
 
     /// Sets a host's weight (registering it if unknown). A weight change
     /// re-splits cluster rates, so it bumps the config version.
-    pub async fn set_weight(&self, host_id: &str, weight: u32) -> Result<u64> {
+    pub async fn set_weight(&self, host_id: &str, weight: u32, who: &str) -> Result<u64> {
         validate_host(host_id, weight)?;
         let (mut tx, version) = self.begin_change().await?;
+        let before = sqlx::query("SELECT weight FROM hosts WHERE host_id = ?")
+            .bind(host_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.try_get::<i64, _>(0))
+            .transpose()?;
         let res = sqlx::query("UPDATE hosts SET weight = ? WHERE host_id = ?")
             .bind(weight as i64)
             .bind(host_id)
@@ -474,6 +657,15 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
+        audit(
+            &mut tx,
+            who,
+            "host.set_weight",
+            &format!("host/{host_id}"),
+            before.map(|w| serde_json::json!({"host_id": host_id, "weight": w})),
+            Some(serde_json::json!({"host_id": host_id, "weight": weight})),
+        )
+        .await?;
         tx.commit().await?;
         Ok(version)
     }
@@ -530,6 +722,137 @@ impl Store {
         Ok(())
     }
 
+    // ---- audit, reports, stats -------------------------------------------
+
+    /// Audit entries, newest first: at most `limit`, with ids below `before_id`.
+    pub async fn audit_list(&self, limit: u32, before_id: Option<u64>) -> Result<Vec<AuditEntry>> {
+        let rows = sqlx::query(
+            "SELECT id, at_ms, token, action, target, before_json, after_json FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT ?",
+        )
+        .bind(before_id.map(|b| b.min(i64::MAX as u64) as i64).unwrap_or(i64::MAX))
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
+        rows.iter()
+            .map(|r| {
+                Ok(AuditEntry {
+                    id: r.try_get::<i64, _>(0)? as u64,
+                    at_ms: r.try_get::<i64, _>(1)?.max(0) as u64,
+                    token: r.try_get(2)?,
+                    action: r.try_get(3)?,
+                    target: r.try_get(4)?,
+                    before: json(r.try_get(5)?),
+                    after: json(r.try_get(6)?),
+                })
+            })
+            .collect()
+    }
+
+    /// An agent's report over HTTP: registers the host (with `weight`, or 1),
+    /// sets its weight if `weight` is given and differs (a change: version
+    /// bump, audited), records heartbeat and applied version (the applied
+    /// time moves only when the version does) and stores counter samples.
+    pub async fn report(
+        &self,
+        host_id: &str,
+        weight: Option<u32>,
+        applied_version: Option<u64>,
+        counters: &[CounterSample],
+        who: &str,
+    ) -> Result<()> {
+        let now = now_ms();
+        validate_host(host_id, weight.unwrap_or(1))?;
+        let known = sqlx::query("SELECT weight FROM hosts WHERE host_id = ?")
+            .bind(host_id)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| r.try_get::<i64, _>(0))
+            .transpose()?;
+        match (known, weight) {
+            (Some(w), Some(new)) if w != new as i64 => {
+                self.set_weight(host_id, new, who).await?;
+            }
+            _ => {}
+        }
+        match applied_version {
+            Some(v) if known.is_some() => {
+                // applied_ms first: MySQL evaluates SET left to right.
+                sqlx::query(
+                    "UPDATE hosts SET applied_ms = CASE WHEN applied_version = ? THEN applied_ms ELSE ? END, applied_version = ?, last_heartbeat_ms = ? WHERE host_id = ?",
+                )
+                .bind(v as i64)
+                .bind(now as i64)
+                .bind(v as i64)
+                .bind(now as i64)
+                .bind(host_id)
+                .execute(&self.pool)
+                .await?;
+            }
+            _ => {
+                self.heartbeat(
+                    host_id,
+                    weight.unwrap_or(1),
+                    now,
+                    applied_version.map(|v| (v, now)),
+                )
+                .await?
+            }
+        }
+        self.add_samples(host_id, now, counters).await
+    }
+
+    /// Stores counter samples taken at `at_ms` and drops samples older than
+    /// [`SAMPLE_RETENTION_MS`].
+    pub async fn add_samples(&self, host_id: &str, at_ms: u64, c: &[CounterSample]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for chunk in c.chunks(200) {
+            let sql = format!(
+                "INSERT INTO counter_samples (host_id, strategy_id, at_ms, passed_count, limited_count, delayed_count) VALUES {}",
+                vec!["(?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
+            );
+            let mut q = sqlx::query(&sql);
+            for s in chunk {
+                q = q
+                    .bind(host_id.to_string())
+                    .bind(s.id as i64)
+                    .bind(at_ms as i64)
+                    .bind(s.passed.min(i64::MAX as u64) as i64)
+                    .bind(s.limited.min(i64::MAX as u64) as i64)
+                    .bind(s.delayed.min(i64::MAX as u64) as i64);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        sqlx::query("DELETE FROM counter_samples WHERE at_ms < ?")
+            .bind(at_ms.saturating_sub(SAMPLE_RETENTION_MS) as i64)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Counter samples of one strategy taken at or after `since_ms`, by host and time.
+    pub async fn samples(&self, strategy: u32, since_ms: u64) -> Result<Vec<StoredSample>> {
+        let rows = sqlx::query(
+            "SELECT host_id, at_ms, passed_count, limited_count, delayed_count FROM counter_samples WHERE strategy_id = ? AND at_ms >= ? ORDER BY host_id, at_ms",
+        )
+        .bind(strategy as i64)
+        .bind(since_ms as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(StoredSample {
+                    host_id: r.try_get(0)?,
+                    at_ms: r.try_get::<i64, _>(1)?.max(0) as u64,
+                    passed: r.try_get::<i64, _>(2)?.max(0) as u64,
+                    limited: r.try_get::<i64, _>(3)?.max(0) as u64,
+                    delayed: r.try_get::<i64, _>(4)?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
     // ---- agent ---------------------------------------------------------
 
     /// The full published set, read in one transaction so that the version
@@ -567,6 +890,62 @@ impl Store {
             blacklist,
         })
     }
+}
+
+/// The strategy row `id` as API JSON (`None` if absent; a row that is not a
+/// valid strategy is shown by its raw columns).
+async fn strategy_in_tx(
+    tx: &mut Transaction<'static, Any>,
+    id: u32,
+) -> Result<Option<serde_json::Value>> {
+    let row = sqlx::query(&format!(
+        "SELECT {STRATEGY_COLUMNS} FROM strategies WHERE id = ?"
+    ))
+    .bind(id as i64)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.map(|row| match decode_strategy(&row) {
+        Ok(r) => strategy_api_json(&r),
+        Err(b) => serde_json::json!({
+            "id": id,
+            "invalid": b.reason,
+            "version": row.try_get::<i64, _>("version").unwrap_or(0),
+            "created_at": row.try_get::<i64, _>("created_ms").unwrap_or(0),
+        }),
+    }))
+}
+
+/// Writes one audit entry inside the change's transaction.
+async fn audit(
+    tx: &mut Transaction<'static, Any>,
+    who: &str,
+    action: &str,
+    target: &str,
+    before: Option<serde_json::Value>,
+    after: Option<serde_json::Value>,
+) -> Result<()> {
+    let enc = |v: Option<serde_json::Value>| {
+        v.map(|v| {
+            let s = v.to_string();
+            if s.len() <= AUDIT_JSON_MAX {
+                s
+            } else {
+                serde_json::json!({"truncated": true, "bytes": s.len()}).to_string()
+            }
+        })
+    };
+    sqlx::query(
+        "INSERT INTO audit_log (at_ms, token, action, target, before_json, after_json)          VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(now_ms() as i64)
+    .bind(who.to_string())
+    .bind(action.to_string())
+    .bind(target.to_string())
+    .bind(enc(before))
+    .bind(enc(after))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 fn validate_host(host_id: &str, weight: u32) -> Result<()> {

@@ -133,4 +133,50 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
             registered_ms BIGINT NOT NULL) "
         ),
     ],
+},
+Migration {
+    version: 2,
+    description: "audit log, counter samples for the stats series",
+    sqlite: &[
+        "CREATE TABLE IF NOT EXISTS audit_log (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at_ms BIGINT NOT NULL,
+            token VARCHAR(32) NOT NULL,
+            action VARCHAR(64) NOT NULL,
+            target VARCHAR(300) NOT NULL,
+            before_json VARCHAR(7000) NULL,
+            after_json VARCHAR(7000) NULL)",
+        "CREATE TABLE IF NOT EXISTS counter_samples (
+            host_id VARCHAR(255) NOT NULL,
+            strategy_id BIGINT NOT NULL,
+            at_ms BIGINT NOT NULL,
+            passed_count BIGINT NOT NULL,
+            limited_count BIGINT NOT NULL,
+            delayed_count BIGINT NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS counter_samples_strategy ON counter_samples (strategy_id, at_ms)",
+        "CREATE INDEX IF NOT EXISTS counter_samples_at ON counter_samples (at_ms)",
+    ],
+    mysql: &[
+        mysql_table!(
+            "CREATE TABLE IF NOT EXISTS audit_log (
+            id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+            at_ms BIGINT NOT NULL,
+            token VARCHAR(32) NOT NULL,
+            action VARCHAR(64) NOT NULL,
+            target VARCHAR(300) NOT NULL,
+            before_json VARCHAR(7000) NULL,
+            after_json VARCHAR(7000) NULL) "
+        ),
+        mysql_table!(
+            "CREATE TABLE IF NOT EXISTS counter_samples (
+            host_id VARCHAR(255) NOT NULL,
+            strategy_id BIGINT NOT NULL,
+            at_ms BIGINT NOT NULL,
+            passed_count BIGINT NOT NULL,
+            limited_count BIGINT NOT NULL,
+            delayed_count BIGINT NOT NULL,
+            KEY counter_samples_strategy (strategy_id, at_ms),
+            KEY counter_samples_at (at_ms)) "
+        ),
+    ],
 }];

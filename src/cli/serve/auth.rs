@@ -1,0 +1,193 @@
+//! Bearer tokens: admin (everything), read (GET endpoints), agent
+//! (snapshot and report). Compared in constant time.
+
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+
+use axum::http::HeaderMap;
+
+use super::api::ApiError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Admin,
+    Read,
+    Agent,
+}
+
+impl Kind {
+    /// The name recorded in the audit log.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Admin => "admin",
+            Kind::Read => "read",
+            Kind::Agent => "agent",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum AdminSource {
+    Env,
+    File { path: PathBuf, created: bool },
+}
+
+pub struct Tokens {
+    admin: Vec<u8>,
+    read: Option<Vec<u8>>,
+    agent: Option<Vec<u8>>,
+    pub admin_source: AdminSource,
+}
+
+/// Equal in time that depends only on the lengths.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | ((a.len() ^ b.len()) >> 8) as u8;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0xff);
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0 && a.len() == b.len()
+}
+
+fn random_token() -> Result<String, String> {
+    let mut buf = [0u8; 32];
+    let mut f = std::fs::File::open("/dev/urandom").map_err(|e| format!("/dev/urandom: {e}"))?;
+    std::io::Read::read_exact(&mut f, &mut buf).map_err(|e| format!("/dev/urandom: {e}"))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn read_token(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    let t = std::fs::read_to_string(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(format!("{what} {}: the file is empty", path.display()));
+    }
+    Ok(t.as_bytes().to_vec())
+}
+
+fn env_token(name: &str) -> Option<Vec<u8>> {
+    std::env::var(name)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .map(String::into_bytes)
+}
+
+impl Tokens {
+    /// Admin token from env RATE_CTL_ADMIN_TOKEN, else from `admin_file`,
+    /// created (mode 0600, random) if missing; read and agent tokens from
+    /// env or their files when given.
+    pub fn load(
+        admin_file: &Path,
+        read_file: Option<&Path>,
+        agent_file: Option<&Path>,
+    ) -> Result<Tokens, String> {
+        let (admin, admin_source) = match env_token("RATE_CTL_ADMIN_TOKEN") {
+            Some(t) => (t, AdminSource::Env),
+            None if admin_file.exists() => (
+                read_token(admin_file, "--admin-token-file")?,
+                AdminSource::File {
+                    path: admin_file.to_path_buf(),
+                    created: false,
+                },
+            ),
+            None => {
+                let t = random_token()?;
+                if let Some(dir) = admin_file.parent() {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| format!("--admin-token-file: {}: {e}", dir.display()))?;
+                }
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(admin_file)
+                    .map_err(|e| format!("--admin-token-file {}: {e}", admin_file.display()))?;
+                writeln!(f, "{t}")
+                    .map_err(|e| format!("--admin-token-file {}: {e}", admin_file.display()))?;
+                (
+                    t.into_bytes(),
+                    AdminSource::File {
+                        path: admin_file.to_path_buf(),
+                        created: true,
+                    },
+                )
+            }
+        };
+        let other =
+            |env: &str, file: Option<&Path>, what: &str| -> Result<Option<Vec<u8>>, String> {
+                match (env_token(env), file) {
+                    (Some(t), _) => Ok(Some(t)),
+                    (None, Some(f)) => read_token(f, what).map(Some),
+                    (None, None) => Ok(None),
+                }
+            };
+        Ok(Tokens {
+            admin,
+            read: other("RATE_CTL_READ_TOKEN", read_file, "--read-token-file")?,
+            agent: other("RATE_CTL_AGENT_TOKEN", agent_file, "--agent-token-file")?,
+            admin_source,
+        })
+    }
+
+    /// The kind of the request's bearer token, if it is one of ours.
+    fn kind(&self, given: &[u8]) -> Option<Kind> {
+        // Compare against every configured token, without stopping early.
+        let admin = ct_eq(given, &self.admin);
+        let read = self.read.as_deref().is_some_and(|t| ct_eq(given, t));
+        let agent = self.agent.as_deref().is_some_and(|t| ct_eq(given, t));
+        if admin {
+            Some(Kind::Admin)
+        } else if read {
+            Some(Kind::Read)
+        } else if agent {
+            Some(Kind::Agent)
+        } else {
+            None
+        }
+    }
+
+    /// 401 without a valid token, 403 if its kind is not in `allowed`.
+    pub fn check(&self, headers: &HeaderMap, allowed: &[Kind]) -> Result<Kind, ApiError> {
+        let value = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let token = value
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim())
+            .unwrap_or("");
+        if token.is_empty() {
+            return Err(ApiError::unauthorized(
+                "missing bearer token (Authorization: Bearer <token>)",
+            ));
+        }
+        let kind = self
+            .kind(token.as_bytes())
+            .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+        if !allowed.contains(&kind) {
+            return Err(ApiError::forbidden(format!(
+                "the {} token may not use this endpoint",
+                kind.name()
+            )));
+        }
+        Ok(kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_equality() {
+        assert!(ct_eq(b"abc", b"abc"));
+        assert!(!ct_eq(b"abc", b"abd"));
+        assert!(!ct_eq(b"abc", b"abcd"));
+        assert!(!ct_eq(b"", b"a"));
+        assert!(!ct_eq(&[0u8; 256], &[0u8; 0]));
+    }
+}

@@ -1,0 +1,268 @@
+//! The OpenAPI 3.1 document of `/api/v1` (served at
+//! `/api/v1/openapi.json`). tests/serve_api.rs checks that its paths are
+//! exactly the router's and that its examples validate and are accepted.
+
+use serde_json::{json, Value};
+
+fn schema_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn nullable(t: &str) -> Value {
+    json!({"type": [t, "null"]})
+}
+
+/// A JSON response with a schema (and an example when given).
+fn answer(desc: &str, schema: Value) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": schema}}})
+}
+
+fn error(desc: &str) -> Value {
+    answer(desc, schema_ref("Error"))
+}
+
+fn body(schema: Value, example: Value) -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": schema, "example": example}}})
+}
+
+fn id_param(name: &str, t: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "schema": {"type": t}})
+}
+
+fn query(name: &str, t: &str, desc: &str) -> Value {
+    json!({"name": name, "in": "query", "required": false, "schema": {"type": t}, "description": desc})
+}
+
+/// Operation: summary, parameters, request body, responses; `auth` false
+/// for the two open endpoints.
+fn op(
+    summary: &str,
+    params: Vec<Value>,
+    req: Option<Value>,
+    mut responses: Value,
+    auth: bool,
+) -> Value {
+    let r = responses.as_object_mut().expect("object");
+    if auth {
+        r.insert("401".into(), error("missing, empty or unknown token"));
+        r.insert(
+            "403".into(),
+            error("this token kind may not use this endpoint"),
+        );
+    }
+    let mut o = json!({"summary": summary, "parameters": params, "responses": responses});
+    if let Some(b) = req {
+        o["requestBody"] = b;
+    }
+    if !auth {
+        o["security"] = json!([]);
+    }
+    o
+}
+
+pub fn strategy_example() -> Value {
+    json!({"name": "pay-u1024", "match": {"ip": "1.2.3.4", "userid": "u1024", "api": "/pay"},
+           "algorithm": "token_bucket", "rate": 100, "per": "second", "burst": 20,
+           "action": "reject", "status": 429, "max_delay_ms": null, "enabled": true,
+           "scope": "cluster"})
+}
+
+fn schemas() -> Value {
+    let strategy_fields = json!({
+        "name": {"type": "string", "description": "unique, 1 to 200 bytes"},
+        "match": {"type": "object", "additionalProperties": {"type": "string"},
+                  "description": "dimension = value conditions, all must hold; {} matches every request"},
+        "algorithm": {"type": "string", "enum": ["fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "concurrency"]},
+        "rate": {"type": "integer", "minimum": 1},
+        "per": {"type": "string", "enum": ["second", "minute", "hour", "day"], "default": "second"},
+        "burst": {"type": "integer", "minimum": 1, "default": 1},
+        "action": {"type": "string", "enum": ["reject", "delay", "dry_run"], "default": "reject"},
+        "status": {"type": ["integer", "null"], "minimum": 400, "maximum": 599, "description": "reject only; null = 503"},
+        "max_delay_ms": {"type": ["integer", "null"], "minimum": 1, "description": "required for delay"},
+        "enabled": {"type": "boolean", "default": true},
+        "scope": {"type": "string", "enum": ["cluster", "host"], "default": "cluster"},
+    });
+    let mut strategy = strategy_fields.clone();
+    let o = strategy.as_object_mut().expect("object");
+    o.insert("id".into(), json!({"type": "integer"}));
+    o.insert(
+        "version".into(),
+        json!({"type": "integer", "description": "config version of the last change"}),
+    );
+    o.insert(
+        "created_at".into(),
+        json!({"type": "integer", "description": "Unix ms"}),
+    );
+    o.insert(
+        "updated_at".into(),
+        json!({"type": "integer", "description": "Unix ms"}),
+    );
+    let mut put = strategy.clone();
+    put["version"]["description"] = json!("the version this edit is based on (409 if stale)");
+    let mut example = strategy_example();
+    for (k, v) in [
+        ("id", json!(7)),
+        ("version", json!(41)),
+        ("created_at", json!(1763800000000u64)),
+        ("updated_at", json!(1763800000000u64)),
+    ] {
+        example[k] = v;
+    }
+    let host = json!({"type": "object", "additionalProperties": false,
+        "required": ["host_id", "weight", "last_heartbeat", "applied_version", "applied_at", "lag", "fresh"],
+        "properties": {"host_id": {"type": "string"}, "weight": {"type": "integer"},
+            "last_heartbeat": nullable("integer"), "applied_version": nullable("integer"),
+            "applied_at": nullable("integer"), "lag": nullable("integer"), "fresh": {"type": "boolean"}},
+        "example": {"host_id": "web-1", "weight": 2, "last_heartbeat": 1763800000000u64, "applied_version": 40,
+                    "applied_at": 1763800000000u64, "lag": 1, "fresh": true}});
+    let entry = json!({"type": "object", "additionalProperties": false,
+        "required": ["id", "dimension", "value", "expires_at", "reason", "created_at"],
+        "properties": {"id": {"type": "integer"}, "dimension": {"type": "string"}, "value": {"type": "string"},
+            "expires_at": nullable("integer"), "reason": {"type": "string"}, "created_at": {"type": "integer"}},
+        "example": {"id": 3, "dimension": "ip", "value": "10.0.0.9", "expires_at": 1763900000000u64,
+                    "reason": "abuse", "created_at": 1763800000000u64}});
+    let all: Vec<&str> = strategy
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    json!({
+        "Error": {"type": "object", "additionalProperties": false, "required": ["error"],
+            "properties": {"error": {"type": "object", "additionalProperties": false, "required": ["field", "message"],
+                "properties": {"field": nullable("string"), "message": {"type": "string"}}}},
+            "example": {"error": {"field": "rate", "message": "rate: must be greater than 0"}}},
+        "StrategyInput": {"type": "object", "additionalProperties": false,
+            "required": ["name", "algorithm", "rate"], "properties": strategy_fields,
+            "example": strategy_example()},
+        "StrategyPut": {"type": "object", "additionalProperties": false,
+            "required": ["name", "algorithm", "rate", "version"], "properties": put,
+            "example": example.clone()},
+        "Strategy": {"type": "object", "additionalProperties": false, "required": all,
+            "properties": strategy, "example": example},
+        "StrategyPatch": {"type": "object", "additionalProperties": false, "required": ["version"],
+            "properties": {"version": {"type": "integer"}, "enabled": {"type": "boolean"},
+                "dry_run": {"type": "boolean", "description": "true: action dry_run; false: action reject"}},
+            "example": {"version": 41, "enabled": false}},
+        "BlacklistEntry": entry,
+        "BlacklistInput": {"type": "object", "additionalProperties": false, "required": ["dimension", "value"],
+            "properties": {"dimension": {"type": "string"}, "value": {"type": "string"},
+                "expires_in_s": {"type": "integer", "minimum": 1}, "expires_at": {"type": "integer", "description": "Unix ms, in the future"},
+                "reason": {"type": "string"}},
+            "example": {"dimension": "ip", "value": "10.0.0.9", "expires_in_s": 3600, "reason": "abuse"}},
+        "Host": host,
+        "HostWeight": {"type": "object", "additionalProperties": false, "required": ["weight"],
+            "properties": {"weight": {"type": "integer", "minimum": 1, "maximum": 1000000}},
+            "example": {"weight": 2}},
+        "Audit": {"type": "object", "additionalProperties": false,
+            "required": ["id", "at", "token", "action", "target", "before", "after"],
+            "properties": {"id": {"type": "integer"}, "at": {"type": "integer"}, "token": {"type": "string"},
+                "action": {"type": "string"}, "target": {"type": "string"},
+                "before": {"type": ["object", "null"]}, "after": {"type": ["object", "null"]}}},
+        "Report": {"type": "object", "additionalProperties": false,
+            "properties": {"weight": {"type": "integer", "minimum": 1}, "applied_version": nullable("integer"),
+                "counters": {"type": "array", "items": {"type": "object", "additionalProperties": false,
+                    "required": ["id"], "properties": {"id": {"type": "integer"}, "passed": {"type": "integer"},
+                    "limited": {"type": "integer"}, "delayed": {"type": "integer"}}}}},
+            "example": {"applied_version": 41, "counters": [{"id": 7, "passed": 1200, "limited": 30, "delayed": 0}]}},
+        "ReportAnswer": {"type": "object", "additionalProperties": false, "required": ["ok", "version", "hosts"],
+            "properties": {"ok": {"type": "boolean"}, "version": {"type": "integer"},
+                "hosts": {"type": "array", "items": schema_ref("Host")}}},
+        "Snapshot": {"type": "object", "additionalProperties": false,
+            "required": ["version", "changed", "strategies", "blacklist", "hosts"],
+            "properties": {"version": {"type": "integer"}, "changed": {"type": "boolean"},
+                "strategies": {"type": "array", "items": schema_ref("Strategy")},
+                "blacklist": {"type": "array", "items": schema_ref("BlacklistEntry")},
+                "hosts": {"type": "array", "items": schema_ref("Host")}}},
+        "Stats": {"type": "object", "additionalProperties": false, "required": ["strategy", "points"],
+            "properties": {"strategy": {"type": "integer"}, "points": {"type": "array", "items": {
+                "type": "object", "additionalProperties": false, "required": ["at", "passed_per_s", "limited_per_s", "delayed_per_s"],
+                "properties": {"at": {"type": "integer"}, "passed_per_s": {"type": "number"}, "limited_per_s": {"type": "number"}, "delayed_per_s": {"type": "number"}}}}}},
+    })
+}
+
+fn list_of(key: &str, item: &str, with_version: bool) -> Value {
+    let mut props = json!({key: {"type": "array", "items": schema_ref(item)}});
+    let mut req = vec![key];
+    if with_version {
+        props["version"] = json!({"type": "integer"});
+        req.push("version");
+    }
+    json!({"type": "object", "additionalProperties": false, "required": req, "properties": props})
+}
+
+pub fn document() -> Value {
+    let sid = || id_param("id", "integer");
+    let e400 = || error("malformed JSON or unknown field (named in error.field)");
+    let e404 = || error("no such id");
+    let e409 = || error("stale version: the strategy changed since the given version");
+    let e422 = || error("validation failed (error.field names the field)");
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "rate-ctl serve", "version": "1",
+                 "description": "Strategies, blacklist, hosts, audit and agent long-poll of rate_ctl. See docs/API.md."},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": schemas(),
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/api/v1/health": {"get": op("Liveness and config version (no token)", vec![], None,
+                json!({"200": answer("store reachable", json!({"type": "object", "additionalProperties": false, "required": ["ok", "version"], "properties": {"ok": {"type": "boolean"}, "version": {"type": "integer"}}}))}), false)},
+            "/api/v1/version": {"get": op("Current config version", vec![], None,
+                json!({"200": answer("version", json!({"type": "object", "additionalProperties": false, "required": ["version"], "properties": {"version": {"type": "integer"}}}))}), true)},
+            "/api/v1/strategies": {
+                "get": op("List strategies", vec![
+                        query("dimension", "string", "only strategies with a condition on this dimension"),
+                        query("value", "string", "only strategies with a condition of this value (on `dimension` if given)"),
+                        query("name", "string", "only names containing this text")], None,
+                    json!({"200": answer("strategies by id", list_of("strategies", "Strategy", true))}), true),
+                "post": op("Create a strategy", vec![], Some(body(schema_ref("StrategyInput"), strategy_example())),
+                    json!({"201": answer("created", schema_ref("Strategy")), "400": e400(), "422": e422()}), true),
+            },
+            "/api/v1/strategies/{id}": {
+                "get": op("One strategy", vec![sid()], None,
+                    json!({"200": answer("the strategy", schema_ref("Strategy")), "404": e404()}), true),
+                "put": op("Replace a strategy (optimistic: give the version it was based on)", vec![sid()],
+                    Some(body(schema_ref("StrategyPut"), json!({"name": "pay-u1024-v2", "match": {"api": "/pay"}, "algorithm": "token_bucket", "rate": 200, "burst": 20, "version": 41}))),
+                    json!({"200": answer("stored", schema_ref("Strategy")), "400": e400(), "404": e404(), "409": e409(), "422": e422()}), true),
+                "patch": op("Enable, disable or toggle dry-run", vec![sid()],
+                    Some(body(schema_ref("StrategyPatch"), json!({"version": 41, "enabled": false}))),
+                    json!({"200": answer("stored", schema_ref("Strategy")), "400": e400(), "404": e404(), "409": e409(), "422": e422()}), true),
+                "delete": op("Delete a strategy", vec![sid()], None,
+                    json!({"204": {"description": "deleted"}, "404": e404()}), true),
+            },
+            "/api/v1/blacklist": {
+                "get": op("List blacklist entries", vec![], None,
+                    json!({"200": answer("entries by id", list_of("entries", "BlacklistEntry", true))}), true),
+                "post": op("Block a dimension value (replaces an entry for the same value)", vec![],
+                    Some(body(schema_ref("BlacklistInput"), json!({"dimension": "ip", "value": "10.0.0.9", "expires_in_s": 3600, "reason": "abuse"}))),
+                    json!({"201": answer("created", schema_ref("BlacklistEntry")), "400": e400(), "422": e422()}), true),
+            },
+            "/api/v1/blacklist/{id}": {"delete": op("Remove a blacklist entry", vec![sid()], None,
+                json!({"204": {"description": "removed"}, "404": e404()}), true)},
+            "/api/v1/hosts": {"get": op("Hosts with weight, heartbeat, applied version, lag", vec![], None,
+                json!({"200": answer("hosts", list_of("hosts", "Host", true))}), true)},
+            "/api/v1/hosts/{host_id}": {"put": op("Set a host's weight (registers an unknown host)", vec![id_param("host_id", "string")],
+                Some(body(schema_ref("HostWeight"), json!({"weight": 2}))),
+                json!({"200": answer("the host", schema_ref("Host")), "400": e400(), "422": e422()}), true)},
+            "/api/v1/hosts/{host_id}/report": {"post": op("Agent heartbeat: applied version and slot counters (admin or agent token)",
+                vec![id_param("host_id", "string")],
+                Some(body(schema_ref("Report"), json!({"applied_version": 1, "counters": [{"id": 1, "passed": 1200, "limited": 30, "delayed": 0}]}))),
+                json!({"200": answer("recorded; the hosts for the rate split", schema_ref("ReportAnswer")), "400": e400(), "422": e422()}), true)},
+            "/api/v1/audit": {"get": op("Audit log, newest first", vec![
+                    query("limit", "integer", "1 to 1000, default 100"),
+                    query("before_id", "integer", "only entries with a smaller id (paging)")], None,
+                json!({"200": answer("entries", list_of("entries", "Audit", false)), "400": e400()}), true)},
+            "/api/v1/snapshot": {"get": op("Everything an agent publishes; long-poll: holds up to 30 s while the version is not above `after`",
+                vec![query("after", "integer", "the version the caller has")], None,
+                json!({"200": answer("snapshot (changed: false when the hold ran out)", schema_ref("Snapshot")), "400": e400()}), true)},
+            "/api/v1/stats": {"get": op("Passed and limited requests per second of one strategy, summed over hosts",
+                vec![json!({"name": "strategy", "in": "query", "required": true, "schema": {"type": "integer"}}),
+                     query("seconds", "integer", "1 to 300, default 120")], None,
+                json!({"200": answer("one point per second", schema_ref("Stats")), "400": e400()}), true)},
+            "/api/v1/openapi.json": {"get": op("This document (no token)", vec![], None,
+                json!({"200": answer("OpenAPI 3.1", json!({"type": "object"}))}), false)},
+        }
+    })
+}
