@@ -6,7 +6,7 @@
 const API = '/api/v1';
 const TOKEN_KEY = 'rate_ctl.token';
 const STATS_EVERY_MS = 2000;
-const REFRESH_EVERY_MS = 5000;
+const REFRESH_EVERY_MS = 2000;
 const STATS_SECONDS = 120;
 const MAX_SPARKLINES = 20;
 
@@ -963,13 +963,27 @@ function renderAudit() {
 
 setInterval(pollStats, STATS_EVERY_MS);
 setInterval(tickRemaining, 1000);
-setInterval(() => {
-  // Keep lists current (other operators, agents) unless the user is in a dialog.
-  if (!state.token || $('#app').hidden || document.hidden) return;
+// Keep the open tab current: reload it when the config version moved (a
+// change by another operator or CLI) and, for hosts, on every tick
+// (heartbeats and applied versions change without a new config version).
+let watchBusy = false;
+setInterval(async () => {
+  if (watchBusy || !state.token || $('#app').hidden || document.hidden) return;
   if ($('#strategy-dialog').open || $('#confirm-dialog').open) return;
-  if (state.tab === 'audit') return; // would reset "load older"
-  if (state.tab === 'strategies' && $('#strategies-table').contains(document.activeElement)) return;
-  refreshTab();
+  watchBusy = true;
+  try {
+    const before = state.version;
+    const v = (await api('GET', '/version')).version;
+    const moved = v !== before;
+    setVersion(v);
+    if (state.tab === 'strategies' && $('#strategies-table').contains(document.activeElement)) return;
+    if (state.tab === 'audit' && state.audit.length > 50) return; // keep "load older" pages
+    if (moved || state.tab === 'hosts') await refreshTab();
+  } catch (e) {
+    // The next tick retries; a 401 already shows the token prompt.
+  } finally {
+    watchBusy = false;
+  }
 }, REFRESH_EVERY_MS);
 
 (function start() {

@@ -153,7 +153,7 @@ before(async () => {
     .catch((e) => { throw new Error(`${e.message}\nserve log:\n${logOf('serve')}`); });
 
   // The agent, talking to the service over HTTP.
-  start('agent', BIN, ['--store', serveUrl('/'), 'agent', '--shm', shm, '--host-id', HOST_ID,
+  start('agent', BIN, ['--store', serveUrl(), 'agent', '--shm', shm, '--host-id', HOST_ID,
     '--mode', '0666', '--poll-ms', '100', '--heartbeat-ms', '500'],
   { RATE_CTL_TOKEN: TOKEN, RATE_CTL_AGENT_TOKEN: TOKEN });
   await waitFor('the agent to create the shm file', () => fs.existsSync(shm), 20000)
@@ -320,6 +320,10 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
 
   await t.test('a stale toggle (someone else changed it) says so and reloads', async () => {
     const s = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'pay-limit');
+    // The page would notice the new config version within 2 s; hold its
+    // version checks so that the click below is surely based on the old one.
+    const hold = (route) => route.abort();
+    await page.route('**/api/v1/version', hold);
     // Another operator disables it behind the page's back.
     const other = await apiCall('PATCH', `/strategies/${s.id}`, { version: s.version, enabled: false });
     assert.equal(other.status, 200);
@@ -330,9 +334,47 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
       !(await page.getByRole('switch', { name: 'Enabled: pay-limit' }).isChecked()), 5000);
     const now = (await apiCall('GET', `/strategies/${s.id}`)).body;
     assert.equal(now.enabled, false, 'the stale click did not overwrite the other change');
+    await page.unroute('**/api/v1/version', hold);
     // Enable again from the page (now based on the current version).
     await page.getByRole('switch', { name: 'Enabled: pay-limit' }).click();
     await waitFor('enabled again', async () => (await apiCall('GET', `/strategies/${s.id}`)).body.enabled === true, 5000);
+  });
+
+  await t.test('editing through the form changes the limit nginx enforces (5/s lets about 10 through in 2 s)', async () => {
+    // Still fixed_window 2/minute with its window used up, but in dry run.
+    await page.getByRole('button', { name: 'Edit pay-limit' }).click();
+    const dlg = page.getByRole('dialog', { name: 'Edit strategy' });
+    assert.equal(await dlg.getByLabel('Rate (requests)').inputValue(), '2', 'the form shows the stored values');
+    await dlg.getByLabel('Algorithm').selectOption('token_bucket');
+    await dlg.getByLabel('Rate (requests)').fill('5');
+    await dlg.getByLabel('Per', { exact: true }).selectOption('second');
+    await dlg.getByLabel('Burst').fill('1');
+    await dlg.getByLabel('On overflow').selectOption('reject');
+    const t0 = Date.now();
+    await dlg.getByRole('button', { name: 'Save changes' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    const s = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'pay-limit');
+    assert.equal(s.algorithm, 'token_bucket');
+    assert.equal(s.rate, 5);
+    assert.equal(s.per, 'second');
+    assert.equal(s.action, 'reject');
+    // With 5/s (burst 1) one request per 200 ms passes; under the old
+    // fixed window (used up) none would. Count over 2 s at ~40 requests/s.
+    await sleep(Math.max(0, t0 + 1000 - Date.now()));
+    let passed = 0;
+    let limited = 0;
+    const end = Date.now() + 2000;
+    while (Date.now() < end) {
+      const st = await nginxStatus('/pay');
+      if (st === 200) passed++;
+      else if (st === 503) limited++;
+      await sleep(20);
+    }
+    process.stderr.write(`after the edit: ${passed} passed, ${limited} limited in 2 s\n`);
+    assert.ok(passed >= 8 && passed <= 13, `5/s over 2 s lets about 10 through, got ${passed}`);
+    assert.ok(limited > passed, `the rest is limited (${limited})`);
+    const row = page.locator('#strategies-table tbody tr', { hasText: 'pay-limit' });
+    await waitFor('the row to show the new limit', async () => /5 \/ second/.test(await row.innerText()), 5000);
   });
 
   await t.test('blacklist: blocking 127.0.0.1 with an expiry gives 403, removing it lets requests in', async () => {
@@ -372,14 +414,10 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
   await t.test('the live chart shows passed vs limited requests per second', async () => {
     await page.getByRole('tab', { name: 'Strategies' }).click();
     const s = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'pay-limit');
-    // Back to enforcing so that both lines have something to show.
-    const p = await apiCall('PATCH', `/strategies/${s.id}`, { version: s.version, dry_run: false });
-    assert.equal(p.status, 200);
-    await untilStatus('/pay', (st) => st === 503, Date.now(), 3000);
     await page.getByRole('button', { name: 'Show live chart of pay-limit' }).click();
     await page.locator('#chart-card').waitFor();
-    // Keep requests coming (mostly 503 now) until the page has polled a
-    // report with limited traffic for this strategy.
+    // About 25 requests a second against 5/s: both lines have something to
+    // show. Keep them coming until the page has polled such a report.
     let traffic = true;
     const load = (async () => {
       while (traffic) {
@@ -390,9 +428,9 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     try {
       await waitFor('limited requests in the chart', () => page.evaluate((id) => {
         const pts = state.stats.get(id) || [];
-        return pts.some((p) => p.limited_per_s > 0);
+        return pts.some((p) => p.limited_per_s > 0) && pts.some((p) => p.passed_per_s > 0);
       }, s.id), 15000, 250);
-      await page.waitForTimeout(2200); // one more poll so the line is drawn with the latest point
+      await page.waitForTimeout(4500); // a few more polls so that the lines have some length
       assert.match(await page.locator('#chart-now').innerText(), /Latest: [\d.]+ passed\/s, [\d.]+ limited\/s/);
     } finally {
       traffic = false;
