@@ -216,7 +216,19 @@ after(async () => {
 // ------------------------------------------------------------------ the test
 
 test('admin page drives real nginx through serve and the agent', { timeout: 120000 }, async (t) => {
-  await t.test('a wrong token is refused with a clear message, the right one opens the page', async () => {
+  // Each step builds on the page state the one before left behind: after a
+  // failure, later steps are skipped instead of timing out one by one.
+  let broken = null;
+  const step = (name, fn) => t.test(name, broken ? { skip: `after the failed step "${broken}"` } : {}, async () => {
+    try {
+      await fn();
+    } catch (e) {
+      broken = name;
+      throw e;
+    }
+  });
+
+  await step('a wrong token is refused with a clear message, the right one opens the page', async () => {
     await page.goto(serveUrl('/'));
     const tokenInput = page.getByLabel('API token', { exact: true });
     await tokenInput.fill('not-the-token');
@@ -231,7 +243,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     assert.equal(await page.evaluate(() => localStorage.getItem('rate_ctl.token')), TOKEN);
   });
 
-  await t.test('a strategy created in the form is enforced by nginx within 1 s of clicking save', async () => {
+  await step('a strategy created in the form is enforced by nginx within 1 s of clicking save', async () => {
     assert.equal(await nginxStatus('/pay'), 200, 'no limit before the strategy exists');
     await page.getByRole('button', { name: '+ New strategy' }).click();
     const dlg = page.getByRole('dialog', { name: 'New strategy' });
@@ -269,7 +281,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     assert.deepEqual(s.match, { api: '/pay' });
   });
 
-  await t.test('an invalid form shows the API message next to the rate field and creates nothing', async () => {
+  await step('an invalid form shows the API message next to the rate field and creates nothing', async () => {
     const before = (await apiCall('GET', '/strategies')).body.strategies.length;
     await page.getByRole('button', { name: '+ New strategy' }).click();
     const dlg = page.getByRole('dialog', { name: 'New strategy' });
@@ -302,7 +314,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await dlg.waitFor({ state: 'hidden' });
   });
 
-  await t.test('the dry-run toggle lets requests through within 1 s', async () => {
+  await step('the dry-run toggle lets requests through within 1 s', async () => {
     assert.equal(await nginxStatus('/pay'), 503);
     const sw = page.getByRole('switch', { name: 'Dry run: pay-limit' });
     assert.equal(await sw.isChecked(), false);
@@ -318,7 +330,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     assert.match(await page.locator('#strategies-table tbody tr', { hasText: 'pay-limit' }).innerText(), /dry run/);
   });
 
-  await t.test('a stale toggle (someone else changed it) says so and reloads', async () => {
+  await step('a stale toggle (someone else changed it) says so and reloads', async () => {
     const s = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'pay-limit');
     // The page would notice the new config version within 2 s; hold its
     // version checks so that the click below is surely based on the old one.
@@ -340,7 +352,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await waitFor('enabled again', async () => (await apiCall('GET', `/strategies/${s.id}`)).body.enabled === true, 5000);
   });
 
-  await t.test('editing through the form changes the limit nginx enforces (5/s lets about 10 through in 2 s)', async () => {
+  await step('editing through the form changes the limit nginx enforces (5/s lets about 10 through in 2 s)', async () => {
     // Still fixed_window 2/minute with its window used up, but in dry run.
     await page.getByRole('button', { name: 'Edit pay-limit' }).click();
     const dlg = page.getByRole('dialog', { name: 'Edit strategy' });
@@ -377,7 +389,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await waitFor('the row to show the new limit', async () => /5 \/ second/.test(await row.innerText()), 5000);
   });
 
-  await t.test('blacklist: blocking 127.0.0.1 with an expiry gives 403, removing it lets requests in', async () => {
+  await step('blacklist: blocking 127.0.0.1 with an expiry gives 403, removing it lets requests in', async () => {
     await page.getByRole('tab', { name: 'Blacklist' }).click();
     const panel = page.locator('#panel-blacklist');
     await panel.getByText('Nobody is blocked.').waitFor();
@@ -398,7 +410,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await page.getByText('Nobody is blocked.').waitFor();
   });
 
-  await t.test('hosts show the agent in sync; the audit log lists the changes', async () => {
+  await step('hosts show the agent in sync; the audit log lists the changes', async () => {
     await page.getByRole('tab', { name: 'Hosts' }).click();
     const row = page.locator('#hosts-table tbody tr', { hasText: HOST_ID });
     await waitFor('the host in sync', async () => /fresh, in sync/.test(await row.innerText()), 8000);
@@ -411,7 +423,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await page.screenshot({ path: path.join(ARTIFACTS, 'audit.png') });
   });
 
-  await t.test('the live chart shows passed vs limited requests per second', async () => {
+  await step('the live chart shows passed vs limited requests per second', async () => {
     await page.getByRole('tab', { name: 'Strategies' }).click();
     const s = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'pay-limit');
     await page.getByRole('button', { name: 'Show live chart of pay-limit' }).click();
