@@ -36,7 +36,7 @@ if ((node_major < 18)); then
 fi
 
 scripts/deps.sh
-(cd tests/browser && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --registry=https://registry.npmjs.org/)
+(cd tests/browser && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund)
 cargo build --bin rate-ctl
 scripts/build-module.sh vendored
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command on a fresh Debian 12 machine (as root): installs what it
 # needs, builds the module (vendored nginx 1.28) and the rate-ctl binary,
-# starts nginx with the module on 127.0.0.1:8080, the agent with a SQLite
-# store, seeds one strategy and shows it enforced. Ctrl-C stops everything
-# it started.
+# starts `rate-ctl serve` (REST API + admin page, SQLite store) on
+# 127.0.0.1:9090, the agent (long-polling the service) and nginx with the
+# module on 127.0.0.1:8080, seeds one strategy and shows it enforced.
+# Ctrl-C stops everything it started.
 #
 #   scripts/demo.sh              # runs until Ctrl-C
 #   DEMO_SECONDS=10 scripts/demo.sh   # stops by itself (used by the tests)
@@ -31,12 +32,21 @@ stop() {
     trap - INT TERM EXIT
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    echo "demo: stopped nginx and the agent"
+    echo "demo: stopped nginx, the agent and the service"
 }
 trap stop INT TERM EXIT
 
-"$bin" --store "$store" agent --shm "$shm" --host-id demo --weight 1 --mode 0666 \
-    >"$dir/logs/agent.log" 2>&1 &
+token_file="$dir/admin.token"
+"$bin" --store "$store" serve --listen 127.0.0.1:9090 --admin-token-file "$token_file" \
+    >"$dir/logs/serve.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+    curl -s -o /dev/null http://127.0.0.1:9090/api/v1/health && break
+    sleep 0.1
+done
+token="$(cat "$token_file")"
+RATE_CTL_TOKEN="$token" "$bin" agent --store http://127.0.0.1:9090 --shm "$shm" \
+    --host-id demo --weight 1 --mode 0666 >"$dir/logs/agent.log" 2>&1 &
 pids+=($!)
 "$nginx" -p "$dir" -c "$dir/nginx.conf" &
 pids+=($!)
@@ -55,8 +65,11 @@ sleep 1
 cat <<TXT
 
 rate_ctl demo is running.
+  admin page:                      http://127.0.0.1:9090/
+  admin token:                     $token   (also in $token_file)
   nginx (vendored 1.28 + module):  http://127.0.0.1:8080/   (logs: $dir/logs)
-  agent:                           SQLite store $dir/rate-ctl.db -> $shm
+  agent:                           long-polls http://127.0.0.1:9090 -> $shm
+  store:                           SQLite $dir/rate-ctl.db
   stats:                           curl -s http://127.0.0.1:8080/rate_ctl/stats
   strategies:                      $bin --store $store strategy list
 

@@ -6,7 +6,9 @@
 #      against SQLite and a throw-away MariaDB server on a loopback port
 #   4. the nginx module built for vendored nginx 1.28 and Debian's nginx 1.22,
 #      and the curl-driven t-nginx suites against both (prove)
-#   5. a short cargo-fuzz run of every fuzz target
+#   5. the admin page in Debian's headless Chromium (playwright-core) against
+#      real rate-ctl serve, agent and nginx processes (scripts/browser-test.sh)
+#   6. a short cargo-fuzz run of every fuzz target
 # Every server it starts is stopped by PID on exit.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,6 +35,9 @@ scripts/build-module.sh both
 NGINX_BUILD_DIR="$root/target-debian/nginx-src/objs" CARGO_TARGET_DIR="$root/target-debian" \
     cargo clippy --release --lib --no-default-features --features module -- -D warnings
 t-nginx/run.sh
+
+step "admin page in headless Chromium"
+scripts/browser-test.sh
 
 step "fuzz smoke (every target, ${FUZZ_SECONDS:-20} s each)"
 scripts/fuzz-smoke.sh

@@ -1,0 +1,176 @@
+//! Corrupt files: random bytes, flipped bits and truncation in every region
+//! give an error value (or a table that still validates), never a panic or
+//! an out-of-bounds read; a worker keeps its last good table.
+
+mod common;
+
+use std::path::Path;
+
+use common::{small_caps, strategy};
+use proptest::prelude::*;
+use rate_ctl::core::blacklist::BlacklistEntry;
+use rate_ctl::core::engine::{Engine, RECHECK_NS};
+use rate_ctl::core::model::{Algorithm, Unit};
+use rate_ctl::core::shm::{Mapping, ShmError};
+use rate_ctl::core::table::Request;
+use rate_ctl::core::writer::Writer;
+
+/// A valid file with strategies and a blacklist, as bytes.
+fn good_image(dir: &Path) -> Vec<u8> {
+    let path = dir.join("good");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let list: Vec<_> = (1..=20)
+        .map(|i| {
+            let user = format!("u{i}");
+            strategy(
+                i,
+                &[("ip", "10.0.0.1"), ("userid", user.as_str())],
+                Algorithm::TokenBucket,
+                10,
+                Unit::Second,
+            )
+        })
+        .collect();
+    let bl = vec![BlacklistEntry {
+        dimension: "userid".into(),
+        value: b"evil".to_vec(),
+        expires_unix_ms: None,
+    }];
+    w.publish(&list, &bl, 1).unwrap();
+    w.publish(&list, &bl, 2).unwrap(); // both segments written
+    std::fs::read(&path).unwrap()
+}
+
+/// Opens `bytes` as a file and runs a worker over it: refresh, decide.
+fn exercise(dir: &Path, name: &str, bytes: &[u8]) {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let mut e = Engine::new(&path);
+    e.refresh(0);
+    if let Some(t) = e.table() {
+        let values: Vec<Option<&[u8]>> = t
+            .dimensions()
+            .iter()
+            .map(|d| match d.as_str() {
+                "ip" => Some(&b"10.0.0.1"[..]),
+                _ => Some(&b"u3"[..]),
+            })
+            .collect();
+        let r = Request {
+            values: &values,
+            ip: Some("10.0.0.1".parse().unwrap()),
+            now_ns: 5,
+            now_unix_ms: 5,
+            dry_run: false,
+        };
+        let d = t.decide(&r);
+        t.release(&d);
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn truncation_in_every_region_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = good_image(dir.path());
+    let g = Mapping::open(&dir.path().join("good")).unwrap().geometry;
+    let cuts = [
+        0,
+        100,
+        4095,
+        g.bitmap_off + 8,
+        g.seg_off[0] + 100,
+        g.seg_off[1] + 100,
+        g.slots_off + 64,
+        g.bl_off + 10,
+        g.file_size - 8,
+    ];
+    for cut in cuts {
+        let path = dir.path().join("cut");
+        std::fs::write(&path, &image[..cut as usize]).unwrap();
+        let err = Mapping::open(&path)
+            .err()
+            .unwrap_or_else(|| panic!("cut at {cut} accepted"));
+        assert!(
+            matches!(err, ShmError::TooSmall { .. } | ShmError::Truncated { .. }),
+            "cut at {cut}: {err}"
+        );
+        let mut e = Engine::new(&path);
+        let change = e.refresh(0).expect("one error line");
+        assert!(
+            e.table().is_none(),
+            "fail open at cut {cut}: {}",
+            change.message
+        );
+    }
+}
+
+#[test]
+fn a_worker_keeps_its_table_when_the_file_is_corrupted_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let s = strategy(
+        1,
+        &[("api", "/a")],
+        Algorithm::TokenBucket,
+        10,
+        Unit::Second,
+    );
+    w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+    w.publish(std::slice::from_ref(&s), &[], 2).unwrap(); // sequence 2, segment 0
+    let mut e = Engine::new(&path);
+    e.refresh(0);
+    assert_eq!(e.table().unwrap().config_version(), 2);
+    // Flip one bit of the inactive segment's payload (sequence 1's), then
+    // make the header name it as sequence 3.
+    let map = e.table().unwrap().mapping().unwrap().clone();
+    let seg = map.segment(1);
+    seg.store(64 + 8, seg.load(64 + 8) ^ 1);
+    seg.store(16, 3); // its publish sequence
+    map.header()
+        .u64_at(rate_ctl::core::shm::H_SEQ)
+        .unwrap()
+        .store(3, std::sync::atomic::Ordering::Release);
+    let c = e.refresh(1).expect("refusal logged once");
+    assert!(c.message.contains("checksum"), "{}", c.message);
+    assert_eq!(
+        e.table().unwrap().config_version(),
+        2,
+        "last good table kept"
+    );
+    assert!(e.refresh(RECHECK_NS).is_none());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn flipped_bits_anywhere_never_panic(flips in proptest::collection::vec((any::<u64>(), 0u8..8), 1..16)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut image = good_image(dir.path());
+        // Bias half the flips into the header and the active segment's head.
+        for (i, (pos, bit)) in flips.iter().enumerate() {
+            let len = image.len() as u64;
+            let at = if i % 2 == 0 { pos % 4096.min(len) } else { pos % len };
+            image[at as usize] ^= 1 << bit;
+        }
+        exercise(dir.path(), "flipped", &image);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..20_000)) {
+        let dir = tempfile::tempdir().unwrap();
+        exercise(dir.path(), "random", &bytes);
+        rate_ctl::core::shm::fuzz_reader(&bytes);
+    }
+
+    #[test]
+    fn a_random_header_over_a_good_body_never_panics(header in proptest::collection::vec(any::<u8>(), 4096)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut image = good_image(dir.path());
+        // Keep the magic and version so the geometry parser is reached.
+        image[16..4096].copy_from_slice(&header[16..4096]);
+        exercise(dir.path(), "header", &image);
+    }
+}
