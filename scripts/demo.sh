@@ -52,9 +52,10 @@ pids+=($!)
 pids+=($!)
 
 # Seed one strategy (once): 2 requests a second for /pay, burst 2.
-if ! "$bin" --store "$store" strategy list | grep -q demo-pay; then
-    "$bin" --store "$store" strategy add --name demo-pay --match api=/pay \
-        --algorithm token_bucket --rate 2 --per second --burst 2 --scope host
+id="$("$bin" --store "$store" strategy list | awk '/demo-pay/ {print $1; exit}')"
+if [[ -z "$id" ]]; then
+    id="$("$bin" --store "$store" strategy add --name demo-pay --match api=/pay \
+        --algorithm token_bucket --rate 2 --per second --burst 2 --scope host)"
 fi
 for _ in $(seq 50); do
     curl -s -o /dev/null "http://127.0.0.1:8080/" && break
@@ -73,7 +74,7 @@ rate_ctl demo is running.
   stats:                           curl -s http://127.0.0.1:8080/rate_ctl/stats
   strategies:                      $bin --store $store strategy list
 
-Five requests to /pay at once (strategy demo-pay: 2/s, burst 2):
+Five requests to /pay at once (strategy $id "demo-pay": 2/s, burst 2):
 TXT
 for _ in 1 2 3 4 5; do
     curl -s -o /dev/null -w '  curl http://127.0.0.1:8080/pay -> %{http_code}\n' http://127.0.0.1:8080/pay
@@ -82,7 +83,8 @@ cat <<TXT
 
 Try:  for i in 1 2 3 4 5; do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:8080/pay; done
 Change the limit (applies within a second, no reload):
-      $bin --store $store strategy update ID --rate 100
+      $bin --store $store strategy update $id --rate 100
+      (or in the admin page: edit demo-pay)
 Press Ctrl-C to stop.
 TXT
 if [[ -n "${DEMO_SECONDS:-}" ]]; then
