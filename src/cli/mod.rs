@@ -1,6 +1,7 @@
 //! The `rate-ctl` command line: agent, store client commands, shm inspection.
 
 pub mod agent;
+pub mod backend;
 pub mod publish;
 pub mod rates;
 pub mod record;
@@ -11,15 +12,17 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::json;
 
+use backend::{Backend, Target};
 use rate_ctl::core::model::{Algorithm, Unit};
 use record::{
-    conditions_from_args, flag_for_field, parse_duration_ms, ActionKind, BlacklistRecord, Scope,
-    StrategyRecord,
+    conditions_from_args, flag_for_field, parse_duration_ms, parse_strategy_line, ActionKind,
+    BlacklistRecord, Scope, StrategyRecord,
 };
-use store::{now_ms, Store, StoreError, DEFAULT_STORE};
+use store::{now_ms, StoreError, DEFAULT_STORE};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,9 +32,24 @@ use store::{now_ms, Store, StoreError, DEFAULT_STORE};
     about = "Dynamic rate control for nginx: agent, config store and shared-memory tools"
 )]
 pub struct Cli {
-    /// Config store: sqlite:PATH (created on first use) or mysql://USER:PASS@HOST:PORT/DB.
-    #[arg(long, global = true, default_value = DEFAULT_STORE, value_name = "URL")]
-    store: String,
+    /// Config store: sqlite:PATH (created on first use) or
+    /// mysql://USER:PASS@HOST:PORT/DB [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
+    #[arg(long, global = true, value_name = "URL")]
+    store: Option<String>,
+    /// Manage strategies, blacklist and hosts through a running
+    /// `rate-ctl serve` (http://HOST:PORT) instead of --store.
+    #[arg(long, global = true, env = "RATE_CTL_API", value_name = "URL")]
+    api: Option<String>,
+    /// Token of `rate-ctl serve` for --api (the admin token; a read token
+    /// can list) and for `agent --store http://…` (the agent token).
+    #[arg(
+        long,
+        global = true,
+        env = "RATE_CTL_TOKEN",
+        hide_env_values = true,
+        value_name = "T"
+    )]
+    token: Option<String>,
     /// Machine-readable output (one JSON document, or JSON lines for lists).
     #[arg(long, global = true)]
     json: bool,
@@ -65,10 +83,6 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct AgentArgs {
-    /// With --store http://…: the agent (or admin) token of `rate-ctl serve`
-    /// (env RATE_CTL_TOKEN).
-    #[arg(long, env = "RATE_CTL_TOKEN", hide_env_values = true, value_name = "T")]
-    token: Option<String>,
     /// Shared-memory file to create or adopt.
     #[arg(long, default_value = "/dev/shm/rate_ctl", value_name = "PATH")]
     shm: PathBuf,
@@ -356,7 +370,11 @@ impl From<StoreError> for Failure {
 type CmdResult = Result<(), Failure>;
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // RATE_CTL_API in the environment is for the config commands; only an
+    // explicit --api is an error where it makes no sense.
+    let api_flag = matches.value_source("api") == Some(ValueSource::CommandLine);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(cli.log_level)
@@ -373,7 +391,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(run(cli)) {
+    match rt.block_on(run(cli, api_flag)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             eprintln!("rate-ctl: error: {}", f.message);
@@ -382,23 +400,67 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> CmdResult {
+async fn run(cli: Cli, api_flag: bool) -> CmdResult {
+    let api = cli.api.filter(|a| !a.is_empty());
     match cli.command {
-        Command::Agent(a) => run_agent(&cli.store, a).await,
-        Command::Serve(a) => serve::run(&cli.store, a).await.map_err(Failure::other),
-        Command::Strategy(c) => strategy(&cli.store, cli.json, c).await,
-        Command::Blacklist(c) => blacklist(&cli.store, cli.json, c).await,
-        Command::Host(c) => host(&cli.store, cli.json, c).await,
+        Command::Agent(a) => {
+            // The agent reads `rate-ctl serve` with --store http://…; --api
+            // says the same.
+            let url = match (cli.store, api) {
+                (Some(_), Some(_)) => return Err(both_backends()),
+                (Some(s), None) => s,
+                (None, Some(a)) => a,
+                (None, None) => DEFAULT_STORE.to_string(),
+            };
+            run_agent(&url, cli.token, a).await
+        }
+        Command::Serve(a) => {
+            if api_flag {
+                return Err(Failure::usage(
+                    "serve reads the store itself: give --store, not --api",
+                ));
+            }
+            let url = cli.store.unwrap_or_else(|| DEFAULT_STORE.to_string());
+            serve::run(&url, a).await.map_err(Failure::other)
+        }
+        Command::Strategy(c) => strategy(&target(cli.store, api, cli.token)?, cli.json, c).await,
+        Command::Blacklist(c) => blacklist(&target(cli.store, api, cli.token)?, cli.json, c).await,
+        Command::Host(c) => host(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Shm(ShmCmd::Inspect { path }) => {
             publish::inspect(&path, cli.json).map_err(Failure::other)
         }
     }
 }
 
-async fn open(url: &str) -> Result<Store, Failure> {
-    Store::open(url).await.map_err(|e| match e {
-        StoreError::Url(m) => Failure::usage(m),
-        e => Failure::other(format!("{e} (--store {})", store::redact_url(url))),
+fn both_backends() -> Failure {
+    Failure::usage(
+        "--store and --api (or RATE_CTL_API) cannot be used together: give one config backend",
+    )
+}
+
+/// The config backend of the strategy, blacklist and host commands.
+fn target(
+    store: Option<String>,
+    api: Option<String>,
+    token: Option<String>,
+) -> Result<Target, Failure> {
+    match (store, api) {
+        (Some(_), Some(_)) => Err(both_backends()),
+        (None, Some(url)) => Ok(Target::Api { url, token }),
+        (store, None) => Ok(Target::Store(
+            store.unwrap_or_else(|| DEFAULT_STORE.to_string()),
+        )),
+    }
+}
+
+async fn open(target: &Target) -> Result<Backend, Failure> {
+    Backend::open(target).await.map_err(|e| match (e, target) {
+        (StoreError::Url(m), Target::Api { .. }) => Failure::usage(format!("--api: {m}")),
+        (StoreError::Url(m), Target::Store(_)) => Failure::usage(m),
+        (e, Target::Store(url)) => {
+            Failure::other(format!("{e} (--store {})", store::redact_url(url)))
+        }
+        (e, Target::Api { .. }) => Failure::other(e.to_string()),
     })
 }
 
@@ -407,7 +469,7 @@ fn out(line: impl AsRef<str>) {
     let _ = writeln!(o, "{}", line.as_ref());
 }
 
-async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
+async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
     match cmd {
         StrategyCmd::Add(a) => {
             let conditions = conditions_from_args(&a.matches).map_err(Failure::invalid)?;
@@ -430,8 +492,8 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             };
             // Refuse bad arguments before touching the store.
             rec.validate().map_err(Failure::invalid)?;
-            let store = open(url).await?;
-            let (id, version) = store.add_strategy(&rec, "cli").await?;
+            let store = open(target).await?;
+            let (id, version) = store.add_strategy(&rec).await?;
             if json {
                 out(json!({"id": id, "version": version}).to_string());
             } else {
@@ -439,7 +501,7 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
         }
         StrategyCmd::Update(u) => {
-            let store = open(url).await?;
+            let store = open(target).await?;
             let mut rec = store.get_strategy(u.id).await.map_err(|e| match e {
                 StoreError::Invalid(_) => Failure::other(format!(
                     "strategy {}: stored row is invalid ({e}); use `strategy rm` and add it again",
@@ -492,7 +554,9 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             if u.disable {
                 rec.enabled = false;
             }
-            let version = store.update_strategy(&rec, "cli").await?;
+            // Same messages as for `add`, whichever backend would refuse it.
+            rec.validate().map_err(Failure::invalid)?;
+            let version = store.update_strategy(&rec).await?;
             if json {
                 out(json!({"id": rec.id, "version": version}).to_string());
             } else {
@@ -503,9 +567,9 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
         }
         StrategyCmd::Rm { ids } => {
-            let store = open(url).await?;
+            let store = open(target).await?;
             for id in ids {
-                let version = store.delete_strategy(id, "cli").await?;
+                let version = store.delete_strategy(id).await?;
                 if json {
                     out(json!({"id": id, "version": version}).to_string());
                 } else {
@@ -515,7 +579,7 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
         }
         StrategyCmd::List { name, matches } => {
             let filter = conditions_from_args(&matches).map_err(Failure::invalid)?;
-            let store = open(url).await?;
+            let store = open(target).await?;
             let (recs, bad) = store.list_strategies().await?;
             for b in &bad {
                 eprintln!(
@@ -537,7 +601,7 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
         }
         StrategyCmd::Export { file } => {
-            let store = open(url).await?;
+            let store = open(target).await?;
             let (recs, bad) = store.list_strategies().await?;
             for b in &bad {
                 eprintln!(
@@ -562,11 +626,11 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
         }
         StrategyCmd::Import { file, replace } => {
-            let records = read_jsonl(&file)?;
-            let store = open(url).await?;
+            let (text, records) = read_jsonl(&file)?;
+            let store = open(target).await?;
             let (n, version) =
                 store
-                    .import(records, replace, "cli")
+                    .import(&text, records, replace)
                     .await
                     .map_err(|e| match e {
                         StoreError::Invalid(m) => {
@@ -586,23 +650,27 @@ async fn strategy(url: &str, json: bool, cmd: StrategyCmd) -> CmdResult {
     Ok(())
 }
 
-/// Parses JSON lines (blank lines skipped); the first bad line is reported
-/// by number.
-fn read_jsonl(file: &PathBuf) -> Result<Vec<(usize, StrategyRecord)>, Failure> {
+/// Reads and parses JSON lines (blank lines skipped); the first bad line is
+/// reported by number. Returns the text too (the API is sent it as is).
+#[allow(clippy::type_complexity)]
+fn read_jsonl(file: &PathBuf) -> Result<(String, Vec<(usize, StrategyRecord)>), Failure> {
     let f = std::fs::File::open(file)
         .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
+    let mut text = String::new();
     let mut out = Vec::new();
     for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
         let line =
             line.map_err(|e| Failure::usage(format!("{}: line {}: {e}", file.display(), i + 1)))?;
+        text.push_str(&line);
+        text.push('\n');
         if line.trim().is_empty() {
             continue;
         }
-        let rec: StrategyRecord = serde_json::from_str(&line)
+        let rec = parse_strategy_line(&line)
             .map_err(|e| Failure::usage(format!("{}: line {}: {e}", file.display(), i + 1)))?;
         out.push((i + 1, rec));
     }
-    Ok(out)
+    Ok((text, out))
 }
 
 fn print_strategies(recs: &[StrategyRecord]) {
@@ -644,7 +712,7 @@ fn print_strategies(recs: &[StrategyRecord]) {
     }
 }
 
-async fn blacklist(url: &str, json: bool, cmd: BlacklistCmd) -> CmdResult {
+async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult {
     match cmd {
         BlacklistCmd::Add {
             dimension,
@@ -661,8 +729,8 @@ async fn blacklist(url: &str, json: bool, cmd: BlacklistCmd) -> CmdResult {
                 created_ms: 0,
             };
             rec.validate().map_err(Failure::invalid)?;
-            let store = open(url).await?;
-            let (id, version) = store.blacklist_add(&rec, "cli").await?;
+            let store = open(target).await?;
+            let (id, version) = store.blacklist_add(&rec).await?;
             if json {
                 out(json!({"id": id, "version": version}).to_string());
             } else {
@@ -670,9 +738,9 @@ async fn blacklist(url: &str, json: bool, cmd: BlacklistCmd) -> CmdResult {
             }
         }
         BlacklistCmd::Rm { ids } => {
-            let store = open(url).await?;
+            let store = open(target).await?;
             for id in ids {
-                let version = store.blacklist_rm(id, "cli").await?;
+                let version = store.blacklist_rm(id).await?;
                 if json {
                     out(json!({"id": id, "version": version}).to_string());
                 } else {
@@ -683,7 +751,7 @@ async fn blacklist(url: &str, json: bool, cmd: BlacklistCmd) -> CmdResult {
             }
         }
         BlacklistCmd::List => {
-            let store = open(url).await?;
+            let store = open(target).await?;
             let now = now_ms();
             let list = store.blacklist_list().await?;
             if json {
@@ -712,12 +780,11 @@ async fn blacklist(url: &str, json: bool, cmd: BlacklistCmd) -> CmdResult {
     Ok(())
 }
 
-async fn host(url: &str, json: bool, cmd: HostCmd) -> CmdResult {
+async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
     match cmd {
         HostCmd::List { freshness } => {
-            let store = open(url).await?;
-            let version = store.version().await?;
-            let hosts = store.hosts().await?;
+            let store = open(target).await?;
+            let (version, hosts) = store.hosts().await?;
             let now = now_ms();
             if !json {
                 out(format!(
@@ -759,8 +826,9 @@ async fn host(url: &str, json: bool, cmd: HostCmd) -> CmdResult {
             }
         }
         HostCmd::SetWeight { host_id, weight } => {
-            let store = open(url).await?;
-            let version = store.set_weight(&host_id, weight, "cli").await?;
+            store::validate_host(&host_id, weight).map_err(Failure::from)?;
+            let store = open(target).await?;
+            let version = store.set_weight(&host_id, weight).await?;
             if json {
                 out(json!({"host_id": host_id, "weight": weight, "version": version}).to_string());
             } else {
@@ -785,7 +853,7 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-async fn run_agent(url: &str, a: AgentArgs) -> CmdResult {
+async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult {
     // Before anything slow, so that SIGTERM during start-up exits cleanly too.
     let shutdown = agent::shutdown_signal()
         .map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
@@ -820,7 +888,7 @@ async fn run_agent(url: &str, a: AgentArgs) -> CmdResult {
         poll_ms = a.poll_ms, freshness_ms = a.freshness, "agent starting"
     );
     if url.starts_with("http://") {
-        let source = serve::source::HttpSource::new(url, a.token.clone())
+        let source = serve::source::HttpSource::new(url, token)
             .map_err(|e| Failure::usage(format!("--store: {e}")))?;
         agent::Agent::new(opts, sink, source).run(shutdown).await;
     } else {

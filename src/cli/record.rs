@@ -288,6 +288,20 @@ pub fn strategy_from_api_json(v: &serde_json::Value) -> Result<StrategyRecord, S
     serde_json::from_value(v).map_err(|e| format!("strategy: {e}"))
 }
 
+/// Parses one line of an import: the export format (a [`StrategyRecord`]
+/// as `--json` prints it) or the API's strategy JSON (`created_at`,
+/// explicit nulls), so that `GET /api/v1/strategies` items load too. The
+/// error is the export format's (it names the field).
+pub fn parse_strategy_line(line: &str) -> Result<StrategyRecord, String> {
+    match serde_json::from_str::<StrategyRecord>(line) {
+        Ok(r) => Ok(r),
+        Err(e) => serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| strategy_from_api_json(&v).ok())
+            .ok_or_else(|| e.to_string()),
+    }
+}
+
 /// The REST API's JSON for a blacklist entry.
 pub fn blacklist_api_json(b: &BlacklistRecord) -> serde_json::Value {
     serde_json::json!({

@@ -14,7 +14,8 @@ use serde_json::{json, Map, Value};
 use super::auth::Kind;
 use super::Shared;
 use crate::cli::record::{
-    blacklist_api_json, strategy_api_json, ActionKind, BlacklistRecord, HostRecord, StrategyRecord,
+    blacklist_api_json, parse_strategy_line, strategy_api_json, ActionKind, BlacklistRecord,
+    HostRecord, StrategyRecord,
 };
 use crate::cli::store::{now_ms, CounterSample, StoreError};
 use rate_ctl::core::model::{canonical_ip, Algorithm, Unit};
@@ -30,6 +31,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub field: Option<String>,
     pub message: String,
+    /// The 1-based line (or array item) of an import the error is about.
+    pub line: Option<usize>,
 }
 
 impl ApiError {
@@ -38,6 +41,7 @@ impl ApiError {
             status,
             field: field.map(str::to_string),
             message: message.into(),
+            line: None,
         }
     }
     pub fn bad_request(field: Option<&str>, message: impl Into<String>) -> ApiError {
@@ -85,7 +89,10 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"field": self.field, "message": self.message}});
+        let mut body = json!({"error": {"field": self.field, "message": self.message}});
+        if let Some(line) = self.line {
+            body["error"]["line"] = json!(line);
+        }
         (self.status, Json(body)).into_response()
     }
 }
@@ -451,6 +458,95 @@ pub async fn delete_strategy(
     let v = st.store.delete_strategy(id, who.name()).await?;
     st.announce(v);
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// An import error about line (or array item) `line`: the message is the
+/// store's ("line 3: rate: must be greater than 0", as `rate-ctl strategy
+/// import` prints it), `field` the API name of the field when one is named.
+fn import_error(status: StatusCode, line: usize, message: String) -> ApiError {
+    let rest = message
+        .strip_prefix(&format!("line {line}: "))
+        .unwrap_or(&message);
+    let field = match status {
+        StatusCode::UNPROCESSABLE_ENTITY => validation(rest, None).field,
+        _ => None,
+    };
+    ApiError {
+        status,
+        field,
+        message,
+        line: Some(line),
+    }
+}
+
+/// The strategies of an import body with their 1-based line numbers: a JSON
+/// array (numbered by item) or JSON lines (blank lines skipped). Each is in
+/// the export format or the API's strategy JSON; a line that is not a
+/// strategy → 400 naming it.
+fn import_records(body: &[u8]) -> Result<Vec<(usize, StrategyRecord)>, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request(None, "the body must be UTF-8"))?;
+    let parse = |line: usize, text: &str| {
+        parse_strategy_line(text)
+            .map(|r| (line, r))
+            .map_err(|e| import_error(StatusCode::BAD_REQUEST, line, format!("line {line}: {e}")))
+    };
+    if text.trim_start().starts_with('[') {
+        let items: Vec<Value> = serde_json::from_str(text)
+            .map_err(|e| ApiError::bad_request(None, format!("malformed JSON: {e}")))?;
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| parse(i + 1, &item.to_string()))
+            .collect()
+    } else {
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| parse(i + 1, l))
+            .collect()
+    }
+}
+
+/// `POST /strategies/import[?replace=true]`: all or nothing in one
+/// transaction, like `rate-ctl strategy import`.
+pub async fn import_strategies(
+    State(st): State<Shared>,
+    h: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> ApiResult {
+    let who = st.tokens.check(&h, ADMIN)?;
+    let replace = match q.get("replace").map(String::as_str) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                Some("replace"),
+                format!("replace: {other:?} is not true or false"),
+            ))
+        }
+    };
+    let records = import_records(&body)?;
+    let (n, v) = st
+        .store
+        .import(records, replace, who.name())
+        .await
+        .map_err(|e| match e {
+            StoreError::Invalid(m) => {
+                let line = m
+                    .strip_prefix("line ")
+                    .and_then(|r| r.split(':').next())
+                    .and_then(|n| n.parse().ok());
+                match line {
+                    Some(line) => import_error(StatusCode::UNPROCESSABLE_ENTITY, line, m),
+                    None => validation(&m, None),
+                }
+            }
+            e => ApiError::from(e),
+        })?;
+    st.announce(v);
+    ok(json!({"imported": n, "version": v}))
 }
 
 pub async fn list_blacklist(State(st): State<Shared>, h: HeaderMap) -> ApiResult {

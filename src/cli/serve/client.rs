@@ -71,6 +71,36 @@ impl Client {
         body: Option<&Value>,
         timeout: Duration,
     ) -> Result<Answer, String> {
+        let body = body.map(|b| ("application/json", Bytes::from(b.to_string())));
+        self.send(method, path, body, timeout).await
+    }
+
+    /// [`Client::request`] with a body that is not one JSON value (e.g.
+    /// JSON lines), sent as is with `content_type`.
+    pub async fn request_text(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &'static str,
+        body: String,
+        timeout: Duration,
+    ) -> Result<Answer, String> {
+        self.send(
+            method,
+            path,
+            Some((content_type, Bytes::from(body))),
+            timeout,
+        )
+        .await
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&'static str, Bytes)>,
+        timeout: Duration,
+    ) -> Result<Answer, String> {
         tokio::time::timeout(timeout, self.request_inner(method, path, body))
             .await
             .map_err(|_| format!("{method} {path}: no answer within {timeout:?}"))?
@@ -80,7 +110,7 @@ impl Client {
         &self,
         method: &str,
         path: &str,
-        body: Option<&Value>,
+        body: Option<(&'static str, Bytes)>,
     ) -> Result<Answer, String> {
         let what =
             |e: &dyn std::fmt::Display| format!("{method} http://{}{path}: {e}", self.authority);
@@ -101,9 +131,9 @@ impl Client {
             req = req.header("authorization", format!("Bearer {t}"));
         }
         let bytes = match body {
-            Some(b) => {
-                req = req.header("content-type", "application/json");
-                Bytes::from(b.to_string())
+            Some((content_type, b)) => {
+                req = req.header("content-type", content_type);
+                b
             }
             None => Bytes::new(),
         };

@@ -33,6 +33,8 @@ include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 
 /// How often each instance reads the config version for its long-polls.
 pub const VERSION_POLL: Duration = Duration::from_millis(150);
+/// Largest body of `POST /api/v1/strategies/import`.
+pub const IMPORT_BODY_LIMIT: usize = 64 << 20;
 /// Longest hold of `GET /api/v1/snapshot?after=V`.
 pub const LONG_POLL: Duration = Duration::from_secs(30);
 
@@ -120,6 +122,13 @@ fn routes() -> Routes {
         "/api/v1/strategies",
         &["GET", "POST"],
         get(list_strategies).post(create_strategy),
+    )
+    .add(
+        "/api/v1/strategies/import",
+        &["POST"],
+        // 10,000 strategies of JSON lines are about 2.5 MB, more than
+        // axum's default limit.
+        post(import_strategies).layer(axum::extract::DefaultBodyLimit::max(IMPORT_BODY_LIMIT)),
     )
     .add(
         "/api/v1/strategies/{id}",

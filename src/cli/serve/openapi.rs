@@ -67,6 +67,11 @@ pub fn strategy_example() -> Value {
            "scope": "cluster"})
 }
 
+fn import_example() -> Value {
+    json!({"name": "search-default", "match": {"api": "/search"}, "algorithm": "sliding_window",
+           "rate": 600, "per": "minute", "scope": "host"})
+}
+
 fn schemas() -> Value {
     let strategy_fields = json!({
         "name": {"type": "string", "description": "unique, 1 to 200 bytes"},
@@ -97,6 +102,17 @@ fn schemas() -> Value {
         "updated_at".into(),
         json!({"type": "integer", "description": "Unix ms"}),
     );
+    // An import line: the export format (`rate-ctl strategy export`, with
+    // created_ms/updated_ms) or the API's Strategy (created_at/updated_at).
+    let mut import_item = strategy.clone();
+    for k in ["created_ms", "updated_ms"] {
+        import_item.as_object_mut().expect("object").insert(
+            k.into(),
+            json!({"type": "integer", "description": "Unix ms; ignored"}),
+        );
+    }
+    import_item["id"]["description"] =
+        json!("replaces (or is stored under) this id; without it a new id is assigned");
     let mut put = strategy.clone();
     put["version"]["description"] = json!("the version this edit is based on (409 if stale)");
     let mut example = strategy_example();
@@ -130,7 +146,8 @@ fn schemas() -> Value {
     json!({
         "Error": {"type": "object", "additionalProperties": false, "required": ["error"],
             "properties": {"error": {"type": "object", "additionalProperties": false, "required": ["field", "message"],
-                "properties": {"field": nullable("string"), "message": {"type": "string"}}}},
+                "properties": {"field": nullable("string"), "message": {"type": "string"},
+                    "line": {"type": "integer", "description": "import only: the 1-based line (or array item) at fault"}}}},
             "example": {"error": {"field": "rate", "message": "rate: must be greater than 0"}}},
         "StrategyInput": {"type": "object", "additionalProperties": false,
             "required": ["name", "algorithm", "rate"], "properties": strategy_fields,
@@ -140,6 +157,12 @@ fn schemas() -> Value {
             "example": example.clone()},
         "Strategy": {"type": "object", "additionalProperties": false, "required": all,
             "properties": strategy, "example": example},
+        "StrategyImport": {"type": "object", "additionalProperties": false,
+            "required": ["name", "algorithm", "rate"], "properties": import_item,
+            "example": import_example()},
+        "ImportAnswer": {"type": "object", "additionalProperties": false, "required": ["imported", "version"],
+            "properties": {"imported": {"type": "integer"}, "version": {"type": "integer"}},
+            "example": {"imported": 1, "version": 42}},
         "StrategyPatch": {"type": "object", "additionalProperties": false, "required": ["version"],
             "properties": {"version": {"type": "integer"}, "enabled": {"type": "boolean"},
                 "dry_run": {"type": "boolean", "description": "true: action dry_run; false: action reject"}},
@@ -219,6 +242,18 @@ pub fn document() -> Value {
                     json!({"200": answer("strategies by id", list_of("strategies", "Strategy", true))}), true),
                 "post": op("Create a strategy", vec![], Some(body(schema_ref("StrategyInput"), strategy_example())),
                     json!({"201": answer("created", schema_ref("Strategy")), "400": e400(), "422": e422()}), true),
+            },
+            "/api/v1/strategies/import": {
+                "post": op("Load strategies all or nothing in one transaction (as `rate-ctl strategy import`); \
+                            the first bad line (or array item) is reported by number in error.line",
+                    vec![query("replace", "boolean", "also delete every strategy not in the body (default false)")],
+                    Some(json!({"required": true, "content": {
+                        "application/json": {"schema": {"type": "array", "items": schema_ref("StrategyImport")},
+                                             "example": [import_example()]},
+                        "application/x-ndjson": {"schema": {"type": "string", "description": "JSON lines, one StrategyImport a line; blank lines skipped"}}}})),
+                    json!({"200": answer("imported; the new config version", schema_ref("ImportAnswer")),
+                           "400": error("malformed JSON or a line that is not a strategy (error.line)"),
+                           "422": error("a line fails validation or its name is taken (error.line, error.field)")}), true),
             },
             "/api/v1/strategies/{id}": {
                 "get": op("One strategy", vec![sid()], None,

@@ -948,7 +948,7 @@ async fn audit(
     Ok(())
 }
 
-fn validate_host(host_id: &str, weight: u32) -> Result<()> {
+pub fn validate_host(host_id: &str, weight: u32) -> Result<()> {
     if host_id.is_empty() || host_id.len() > 255 || host_id.chars().any(char::is_control) {
         return Err(StoreError::Invalid(
             "host-id: must be 1 to 255 bytes without control characters".into(),
