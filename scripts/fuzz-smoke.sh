@@ -36,10 +36,15 @@ cargo fuzz build "${flags[@]}"
 for t in "${targets[@]}"; do
     echo "fuzz-smoke: $t for ${seconds}s" >&2
     mkdir -p "corpus/$t"
+    mkdir -p target
+    log="target/fuzz-$t.log"
+    # libFuzzer reports every new input; keep that in a log, show the end.
     if ! cargo fuzz run "${flags[@]}" "$t" -- \
-        -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1; then
-        echo "fuzz-smoke: $t FAILED, reproducer in fuzz/artifacts/$t/" >&2
+        -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
+        tail -n 60 "$log" >&2
+        echo "fuzz-smoke: $t FAILED, reproducer in fuzz/artifacts/$t/, log $PWD/$log" >&2
         exit 1
     fi
+    grep -E "^stat::number_of_executed_units|^Done " "$log" >&2 || true
 done
 echo "fuzz-smoke: all ${#targets[@]} targets ran ${seconds}s without a crash" >&2
