@@ -274,10 +274,15 @@ pub fn canonical_ip(value: &[u8]) -> Option<String> {
 /// allocation: the reader checks every published `ip` value with it.
 pub fn is_canonical_ip(value: &[u8]) -> bool {
     use std::io::Write;
-    let Some(ip) = std::str::from_utf8(value)
-        .ok()
-        .and_then(|s| s.parse::<IpAddr>().ok())
-    else {
+    let Ok(s) = std::str::from_utf8(value) else {
+        return false;
+    };
+    // std's IPv4 parser accepts only the canonical dotted quad (no leading
+    // zeros, no spaces): parsing is the whole check.
+    if s.parse::<std::net::Ipv4Addr>().is_ok() {
+        return true;
+    }
+    let Ok(ip) = s.parse::<IpAddr>() else {
         return false;
     };
     let ip = match ip {
@@ -468,6 +473,9 @@ mod tests {
         assert!(is_canonical_ip(b"10.0.0.1"));
         assert!(!is_canonical_ip(b"::ffff:10.0.0.1"));
         assert!(!is_canonical_ip(b"10.0.0.1 "));
+        assert!(!is_canonical_ip(b"10.0.0.01"));
+        assert!(is_canonical_ip(b"2001:db8::1"));
+        assert!(!is_canonical_ip(b"2001:DB8::1"));
     }
 
     #[test]
