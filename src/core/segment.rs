@@ -42,7 +42,7 @@ pub struct Decoded {
     pub config_version: u64,
     pub published_unix_ms: u64,
     pub strategies: Vec<Published>,
-    /// Dimensions that have blacklist entries (other than `ip`).
+    /// Dimensions that have blacklist entries (`ip` included).
     pub blacklist_dimensions: Vec<String>,
 }
 

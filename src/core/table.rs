@@ -116,6 +116,9 @@ pub struct Table {
     /// Dimensions (by index, with their name hash) that have blacklist
     /// entries, `ip` excluded.
     bl_dims: Vec<(usize, u64)>,
+    /// The blacklist held client addresses when this table was published
+    /// (blacklist and table are published together).
+    bl_ip: bool,
 }
 
 impl Table {
@@ -176,8 +179,11 @@ impl Table {
             });
         }
         let mut bl_dims = Vec::new();
+        let mut bl_ip = false;
         for d in &decoded.blacklist_dimensions {
-            if d != "ip" {
+            if d == "ip" {
+                bl_ip = true;
+            } else {
                 if let Some(i) = dim_of(&mut dims, d) {
                     bl_dims.push((i, super::blacklist::dimension_hash(d)));
                 }
@@ -229,6 +235,7 @@ impl Table {
             unconditioned,
             strategies,
             bl_dims,
+            bl_ip,
         }
     }
 
@@ -296,8 +303,12 @@ impl Table {
     /// Blacklist, match and admit one request.
     pub fn decide(&self, r: &Request<'_>) -> TableDecision {
         let mut held = SmallVec::new();
-        if let Some(bl) = self.blacklist() {
-            if let Some(ip) = r.ip {
+        // An empty blacklist costs nothing per request.
+        let bl = (self.bl_ip || !self.bl_dims.is_empty())
+            .then(|| self.blacklist())
+            .flatten();
+        if let Some(bl) = bl {
+            if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
                 if bl.contains_ip(ip, r.now_unix_ms) {
                     return TableDecision {
                         outcome: Outcome::Blacklisted {

@@ -320,7 +320,7 @@ impl Writer {
             }
         }
         for e in blacklist {
-            if e.dimension != "ip" && !bl_dims.contains(&e.dimension) {
+            if !bl_dims.contains(&e.dimension) {
                 bl_dims.push(e.dimension.clone());
             }
         }

@@ -235,12 +235,10 @@ fn decide(
     let mut ip_buf = [0u8; 48];
     // Text form only when a strategy names `ip` (the blacklist uses the address).
     let needs_text = w.sources.contains(&Source::Ip);
-    let ip_text: Option<&[u8]> = ip.filter(|_| needs_text).and_then(|ip| {
-        let mut cur = std::io::Cursor::new(&mut ip_buf[..]);
-        write!(cur, "{ip}").ok()?;
-        let n = cur.position() as usize;
-        Some(&ip_buf[..n])
-    });
+    let ip_text: Option<&[u8]> = match ip {
+        Some(ip) if needs_text => Some(crate::core::model::write_canonical_ip(ip, &mut ip_buf)),
+        _ => None,
+    };
     let n = w.sources.len();
     let mut stack: [Option<&[u8]>; MAX_STACK_DIMS] = [None; MAX_STACK_DIMS];
     let mut heap: Vec<Option<&[u8]>>;
