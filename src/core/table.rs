@@ -31,10 +31,6 @@ const NONE: u32 = u32::MAX;
 
 /// One published strategy, compiled.
 pub struct Compiled {
-    /// The published strategy. Its `conditions` are moved into the matcher
-    /// index when the table is built (one copy of every value, no clone per
-    /// reload), so this vector is empty here: read conditions from the
-    /// decoded segment (`segment::read_segment`) instead.
     pub strategy: Strategy,
     pub limiter: Limiter,
     pub slot: u32,
@@ -147,9 +143,8 @@ impl Table {
             if !p.strategy.enabled {
                 continue;
             }
-            let mut p = p;
             let mut conds = SmallVec::new();
-            for c in std::mem::take(&mut p.strategy.conditions) {
+            for c in &p.strategy.conditions {
                 let Some(d) = dim_of(&mut dims, &c.dimension) else {
                     continue 'next; // over the dimension limit: the writer refuses this
                 };
@@ -162,7 +157,7 @@ impl Table {
                     None => {
                         index[d]
                             .values
-                            .insert(c.value.into_boxed_slice(), (next, 0, 0));
+                            .insert(c.value.clone().into_boxed_slice(), (next, 0, 0));
                         counts.push(0);
                         next
                     }
