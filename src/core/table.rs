@@ -270,13 +270,14 @@ impl Table {
         out.clear();
         out.extend_from_slice(&self.unconditioned);
         let n = self.dims.len().min(values.len());
-        let mut req = [NONE; MAX_TABLE_DIMENSIONS];
+        // Interned id of the request's value per dimension (NONE: absent or
+        // named by no strategy). Only the table's dimensions are initialised.
+        let mut req: SmallVec<[u32; 16]> = SmallVec::from_elem(NONE, n);
         let mut spans: SmallVec<[(u32, u32); 8]> = SmallVec::new();
-        for d in 0..n {
-            let Some(v) = values[d] else { continue };
-            if v.is_empty() {
+        for (d, v) in values[..n].iter().enumerate() {
+            let Some(v) = v.filter(|v| !v.is_empty()) else {
                 continue;
-            }
+            };
             if let Some(&(id, start, len)) = self.index[d].values.get(v) {
                 req[d] = id;
                 if len > 0 {
@@ -284,6 +285,7 @@ impl Table {
                 }
             }
         }
+        let sources = spans.len() + usize::from(!out.is_empty());
         for (start, len) in spans {
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
@@ -292,7 +294,10 @@ impl Table {
                 }
             }
         }
-        out.sort_unstable();
+        // Each source is ascending already; only a mix needs sorting.
+        if sources > 1 {
+            out.sort_unstable();
+        }
     }
 
     /// Blacklist, match and admit one request.
