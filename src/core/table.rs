@@ -267,26 +267,46 @@ impl Table {
 
     /// Indexes of the strategies matching `values`, ascending (= by id).
     pub fn matching(&self, values: &[Option<&[u8]>], out: &mut SmallVec<[u32; 8]>) {
+        const INLINE: usize = 16;
+        let n = self.dims.len().min(values.len());
+        if n <= INLINE {
+            // The common case: scratch space on the stack, nothing allocated.
+            let mut req = [NONE; INLINE];
+            let mut spans = [(0u32, 0u32); INLINE];
+            self.match_into(&values[..n], &mut req[..n], &mut spans[..n], out);
+        } else {
+            let mut req = vec![NONE; n];
+            let mut spans = vec![(0u32, 0u32); n];
+            self.match_into(&values[..n], &mut req, &mut spans, out);
+        }
+    }
+
+    /// `req[d]`: interned id of the request's value of dimension `d` (NONE:
+    /// absent or named by no strategy); `spans`: anchored lists to check.
+    fn match_into(
+        &self,
+        values: &[Option<&[u8]>],
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        out: &mut SmallVec<[u32; 8]>,
+    ) {
         out.clear();
         out.extend_from_slice(&self.unconditioned);
-        let n = self.dims.len().min(values.len());
-        // Interned id of the request's value per dimension (NONE: absent or
-        // named by no strategy). Only the table's dimensions are initialised.
-        let mut req: SmallVec<[u32; 16]> = SmallVec::from_elem(NONE, n);
-        let mut spans: SmallVec<[(u32, u32); 8]> = SmallVec::new();
-        for (d, v) in values[..n].iter().enumerate() {
+        let mut ns = 0;
+        for (d, v) in values.iter().enumerate() {
             let Some(v) = v.filter(|v| !v.is_empty()) else {
                 continue;
             };
             if let Some(&(id, start, len)) = self.index[d].values.get(v) {
                 req[d] = id;
                 if len > 0 {
-                    spans.push((start, len));
+                    spans[ns] = (start, len);
+                    ns += 1;
                 }
             }
         }
-        let sources = spans.len() + usize::from(!out.is_empty());
-        for (start, len) in spans {
+        let sources = ns + usize::from(!out.is_empty());
+        for &(start, len) in &spans[..ns] {
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
                 if s.conds.iter().all(|&(d, v)| req[d as usize] == v) {
