@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Instructions per request (valgrind callgrind: repeatable whatever else the
+# machine is doing) for plain empty_gif, limit_req (one zone), rate_ctl with
+# 10,000 strategies and a matching strategy that never rejects, and the
+# rate_ctl reject path. One nginx worker (master_process off) per case runs
+# under callgrind twice, for 500 and 2,500 keep-alive requests; the
+# difference / 2,000 is the cost of one request, start-up and table load
+# cancelled out.
+#
+#   scripts/bench-instructions.sh [debian|vendored]   (env: SKIP_BUILD=1, CASES="plain ratectl")
+set -euo pipefail
+target="${1:-debian}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+command -v valgrind >/dev/null || {
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -q && $sudo apt-get install -y -q valgrind
+}
+[ -n "${SKIP_BUILD:-}" ] || scripts/build-module.sh "$target" >&2
+cargo build -q --example rate-ctl-test-tool
+tool="$root/target/debug/examples/rate-ctl-test-tool"
+if [ "$target" = vendored ]; then nginx="$root/target/modules/vendored/nginx"; else nginx=/usr/sbin/nginx; fi
+module="$root/target/modules/$target/ngx_http_rate_ctl_module.so"
+
+dir="$(mktemp -d /tmp/rate_ctl_instr_XXXXXX)"
+chmod 0755 "$dir"
+mkdir -p "$dir/logs"
+vpid=""
+cleanup() {
+    [ -n "$vpid" ] && kill "$vpid" 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+{
+    for i in $(seq 1 10000); do
+        echo "strategy id=$i algorithm=token_bucket rate=100 per=second burst=100 when ip=10.$((i / 65536)).$(((i / 256) % 256)).$((i % 256)) api=/x$((i % 50))"
+    done
+    echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/ratectl"
+    echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/reject"
+} >"$dir/table"
+(umask 0 && "$tool" publish "$dir/shm" "$dir/table" 1 >/dev/null)
+port=$((30000 + RANDOM % 10000))
+cat >"$dir/nginx.conf" <<CONF
+load_module $module;
+master_process off;
+daemon off;
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections 64; }
+http {
+    access_log off;
+    rate_ctl_shm $dir/shm;
+    rate_ctl_log_level info;
+    limit_req_zone \$binary_remote_addr zone=one:1m rate=1000000r/s;
+    server {
+        listen 127.0.0.1:$port;
+        location /plain    { empty_gif; }
+        location /limitreq { limit_req zone=one burst=1000000 nodelay; empty_gif; }
+        location /ratectl  { rate_ctl on; empty_gif; }
+        location /reject   { rate_ctl on; empty_gif; }
+    }
+}
+CONF
+
+# run PATH N -> total instructions of a worker that served N requests
+run() {
+    local path=$1 n=$2
+    local out="$dir/callgrind.$path.$n"
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
+        >/dev/null 2>&1 &
+    vpid=$!
+    python3 - "$port" "/$path" "$n" <<'PY'
+import http.client, socket, sys, time
+port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+for _ in range(300):
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+for _ in range(n):
+    c.request("GET", path)
+    c.getresponse().read()
+PY
+    kill -TERM "$vpid"
+    wait "$vpid" || true
+    vpid=""
+    awk '/^(summary|totals):/ {print $2; exit}' "$out"
+}
+
+declare -A per
+cases=(${CASES:-plain limitreq ratectl reject})
+for c in "${cases[@]}"; do
+    a=$(run "$c" 500)
+    b=$(run "$c" 2500)
+    per[$c]=$(((b - a) / 2000))
+done
+echo "nginx: $("$nginx" -v 2>&1 | sed 's/.*version: //'), one worker under callgrind, instructions per request"
+echo
+echo "| case | instructions/request | vs plain |"
+echo "|---|---:|---:|"
+for c in "${cases[@]}"; do
+    base=${per[plain]:-${per[$c]}}
+    echo "| $c | ${per[$c]} | $(awk -v a="${per[$c]}" -v b="$base" 'BEGIN { printf "%+d (%+.1f %%)", a - b, 100 * (a - b) / b }') |"
+done
+if grep -E '\[(alert|crit|emerg)\]' "$dir/logs/error.log"; then
+    echo "error.log has alerts" >&2
+    exit 1
+fi
