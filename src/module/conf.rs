@@ -229,106 +229,29 @@ unsafe fn set_loc<T>(
     }
 }
 
-extern "C" fn set_enable(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-    unsafe {
-        set_loc(
-            cf,
-            conf,
-            "rate_ctl",
-            |c| &mut c.enable,
-            |v| parse::parse_flag("rate_ctl", v),
-        )
-    }
+/// One `extern "C"` handler per location-level directive, all through
+/// [`set_loc`]: `name => handler: field, parser`.
+macro_rules! loc_setters {
+    ($($directive:literal => $fn:ident: $field:ident, $parse:expr;)*) => {$(
+        extern "C" fn $fn(
+            cf: *mut ngx_conf_t,
+            _cmd: *mut ngx_command_t,
+            conf: *mut c_void,
+        ) -> *mut c_char {
+            // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+            unsafe { set_loc(cf, conf, $directive, |c| &mut c.$field, $parse) }
+        }
+    )*};
 }
 
-extern "C" fn set_status(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-    unsafe {
-        set_loc(
-            cf,
-            conf,
-            "rate_ctl_status",
-            |c| &mut c.status,
-            |v| parse::parse_status("rate_ctl_status", v),
-        )
-    }
-}
-
-extern "C" fn set_blacklist_status(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-    unsafe {
-        set_loc(
-            cf,
-            conf,
-            "rate_ctl_blacklist_status",
-            |c| &mut c.blacklist_status,
-            |v| parse::parse_status("rate_ctl_blacklist_status", v),
-        )
-    }
-}
-
-extern "C" fn set_dry_run(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-    unsafe {
-        set_loc(
-            cf,
-            conf,
-            "rate_ctl_dry_run",
-            |c| &mut c.dry_run,
-            |v| parse::parse_flag("rate_ctl_dry_run", v),
-        )
-    }
-}
-
-extern "C" fn set_log_level(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-    unsafe {
-        set_loc(
-            cf,
-            conf,
-            "rate_ctl_log_level",
-            |c| &mut c.log_level,
-            parse::parse_log_level,
-        )
-    }
-}
-
-extern "C" fn set_headers(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-    unsafe {
-        set_loc(
-            cf,
-            conf,
-            "rate_ctl_headers",
-            |c| &mut c.headers,
-            |v| parse::parse_flag("rate_ctl_headers", v),
-        )
-    }
+loc_setters! {
+    "rate_ctl" => set_enable: enable, |v| parse::parse_flag("rate_ctl", v);
+    "rate_ctl_status" => set_status: status, |v| parse::parse_status("rate_ctl_status", v);
+    "rate_ctl_blacklist_status" => set_blacklist_status: blacklist_status,
+        |v| parse::parse_status("rate_ctl_blacklist_status", v);
+    "rate_ctl_dry_run" => set_dry_run: dry_run, |v| parse::parse_flag("rate_ctl_dry_run", v);
+    "rate_ctl_log_level" => set_log_level: log_level, parse::parse_log_level;
+    "rate_ctl_headers" => set_headers: headers, |v| parse::parse_flag("rate_ctl_headers", v);
 }
 
 extern "C" fn set_shm(

@@ -270,7 +270,7 @@ fn decide(
     w.backend.decide(values, ip, now_ns, now_ms, dry_run)
 }
 
-fn act(r: &mut Request, lc: &LocConf, _mc: &MainConf, d: Decided, now_ms: u64) -> Status {
+fn act(r: &mut Request, lc: &LocConf, mc: &MainConf, d: Decided, now_ms: u64) -> Status {
     let Decided {
         verdict,
         quota,
@@ -298,11 +298,11 @@ fn act(r: &mut Request, lc: &LocConf, _mc: &MainConf, d: Decided, now_ms: u64) -
     match verdict {
         Verdict::NoTable | Verdict::NoMatch | Verdict::Pass { .. } => Status::NGX_DECLINED,
         Verdict::DryRunRejected { id } => {
-            log_event(r, id, Event::DryRunRejected, lc.log_level(), now_ms);
+            log_event(r, mc, id, Event::DryRunRejected, lc.log_level(), now_ms);
             Status::NGX_DECLINED
         }
         Verdict::Blacklisted => {
-            log_event(r, 0, Event::Blacklisted, lc.log_level(), now_ms);
+            log_event(r, mc, 0, Event::Blacklisted, lc.log_level(), now_ms);
             if lc.dry_run() {
                 Status::NGX_DECLINED
             } else {
@@ -314,14 +314,14 @@ fn act(r: &mut Request, lc: &LocConf, _mc: &MainConf, d: Decided, now_ms: u64) -
             status,
             retry_after_ns,
         } => {
-            log_event(r, id, Event::Rejected, lc.log_level(), now_ms);
+            log_event(r, mc, id, Event::Rejected, lc.log_level(), now_ms);
             if lc.headers() {
                 add_header_num(r, "Retry-After", ceil_secs(retry_after_ns).max(1));
             }
             Status(status.unwrap_or(lc.status()) as ngx_int_t)
         }
         Verdict::Delay { id, wait_ns } => {
-            log_event(r, id, Event::Delayed, lc.log_level().lower(), now_ms);
+            log_event(r, mc, id, Event::Delayed, lc.log_level().lower(), now_ms);
             let ms = wait_ns.div_ceil(1_000_000);
             if ms == 0 {
                 return Status::NGX_DECLINED;
@@ -331,10 +331,14 @@ fn act(r: &mut Request, lc: &LocConf, _mc: &MainConf, d: Decided, now_ms: u64) -
     }
 }
 
-fn log_event(r: &Request, id: u32, event: Event, level: super::parse::LogLevel, now_ms: u64) {
-    let Some(mc) = RateCtlModule::main_conf(r) else {
-        return;
-    };
+fn log_event(
+    r: &Request,
+    mc: &MainConf,
+    id: u32,
+    event: Event,
+    level: super::parse::LogLevel,
+    now_ms: u64,
+) {
     let first = with_worker(mc, |w| w.log.record(id, event, level, now_ms)).unwrap_or(false);
     if first {
         let what = match event {
