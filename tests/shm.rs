@@ -522,3 +522,18 @@ fn concurrency_units_are_released_in_dry_run_too() {
     t.release(&held);
     assert!(passes(&t.decide(&req(&v, 30))));
 }
+
+#[test]
+fn a_zero_capacity_is_refused_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut caps = small_caps();
+    caps.max_strategies = 0;
+    let err = Writer::create_or_adopt(&dir.path().join("rc"), caps, 0o600)
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "capacity: max strategies must be at least 1"
+    );
+    assert!(!dir.path().join("rc").exists(), "nothing created");
+}

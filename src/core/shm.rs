@@ -113,6 +113,8 @@ pub enum ShmError {
         #[source]
         source: super::model::ModelError,
     },
+    #[error("capacity: {0}")]
+    BadCapacity(&'static str),
     #[error("strategy {0}: id published twice")]
     DuplicateId(u32),
     #[error("blacklist: {0}")]
@@ -151,13 +153,8 @@ fn page_up(n: u64) -> u64 {
 impl Geometry {
     /// The geometry a writer lays out for these capacities.
     pub fn for_capacities(c: &Capacities) -> Result<Geometry, ShmError> {
-        let too_big = |what| ShmError::Capacity {
-            what,
-            limit: u32::MAX as u64,
-            needed: 0,
-        };
         if c.max_strategies == 0 {
-            return Err(too_big("max strategies must be > 0"));
+            return Err(ShmError::BadCapacity("max strategies must be at least 1"));
         }
         if c.segment_bytes < 4096 || c.segment_bytes > (1 << 32) {
             return Err(ShmError::Capacity {

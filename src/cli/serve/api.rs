@@ -352,6 +352,24 @@ pub async fn list_strategies(
     ok(json!({"version": snap.version, "strategies": list}))
 }
 
+/// Stores a changed strategy if it is still at version `based_on` (else 409),
+/// wakes this instance's long-polls, answers with the stored strategy.
+async fn save_strategy(
+    st: &Shared,
+    rec: &StrategyRecord,
+    based_on: u64,
+    who: &'static str,
+    action: &str,
+) -> ApiResult {
+    let stored = st
+        .store
+        .update_strategy_full(rec, Some(based_on), who, action)
+        .await
+        .map_err(|e| ApiError::from_store(e, Some(rec)))?;
+    st.announce(stored.version);
+    ok(strategy_api_json(&stored))
+}
+
 pub async fn create_strategy(State(st): State<Shared>, h: HeaderMap, body: Bytes) -> ApiResult {
     let who = st.tokens.check(&h, ADMIN)?;
     let o = object(&body, STRATEGY_FIELDS)?;
@@ -400,13 +418,7 @@ pub async fn put_strategy(
     let based_on = f.required("version", f.uint("version", u64::MAX)?)?;
     let mut rec = strategy_from_body(&o)?;
     rec.id = id;
-    let stored = st
-        .store
-        .update_strategy_full(&rec, Some(based_on), who.name(), "strategy.update")
-        .await
-        .map_err(|e| ApiError::from_store(e, Some(&rec)))?;
-    st.announce(stored.version);
-    ok(strategy_api_json(&stored))
+    save_strategy(&st, &rec, based_on, who.name(), "strategy.update").await
 }
 
 pub async fn patch_strategy(
@@ -439,13 +451,7 @@ pub async fn patch_strategy(
         }
         _ => {}
     }
-    let stored = st
-        .store
-        .update_strategy_full(&rec, Some(based_on), who.name(), "strategy.patch")
-        .await
-        .map_err(|e| ApiError::from_store(e, Some(&rec)))?;
-    st.announce(stored.version);
-    ok(strategy_api_json(&stored))
+    save_strategy(&st, &rec, based_on, who.name(), "strategy.patch").await
 }
 
 pub async fn delete_strategy(
