@@ -141,10 +141,11 @@ fn decision(c: &mut Criterion) {
                 now += 1_000;
                 let r = Request {
                     values: black_box(&values),
-                    ip: Some(ip),
+                    ip: Some(ip.into()),
                     now_ns: now,
                     now_unix_ms: 1,
                     dry_run: false,
+                    quota: true,
                 };
                 black_box(t.decide(&r))
             })

@@ -7,7 +7,10 @@
 # difference / 2,000 is the cost of one request, start-up and table load
 # cancelled out.
 #
-#   scripts/bench-instructions.sh [debian|vendored]   (env: SKIP_BUILD=1, CASES="plain ratectl")
+#   scripts/bench-instructions.sh [debian|vendored]
+#   env: SKIP_BUILD=1, CASES="plain ratectl", CALLGRIND_ARGS="--dump-instr=yes",
+#   KEEP_PROFILES=DIR (keeps the
+#   callgrind files for callgrind_annotate)
 set -euo pipefail
 target="${1:-debian}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +31,9 @@ mkdir -p "$dir/logs"
 vpid=""
 cleanup() {
     [ -n "$vpid" ] && kill "$vpid" 2>/dev/null || true
+    if [ -n "${KEEP_PROFILES:-}" ]; then
+        mkdir -p "$KEEP_PROFILES" && cp "$dir"/callgrind.* "$KEEP_PROFILES"/ 2>/dev/null || true
+    fi
     rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -67,7 +73,7 @@ CONF
 run() {
     local path=$1 n=$2
     local out="$dir/callgrind.$path.$n"
-    valgrind --tool=callgrind --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
+    valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
         >/dev/null 2>&1 &
     vpid=$!
     python3 - "$port" "/$path" "$n" <<'PY'

@@ -83,8 +83,9 @@ fn hit_steady(t: &Table) {
         now_ns: MonotonicClock::now(),
         now_unix_ms: unix_ms(),
         dry_run: false,
+        quota: true,
     });
-    t.release(&d);
+    t.release(&d.held);
 }
 
 fn steady_slot(t: &Table) -> (u32, u64, u64) {

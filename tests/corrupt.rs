@@ -58,13 +58,14 @@ fn exercise(dir: &Path, name: &str, bytes: &[u8]) {
             .collect();
         let r = Request {
             values: &values,
-            ip: Some("10.0.0.1".parse().unwrap()),
+            ip: Some("10.0.0.1".parse::<std::net::IpAddr>().unwrap().into()),
             now_ns: 5,
             now_unix_ms: 5,
             dry_run: false,
+            quota: true,
         };
         let d = t.decide(&r);
-        t.release(&d);
+        t.release(&d.held);
     }
     let _ = std::fs::remove_file(&path);
 }

@@ -167,7 +167,7 @@ fn strategy(algorithm: Algorithm, rate: u64, per: Unit, burst: u32) -> Strategy 
 
 fn hit<'a>(region: &Region<'a>, index: u32, limiter: &'a Limiter) -> Hit<'a> {
     let slot = Slot::at(region, index).unwrap();
-    slot.generation.store(7, Ordering::Release);
+    slot.generation().store(7, Ordering::Release);
     Hit {
         id: index + 1,
         limiter,
@@ -241,11 +241,11 @@ fn frozen_clock_every_algorithm_admits_exactly_its_allowance() {
         assert_eq!(c.passed, allowance[i], "{alg}: passed counter");
         assert_eq!(c.limited, attempts - allowance[i], "{alg}: limited counter");
     }
-    let state = |i: usize| hits[i].slot.state0.load(Ordering::Relaxed);
+    let state = |i: usize| hits[i].slot.state0().load(Ordering::Relaxed);
     let window = 10u64;
     assert_eq!(state(0), window << 32 | 150_000);
     assert_eq!(
-        hits[1].slot.state0.load(Ordering::Relaxed),
+        hits[1].slot.state0().load(Ordering::Relaxed),
         window << 32 | 120_000
     );
     assert_eq!(state(2), now + 100_000 * S);
@@ -332,7 +332,7 @@ fn real_clock_gcra_admits_burst_plus_rate_times_elapsed() {
     );
     assert!(upper - 50_000 >= 150_000, "ran for less than 1.5 s of rate");
     assert_eq!(
-        hits[0].slot.state0.load(Ordering::Relaxed),
+        hits[0].slot.state0().load(Ordering::Relaxed),
         t0 + admitted * t,
         "final TAT"
     );
@@ -395,15 +395,15 @@ fn a_rejecting_strategy_leaves_the_others_counting_only_admitted_requests() {
     assert_eq!((c.passed, c.limited), (100_000, attempts - 100_000));
     // State words: exactly 100,000 requests each.
     assert_eq!(
-        hits[0].slot.state0.load(Ordering::Relaxed),
+        hits[0].slot.state0().load(Ordering::Relaxed),
         now + 100_000 * S
     );
     assert_eq!(
-        hits[1].slot.state0.load(Ordering::Relaxed),
+        hits[1].slot.state0().load(Ordering::Relaxed),
         5 << 32 | 100_000
     );
     assert_eq!(
-        hits[2].slot.state1.load(Ordering::Relaxed),
+        hits[2].slot.state1().load(Ordering::Relaxed),
         5 << 32 | 100_000
     );
 }
@@ -446,7 +446,7 @@ fn concurrency_limit_holds_across_processes() {
     assert!(admitted > 10_000, "only {admitted} admitted");
     assert!((1..=3).contains(&max_inside), "{max_inside} inside at once");
     assert_eq!(
-        hits[0].slot.state0.load(Ordering::SeqCst),
+        hits[0].slot.state0().load(Ordering::SeqCst),
         0,
         "left in flight"
     );

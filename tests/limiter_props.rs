@@ -44,10 +44,10 @@ fn with_slot<R>(f: impl FnOnce(&Slot) -> R) -> R {
 /// so a probe does not disturb the run.
 fn probe<R>(slot: &Slot, f: impl FnOnce(&Slot) -> R) -> R {
     with_slot(|copy| {
-        copy.state0
-            .store(slot.state0.load(Ordering::Relaxed), Ordering::Relaxed);
-        copy.state1
-            .store(slot.state1.load(Ordering::Relaxed), Ordering::Relaxed);
+        copy.state0()
+            .store(slot.state0().load(Ordering::Relaxed), Ordering::Relaxed);
+        copy.state1()
+            .store(slot.state1().load(Ordering::Relaxed), Ordering::Relaxed);
         f(copy)
     })
 }
@@ -352,7 +352,7 @@ proptest! {
                     l.release(slot);
                     inflight = inflight.saturating_sub(1);
                 }
-                prop_assert_eq!(slot.state0.load(Ordering::Relaxed), inflight);
+                prop_assert_eq!(slot.state0().load(Ordering::Relaxed), inflight);
                 prop_assert_eq!(l.quota(slot, 0).remaining, limit - inflight);
             }
             Ok(())
@@ -539,8 +539,8 @@ proptest! {
                 }
             }
             for (h, s) in hits.iter().zip(&shadows) {
-                prop_assert_eq!(h.slot.state0.load(Ordering::Relaxed), s.state0.load(Ordering::Relaxed));
-                prop_assert_eq!(h.slot.state1.load(Ordering::Relaxed), s.state1.load(Ordering::Relaxed));
+                prop_assert_eq!(h.slot.state0().load(Ordering::Relaxed), s.state0().load(Ordering::Relaxed));
+                prop_assert_eq!(h.slot.state1().load(Ordering::Relaxed), s.state1().load(Ordering::Relaxed));
                 prop_assert_eq!(h.slot.counters().passed, passed);
             }
         }

@@ -5,7 +5,6 @@ use proptest::prelude::*;
 use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
 use rate_ctl::core::segment::{Decoded, Published};
 use rate_ctl::core::table::Table;
-use smallvec::SmallVec;
 
 const DIMS: [&str; 4] = ["ip", "userid", "api", "method"];
 const VALUES: [&str; 4] = ["a", "b", "c", "unnamed"];
@@ -79,8 +78,7 @@ proptest! {
                     texts[d].as_deref().map(str::as_bytes)
                 })
                 .collect();
-            let mut got = SmallVec::new();
-            table.matching(&values, &mut got);
+            let got = table.matching(&values);
             let got: Vec<u32> = got.iter().map(|&i| table.strategies()[i as usize].strategy.id).collect();
             let want: Vec<u32> = published
                 .iter()

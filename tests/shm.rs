@@ -24,6 +24,7 @@ fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
         now_ns,
         now_unix_ms: 1,
         dry_run: false,
+        quota: true,
     }
 }
 
@@ -250,10 +251,11 @@ fn blacklist_through_the_table() {
         let v = [user.map(str::as_bytes)];
         let r = Request {
             values: &v,
-            ip: Some(ip.parse::<IpAddr>().unwrap()),
+            ip: Some(ip.parse::<IpAddr>().unwrap().into()),
             now_ns: 1,
             now_unix_ms: now_ms,
             dry_run: false,
+            quota: true,
         };
         t.decide(&r).outcome
     };
@@ -464,7 +466,7 @@ fn adoption_frees_slots_no_published_strategy_owns() {
     );
     let freed = Slot::at(&w.mapping().slots(), 5)
         .unwrap()
-        .freed_at
+        .freed_at()
         .load(Ordering::Relaxed);
     assert!(freed > 0, "freed slots are quarantined");
 }
@@ -502,13 +504,14 @@ fn concurrency_units_are_released_in_dry_run_too() {
                 now_ns: 10,
                 now_unix_ms: 1,
                 dry_run: location_dry_run,
+                quota: true,
             };
             let d = t.decide(&r);
             assert!(
                 passes(&d),
                 "{api} request {i} (dry run {location_dry_run}) passes"
             );
-            t.release(&d); // the request ended
+            t.release(&d.held); // the request ended
         }
     }
     // Nothing leaked: one in-flight request is still admitted by the enforcing one.
@@ -519,7 +522,7 @@ fn concurrency_units_are_released_in_dry_run_too() {
         !passes(&t.decide(&req(&v, 20))),
         "limit 1 holds while one is in flight"
     );
-    t.release(&held);
+    t.release(&held.held);
     assert!(passes(&t.decide(&req(&v, 30))));
 }
 

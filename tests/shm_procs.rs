@@ -169,7 +169,7 @@ fn writer_killed_mid_publish_leaves_the_last_good_table() {
         assert_eq!(steady.slot, steady_slot, "unchanged strategy kept its slot");
         let slot = Slot::at(&map.slots(), steady.slot).unwrap();
         assert_eq!(slot.counters().passed, counted);
-        slot.passed
+        slot.passed()
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     // A new writer adopts the file and publishes.

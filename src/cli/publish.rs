@@ -79,7 +79,7 @@ impl Sink for ShmSink {
             .filter_map(|p| {
                 let slot = Slot::at(&slots, p.slot)?;
                 // A slot handed to another strategy since is not this one's.
-                if slot.generation.load(std::sync::atomic::Ordering::Relaxed) != p.generation {
+                if slot.generation().load(std::sync::atomic::Ordering::Relaxed) != p.generation {
                     return None;
                 }
                 let c = slot.counters();
@@ -159,7 +159,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
             let (counters, current) = match Slot::at(&slots, p.slot) {
                 Some(slot) => (
                     slot.counters(),
-                    slot.generation.load(std::sync::atomic::Ordering::Relaxed) == p.generation,
+                    slot.generation().load(std::sync::atomic::Ordering::Relaxed) == p.generation,
                 ),
                 None => (Default::default(), false),
             };

@@ -73,8 +73,12 @@ pub struct Decision {
     pub dry_run_rejected: Option<u32>,
     /// For `RateLimit-*` headers: on a rejection the rejecting hit; else
     /// the hit with the smallest `remaining` (first on ties) among the
-    /// current hits whose action is not `dry_run`. `None` if there is none.
+    /// current hits whose action is not `dry_run`. `None` if there is none,
+    /// and always `None` when [`admit_with`] was not asked for quotas.
     pub tightest: Option<(u32, Quota)>,
+    /// On a pass, the first (lowest id) current hit whose action is not
+    /// `dry_run`: the strategy reported as having let the request through.
+    pub passed_by: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,20 +114,40 @@ enum Entry {
 
 /// Admits or refuses one request at `now_ns` against `hits`, in order.
 pub fn admit(hits: &[Hit], now_ns: u64, dry_run_all: bool) -> Decision {
+    admit_with(hits, now_ns, dry_run_all, true)
+}
+
+/// [`admit`], computing [`Decision::tightest`] only when `quota` is set
+/// (it is for `RateLimit-*` headers; reading every hit's quota is the
+/// most expensive part of a pass otherwise).
+pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
     let n = hits.len();
     if n <= 4 {
-        admit_in(hits, now_ns, dry_run_all, &mut [Entry::Stale; 4][..n])
+        admit_in(
+            hits,
+            now_ns,
+            dry_run_all,
+            quota,
+            &mut [Entry::Stale; 4][..n],
+        )
     } else if n <= 16 {
-        admit_in(hits, now_ns, dry_run_all, &mut [Entry::Stale; 16][..n])
+        admit_in(
+            hits,
+            now_ns,
+            dry_run_all,
+            quota,
+            &mut [Entry::Stale; 16][..n],
+        )
     } else if n <= STACK_HITS {
         admit_in(
             hits,
             now_ns,
             dry_run_all,
+            quota,
             &mut [Entry::Stale; STACK_HITS][..n],
         )
     } else {
-        admit_in(hits, now_ns, dry_run_all, &mut vec![Entry::Stale; n])
+        admit_in(hits, now_ns, dry_run_all, quota, &mut vec![Entry::Stale; n])
     }
 }
 
@@ -140,10 +164,16 @@ pub fn release(hits: &[Hit]) {
 
 #[inline]
 fn current(hit: &Hit) -> bool {
-    hit.slot.generation.load(Ordering::Acquire) == hit.generation
+    hit.slot.generation().load(Ordering::Acquire) == hit.generation
 }
 
-fn admit_in(hits: &[Hit], now: u64, dry_run_all: bool, entries: &mut [Entry]) -> Decision {
+fn admit_in(
+    hits: &[Hit],
+    now: u64,
+    dry_run_all: bool,
+    quota: bool,
+    entries: &mut [Entry],
+) -> Decision {
     let mut dry_run_rejected = None;
     for (i, hit) in hits.iter().enumerate() {
         if !current(hit) {
@@ -153,7 +183,7 @@ fn admit_in(hits: &[Hit], now: u64, dry_run_all: bool, entries: &mut [Entry]) ->
         match hit.limiter.acquire(&hit.slot, now) {
             Outcome::Admitted(r) => entries[i] = Entry::Admitted(r),
             Outcome::Rejected { retry_after_ns } => {
-                hit.slot.limited.fetch_add(1, Ordering::Relaxed);
+                hit.slot.limited().fetch_add(1, Ordering::Relaxed);
                 if dry_run_all || hit.action == Action::DryRun {
                     dry_run_rejected.get_or_insert(hit.id);
                     entries[i] = match hit.limiter.force_acquire(&hit.slot) {
@@ -178,7 +208,8 @@ fn admit_in(hits: &[Hit], now: u64, dry_run_all: bool, entries: &mut [Entry]) ->
                         retry_after_ns,
                     },
                     dry_run_rejected,
-                    tightest: Some((hit.id, hit.limiter.quota(&hit.slot, now))),
+                    tightest: quota.then(|| (hit.id, hit.limiter.quota(&hit.slot, now))),
+                    passed_by: None,
                 };
             }
         }
@@ -187,11 +218,12 @@ fn admit_in(hits: &[Hit], now: u64, dry_run_all: bool, entries: &mut [Entry]) ->
     let mut verdict = Verdict::Pass;
     let mut longest = 0;
     let mut tightest: Option<(u32, Quota)> = None;
+    let mut passed_by = None;
     for (entry, hit) in entries.iter().zip(hits) {
         if let Entry::Admitted(r) = *entry {
-            hit.slot.passed.fetch_add(1, Ordering::Relaxed);
+            hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {
-                hit.slot.delayed.fetch_add(1, Ordering::Relaxed);
+                hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
                 if !dry_run_all && r.wait_ns > longest {
                     longest = r.wait_ns;
                     verdict = Verdict::Delay {
@@ -204,6 +236,10 @@ fn admit_in(hits: &[Hit], now: u64, dry_run_all: bool, entries: &mut [Entry]) ->
         if matches!(entry, Entry::Stale) || hit.action == Action::DryRun {
             continue;
         }
+        passed_by.get_or_insert(hit.id);
+        if !quota {
+            continue;
+        }
         let q = hit.limiter.quota(&hit.slot, now);
         match tightest {
             Some((_, t)) if t.remaining <= q.remaining => {}
@@ -214,6 +250,7 @@ fn admit_in(hits: &[Hit], now: u64, dry_run_all: bool, entries: &mut [Entry]) ->
         verdict,
         dry_run_rejected,
         tightest,
+        passed_by,
     }
 }
 
@@ -251,7 +288,7 @@ mod tests {
             .enumerate()
             .map(|(i, (l, a))| {
                 let slot = Slot::at(region, i as u32).unwrap();
-                slot.generation.store(1, Ordering::Relaxed);
+                slot.generation().store(1, Ordering::Relaxed);
                 Hit {
                     id: 100 + i as u32,
                     limiter: l,
@@ -265,8 +302,8 @@ mod tests {
 
     fn words(h: &Hit) -> (u64, u64) {
         (
-            h.slot.state0.load(Ordering::Relaxed),
-            h.slot.state1.load(Ordering::Relaxed),
+            h.slot.state0().load(Ordering::Relaxed),
+            h.slot.state1().load(Ordering::Relaxed),
         )
     }
 
@@ -325,10 +362,10 @@ mod tests {
         }
         assert_eq!(counters(&hits[3]), (2, 1, 0));
         // Concurrency: two requests in flight, both released.
-        assert_eq!(hits[2].slot.state0.load(Ordering::Relaxed), 2);
+        assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 2);
         release(&hits);
         release(&hits);
-        assert_eq!(hits[2].slot.state0.load(Ordering::Relaxed), 0);
+        assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -362,22 +399,22 @@ mod tests {
         assert_eq!(counters(&hits[1]), (2, 0, 0));
         // The dry-run concurrency hit counts both requests in flight.
         assert_eq!(counters(&hits[2]), (1, 1, 0));
-        assert_eq!(hits[2].slot.state0.load(Ordering::Relaxed), 2);
+        assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 2);
         // Third request: the enforcing strategy rejects; nothing is held.
         let d = admit(&hits, S, false);
         assert!(matches!(d.verdict, Verdict::Reject { id: 101, .. }));
-        assert_eq!(hits[2].slot.state0.load(Ordering::Relaxed), 2);
+        assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 2);
         assert_eq!(counters(&hits[1]), (2, 1, 0));
         // dry_run_all: passes, counts the would-be rejection.
         let d = admit(&hits, S, true);
         assert_eq!(d.verdict, Verdict::Pass);
         assert_eq!(d.dry_run_rejected, Some(100));
         assert_eq!(counters(&hits[1]), (2, 2, 0));
-        assert_eq!(hits[2].slot.state0.load(Ordering::Relaxed), 3);
+        assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 3);
         for _ in 0..3 {
             release(&hits);
         }
-        assert_eq!(hits[2].slot.state0.load(Ordering::Relaxed), 0);
+        assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -441,18 +478,18 @@ mod tests {
         let local = LocalSlots::new(2);
         let region = local.region();
         let hits = hits(&region, &specs);
-        hits[1].slot.generation.store(2, Ordering::Release); // reassigned
+        hits[1].slot.generation().store(2, Ordering::Release); // reassigned
         for _ in 0..3 {
-            hits[0].slot.state0.store(0, Ordering::Relaxed);
+            hits[0].slot.state0().store(0, Ordering::Relaxed);
             let d = admit(&hits, S, false);
             assert_eq!(d.verdict, Verdict::Pass);
             assert_eq!(d.tightest.map(|(id, _)| id), Some(100));
         }
         assert_eq!(counters(&hits[1]), (0, 0, 0));
         assert_eq!(words(&hits[1]), (0, 0));
-        hits[0].slot.generation.store(2, Ordering::Release);
+        hits[0].slot.generation().store(2, Ordering::Release);
         release(&hits);
-        assert_eq!(hits[0].slot.state0.load(Ordering::Relaxed), 1);
+        assert_eq!(hits[0].slot.state0().load(Ordering::Relaxed), 1);
         let d = admit(&hits, S, false);
         assert_eq!(d.verdict, Verdict::Pass);
         assert_eq!(d.tightest, None);
@@ -510,7 +547,7 @@ mod tests {
             );
             for h in &hits[..n - 1] {
                 assert_eq!(counters(h), (1, 0, 0), "{n}");
-                assert_eq!(h.slot.state0.load(Ordering::Relaxed), 1, "{n}");
+                assert_eq!(h.slot.state0().load(Ordering::Relaxed), 1, "{n}");
             }
         }
     }

@@ -364,15 +364,15 @@ impl Limiter {
                 interval,
                 tau,
                 max_delay,
-            } => gcra_acquire(slot.state0, now_ns, interval, tau, max_delay),
+            } => gcra_acquire(slot.state0(), now_ns, interval, tau, max_delay),
             Params::Window { period, limit } => {
                 if self.algorithm == Algorithm::SlidingWindow {
                     sliding_acquire(slot, now_ns, period, limit)
                 } else {
-                    fixed_acquire(slot.state0, now_ns, period, limit)
+                    fixed_acquire(slot.state0(), now_ns, period, limit)
                 }
             }
-            Params::Concurrency { limit } => concurrency_acquire(slot.state0, limit),
+            Params::Concurrency { limit } => concurrency_acquire(slot.state0(), limit),
         }
     }
 
@@ -381,24 +381,24 @@ impl Limiter {
     /// that is under contention).
     pub fn refund(&self, slot: &Slot, r: Reservation) {
         match self.params {
-            Params::Gcra { interval, .. } => gcra_refund(slot.state0, r, interval),
+            Params::Gcra { interval, .. } => gcra_refund(slot.state0(), r, interval),
             Params::Window { .. } => {
                 let window = r.token >> 32;
                 let word = if self.algorithm == Algorithm::SlidingWindow && window & 1 == 1 {
-                    slot.state1
+                    slot.state1()
                 } else {
-                    slot.state0
+                    slot.state0()
                 };
                 window_refund(word, r);
             }
-            Params::Concurrency { .. } => concurrency_release(slot.state0),
+            Params::Concurrency { .. } => concurrency_release(slot.state0()),
         }
     }
 
     /// `concurrency`: the request ended. A no-op for other algorithms.
     pub fn release(&self, slot: &Slot) {
         if let Params::Concurrency { .. } = self.params {
-            concurrency_release(slot.state0);
+            concurrency_release(slot.state0());
         }
     }
 
@@ -410,7 +410,7 @@ impl Limiter {
         let Params::Concurrency { .. } = self.params else {
             return None;
         };
-        let w = slot.state0;
+        let w = slot.state0();
         let mut cur = w.load(Ordering::Acquire);
         loop {
             if cur >= INFLIGHT_CAP {
@@ -428,7 +428,7 @@ impl Limiter {
         let now = now_ns;
         match self.params {
             Params::Gcra { interval, tau, .. } => {
-                let tat = slot.state0.load(Ordering::Acquire);
+                let tat = slot.state0().load(Ordering::Acquire);
                 let burst = tau / interval;
                 let used = tat.max(now) - now; // max(tat, now) ≥ now
                 let remaining = tau.saturating_sub(used) / interval;
@@ -437,8 +437,8 @@ impl Limiter {
             Params::Window { period, limit } => {
                 if self.algorithm == Algorithm::SlidingWindow {
                     let words = [
-                        slot.state0.load(Ordering::SeqCst),
-                        slot.state1.load(Ordering::SeqCst),
+                        slot.state0().load(Ordering::SeqCst),
+                        slot.state1().load(Ordering::SeqCst),
                     ];
                     let v = SlidingView::read(words, now, period);
                     let next = window_start(v.window.saturating_add(1), period);
@@ -452,14 +452,14 @@ impl Limiter {
                     Quota::new(limit, limit.saturating_sub(v.estimate(period)), reset)
                 } else {
                     let w_now = window_of(now, period);
-                    let (sw, sc) = unpack(slot.state0.load(Ordering::Acquire));
+                    let (sw, sc) = unpack(slot.state0().load(Ordering::Acquire));
                     let (w, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
                     let end = window_start(w.saturating_add(1), period);
                     Quota::new(limit, limit.saturating_sub(count), end.saturating_sub(now))
                 }
             }
             Params::Concurrency { limit } => {
-                let inflight = slot.state0.load(Ordering::Acquire);
+                let inflight = slot.state0().load(Ordering::Acquire);
                 let remaining = limit.saturating_sub(inflight);
                 let reset = if remaining == 0 {
                     CONCURRENCY_RETRY_NS
@@ -588,7 +588,7 @@ fn window_refund(w: &AtomicU64, r: Reservation) {
 }
 
 fn sliding_acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Outcome {
-    let words = [slot.state0, slot.state1];
+    let words = [slot.state0(), slot.state1()];
     let w_now = window_of(now, period);
     let foreign_above = now.saturating_add(MAX_STALENESS_NS);
     loop {
@@ -797,13 +797,13 @@ mod tests {
     fn gcra_refund_restores_the_state_exactly() {
         let l = limiter(Algorithm::TokenBucket, 10, Unit::Second, 2, REJECT);
         with_slot(|slot| {
-            slot.state0.store(3 * S, Ordering::Relaxed);
-            let before = slot.state0.load(Ordering::Relaxed);
+            slot.state0().store(3 * S, Ordering::Relaxed);
+            let before = slot.state0().load(Ordering::Relaxed);
             let Outcome::Admitted(r) = l.acquire(slot, 7 * S) else {
                 panic!()
             };
             l.refund(slot, r);
-            assert_eq!(slot.state0.load(Ordering::Relaxed), before);
+            assert_eq!(slot.state0().load(Ordering::Relaxed), before);
             // Under interleaving the refund subtracts one interval.
             let Outcome::Admitted(a) = l.acquire(slot, 7 * S) else {
                 panic!()
@@ -812,7 +812,7 @@ mod tests {
                 panic!()
             };
             l.refund(slot, a);
-            assert_eq!(slot.state0.load(Ordering::Relaxed), 7 * S + 100 * MS);
+            assert_eq!(slot.state0().load(Ordering::Relaxed), 7 * S + 100 * MS);
         });
     }
 
@@ -845,7 +845,7 @@ mod tests {
             500 * S,
         ] {
             with_slot(|slot| {
-                slot.state0.store(garbage, Ordering::Relaxed);
+                slot.state0().store(garbage, Ordering::Relaxed);
                 let clock = FakeClock::new(100 * S);
                 // 1000 requests a second for 10 s: at most the rate, no
                 // burst (the repaired state is an empty bucket)...
@@ -862,9 +862,9 @@ mod tests {
         let l = limiter(Algorithm::TokenBucket, 1, Unit::Second, 1, REJECT);
         with_slot(|slot| {
             // 30 s ahead: a clock stepped back within tolerance. Waited out.
-            slot.state0.store(130 * S, Ordering::Relaxed);
+            slot.state0().store(130 * S, Ordering::Relaxed);
             assert_eq!(retry(&l, slot, 100 * S), 30 * S);
-            assert_eq!(slot.state0.load(Ordering::Relaxed), 130 * S);
+            assert_eq!(slot.state0().load(Ordering::Relaxed), 130 * S);
         });
     }
 
@@ -895,7 +895,7 @@ mod tests {
             assert_eq!(ra, 45 * S);
             assert!(!admitted(&l, slot, now + ra - 1));
             assert!(admitted(&l, slot, now + ra));
-            assert_eq!(unpack(slot.state0.load(Ordering::Relaxed)), (11, 1));
+            assert_eq!(unpack(slot.state0().load(Ordering::Relaxed)), (11, 1));
         });
     }
 
@@ -907,7 +907,7 @@ mod tests {
             // A stale worker still in window 9: counted in window 10, not
             // a reset of window 9.
             assert!(admitted(&l, slot, 10 * S - 1));
-            assert_eq!(unpack(slot.state0.load(Ordering::Relaxed)), (10, 2));
+            assert_eq!(unpack(slot.state0().load(Ordering::Relaxed)), (10, 2));
             assert_eq!(retry(&l, slot, 10 * S - 1), S + 1);
             // The clock jumps back 5 s: still window 10's quota, exhausted.
             let clock = FakeClock::new(0);
@@ -927,7 +927,7 @@ mod tests {
             0xffff_ffff,
         ] {
             with_slot(|slot| {
-                slot.state0.store(garbage, Ordering::Relaxed);
+                slot.state0().store(garbage, Ordering::Relaxed);
                 let clock = FakeClock::new(0);
                 for w in 100..110u64 {
                     let n = drive(&l, slot, &clock, w * S, (w + 1) * S, MS);
@@ -946,16 +946,16 @@ mod tests {
             with_slot(|slot| {
                 assert!(admitted(&l, slot, 3 * S));
                 let before = (
-                    slot.state0.load(Ordering::Relaxed),
-                    slot.state1.load(Ordering::Relaxed),
+                    slot.state0().load(Ordering::Relaxed),
+                    slot.state1().load(Ordering::Relaxed),
                 );
                 let Outcome::Admitted(r) = l.acquire(slot, 3 * S + 1) else {
                     panic!()
                 };
                 l.refund(slot, r);
                 let after = (
-                    slot.state0.load(Ordering::Relaxed),
-                    slot.state1.load(Ordering::Relaxed),
+                    slot.state0().load(Ordering::Relaxed),
+                    slot.state1().load(Ordering::Relaxed),
                 );
                 assert_eq!(before, after, "{alg}");
                 // A reservation of window 3 refunded after the window moved
@@ -966,13 +966,13 @@ mod tests {
                 assert!(admitted(&l, slot, 4 * S));
                 if alg == Algorithm::FixedWindow {
                     l.refund(slot, r);
-                    assert_eq!(unpack(slot.state0.load(Ordering::Relaxed)), (4, 1));
+                    assert_eq!(unpack(slot.state0().load(Ordering::Relaxed)), (4, 1));
                 } else {
                     // Sliding: window 3 is the previous window and still
                     // weighs, so its refund is applied there.
                     l.refund(slot, r);
-                    assert_eq!(unpack(slot.state1.load(Ordering::Relaxed)), (3, 1));
-                    assert_eq!(unpack(slot.state0.load(Ordering::Relaxed)), (4, 1));
+                    assert_eq!(unpack(slot.state1().load(Ordering::Relaxed)), (3, 1));
+                    assert_eq!(unpack(slot.state0().load(Ordering::Relaxed)), (4, 1));
                 }
             });
         }
@@ -1040,8 +1040,8 @@ mod tests {
             // taken at the start of window 10, where 4 + 1 ≥ 4.
             assert!(!admitted(&l, slot, 9 * S + 999 * MS));
             assert!(!admitted(&l, slot, 3 * S));
-            assert_eq!(unpack(slot.state0.load(Ordering::Relaxed)), (10, 1));
-            assert_eq!(unpack(slot.state1.load(Ordering::Relaxed)), (9, 4));
+            assert_eq!(unpack(slot.state0().load(Ordering::Relaxed)), (10, 1));
+            assert_eq!(unpack(slot.state1().load(Ordering::Relaxed)), (9, 4));
         });
     }
 
@@ -1058,8 +1058,8 @@ mod tests {
         ];
         for (a, b) in cases {
             with_slot(|slot| {
-                slot.state0.store(a, Ordering::Relaxed);
-                slot.state1.store(b, Ordering::Relaxed);
+                slot.state0().store(a, Ordering::Relaxed);
+                slot.state1().store(b, Ordering::Relaxed);
                 let clock = FakeClock::new(0);
                 for w in 100..110u64 {
                     let n = drive(&l, slot, &clock, w * S, (w + 1) * S, MS);
@@ -1083,12 +1083,12 @@ mod tests {
             for _ in 0..5 {
                 l.release(slot);
             }
-            assert_eq!(slot.state0.load(Ordering::Relaxed), 0);
-            slot.state0.store(u64::MAX, Ordering::Relaxed);
+            assert_eq!(slot.state0().load(Ordering::Relaxed), 0);
+            slot.state0().store(u64::MAX, Ordering::Relaxed);
             assert!(!admitted(&l, slot, 0));
             assert!(l.force_acquire(slot).is_none());
             l.release(slot);
-            assert_eq!(slot.state0.load(Ordering::Relaxed), u64::MAX - 1);
+            assert_eq!(slot.state0().load(Ordering::Relaxed), u64::MAX - 1);
         });
     }
 
@@ -1263,13 +1263,13 @@ mod race_tests {
                 });
             }
             while std::time::Instant::now() < deadline && rounds < 200_000 {
-                slot.state0.store(0, Ordering::SeqCst);
-                slot.state1.store(0, Ordering::SeqCst);
+                slot.state0().store(0, Ordering::SeqCst);
+                slot.state1().store(0, Ordering::SeqCst);
                 admitted.store(0, Ordering::SeqCst);
                 start.wait();
                 done.wait();
-                let (w0, c0) = unpack(slot.state0.load(Ordering::SeqCst));
-                let (w1, c1) = unpack(slot.state1.load(Ordering::SeqCst));
+                let (w0, c0) = unpack(slot.state0().load(Ordering::SeqCst));
+                let (w1, c1) = unpack(slot.state1().load(Ordering::SeqCst));
                 let c0 = if w0 == 0 { c0 } else { 0 };
                 let c1 = if w1 == 1 { c1 } else { 0 };
                 let n = admitted.load(Ordering::SeqCst);

@@ -80,6 +80,19 @@ impl<'a> Region<'a> {
         Some(unsafe { &*(self.ptr.add(off) as *const AtomicU64) })
     }
 
+    /// `N` consecutive 64-bit words at `off`, if they lie inside and are
+    /// aligned: one bounds check for a whole record.
+    #[inline]
+    pub fn words_at<const N: usize>(&self, off: usize) -> Option<&'a [AtomicU64; N]> {
+        if off % 8 != 0 || off.checked_add(N * 8)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds and aligned (checked above); AtomicU64 arrays
+        // have the layout of N consecutive words; the memory is valid for 'a
+        // and only accessed atomically (contract of `from_raw`).
+        Some(unsafe { &*(self.ptr.add(off) as *const [AtomicU64; N]) })
+    }
+
     /// The 32-bit word at `off`, if it lies inside and is aligned.
     #[inline]
     pub fn u32_at(&self, off: usize) -> Option<&'a AtomicU32> {

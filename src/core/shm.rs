@@ -512,8 +512,7 @@ pub fn fuzz_reader(data: &[u8]) {
                 .enumerate()
                 .map(|(i, _)| data.get(i..i + 3))
                 .collect();
-            let mut out = smallvec::SmallVec::new();
-            t.matching(&vals, &mut out);
+            t.matching(&vals);
         }
     }
     // 2. A whole file image: header geometry, then both segments.

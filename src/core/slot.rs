@@ -25,17 +25,11 @@ pub const OFF_DELAYED: usize = 40;
 pub const OFF_OWNER: usize = 48;
 pub const OFF_FREED_AT: usize = 56;
 
-/// One stat slot. All fields are atomics in shared memory.
+/// One stat slot: a reference to its eight words in shared memory (one
+/// pointer, one bounds check when it is formed); the accessors name them.
 #[derive(Clone, Copy)]
 pub struct Slot<'a> {
-    pub state0: &'a AtomicU64,
-    pub state1: &'a AtomicU64,
-    pub generation: &'a AtomicU64,
-    pub passed: &'a AtomicU64,
-    pub limited: &'a AtomicU64,
-    pub delayed: &'a AtomicU64,
-    pub owner: &'a AtomicU64,
-    pub freed_at: &'a AtomicU64,
+    words: &'a [AtomicU64; SLOT_SIZE / 8],
 }
 
 /// Counter values of a slot, for stats.
@@ -46,30 +40,49 @@ pub struct Counters {
     pub delayed: u64,
 }
 
+macro_rules! slot_words {
+    ($($(#[$doc:meta])* $name:ident = $off:ident;)*) => {
+        $(
+            $(#[$doc])*
+            #[inline]
+            pub fn $name(&self) -> &'a AtomicU64 {
+                &self.words[$off / 8]
+            }
+        )*
+    };
+}
+
 impl<'a> Slot<'a> {
     /// The slot at `index` of a slot array region; `None` past the end.
     #[inline]
     pub fn at(slots: &Region<'a>, index: u32) -> Option<Slot<'a>> {
         let base = (index as usize).checked_mul(SLOT_SIZE)?;
-        // One bounds check for the whole slot, then the fields.
-        slots.u64_at(base.checked_add(OFF_FREED_AT)?)?;
         Some(Slot {
-            state0: slots.u64_at(base + OFF_STATE0)?,
-            state1: slots.u64_at(base + OFF_STATE1)?,
-            generation: slots.u64_at(base + OFF_GENERATION)?,
-            passed: slots.u64_at(base + OFF_PASSED)?,
-            limited: slots.u64_at(base + OFF_LIMITED)?,
-            delayed: slots.u64_at(base + OFF_DELAYED)?,
-            owner: slots.u64_at(base + OFF_OWNER)?,
-            freed_at: slots.u64_at(base + OFF_FREED_AT)?,
+            words: slots.words_at(base)?,
         })
+    }
+
+    slot_words! {
+        /// Limiter state word (GCRA TAT, window word, in-flight count).
+        state0 = OFF_STATE0;
+        /// Second limiter word (sliding window).
+        state1 = OFF_STATE1;
+        /// Bumped by the agent each time the slot is assigned.
+        generation = OFF_GENERATION;
+        passed = OFF_PASSED;
+        limited = OFF_LIMITED;
+        delayed = OFF_DELAYED;
+        /// Strategy id the slot belongs to (low 32 bits).
+        owner = OFF_OWNER;
+        /// Unix ms when the slot was freed (0 = in use or never).
+        freed_at = OFF_FREED_AT;
     }
 
     pub fn counters(&self) -> Counters {
         Counters {
-            passed: self.passed.load(Ordering::Relaxed),
-            limited: self.limited.load(Ordering::Relaxed),
-            delayed: self.delayed.load(Ordering::Relaxed),
+            passed: self.passed().load(Ordering::Relaxed),
+            limited: self.limited().load(Ordering::Relaxed),
+            delayed: self.delayed().load(Ordering::Relaxed),
         }
     }
 
@@ -77,14 +90,14 @@ impl<'a> Slot<'a> {
     /// limiter state and the counters start from zero (a new bucket is full,
     /// a new window empty).
     pub fn reset(&self, owner: u32, generation: u64) {
-        self.state0.store(0, Ordering::Relaxed);
-        self.state1.store(0, Ordering::Relaxed);
-        self.passed.store(0, Ordering::Relaxed);
-        self.limited.store(0, Ordering::Relaxed);
-        self.delayed.store(0, Ordering::Relaxed);
-        self.owner.store(owner as u64, Ordering::Relaxed);
-        self.freed_at.store(0, Ordering::Relaxed);
-        self.generation.store(generation, Ordering::Release);
+        self.state0().store(0, Ordering::Relaxed);
+        self.state1().store(0, Ordering::Relaxed);
+        self.passed().store(0, Ordering::Relaxed);
+        self.limited().store(0, Ordering::Relaxed);
+        self.delayed().store(0, Ordering::Relaxed);
+        self.owner().store(owner as u64, Ordering::Relaxed);
+        self.freed_at().store(0, Ordering::Relaxed);
+        self.generation().store(generation, Ordering::Release);
     }
 }
 
@@ -119,9 +132,9 @@ mod tests {
         assert!(Slot::at(&r, 2).is_none());
         assert!(Slot::at(&r, u32::MAX).is_none());
         let s = Slot::at(&r, 1).unwrap();
-        s.passed.fetch_add(3, Ordering::Relaxed);
+        s.passed().fetch_add(3, Ordering::Relaxed);
         s.reset(9, 2);
         assert_eq!(s.counters(), Counters::default());
-        assert_eq!(s.owner.load(Ordering::Relaxed), 9);
+        assert_eq!(s.owner().load(Ordering::Relaxed), 9);
     }
 }

@@ -28,6 +28,63 @@ use super::shm::Mapping;
 use super::slot::Slot;
 
 const NONE: u32 = u32::MAX;
+/// Dimensions and matched strategies handled in stack arrays (more: a Vec).
+const SCRATCH: usize = 16;
+
+/// Matched strategy indexes: a stack array, spilling to a Vec past
+/// [`SCRATCH`] (a plain array keeps the per-request path branch-light).
+struct Matches {
+    n: usize,
+    fixed: [u32; SCRATCH],
+    more: Vec<u32>,
+}
+
+impl Matches {
+    #[inline]
+    fn new() -> Matches {
+        Matches {
+            n: 0,
+            fixed: [0; SCRATCH],
+            more: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.n
+    }
+
+    #[inline]
+    fn push(&mut self, si: u32) {
+        if self.n < SCRATCH {
+            self.fixed[self.n] = si;
+        } else {
+            if self.n == SCRATCH {
+                self.more.extend_from_slice(&self.fixed);
+            }
+            self.more.push(si);
+        }
+        self.n += 1;
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u32] {
+        if self.n <= SCRATCH {
+            &self.fixed[..self.n]
+        } else {
+            &self.more
+        }
+    }
+
+    #[inline]
+    fn as_mut_slice(&mut self) -> &mut [u32] {
+        if self.n <= SCRATCH {
+            &mut self.fixed[..self.n]
+        } else {
+            &mut self.more
+        }
+    }
+}
 
 /// One published strategy, compiled.
 pub struct Compiled {
@@ -36,7 +93,7 @@ pub struct Compiled {
     pub slot: u32,
     pub generation: u64,
     /// `(dimension index, interned value id)` of every condition.
-    conds: SmallVec<[(u8, u32); 4]>,
+    conds: Box<[(u8, u32)]>,
 }
 
 impl Compiled {
@@ -58,14 +115,17 @@ struct DimIndex {
 }
 
 /// What a request carries: its values for [`Table::dimensions`], by index,
-/// and its client address for the exact blacklist lookup.
+/// and its client address (matched for `ip` and looked up in the
+/// blacklist; without one, an `ip` text value is parsed).
 pub struct Request<'r> {
     pub values: &'r [Option<&'r [u8]>],
-    pub ip: Option<IpAddr>,
+    pub ip: Option<IpKey>,
     pub now_ns: u64,
     pub now_unix_ms: u64,
     /// Location-level dry run: count and report, never reject or delay.
     pub dry_run: bool,
+    /// Compute the tightest quota (for `RateLimit-*` headers).
+    pub quota: bool,
 }
 
 /// The outcome for one request.
@@ -106,6 +166,9 @@ pub struct Table {
     published_unix_ms: u64,
     dims: Vec<String>,
     index: Vec<DimIndex>,
+    /// The `ip` dimension, matched on the binary address (no text form).
+    ip_dim: Option<usize>,
+    ip_index: FxHashMap<u128, (u32, u32, u32)>,
     anchored: Vec<u32>,
     unconditioned: Vec<u32>,
     strategies: Vec<Compiled>,
@@ -143,7 +206,7 @@ impl Table {
             if !p.strategy.enabled {
                 continue;
             }
-            let mut conds = SmallVec::new();
+            let mut conds = Vec::with_capacity(p.strategy.conditions.len());
             for c in &p.strategy.conditions {
                 let Some(d) = dim_of(&mut dims, &c.dimension) else {
                     continue 'next; // over the dimension limit: the writer refuses this
@@ -170,7 +233,7 @@ impl Table {
                 strategy: p.strategy,
                 slot: p.slot,
                 generation: p.generation,
-                conds,
+                conds: conds.into_boxed_slice(),
             });
         }
         let mut bl_dims = Vec::new();
@@ -219,6 +282,21 @@ impl Table {
                 *len = starts[*id as usize + 1] - *start;
             }
         }
+        // `ip` values are canonical addresses (the model validates them):
+        // key them by their 128-bit form so a request never formats its
+        // address as text.
+        let ip_dim = dims.iter().position(|d| d == "ip");
+        let mut ip_index = FxHashMap::default();
+        if let Some(d) = ip_dim {
+            for (text, &entry) in std::mem::take(&mut index[d].values).iter() {
+                if let Some(ip) = std::str::from_utf8(text)
+                    .ok()
+                    .and_then(|t| t.parse::<IpAddr>().ok())
+                {
+                    ip_index.insert(IpKey::from(ip).0, entry);
+                }
+            }
+        }
         Table {
             map,
             publish_seq: decoded.publish_seq,
@@ -226,6 +304,8 @@ impl Table {
             published_unix_ms: decoded.published_unix_ms,
             dims,
             index,
+            ip_dim,
+            ip_index,
             anchored,
             unconditioned,
             strategies,
@@ -266,18 +346,35 @@ impl Table {
     }
 
     /// Indexes of the strategies matching `values`, ascending (= by id).
-    pub fn matching(&self, values: &[Option<&[u8]>], out: &mut SmallVec<[u32; 8]>) {
-        const INLINE: usize = 16;
+    /// The `ip` dimension's value, if given, is parsed as an address.
+    pub fn matching(&self, values: &[Option<&[u8]>]) -> Vec<u32> {
+        let mut out = Matches::new();
+        self.match_request(values, None, &mut out);
+        out.as_slice().to_vec()
+    }
+
+    /// The `ip` dimension's text value parsed as an address (callers that
+    /// give values as text, e.g. tests; nginx gives the binary address).
+    fn ip_from_text(&self, values: &[Option<&[u8]>]) -> Option<IpKey> {
+        let v = values.get(self.ip_dim?).copied().flatten()?;
+        let ip = std::str::from_utf8(v).ok()?.parse::<IpAddr>().ok()?;
+        Some(IpKey::from(ip))
+    }
+
+    /// [`matching`](Self::matching) with the `ip` dimension taken from the
+    /// client address when there is one (else from its text value).
+    fn match_request(&self, values: &[Option<&[u8]>], ip: Option<IpKey>, out: &mut Matches) {
+        let ip = ip.or_else(|| self.ip_from_text(values));
         let n = self.dims.len().min(values.len());
-        if n <= INLINE {
+        if n <= SCRATCH {
             // The common case: scratch space on the stack, nothing allocated.
-            let mut req = [NONE; INLINE];
-            let mut spans = [(0u32, 0u32); INLINE];
-            self.match_into(&values[..n], &mut req[..n], &mut spans[..n], out);
+            let mut req = [NONE; SCRATCH];
+            let mut spans = [(0u32, 0u32); SCRATCH];
+            self.match_into(&values[..n], ip, &mut req[..n], &mut spans[..n], out);
         } else {
             let mut req = vec![NONE; n];
             let mut spans = vec![(0u32, 0u32); n];
-            self.match_into(&values[..n], &mut req, &mut spans, out);
+            self.match_into(&values[..n], ip, &mut req, &mut spans, out);
         }
     }
 
@@ -286,26 +383,37 @@ impl Table {
     fn match_into(
         &self,
         values: &[Option<&[u8]>],
+        ip: Option<IpKey>,
         req: &mut [u32],
         spans: &mut [(u32, u32)],
-        out: &mut SmallVec<[u32; 8]>,
+        out: &mut Matches,
     ) {
-        out.clear();
-        out.extend_from_slice(&self.unconditioned);
+        for &si in self.unconditioned.iter() {
+            out.push(si);
+        }
         let mut ns = 0;
-        for (d, v) in values.iter().enumerate() {
-            let Some(v) = v.filter(|v| !v.is_empty()) else {
-                continue;
-            };
-            if let Some(&(id, start, len)) = self.index[d].values.get(v) {
+        let mut found = |d: usize, entry: Option<&(u32, u32, u32)>| {
+            if let Some(&(id, start, len)) = entry {
                 req[d] = id;
                 if len > 0 {
                     spans[ns] = (start, len);
                     ns += 1;
                 }
             }
+        };
+        let ip_dim = self.ip_dim.unwrap_or(usize::MAX);
+        if let (Some(ip), true) = (ip, ip_dim < values.len()) {
+            found(ip_dim, self.ip_index.get(&ip.0));
         }
-        let sources = ns + usize::from(!out.is_empty());
+        for (d, v) in values.iter().enumerate() {
+            let Some(v) = v.filter(|v| !v.is_empty()) else {
+                continue;
+            };
+            if d != ip_dim {
+                found(d, self.index[d].values.get(v));
+            }
+        }
+        let sources = ns + usize::from(out.len() > 0);
         for &(start, len) in &spans[..ns] {
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
@@ -316,7 +424,7 @@ impl Table {
         }
         // Each source is ascending already; only a mix needs sorting.
         if sources > 1 {
-            out.sort_unstable();
+            out.as_mut_slice().sort_unstable();
         }
     }
 
@@ -329,7 +437,7 @@ impl Table {
             .flatten();
         if let Some(bl) = bl {
             if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
-                if bl.contains_ip(ip, r.now_unix_ms) {
+                if bl.contains_ip(ip.addr(), r.now_unix_ms) {
                     return TableDecision {
                         outcome: Outcome::Blacklisted {
                             dimension_index: None,
@@ -351,8 +459,9 @@ impl Table {
                 }
             }
         }
-        let mut matched = SmallVec::new();
-        self.matching(r.values, &mut matched);
+        let mut matched = Matches::new();
+        self.match_request(r.values, r.ip, &mut matched);
+        let matched = matched.as_slice();
         if matched.is_empty() {
             return TableDecision {
                 outcome: Outcome::NoMatch,
@@ -366,23 +475,38 @@ impl Table {
             };
         };
         let slots = map.slots();
+        // After a pass or a delay every concurrency hit holds one unit (a
+        // dry run too: it counts real requests in flight); after a
+        // rejection none does (admit refunded them).
+        let holds = |h: &Hit, d: &Decision| {
+            h.limiter.algorithm() == Algorithm::Concurrency
+                && !matches!(d.verdict, Verdict::Reject { .. })
+        };
+        if let [si] = *matched {
+            // The common case, without the lists below.
+            let hit = self.strategies[si as usize].hit(&slots);
+            let hits = hit.as_slice();
+            let decision = admit::admit_with(hits, r.now_ns, r.dry_run, r.quota);
+            if hits.iter().any(|h| holds(h, &decision)) {
+                held.push(si);
+            }
+            return TableDecision {
+                outcome: Outcome::Limited(decision),
+                held,
+            };
+        }
         let mut hits: SmallVec<[Hit<'_>; 8]> = SmallVec::new();
         let mut hit_index: SmallVec<[u32; 8]> = SmallVec::new();
-        for &si in &matched {
+        for &si in matched {
             if let Some(hit) = self.strategies[si as usize].hit(&slots) {
                 hits.push(hit);
                 hit_index.push(si);
             }
         }
-        let decision = admit::admit(&hits, r.now_ns, r.dry_run);
-        // After a pass or a delay every concurrency hit holds one unit (a
-        // dry run too: it counts real requests in flight); after a
-        // rejection none does (admit refunded them).
-        if !matches!(decision.verdict, Verdict::Reject { .. }) {
-            for (h, &si) in hits.iter().zip(&hit_index) {
-                if h.limiter.algorithm() == Algorithm::Concurrency {
-                    held.push(si);
-                }
+        let decision = admit::admit_with(&hits, r.now_ns, r.dry_run, r.quota);
+        for (h, &si) in hits.iter().zip(&hit_index) {
+            if holds(h, &decision) {
+                held.push(si);
             }
         }
         TableDecision {
@@ -391,12 +515,13 @@ impl Table {
         }
     }
 
-    /// Releases the concurrency slots a finished request held.
-    pub fn release(&self, d: &TableDecision) {
+    /// Releases the concurrency slots a finished request held
+    /// ([`TableDecision::held`]).
+    pub fn release(&self, held: &[u32]) {
         let Some(map) = &self.map else { return };
         let slots = map.slots();
         let mut hits: SmallVec<[Hit<'_>; 2]> = SmallVec::new();
-        for &si in &d.held {
+        for &si in held {
             if let Some(hit) = self.strategies.get(si as usize).and_then(|s| s.hit(&slots)) {
                 hits.push(hit);
             }
@@ -407,5 +532,36 @@ impl Table {
     fn blacklist(&self) -> Option<Blacklist<'_>> {
         let map = self.map.as_ref()?;
         Blacklist::open(map.blacklist()).ok()
+    }
+}
+
+/// A client address as the matcher keys it: the IPv6 form, IPv4 as
+/// v4-mapped (the model's canonical text writes a v4-mapped address as plain
+/// IPv4, so both spellings meet here). A `u128` moves in two registers,
+/// where an `IpAddr` is copied byte by byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpKey(pub u128);
+
+impl IpKey {
+    /// An IPv4 address given as its 32-bit value (host order).
+    #[inline]
+    pub fn v4(addr: u32) -> IpKey {
+        IpKey(0xffff_0000_0000 | u128::from(addr))
+    }
+
+    /// The address, v4-mapped IPv6 given back as IPv4.
+    pub fn addr(self) -> IpAddr {
+        let v6 = std::net::Ipv6Addr::from(self.0);
+        v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+    }
+}
+
+impl From<IpAddr> for IpKey {
+    #[inline]
+    fn from(ip: IpAddr) -> IpKey {
+        match ip {
+            IpAddr::V4(a) => IpKey::v4(u32::from(a)),
+            IpAddr::V6(a) => IpKey(u128::from(a)),
+        }
     }
 }

@@ -214,8 +214,8 @@ impl Writer {
             let slots = map.slots();
             for a in assigned.values() {
                 if let Some(s) = Slot::at(&slots, a.slot) {
-                    s.state0.store(0, Ordering::Relaxed);
-                    s.state1.store(0, Ordering::Relaxed);
+                    s.state0().store(0, Ordering::Relaxed);
+                    s.state1().store(0, Ordering::Relaxed);
                 }
             }
             header.write_bytes(shm::H_BOOT_ID, &boot);
@@ -248,7 +248,7 @@ impl Writer {
             if used && !owns {
                 self.set_slot_bit(slot, false);
                 if let Some(s) = Slot::at(&slots, slot) {
-                    s.freed_at.store(now_ms, Ordering::Relaxed);
+                    s.freed_at().store(now_ms, Ordering::Relaxed);
                 }
             } else if owns && !used {
                 self.set_slot_bit(slot, true);
@@ -367,7 +367,7 @@ impl Writer {
         while free.len() < fresh.len() && candidate < g.slot_count {
             let usable = !self.slot_in_use(candidate)
                 && Slot::at(&slots, candidate).is_some_and(|s| {
-                    let freed = s.freed_at.load(Ordering::Relaxed);
+                    let freed = s.freed_at().load(Ordering::Relaxed);
                     freed == 0 || now_ms.saturating_sub(freed) >= SLOT_QUARANTINE_MS
                 });
             if usable && !keep.contains(&candidate) {
@@ -384,7 +384,7 @@ impl Writer {
         }
         for (&i, &slot) in fresh.iter().zip(&free) {
             let gen = Slot::at(&slots, slot)
-                .map(|s| s.generation.load(Ordering::Relaxed))
+                .map(|s| s.generation().load(Ordering::Relaxed))
                 .unwrap_or(0)
                 .wrapping_add(1)
                 .max(1);
@@ -415,7 +415,7 @@ impl Writer {
         for (id, a) in &self.assigned {
             if in_plan.get(id) != Some(&a.slot) {
                 if let Some(s) = Slot::at(&slots, a.slot) {
-                    s.freed_at.store(now_ms.max(1), Ordering::Relaxed);
+                    s.freed_at().store(now_ms.max(1), Ordering::Relaxed);
                 }
                 self.set_slot_bit(a.slot, false);
                 freed += 1;

@@ -13,7 +13,9 @@ use ngx::ffi::{
     NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
 };
-use ngx::http::{HttpModuleLocationConf, Merge, MergeConfigError, NgxHttpCoreModule};
+use ngx::http::{
+    HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError, NgxHttpCoreModule,
+};
 use ngx::{ngx_conf_log_error, ngx_string};
 
 use super::parse::{self, LogLevel, ParseError, DEFAULT_SHM_PATH};
@@ -30,6 +32,9 @@ pub struct CustomDimension {
 pub struct MainConf {
     pub shm_path: Option<String>,
     pub dimensions: Vec<CustomDimension>,
+    /// Some `rate_ctl on;` or `rate_ctl_stats;` exists: workers load the
+    /// table when they start, not on their first request.
+    pub used: bool,
 }
 
 impl MainConf {
@@ -244,8 +249,38 @@ macro_rules! loc_setters {
     )*};
 }
 
+/// Marks the module as used, so that workers load the table at start.
+fn mark_used(cf: *mut ngx_conf_t) {
+    // SAFETY: cf is the parser state of a directive inside the http block,
+    // whose main configuration of this module exists.
+    if let Some(mc) = super::RateCtlModule::main_conf_mut(unsafe { &*cf }) {
+        mc.used = true;
+    }
+}
+
+extern "C" fn set_enable(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+    let rc = unsafe {
+        set_loc(
+            cf,
+            conf,
+            "rate_ctl",
+            |c| &mut c.enable,
+            |v| parse::parse_flag("rate_ctl", v),
+        )
+    };
+    // SAFETY: as above, conf is our LocConf.
+    if rc.is_null() && unsafe { (*conf.cast::<LocConf>()).enable } == Some(true) {
+        mark_used(cf);
+    }
+    rc
+}
+
 loc_setters! {
-    "rate_ctl" => set_enable: enable, |v| parse::parse_flag("rate_ctl", v);
     "rate_ctl_status" => set_status: status, |v| parse::parse_status("rate_ctl_status", v);
     "rate_ctl_blacklist_status" => set_blacklist_status: blacklist_status,
         |v| parse::parse_status("rate_ctl_blacklist_status", v);
@@ -338,5 +373,6 @@ extern "C" fn set_stats(
         );
     }
     clcf.handler = Some(super::stats::stats_handler);
+    mark_used(cf);
     NGX_CONF_OK
 }

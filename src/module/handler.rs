@@ -4,7 +4,6 @@
 
 use std::ffi::c_void;
 use std::io::Write as _;
-use std::net::IpAddr;
 use std::ptr;
 
 use ngx::core::Status;
@@ -20,10 +19,15 @@ use ngx::http::{
 };
 use ngx::ngx_log_error;
 
-use super::backend::{Decided, Hold, Quota, Source, Verdict};
+use smallvec::SmallVec;
+use std::sync::Arc;
+
 use super::conf::{LocConf, MainConf};
-use super::worker::{with_worker, Event};
+use super::worker::{with_worker, Event, Source, Worker};
 use super::RateCtlModule;
+use crate::core::admit::Verdict as Admission;
+use crate::core::limiter::Quota;
+use crate::core::table::{IpKey, Outcome, Request as TableRequest, Table};
 
 /// `$rate_ctl_status` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +51,64 @@ impl ReqStatus {
             ReqStatus::FailOpen => "FAIL_OPEN",
         }
     }
+}
+
+/// Concurrency units a request holds until it ends, against the table that
+/// granted them (released there even if a newer table was loaded since).
+pub struct Hold {
+    table: Arc<Table>,
+    held: SmallVec<[u32; 2]>,
+}
+
+impl Hold {
+    fn release(self) {
+        self.table.release(&self.held);
+    }
+}
+
+/// What the handler does with a request, from the core's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// No usable table: fail open.
+    NoTable,
+    /// No strategy matched.
+    NoMatch,
+    /// Admitted; `id` is the strategy reported for it.
+    Pass {
+        id: Option<u32>,
+    },
+    /// Admitted after waiting this long (leaky bucket as a queue).
+    Delay {
+        id: u32,
+        wait_ns: u64,
+    },
+    /// Refused; `status` is the strategy's own, `None` = the location's.
+    Reject {
+        id: u32,
+        status: Option<u16>,
+        retry_after_ns: u64,
+    },
+    Blacklisted,
+    /// A dry-run strategy (or the location's dry run) would have refused it.
+    DryRunRejected {
+        id: u32,
+    },
+}
+
+/// One request's decision: the verdict, the tightest quota (only computed
+/// when `rate_ctl_headers` is on) and what it holds.
+struct Decided {
+    verdict: Verdict,
+    quota: Option<(u32, Quota)>,
+    hold: Option<Hold>,
+}
+
+impl Decided {
+    const NO_TABLE: Decided = Decided {
+        verdict: Verdict::NoTable,
+        quota: None,
+        hold: None,
+    };
 }
 
 /// Per-request state, stored in a cleanup of the request pool (one
@@ -135,8 +197,8 @@ pub fn unix_ms() -> u64 {
     (tp.sec as u64) * 1000 + tp.msec as u64
 }
 
-/// The client address, v4-mapped IPv6 unmapped.
-fn client_ip(raw: &ngx_http_request_t) -> Option<IpAddr> {
+/// The client address as the table keys it.
+fn client_ip(raw: &ngx_http_request_t) -> Option<IpKey> {
     // SAFETY: r->connection and its sockaddr are valid for the request; the
     // family tells which sockaddr layout it is.
     unsafe {
@@ -147,14 +209,13 @@ fn client_ip(raw: &ngx_http_request_t) -> Option<IpAddr> {
         match (*sa).sa_family as u32 {
             AF_INET => {
                 let sin = &*sa.cast::<sockaddr_in>();
-                Some(IpAddr::from(
-                    u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                ))
+                Some(IpKey::v4(u32::from_be(sin.sin_addr.s_addr)))
             }
             AF_INET6 => {
                 let sin6 = &*sa.cast::<sockaddr_in6>();
-                let v6 = std::net::Ipv6Addr::from(sin6.sin6_addr.__in6_u.__u6_addr8);
-                Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+                Some(IpKey(u128::from_be_bytes(
+                    sin6.sin6_addr.__in6_u.__u6_addr8,
+                )))
             }
             _ => None,
         }
@@ -207,7 +268,7 @@ fn handle(r: &mut Request) -> Status {
         }
         w.refresh(now_ns, log);
         w.resolve_sources(mc);
-        decide(w, mc, shared, now_ns, now_ms, lc.dry_run())
+        decide(w, mc, shared, now_ns, now_ms, lc)
     });
     let Some(d) = decided else {
         return Status::NGX_DECLINED;
@@ -216,29 +277,20 @@ fn handle(r: &mut Request) -> Status {
 }
 
 fn decide(
-    w: &mut super::worker::Worker,
+    w: &mut Worker,
     mc: &MainConf,
     r: &Request,
     now_ns: u64,
     now_ms: u64,
-    dry_run: bool,
+    lc: &LocConf,
 ) -> Decided {
-    if w.backend.dimensions().is_none() {
-        return Decided {
-            verdict: Verdict::NoTable,
-            quota: None,
-            hold: None,
-        };
-    }
-    let rr: &ngx_http_request_t = r.as_ref();
-    let ip = client_ip(rr);
-    let mut ip_buf = [0u8; 48];
-    // Text form only when a strategy names `ip` (the blacklist uses the address).
-    let needs_text = w.sources.contains(&Source::Ip);
-    let ip_text: Option<&[u8]> = match ip {
-        Some(ip) if needs_text => Some(crate::core::model::write_canonical_ip(ip, &mut ip_buf)),
-        _ => None,
+    let Some(table) = w.engine.table() else {
+        return Decided::NO_TABLE;
     };
+    let rr: &ngx_http_request_t = r.as_ref();
+    // The table matches `ip` (and the blacklist checks it) on the binary
+    // address: no text form.
+    let ip = client_ip(rr);
     let n = w.sources.len();
     let mut stack: [Option<&[u8]>; MAX_STACK_DIMS] = [None; MAX_STACK_DIMS];
     let mut heap: Vec<Option<&[u8]>>;
@@ -250,7 +302,7 @@ fn decide(
     };
     for (v, src) in values.iter_mut().zip(&w.sources) {
         *v = match *src {
-            Source::Ip => ip_text,
+            Source::Ip | Source::Unbound => None,
             Source::Api => str_bytes(&rr.uri),
             Source::Method => str_bytes(&rr.method_name),
             Source::Host => str_bytes(&rr.headers_in.server).or_else(|| {
@@ -264,10 +316,48 @@ fn decide(
                 .and_then(|d| r.get_complex_value(unsafe { &*d.value }))
                 .map(|s| s.as_bytes())
                 .filter(|b| !b.is_empty()),
-            Source::Unbound => None,
         };
     }
-    w.backend.decide(values, ip, now_ns, now_ms, dry_run)
+    let d = table.decide(&TableRequest {
+        values,
+        ip,
+        now_ns,
+        now_unix_ms: now_ms,
+        dry_run: lc.dry_run(),
+        quota: lc.headers(),
+    });
+    let (verdict, quota) = match d.outcome {
+        Outcome::NoMatch => (Verdict::NoMatch, None),
+        Outcome::Blacklisted { .. } => (Verdict::Blacklisted, None),
+        Outcome::Limited(dec) => {
+            let v = match dec.verdict {
+                Admission::Pass => match dec.dry_run_rejected {
+                    Some(id) => Verdict::DryRunRejected { id },
+                    None => Verdict::Pass { id: dec.passed_by },
+                },
+                Admission::Delay { id, wait_ns } => Verdict::Delay { id, wait_ns },
+                Admission::Reject {
+                    id,
+                    status,
+                    retry_after_ns,
+                } => Verdict::Reject {
+                    id,
+                    status,
+                    retry_after_ns,
+                },
+            };
+            (v, dec.tightest)
+        }
+    };
+    let hold = (!d.held.is_empty()).then(|| Hold {
+        table: table.clone(),
+        held: d.held,
+    });
+    Decided {
+        verdict,
+        quota,
+        hold,
+    }
 }
 
 fn act(r: &mut Request, lc: &LocConf, mc: &MainConf, d: Decided, now_ms: u64) -> Status {
@@ -290,10 +380,8 @@ fn act(r: &mut Request, lc: &LocConf, mc: &MainConf, d: Decided, now_ms: u64) ->
     if !new_ctx(r, status, strategy, hold) {
         return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     }
-    if lc.headers() {
-        if let Some(q) = quota {
-            add_quota_headers(r, &q);
-        }
+    if let Some((_, q)) = quota {
+        add_quota_headers(r, &q);
     }
     match verdict {
         Verdict::NoTable | Verdict::NoMatch | Verdict::Pass { .. } => Status::NGX_DECLINED,

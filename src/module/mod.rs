@@ -1,9 +1,8 @@
 //! `ngx_http_rate_ctl_module`: registration only. Directives are in
 //! [`conf`], the PREACCESS handler in [`handler`], variables in
-//! [`variables`], the stats endpoint in [`stats`], and everything that
-//! talks to the core engine in [`backend`].
+//! [`variables`], the stats endpoint in [`stats`], per-worker state (the
+//! core engine) in [`worker`].
 
-mod backend;
 mod conf;
 mod handler;
 pub(crate) mod parse;
@@ -16,7 +15,7 @@ use std::ptr;
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_array_push, ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t,
+    ngx_array_push, ngx_conf_t, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
     ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_HTTP_MODULE,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
@@ -50,8 +49,22 @@ pub static mut ngx_http_rate_ctl_module: ngx_module_t = ngx_module_t {
     // SAFETY: taking the address of the static command table, not reading it.
     commands: unsafe { ptr::addr_of_mut!(conf::COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as ngx_uint_t,
+    init_process: Some(init_process),
     ..ngx_module_t::default()
 };
+
+/// Each worker maps the file and compiles the table as it starts (when a
+/// location uses rate_ctl), so no request waits for a table to be built.
+extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx calls init_process with the worker's complete cycle.
+    let cycle = unsafe { &*cycle };
+    if let Some(mc) = <RateCtlModule as HttpModuleMainConf>::main_conf(cycle) {
+        if mc.used {
+            worker::start(mc, cycle.log);
+        }
+    }
+    Status::NGX_OK.0
+}
 
 impl HttpModule for RateCtlModule {
     fn module() -> &'static ngx_module_t {

@@ -11,9 +11,69 @@ use ngx::ffi::{
 };
 use ngx::http::{HTTPStatus, HttpModuleMainConf, Request};
 
-use super::backend::Stats;
 use super::worker::with_worker;
 use super::RateCtlModule;
+use crate::core::engine::Engine;
+use crate::core::slot::Slot;
+
+/// One strategy's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrategyStats {
+    pub id: u32,
+    pub passed: u64,
+    pub limited: u64,
+    pub delayed: u64,
+}
+
+/// What the endpoint reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub enforcing: bool,
+    pub sequence: u64,
+    pub active_segment: u64,
+    pub config_version: u64,
+    pub heartbeat_unix_ms: u64,
+    pub strategies: Vec<StrategyStats>,
+}
+
+/// Reads the engine's mapping and the current table's slots.
+pub fn snapshot(engine: &Engine) -> Stats {
+    let Some(map) = engine.mapping() else {
+        return Stats::default();
+    };
+    let sequence = map.seq();
+    let mut s = Stats {
+        enforcing: engine.table().is_some(),
+        sequence,
+        active_segment: sequence & 1,
+        config_version: 0,
+        heartbeat_unix_ms: map.heartbeat_unix_ms(),
+        strategies: Vec::new(),
+    };
+    if let Some(t) = engine.table() {
+        s.config_version = t.config_version();
+        let slots = map.slots();
+        s.strategies = t
+            .strategies()
+            .iter()
+            .filter_map(|c| {
+                let slot = Slot::at(&slots, c.slot)?;
+                // A slot reassigned since this table was built is not ours.
+                if slot.generation().load(std::sync::atomic::Ordering::Relaxed) != c.generation {
+                    return None;
+                }
+                let k = slot.counters();
+                Some(StrategyStats {
+                    id: c.strategy.id,
+                    passed: k.passed,
+                    limited: k.limited,
+                    delayed: k.delayed,
+                })
+            })
+            .collect();
+    }
+    s
+}
 
 /// Renders the JSON document.
 pub fn render_json(s: &Stats, now_unix_ms: u64) -> String {
@@ -86,7 +146,7 @@ pub fn render_prometheus(s: &Stats, now_unix_ms: u64) -> String {
         (
             "rate_ctl_passed_total",
             "Requests admitted, per strategy.",
-            (|x| x.passed) as fn(&super::backend::StrategyStats) -> u64,
+            (|x| x.passed) as fn(&StrategyStats) -> u64,
         ),
         (
             "rate_ctl_limited_total",
@@ -146,7 +206,7 @@ fn serve(r: &mut Request) -> Status {
     let log = r.log();
     let Some(stats) = with_worker(mc, |w| {
         w.refresh(now_ns, log);
-        w.backend.stats()
+        snapshot(&w.engine)
     }) else {
         return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     };
@@ -194,7 +254,6 @@ fn serve(r: &mut Request) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::module::backend::StrategyStats;
 
     fn sample() -> Stats {
         Stats {

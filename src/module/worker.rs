@@ -1,4 +1,4 @@
-//! Per-worker state: the engine backend, the dimension sources resolved for
+//! Per-worker state: the core engine, the dimension sources resolved for
 //! the current table version, and the aggregated rejection log.
 //!
 //! nginx runs every HTTP handler of a worker on one thread, so the state is
@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use ngx::ffi::ngx_log_t;
 use ngx::ngx_log_error;
 
-use super::backend::{Backend, ChangeLevel, Source};
 use super::conf::MainConf;
 use super::parse::LogLevel;
+use crate::core::engine::{self, Engine};
 
 /// What a rejection log line is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,8 +107,22 @@ impl EventLog {
     }
 }
 
+/// Where a request value comes from, resolved once per table version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The client address: the table matches it in binary, no value needed.
+    Ip,
+    Api,
+    Method,
+    Host,
+    /// Index into the main conf's `rate_ctl_dimension` list.
+    Custom(usize),
+    /// Not bound in nginx.conf: strategies that need it never match.
+    Unbound,
+}
+
 pub struct Worker {
-    pub backend: Backend,
+    pub engine: Engine,
     sources_version: Option<u64>,
     pub sources: Vec<Source>,
     pub log: EventLog,
@@ -117,7 +131,7 @@ pub struct Worker {
 impl Worker {
     fn new(path: PathBuf) -> Worker {
         Worker {
-            backend: Backend::new(path),
+            engine: Engine::new(path),
             sources_version: None,
             sources: Vec::new(),
             log: EventLog::default(),
@@ -127,26 +141,30 @@ impl Worker {
     /// Picks up a new table and logs a state change once.
     #[inline]
     pub fn refresh(&mut self, now_ns: u64, log: *mut ngx_log_t) {
-        if let Some((level, msg)) = self.backend.refresh(now_ns) {
-            let level = match level {
-                ChangeLevel::Error => LogLevel::Error,
-                ChangeLevel::Notice => LogLevel::Notice,
+        if let Some(change) = self.engine.refresh(now_ns) {
+            let level = match change.level {
+                engine::LogLevel::Error => LogLevel::Error,
+                engine::LogLevel::Notice => LogLevel::Notice,
             };
-            ngx_log_error!(level.ngx_level(), log, "{msg}");
+            ngx_log_error!(level.ngx_level(), log, "{}", change.message);
         }
     }
 
     /// Maps the table's dimensions to request sources, once per table version.
     #[inline]
     pub fn resolve_sources(&mut self, mc: &MainConf) {
-        let Some((version, dims)) = self.backend.dimensions() else {
+        let Some(table) = self.engine.table() else {
             return;
         };
-        if self.sources_version == Some(version) {
+        if self.sources_version == Some(table.version()) {
             return;
         }
-        self.sources = dims.iter().map(|d| source_for(d, mc)).collect();
-        self.sources_version = Some(version);
+        self.sources = table
+            .dimensions()
+            .iter()
+            .map(|d| source_for(d, mc))
+            .collect();
+        self.sources_version = Some(table.version());
     }
 }
 
@@ -159,6 +177,15 @@ pub fn source_for(name: &str, mc: &MainConf) -> Source {
         "host" => Source::Host,
         other => mc.dimension(other).map_or(Source::Unbound, Source::Custom),
     }
+}
+
+/// Worker start: load the table now (and log its state once).
+pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
+    let now_ns = crate::core::clock::MonotonicClock::now();
+    with_worker(mc, |w| {
+        w.refresh(now_ns, log);
+        w.resolve_sources(mc);
+    });
 }
 
 thread_local! {
