@@ -41,8 +41,8 @@ trap cleanup EXIT
     for i in $(seq 1 10000); do
         echo "strategy id=$i algorithm=token_bucket rate=100 per=second burst=100 when ip=10.$((i / 65536)).$(((i / 256) % 256)).$((i % 256)) api=/x$((i % 50))"
     done
-    echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/ratectl"
-    echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/reject"
+    echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/ratectl_"
+    echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/reject__"
 } >"$dir/table"
 (umask 0 && "$tool" publish "$dir/shm" "$dir/table" 1 >/dev/null)
 port=$((30000 + RANDOM % 10000))
@@ -61,22 +61,34 @@ http {
     limit_req_zone \$binary_remote_addr zone=one:1m rate=1000000r/s;
     server {
         listen 127.0.0.1:$port;
-        location /plain    { empty_gif; }
+        # Paths of equal length: nginx parses and matches every byte.
+        location /plain___ { empty_gif; }
         location /limitreq { limit_req zone=one burst=1000000 nodelay; empty_gif; }
-        location /ratectl  { rate_ctl on; empty_gif; }
-        location /reject   { rate_ctl on; empty_gif; }
+        location /ratectl_ { rate_ctl on; empty_gif; }
+        location /reject__ { rate_ctl on; empty_gif; }
     }
 }
 CONF
 
-# run PATH N -> total instructions of a worker that served N requests
+# The URI of each case (all 9 bytes long).
+path_of() {
+    case $1 in
+    plain) echo /plain___ ;;
+    limitreq) echo /limitreq ;;
+    ratectl) echo /ratectl_ ;;
+    reject) echo /reject__ ;;
+    *) echo "unknown case $1" >&2 && exit 2 ;;
+    esac
+}
+
+# run CASE N -> total instructions of a worker that served N requests
 run() {
     local path=$1 n=$2
     local out="$dir/callgrind.$path.$n"
     valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
         >/dev/null 2>&1 &
     vpid=$!
-    python3 - "$port" "/$path" "$n" <<'PY'
+    python3 - "$port" "$(path_of "$path")" "$n" <<'PY'
 import http.client, socket, sys, time
 port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for _ in range(300):

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use proptest::prelude::*;
-use rate_ctl::core::admit::{admit, release, Hit, Verdict};
+use rate_ctl::core::admit::{admit, admit_listed, admit_with, release, Hit, Verdict};
 use rate_ctl::core::limiter::{Limiter, Outcome};
 use rate_ctl::core::model::{self, Action, Algorithm, Unit};
 use rate_ctl::core::slot::{LocalSlots, Slot};
@@ -547,5 +547,61 @@ proptest! {
         // Each rejected request is counted once, by the strategy that rejected it.
         let limited: u64 = hits.iter().map(|h| h.slot.counters().limited).sum();
         prop_assert_eq!(limited, rejected);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The one-hit fast path decides and counts exactly like the general
+    /// path: the same strategy runs on two slots, one through each, and the
+    /// decisions, state words and counters must agree after every event
+    /// (requests, ends of passed requests, dry runs, a stale slot).
+    #[test]
+    fn one_hit_fast_path_equals_the_general_path(
+        (spec, _) in any_limiter(),
+        dry_run_action in any::<bool>(),
+        stale in prop::bool::weighted(0.1),
+        events in prop::collection::vec((0u64..400, 0u8..4, any::<bool>(), any::<bool>()), 1..150),
+    ) {
+        let mut spec = spec;
+        if dry_run_action {
+            spec.action = Action::DryRun;
+        }
+        let limiter = Limiter::from_strategy(&spec);
+        let slots = LocalSlots::new(2);
+        let region = slots.region();
+        let hit = |i: u32| Hit {
+            id: 7,
+            limiter: &limiter,
+            action: spec.action,
+            slot: Slot::at(&region, i).unwrap(),
+            generation: u64::from(stale),
+        };
+        let (fast, general) = (hit(0), hit(1));
+        let mut now = 1_000 * S;
+        let mut in_flight = 0u32;
+        for (gap_ms, kind, dry_run_all, quota) in events {
+            now += gap_ms * 1_000_000;
+            if kind == 0 && in_flight > 0 {
+                release(std::slice::from_ref(&fast));
+                release(std::slice::from_ref(&general));
+                in_flight -= 1;
+                continue;
+            }
+            let a = admit_with(std::slice::from_ref(&fast), now, dry_run_all, quota);
+            let b = admit_listed(std::slice::from_ref(&general), now, dry_run_all, quota);
+            prop_assert_eq!(a, b);
+            if !matches!(a.verdict, Verdict::Reject { .. }) {
+                in_flight += 1;
+            }
+            for (f, g) in [
+                (fast.slot.state0(), general.slot.state0()),
+                (fast.slot.state1(), general.slot.state1()),
+            ] {
+                prop_assert_eq!(f.load(Ordering::Relaxed), g.load(Ordering::Relaxed));
+            }
+            prop_assert_eq!(fast.slot.counters(), general.slot.counters());
+        }
     }
 }

@@ -121,6 +121,16 @@ pub fn admit(hits: &[Hit], now_ns: u64, dry_run_all: bool) -> Decision {
 /// (it is for `RateLimit-*` headers; reading every hit's quota is the
 /// most expensive part of a pass otherwise).
 pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
+    if let [hit] = hits {
+        return admit_one(hit, now_ns, dry_run_all, quota);
+    }
+    admit_listed(hits, now_ns, dry_run_all, quota)
+}
+
+/// The general path of [`admit_with`], also for a single hit: public so
+/// that a property test can hold [`admit_one`] to it.
+#[doc(hidden)]
+pub fn admit_listed(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
     let n = hits.len();
     if n <= 4 {
         admit_in(
@@ -149,6 +159,61 @@ pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> 
     } else {
         admit_in(hits, now_ns, dry_run_all, quota, &mut vec![Entry::Stale; n])
     }
+}
+
+/// [`admit_listed`] for exactly one hit (most requests): the same decision
+/// and the same effects on the slot, without the per-hit bookkeeping a
+/// list needs for refunds.
+fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
+    let mut d = Decision {
+        verdict: Verdict::Pass,
+        dry_run_rejected: None,
+        tightest: None,
+        passed_by: None,
+    };
+    if !current(hit) {
+        return d;
+    }
+    match hit.limiter.acquire(&hit.slot, now) {
+        Outcome::Admitted(r) => {
+            hit.slot.passed().fetch_add(1, Ordering::Relaxed);
+            if r.wait_ns > 0 {
+                hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
+                if !dry_run_all {
+                    d.verdict = Verdict::Delay {
+                        id: hit.id,
+                        wait_ns: r.wait_ns,
+                    };
+                }
+            }
+        }
+        Outcome::Rejected { retry_after_ns } => {
+            hit.slot.limited().fetch_add(1, Ordering::Relaxed);
+            if dry_run_all || hit.action == Action::DryRun {
+                d.dry_run_rejected = Some(hit.id);
+                // Concurrency: hold a unit anyway (see the module docs).
+                let _ = hit.limiter.force_acquire(&hit.slot);
+            } else {
+                d.verdict = Verdict::Reject {
+                    id: hit.id,
+                    status: match hit.action {
+                        Action::Reject { status } => status,
+                        _ => None,
+                    },
+                    retry_after_ns,
+                };
+                d.tightest = quota.then(|| (hit.id, hit.limiter.quota(&hit.slot, now)));
+                return d;
+            }
+        }
+    }
+    if hit.action != Action::DryRun {
+        d.passed_by = Some(hit.id);
+        if quota {
+            d.tightest = Some((hit.id, hit.limiter.quota(&hit.slot, now)));
+        }
+    }
+    d
 }
 
 /// Releases the in-flight unit of every concurrency hit whose slot still
