@@ -37,16 +37,36 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-{
-    for i in $(seq 1 10000); do
-        echo "strategy id=$i algorithm=token_bucket rate=100 per=second burst=100 when ip=10.$((i / 65536)).$(((i / 256) % 256)).$((i % 256)) api=/x$((i % 50))"
-    done
-    echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/ratectl_"
-    echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/reject__"
-} >"$dir/table"
-(umask 0 && "$tool" publish "$dir/shm" "$dir/table" 1 >/dev/null)
+# Two tables of 10,000 strategies that differ in the one matching /bench:
+# pass (never rejects) and reject (rejects all but the first request).
+for kind in pass reject; do
+    {
+        for i in $(seq 1 10000); do
+            echo "strategy id=$i algorithm=token_bucket rate=100 per=second burst=100 when ip=10.$((i / 65536)).$(((i / 256) % 256)).$((i % 256)) api=/x$((i % 50))"
+        done
+        if [ $kind = pass ]; then
+            echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench"
+        else
+            echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench"
+        fi
+    } >"$dir/table.$kind"
+    (umask 0 && "$tool" publish "$dir/shm.$kind" "$dir/table.$kind" 1 >/dev/null)
+done
 port=$((30000 + RANDOM % 10000))
-cat >"$dir/nginx.conf" <<CONF
+
+# Every case runs the same server: the same two locations, the table
+# loaded; only what /bench does differs (so location lookup, URI parsing
+# and the worker's heap are alike and the difference is the limiter).
+config() {
+    local shm=pass directive=""
+    case $1 in
+    plain) ;;
+    limitreq) directive="limit_req zone=one burst=1000000 nodelay;" ;;
+    ratectl) directive="rate_ctl on;" ;;
+    reject) directive="rate_ctl on;" shm=reject ;;
+    *) echo "unknown case $1" >&2 && exit 2 ;;
+    esac
+    cat >"$dir/nginx.conf" <<CONF
 load_module $module;
 master_process off;
 daemon off;
@@ -56,29 +76,16 @@ error_log $dir/logs/error.log warn;
 events { worker_connections 64; }
 http {
     access_log off;
-    rate_ctl_shm $dir/shm;
+    rate_ctl_shm $dir/shm.$shm;
     rate_ctl_log_level info;
     limit_req_zone \$binary_remote_addr zone=one:1m rate=1000000r/s;
     server {
         listen 127.0.0.1:$port;
-        # Paths of equal length: nginx parses and matches every byte.
-        location /plain___ { empty_gif; }
-        location /limitreq { limit_req zone=one burst=1000000 nodelay; empty_gif; }
-        location /ratectl_ { rate_ctl on; empty_gif; }
-        location /reject__ { rate_ctl on; empty_gif; }
+        location /bench { $directive empty_gif; }
+        location /other { rate_ctl on; empty_gif; }
     }
 }
 CONF
-
-# The URI of each case (all 9 bytes long).
-path_of() {
-    case $1 in
-    plain) echo /plain___ ;;
-    limitreq) echo /limitreq ;;
-    ratectl) echo /ratectl_ ;;
-    reject) echo /reject__ ;;
-    *) echo "unknown case $1" >&2 && exit 2 ;;
-    esac
 }
 
 # run CASE N -> total instructions of a worker that served N requests
@@ -88,7 +95,7 @@ run() {
     valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
         >/dev/null 2>&1 &
     vpid=$!
-    python3 - "$port" "$(path_of "$path")" "$n" <<'PY'
+    python3 - "$port" /bench "$n" <<'PY'
 import http.client, socket, sys, time
 port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for _ in range(300):
@@ -111,6 +118,7 @@ PY
 declare -A per
 cases=(${CASES:-plain limitreq ratectl reject})
 for c in "${cases[@]}"; do
+    config "$c"
     a=$(run "$c" 500)
     b=$(run "$c" 2500)
     per[$c]=$(((b - a) / 2000))

@@ -181,7 +181,7 @@ pub fn source_for(name: &str, mc: &MainConf) -> Source {
 
 /// Worker start: load the table now (and log its state once).
 pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
-    let now_ns = crate::core::clock::MonotonicClock::now();
+    let now_ns = super::handler::monotonic_ns();
     with_worker(mc, |w| {
         w.refresh(now_ns, log);
         w.resolve_sources(mc);
