@@ -92,7 +92,8 @@ pub struct Compiled {
     pub limiter: Limiter,
     pub slot: u32,
     pub generation: u64,
-    /// `(dimension index, interned value id)` of every condition.
+    /// `(dimension index, interned value id)` of every condition but the
+    /// one it is anchored under (implied by where the matcher found it).
     conds: Box<[(u8, u32)]>,
 }
 
@@ -274,6 +275,8 @@ impl Table {
             if v != NONE {
                 anchored[per_value[v as usize] as usize] = si as u32;
                 per_value[v as usize] += 1;
+                let s = &mut strategies[si];
+                s.conds = s.conds.iter().copied().filter(|&(_, c)| c != v).collect();
             }
         }
         for d in &mut index {
