@@ -91,7 +91,7 @@ cpu_ns() { local s=0 w; for w in $workers; do s=$((s + $(cut -d' ' -f1 "/proc/$w
 # run PATH -> "requests non2xx seconds cpu_ns"
 run() {
     local path=$1 before after out
-    curl -s -o /dev/null "http://127.0.0.1:$port$path" # warm up (first request opens the table)
+    curl -s -o /dev/null "http://127.0.0.1:$port$path" # warm up the connection path
     before=$(cpu_ns)
     out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$port$path" 2>&1)
     after=$(cpu_ns)
@@ -136,8 +136,8 @@ echo "rate_ctl / limit_req worker CPU per request, per round: $ratios(median $(m
 
 echo
 echo "Accuracy: 1000 r/s under overload for ${DURATION}s, 2 workers."
-echo "Allowance = burst + 1000 × seconds. With burst 1 (strict 1 ms spacing) a token"
-echo "is lost whenever the next request arrives after it is due; burst 10 absorbs that jitter."
+echo "Allowance = burst + 1000 × seconds. Both limiters read nginx's cached millisecond"
+echo "clock; with burst 1 a worker that misses a millisecond (descheduled) loses that token."
 echo "| limiter | burst | admitted | allowance | error |"
 echo "|---|---:|---:|---:|---:|"
 for c in acc:1:rate_ctl lracc:1:limit_req acc10:10:rate_ctl lracc10:10:limit_req; do

@@ -77,12 +77,7 @@ impl Sink for ShmSink {
             .strategies
             .iter()
             .filter_map(|p| {
-                let slot = Slot::at(&slots, p.slot)?;
-                // A slot handed to another strategy since is not this one's.
-                if slot.generation().load(std::sync::atomic::Ordering::Relaxed) != p.generation {
-                    return None;
-                }
-                let c = slot.counters();
+                let c = Slot::counters_at(&slots, p.slot, p.generation)?;
                 Some(CounterSample {
                     id: p.strategy.id,
                     passed: c.passed,

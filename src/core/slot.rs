@@ -78,6 +78,14 @@ impl<'a> Slot<'a> {
         freed_at = OFF_FREED_AT;
     }
 
+    /// The counters of the slot at `index`, if it still belongs to the
+    /// strategy it was assigned to at `generation` (a slot reassigned since
+    /// counts for another strategy).
+    pub fn counters_at(slots: &Region<'a>, index: u32, generation: u64) -> Option<Counters> {
+        let slot = Slot::at(slots, index)?;
+        (slot.generation().load(Ordering::Relaxed) == generation).then(|| slot.counters())
+    }
+
     pub fn counters(&self) -> Counters {
         Counters {
             passed: self.passed().load(Ordering::Relaxed),

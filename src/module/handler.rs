@@ -73,20 +73,11 @@ enum Verdict {
     NoTable,
     /// No strategy matched.
     NoMatch,
-    /// Admitted; `id` is the strategy reported for it.
-    Pass {
+    /// The matched strategies' admission: pass (`id` = the strategy
+    /// reported for it), delay or reject.
+    Limited {
+        admission: Admission,
         id: Option<u32>,
-    },
-    /// Admitted after waiting this long (leaky bucket as a queue).
-    Delay {
-        id: u32,
-        wait_ns: u64,
-    },
-    /// Refused; `status` is the strategy's own, `None` = the location's.
-    Reject {
-        id: u32,
-        status: Option<u16>,
-        retry_after_ns: u64,
     },
     Blacklisted,
     /// A dry-run strategy (or the location's dry run) would have refused it.
@@ -336,20 +327,11 @@ fn decide(
         Outcome::NoMatch => (Verdict::NoMatch, None),
         Outcome::Blacklisted { .. } => (Verdict::Blacklisted, None),
         Outcome::Limited(dec) => {
-            let v = match dec.verdict {
-                Admission::Pass => match dec.dry_run_rejected {
-                    Some(id) => Verdict::DryRunRejected { id },
-                    None => Verdict::Pass { id: dec.passed_by },
-                },
-                Admission::Delay { id, wait_ns } => Verdict::Delay { id, wait_ns },
-                Admission::Reject {
-                    id,
-                    status,
-                    retry_after_ns,
-                } => Verdict::Reject {
-                    id,
-                    status,
-                    retry_after_ns,
+            let v = match (dec.verdict, dec.dry_run_rejected) {
+                (Admission::Pass, Some(id)) => Verdict::DryRunRejected { id },
+                (admission, _) => Verdict::Limited {
+                    admission,
+                    id: dec.passed_by,
                 },
             };
             (v, dec.tightest)
@@ -375,9 +357,11 @@ fn act(r: &mut Request, lc: &LocConf, events: &mut EventLog, d: Decided, now_ms:
     let (status, strategy) = match verdict {
         Verdict::NoTable => (ReqStatus::FailOpen, 0),
         Verdict::NoMatch => (ReqStatus::Passed, 0),
-        Verdict::Pass { id } => (ReqStatus::Passed, id.unwrap_or(0)),
-        Verdict::Delay { id, .. } => (ReqStatus::Delayed, id),
-        Verdict::Reject { id, .. } => (ReqStatus::Rejected, id),
+        Verdict::Limited { admission, id } => match admission {
+            Admission::Pass => (ReqStatus::Passed, id.unwrap_or(0)),
+            Admission::Delay { id, .. } => (ReqStatus::Delayed, id),
+            Admission::Reject { id, .. } => (ReqStatus::Rejected, id),
+        },
         // A dry-run location only reports what it would have refused.
         Verdict::Blacklisted if lc.dry_run() => (ReqStatus::DryRunRejected, 0),
         Verdict::Blacklisted => (ReqStatus::Blacklisted, 0),
@@ -390,7 +374,12 @@ fn act(r: &mut Request, lc: &LocConf, events: &mut EventLog, d: Decided, now_ms:
         add_quota_headers(r, &q);
     }
     match verdict {
-        Verdict::NoTable | Verdict::NoMatch | Verdict::Pass { .. } => Status::NGX_DECLINED,
+        Verdict::NoTable
+        | Verdict::NoMatch
+        | Verdict::Limited {
+            admission: Admission::Pass,
+            ..
+        } => Status::NGX_DECLINED,
         Verdict::DryRunRejected { id } => {
             log_event(r, events, id, Event::DryRunRejected, lc.log_level(), now_ms);
             Status::NGX_DECLINED
@@ -403,10 +392,14 @@ fn act(r: &mut Request, lc: &LocConf, events: &mut EventLog, d: Decided, now_ms:
                 Status(lc.blacklist_status() as ngx_int_t)
             }
         }
-        Verdict::Reject {
-            id,
-            status,
-            retry_after_ns,
+        Verdict::Limited {
+            admission:
+                Admission::Reject {
+                    id,
+                    status,
+                    retry_after_ns,
+                },
+            ..
         } => {
             log_event(r, events, id, Event::Rejected, lc.log_level(), now_ms);
             if lc.headers() {
@@ -414,7 +407,10 @@ fn act(r: &mut Request, lc: &LocConf, events: &mut EventLog, d: Decided, now_ms:
             }
             Status(status.unwrap_or(lc.status()) as ngx_int_t)
         }
-        Verdict::Delay { id, wait_ns } => {
+        Verdict::Limited {
+            admission: Admission::Delay { id, wait_ns },
+            ..
+        } => {
             log_event(
                 r,
                 events,

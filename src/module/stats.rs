@@ -57,12 +57,7 @@ pub fn snapshot(engine: &Engine) -> Stats {
             .strategies()
             .iter()
             .filter_map(|c| {
-                let slot = Slot::at(&slots, c.slot)?;
-                // A slot reassigned since this table was built is not ours.
-                if slot.generation().load(std::sync::atomic::Ordering::Relaxed) != c.generation {
-                    return None;
-                }
-                let k = slot.counters();
+                let k = Slot::counters_at(&slots, c.slot, c.generation)?;
                 Some(StrategyStats {
                     id: c.strategy.id,
                     passed: k.passed,
