@@ -20,6 +20,17 @@ for_each_target(sub {
 
     publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=minute when api=/a\n", 1);
     $n->start;
+    # Each worker maps the file and compiles the table as it starts, before
+    # any request (so no request waits for a build).
+    my (%loaded, $deadline);
+    $deadline = time + 3;
+    while (time < $deadline) {
+        %loaded = map { $_ => 1 }
+            $n->error_log =~ /\[notice\] (\d+)#\d+: rate_ctl: .*: enforcing 1 strategies/g;
+        last if keys %loaded >= 2;
+        sleep 0.05;
+    }
+    is_deeply([sort keys %loaded], [sort $n->worker_pids], 'both workers loaded the table at start, before any request');
     is_deeply([$n->codes('/a', 5)], [(200) x 5], 'generous limit: all pass');
 
     # Tighten while nginx runs; no reload.
