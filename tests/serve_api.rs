@@ -166,20 +166,24 @@ fn crud_errors_tokens_audit() {
             Some(&json!({"version": p["version"], "enabled": false, "dry_run": true}).to_string()),
         );
         assert_eq!(c, 200, "{pt}");
+        // The status stays: it is what the strategy rejects with again.
         assert_eq!(
             (
                 pt["enabled"].clone(),
                 pt["action"].clone(),
                 pt["status"].clone()
             ),
-            (json!(false), json!("dry_run"), Value::Null)
+            (json!(false), json!("dry_run"), json!(429))
         );
         let (c, pt2) = s.req(
             "PATCH",
             &format!("/api/v1/strategies/{id_a}"),
             Some(&json!({"version": pt["version"], "dry_run": false}).to_string()),
         );
-        assert_eq!((c, pt2["action"].as_str()), (200, Some("reject")));
+        assert_eq!(
+            (c, pt2["action"].as_str(), pt2["status"].as_u64()),
+            (200, Some("reject"), Some(429))
+        );
 
         // ---- every error class names its field and writes nothing
         let sp = "/api/v1/strategies";
@@ -667,6 +671,138 @@ fn crud_errors_tokens_audit() {
 /// A small JSON Schema check (type, properties, required,
 /// additionalProperties, items, enum, minimum/maximum, $ref) — enough for
 /// the document's own schemas.
+/// (action, status, max_delay_ms) of a strategy as the API shows it.
+fn enforcement(v: &Value) -> (String, Value, Value) {
+    (
+        v["action"].as_str().unwrap_or("?").to_string(),
+        v["status"].clone(),
+        v["max_delay_ms"].clone(),
+    )
+}
+
+/// PATCH /strategies/{id} based on the strategy's current version; the
+/// answer must be 200.
+fn patch(s: &Serve, id: u64, change: Value) -> Value {
+    let path = format!("/api/v1/strategies/{id}");
+    let mut body = change;
+    body["version"] = s.get(&path)["version"].clone();
+    let (c, v) = s.req("PATCH", &path, Some(&body.to_string()));
+    assert_eq!(c, 200, "PATCH {path} {body}: {v}");
+    v
+}
+
+/// Dry run round-trips: turning it off gives back exactly the action the
+/// strategy enforced before (delay with its cap, reject with its status),
+/// also when `serve` restarts in between; asking for the state a strategy
+/// is already in changes nothing (and a stale version is still 409).
+#[test]
+fn dry_run_round_trips_the_enforcing_action() {
+    for st in stores("serve_dry_run") {
+        let store = st.url.as_str();
+        let dir = tempfile::tempdir().unwrap();
+        let tf = dir.path().join("admin.token");
+        let log = dir.path().join("serve.log");
+        let s = Serve::start(store, &tf, &log, &[]);
+        let create = |body: Value| -> u64 {
+            let (c, v) = s.req("POST", "/api/v1/strategies", Some(&body.to_string()));
+            assert_eq!(c, 201, "{v}");
+            v["id"].as_u64().unwrap()
+        };
+        let delay = create(json!({"name": "slow-lane", "match": {"api": "/slow"},
+            "algorithm": "leaky_bucket", "rate": 10, "action": "delay", "max_delay_ms": 500}));
+        let reject = create(json!({"name": "pay-429", "match": {"api": "/pay"},
+            "algorithm": "token_bucket", "rate": 100, "burst": 20, "status": 429}));
+        let plain = create(json!({"name": "plain", "match": {"api": "/plain"},
+            "algorithm": "fixed_window", "rate": 5, "per": "minute"}));
+        let delay_500 = ("delay".to_string(), Value::Null, json!(500));
+        let reject_429 = ("reject".to_string(), json!(429), Value::Null);
+        let reject_default = ("reject".to_string(), Value::Null, Value::Null);
+        let get = |s: &Serve, id: u64| s.get(&format!("/api/v1/strategies/{id}"));
+
+        // A dry_run:false on a strategy that already enforces changes
+        // nothing (it used to turn a delay into a plain reject).
+        for (id, want) in [(delay, &delay_500), (reject, &reject_429)] {
+            let v = patch(&s, id, json!({"dry_run": false}));
+            assert_eq!(&enforcement(&v), want, "{v}");
+            assert_eq!(&enforcement(&get(&s, id)), want);
+        }
+
+        for id in [delay, reject, plain] {
+            let v = patch(&s, id, json!({"dry_run": true}));
+            assert_eq!(v["action"], "dry_run", "{v}");
+            assert_eq!(get(&s, id)["action"], "dry_run");
+        }
+        // Dry run on a strategy already in dry run keeps what it restores.
+        let v = patch(&s, delay, json!({"dry_run": true}));
+        assert_eq!(v["action"], "dry_run", "{v}");
+        // A stale version is refused even when the change is a no-op.
+        let stale = json!({"version": v["version"].as_u64().unwrap() - 1, "dry_run": true});
+        let before = census(store);
+        let (c, e) = s.req(
+            "PATCH",
+            &format!("/api/v1/strategies/{delay}"),
+            Some(&stale.to_string()),
+        );
+        assert_eq!(
+            (c, e["error"]["field"].as_str()),
+            (409, Some("version")),
+            "{e}"
+        );
+        assert_eq!(census(store), before, "a refused PATCH writes nothing");
+
+        // Agents get the dry-run strategies as dry_run.
+        let snap = s.get("/api/v1/snapshot");
+        for x in snap["strategies"].as_array().unwrap() {
+            assert_eq!(x["action"], "dry_run", "{x}");
+        }
+
+        // The enforcing action is in the store, not in serve's memory.
+        drop(s);
+        let s = Serve::start(store, &tf, &log, &[]);
+        for id in [delay, reject, plain] {
+            assert_eq!(get(&s, id)["action"], "dry_run");
+        }
+        for (id, want) in [
+            (delay, &delay_500),
+            (reject, &reject_429),
+            (plain, &reject_default),
+        ] {
+            let v = patch(&s, id, json!({"dry_run": false}));
+            assert_eq!(&enforcement(&v), want, "PATCH answer: {v}");
+            assert_eq!(&enforcement(&get(&s, id)), want, "GET after PATCH");
+        }
+        // The CLI reading the store directly agrees.
+        let shown = common::ok(&["strategy", "list", "--store", store, "--json"]);
+        let shown: Vec<Value> = shown
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let by_id = |id: u64| shown.iter().find(|x| x["id"] == id).unwrap();
+        assert_eq!(
+            (
+                by_id(delay)["action"].as_str(),
+                by_id(delay)["max_delay_ms"].as_u64()
+            ),
+            (Some("delay"), Some(500))
+        );
+        assert_eq!(
+            (
+                by_id(reject)["action"].as_str(),
+                by_id(reject)["status"].as_u64()
+            ),
+            (Some("reject"), Some(429))
+        );
+
+        // A reject strategy toggled through dry run twice still comes back
+        // with its status.
+        patch(&s, reject, json!({"dry_run": true}));
+        patch(&s, reject, json!({"dry_run": true, "enabled": false}));
+        let v = patch(&s, reject, json!({"dry_run": false}));
+        assert_eq!(enforcement(&v), reject_429, "{v}");
+        assert_eq!(v["enabled"], false, "{v}");
+    }
+}
+
 fn validate(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), String> {
     if let Some(r) = schema["$ref"].as_str() {
         let name = r.strip_prefix("#/components/schemas/").unwrap();

@@ -248,6 +248,16 @@ function describeAction(s) {
   return `reject ${s.status || 503}`;
 }
 
+// The action a strategy enforces, or for dry run the one it goes back to
+// when dry run ends (the API keeps status / max_delay_ms while in dry run):
+// "delay, max 500 ms", "reject, status 429".
+function describeEnforcing(s) {
+  if (s.action === 'delay' || (s.action === 'dry_run' && s.max_delay_ms)) {
+    return `delay, max ${s.max_delay_ms} ms`;
+  }
+  return s.status ? `reject, status ${s.status}` : "reject, the location's status (503 by default)";
+}
+
 // ---------------------------------------------------------------- strategies
 
 for (const a of Object.keys(ALGORITHMS)) {
@@ -336,11 +346,12 @@ function strategyRow(s) {
     el('td', {}, el('strong', {}, s.name), el('div', { class: 'muted small' }, `#${s.id} · ${s.algorithm}`)),
     el('td', {}, matchChips(s)),
     el('td', {}, describeLimit(s)),
-    el('td', {}, describeAction(s)),
+    el('td', {}, describeAction(s),
+      dry ? el('div', { class: 'muted small' }, `afterwards: ${describeEnforcing(s)}`) : null),
     el('td', {}, s.scope),
     el('td', {}, toggle(`Enabled: ${s.name}`, !!s.enabled, (on, input) => patchStrategy(s, { enabled: on }, input))),
     el('td', {}, toggle(`Dry run: ${s.name}`, dry, (on, input) => patchStrategy(s, { dry_run: on }, input),
-      'Dry run: count what would be limited but let every request pass. Turning it off sets the action to reject.')),
+      'Dry run: count what would be limited but let every request pass. Turning it off restores the action it had before.')),
     el('td', {}, el('button', { type: 'button', class: 'spark-btn', title: 'Show live chart',
       'aria-label': `Show live chart of ${s.name}`, onclick: () => openChart(s.id) }, spark)),
     el('td', { class: 'actions' },
@@ -362,7 +373,7 @@ async function patchStrategy(s, change, input) {
     Object.assign(s, updated);
     setVersion(updated.version);
     const what = 'enabled' in change ? (change.enabled ? 'enabled' : 'disabled')
-      : (change.dry_run ? 'switched to dry run' : 'enforcing again (action reject)');
+      : (change.dry_run ? 'switched to dry run' : `enforcing again (${describeEnforcing(updated)})`);
     toast(`“${s.name}” ${what}. Hosts apply it within a second.`);
     renderStrategies();
   } catch (e) {
@@ -439,6 +450,8 @@ function updateFormHints() {
   const action = $('#s-action').value;
   $('#s-status-field').hidden = action !== 'reject';
   $('#s-delay-field').hidden = action !== 'delay';
+  $('#s-action-hint').textContent = action === 'dry_run'
+    ? `Turning dry run off enforces: ${describeEnforcing(state.editing || { action: 'reject' })}.` : '';
   $('#s-action-error').dataset.hint = action === 'delay' && !bucket ? 'Delay works with token bucket or leaky bucket.' : '';
   $('#s-scope-hint').textContent = $('#s-scope').value === 'cluster'
     ? 'Split between hosts by weight.' : 'Each host allows the full rate.';
@@ -522,6 +535,13 @@ function readForm() {
   if (body.action === 'delay') {
     const md = numberOrText($('#s-max-delay').value);
     if (md !== null) body.max_delay_ms = md;
+  }
+  // Saving is a full replace: keep what the strategy enforces again when
+  // dry run ends (its status or delay cap), as the dry-run toggle does.
+  const kept = state.editing;
+  if (body.action === 'dry_run' && kept) {
+    if (kept.status) body.status = kept.status;
+    if (kept.max_delay_ms) body.max_delay_ms = kept.max_delay_ms;
   }
   body.enabled = $('#s-enabled').checked;
   return body;

@@ -114,9 +114,11 @@ pub struct StrategyRecord {
     #[serde(default = "default_action")]
     pub action: ActionKind,
     /// Reject status; `None` = the location's `rate_ctl_status` (503).
+    /// With `dry_run`: the status it rejects with again once dry run ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
-    /// Longest wait of a `delay` action.
+    /// Longest wait of a `delay` action. With `dry_run`: set when the
+    /// strategy delays (with this cap) again once dry run ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_delay_ms: Option<u32>,
     #[serde(default = "yes")]
@@ -193,11 +195,31 @@ impl StrategyRecord {
                 Ok(Action::Delay { max_delay_ms })
             }
             ActionKind::DryRun => {
-                if self.status.is_some() || self.max_delay_ms.is_some() {
-                    return Err("action: dry_run takes neither status nor max_delay_ms".into());
+                // The one action that may carry max_delay_ms besides delay:
+                // a dry-run strategy keeps the parameters of the action it
+                // enforces when dry run ends (see `enforcing_action`), so that
+                // toggling dry run off restores it, also across restarts.
+                // Both at once would not say which action that is.
+                if self.status.is_some() && self.max_delay_ms.is_some() {
+                    return Err(
+                        "action: dry_run keeps either status (reject after dry run) \
+                         or max_delay_ms (delay after dry run), not both"
+                            .into(),
+                    );
                 }
                 Ok(Action::DryRun)
             }
+        }
+    }
+
+    /// The action this strategy enforces: its own, or for `dry_run` the one
+    /// it goes back to when dry run ends — `delay` if it kept a
+    /// `max_delay_ms`, else `reject` (with the `status` it kept, if any).
+    pub fn enforcing_action(&self) -> ActionKind {
+        match self.action {
+            ActionKind::DryRun if self.max_delay_ms.is_some() => ActionKind::Delay,
+            ActionKind::DryRun => ActionKind::Reject,
+            a => a,
         }
     }
 
@@ -237,6 +259,21 @@ impl StrategyRecord {
         }
         let mut core = self.to_core(self.rate, self.burst)?;
         core.validate().map_err(|e| e.to_string())?;
+        if self.action == ActionKind::DryRun {
+            // What dry run keeps must be valid once dry run ends.
+            let after = StrategyRecord {
+                action: self.enforcing_action(),
+                ..self.clone()
+            };
+            let mut enforcing = core.clone();
+            enforcing.action = after.core_action()?;
+            enforcing.validate().map_err(|e| match e {
+                ModelError::DelayNeedsBucket(a) => format!(
+                    "max_delay_ms: delay after dry run needs token_bucket or leaky_bucket, not {a}"
+                ),
+                e => e.to_string(),
+            })?;
+        }
         self.conditions = core
             .conditions
             .into_iter()
@@ -488,6 +525,80 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("algorithm"), "{e}");
+    }
+
+    #[test]
+    fn dry_run_keeps_the_enforcing_action_and_publishes_as_dry_run() {
+        // A delay strategy in dry run keeps its cap; it publishes as DryRun
+        // and goes back to delay.
+        let mut r = rec();
+        r.algorithm = Algorithm::LeakyBucket;
+        r.action = ActionKind::DryRun;
+        r.max_delay_ms = Some(500);
+        r.validate().unwrap();
+        assert_eq!(r.to_core(r.rate, r.burst).unwrap().action, Action::DryRun);
+        assert_eq!(r.enforcing_action(), ActionKind::Delay);
+        // A reject strategy in dry run keeps its status.
+        let mut r = rec();
+        r.action = ActionKind::DryRun;
+        r.status = Some(429);
+        r.validate().unwrap();
+        assert_eq!(r.to_core(r.rate, r.burst).unwrap().action, Action::DryRun);
+        assert_eq!(r.enforcing_action(), ActionKind::Reject);
+        // Nothing kept: reject with the location's status.
+        r.status = None;
+        assert_eq!(r.enforcing_action(), ActionKind::Reject);
+        // Enforcing strategies enforce their own action.
+        r.action = ActionKind::Delay;
+        assert_eq!(r.enforcing_action(), ActionKind::Delay);
+    }
+
+    #[test]
+    fn dry_run_refuses_what_could_not_be_enforced_afterwards() {
+        let mut r = rec();
+        r.action = ActionKind::DryRun;
+        r.status = Some(429);
+        r.max_delay_ms = Some(500);
+        let e = r.validate().unwrap_err();
+        assert!(e.starts_with("action: dry_run keeps either status"), "{e}");
+
+        let mut r = rec();
+        r.action = ActionKind::DryRun;
+        r.status = Some(200);
+        let e = r.validate().unwrap_err();
+        assert!(
+            e.starts_with("action.status: must be between 400 and 599"),
+            "{e}"
+        );
+
+        let mut r = rec();
+        r.action = ActionKind::DryRun;
+        r.max_delay_ms = Some(0);
+        let e = r.validate().unwrap_err();
+        assert!(e.starts_with("action.max_delay_ms:"), "{e}");
+
+        let mut r = rec();
+        r.algorithm = Algorithm::FixedWindow;
+        r.action = ActionKind::DryRun;
+        r.max_delay_ms = Some(500);
+        let e = r.validate().unwrap_err();
+        assert!(
+            e.starts_with("max_delay_ms: delay after dry run needs token_bucket"),
+            "{e}"
+        );
+
+        // The other actions' rules are unchanged.
+        let mut r = rec();
+        r.max_delay_ms = Some(500);
+        assert_eq!(
+            r.validate().unwrap_err(),
+            "max_delay_ms: only for action delay"
+        );
+        let mut r = rec();
+        r.action = ActionKind::Delay;
+        r.max_delay_ms = Some(500);
+        r.status = Some(429);
+        assert_eq!(r.validate().unwrap_err(), "status: only for action reject");
     }
 
     #[test]

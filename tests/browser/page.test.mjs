@@ -389,6 +389,38 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await waitFor('the row to show the new limit', async () => /5 \/ second/.test(await row.innerText()), 5000);
   });
 
+  await step('dry run off gives a delay strategy its delay back (the page says so, nginx delays again)', async () => {
+    // Leaky bucket 4/s with delay ≤ 500 ms: a second request right after
+    // the first waits about 250 ms and passes; a plain reject would 503 it.
+    const made = await apiCall('POST', '/strategies', {
+      name: 'slow-lane', match: { api: '/slow' }, algorithm: 'leaky_bucket', rate: 4, per: 'second',
+      scope: 'host', action: 'delay', max_delay_ms: 500,
+    });
+    assert.equal(made.status, 201, JSON.stringify(made.body));
+    const row = page.locator('#strategies-table tbody tr', { hasText: 'slow-lane' });
+    await row.waitFor({ timeout: 8000 });
+    const sw = page.getByRole('switch', { name: 'Dry run: slow-lane' });
+    await sw.click();
+    await page.getByText('“slow-lane” switched to dry run').waitFor();
+    await waitFor('the row to say what comes after dry run',
+      async () => /afterwards: delay, max 500 ms/.test(await row.innerText()), 5000);
+    assert.equal((await apiCall('GET', `/strategies/${made.body.id}`)).body.action, 'dry_run');
+
+    await page.getByRole('switch', { name: 'Dry run: slow-lane' }).click();
+    await page.getByText('“slow-lane” enforcing again (delay, max 500 ms)').waitFor();
+    const s = (await apiCall('GET', `/strategies/${made.body.id}`)).body;
+    assert.equal(s.action, 'delay');
+    assert.equal(s.max_delay_ms, 500);
+    await waitFor('nginx to delay the second of two requests again', async () => {
+      await nginxStatus('/slow');
+      const t = Date.now();
+      const st = await nginxStatus('/slow');
+      assert.notEqual(st, 503, 'after dry run the strategy delays; it must not reject');
+      return st === 200 && Date.now() - t >= 150;
+    }, 5000, 300);
+    await apiCall('DELETE', `/strategies/${made.body.id}`);
+  });
+
   await step('blacklist: blocking 127.0.0.1 with an expiry gives 403, removing it lets requests in', async () => {
     await page.getByRole('tab', { name: 'Blacklist' }).click();
     const panel = page.locator('#panel-blacklist');

@@ -438,18 +438,14 @@ pub async fn patch_strategy(
     if let Some(e) = enabled {
         rec.enabled = e;
     }
+    // Dry run round-trips: `status` / `max_delay_ms` stay in the record
+    // while the action is dry_run, and ending dry run derives the action
+    // from them (delay with its cap, or reject with its status). Asking for
+    // the state the strategy is already in changes nothing.
     match dry_run {
-        Some(true) => {
-            rec.action = ActionKind::DryRun;
-            rec.status = None;
-            rec.max_delay_ms = None;
-        }
-        Some(false) if rec.action != ActionKind::Reject => {
-            rec.action = ActionKind::Reject;
-            rec.status = None;
-            rec.max_delay_ms = None;
-        }
-        _ => {}
+        Some(true) => rec.action = ActionKind::DryRun,
+        Some(false) => rec.action = rec.enforcing_action(),
+        None => {}
     }
     save_strategy(&st, &rec, based_on, who.name(), "strategy.patch").await
 }
