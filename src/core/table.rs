@@ -92,8 +92,9 @@ pub struct Compiled {
     pub limiter: Limiter,
     pub slot: u32,
     pub generation: u64,
-    /// `(dimension index, interned value id)` of every condition but the
-    /// one it is anchored under (implied by where the matcher found it).
+    /// `(dimension index, interned value id)` of every condition; the one
+    /// it is anchored under comes first and is not re-checked (implied by
+    /// where the matcher found the strategy).
     conds: Box<[(u8, u32)]>,
 }
 
@@ -113,6 +114,8 @@ impl Compiled {
 #[derive(Default)]
 struct DimIndex {
     values: FxHashMap<Box<[u8]>, (u32, u32, u32)>, // value → (value id, anchored start, anchored len)
+    /// The `ip` dimension's values, by address.
+    ips: FxHashMap<u128, (u32, u32, u32)>,
 }
 
 /// What a request carries: its values for [`Table::dimensions`], by index,
@@ -216,16 +219,29 @@ impl Table {
                     index.resize_with(d + 1, DimIndex::default);
                 }
                 let next = counts.len() as u32;
-                let id = match index[d].values.get(&c.value[..]) {
-                    Some(&(id, _, _)) => id,
-                    None => {
-                        index[d]
-                            .values
-                            .insert(c.value.clone().into_boxed_slice(), (next, 0, 0));
-                        counts.push(0);
-                        next
-                    }
+                // `ip` values are canonical addresses (the model validates
+                // them): interned by their 128-bit form, so a request never
+                // formats its address as text.
+                let ip = if dims[d] == "ip" {
+                    IpKey::parse(&c.value)
+                } else {
+                    None
                 };
+                let id = match ip {
+                    Some(ip) => index[d].ips.entry(ip.0).or_insert((next, 0, 0)).0,
+                    None => match index[d].values.get(&c.value[..]) {
+                        Some(&(id, _, _)) => id,
+                        None => {
+                            index[d]
+                                .values
+                                .insert(c.value.clone().into_boxed_slice(), (next, 0, 0));
+                            next
+                        }
+                    },
+                };
+                if id == next {
+                    counts.push(0);
+                }
                 counts[id as usize] += 1;
                 conds.push((d as u8, id));
             }
@@ -275,31 +291,22 @@ impl Table {
             if v != NONE {
                 anchored[per_value[v as usize] as usize] = si as u32;
                 per_value[v as usize] += 1;
-                let s = &mut strategies[si];
-                s.conds = s.conds.iter().copied().filter(|&(_, c)| c != v).collect();
+                let conds = &mut strategies[si].conds;
+                if let Some(i) = conds.iter().position(|&(_, c)| c == v) {
+                    conds.swap(0, i);
+                }
             }
         }
         for d in &mut index {
-            for (id, start, len) in d.values.values_mut() {
+            for (id, start, len) in d.values.values_mut().chain(d.ips.values_mut()) {
                 *start = starts[*id as usize];
                 *len = starts[*id as usize + 1] - *start;
             }
         }
-        // `ip` values are canonical addresses (the model validates them):
-        // key them by their 128-bit form so a request never formats its
-        // address as text.
         let ip_dim = dims.iter().position(|d| d == "ip");
-        let mut ip_index = FxHashMap::default();
-        if let Some(d) = ip_dim {
-            for (text, &entry) in std::mem::take(&mut index[d].values).iter() {
-                if let Some(ip) = std::str::from_utf8(text)
-                    .ok()
-                    .and_then(|t| t.parse::<IpAddr>().ok())
-                {
-                    ip_index.insert(IpKey::from(ip).0, entry);
-                }
-            }
-        }
+        let ip_index = ip_dim
+            .map(|d| std::mem::take(&mut index[d].ips))
+            .unwrap_or_default();
         Table {
             map,
             publish_seq: decoded.publish_seq,
@@ -360,8 +367,7 @@ impl Table {
     /// give values as text, e.g. tests; nginx gives the binary address).
     fn ip_from_text(&self, values: &[Option<&[u8]>]) -> Option<IpKey> {
         let v = values.get(self.ip_dim?).copied().flatten()?;
-        let ip = std::str::from_utf8(v).ok()?.parse::<IpAddr>().ok()?;
-        Some(IpKey::from(ip))
+        IpKey::parse(v)
     }
 
     /// [`matching`](Self::matching) with the `ip` dimension taken from the
@@ -420,7 +426,7 @@ impl Table {
         for &(start, len) in &spans[..ns] {
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
-                if s.conds.iter().all(|&(d, v)| req[d as usize] == v) {
+                if s.conds.iter().skip(1).all(|&(d, v)| req[d as usize] == v) {
                     out.push(si);
                 }
             }
@@ -552,6 +558,39 @@ impl IpKey {
         IpKey(0xffff_0000_0000 | u128::from(addr))
     }
 
+    /// Parses an address in text: dotted-quad IPv4 directly (the form of
+    /// nearly every `ip` value; a table build parses thousands), anything
+    /// else through `IpAddr`.
+    pub fn parse(text: &[u8]) -> Option<IpKey> {
+        let mut addr = 0u32;
+        let mut parts = 0;
+        for part in text.split(|&b| b == b'.') {
+            let n = match part {
+                [a] => u32::from(a.wrapping_sub(b'0')),
+                [a, b] if *a != b'0' => {
+                    u32::from(a.wrapping_sub(b'0')) * 10 + u32::from(b.wrapping_sub(b'0'))
+                }
+                [a, b, c] if *a != b'0' => {
+                    u32::from(a.wrapping_sub(b'0')) * 100
+                        + u32::from(b.wrapping_sub(b'0')) * 10
+                        + u32::from(c.wrapping_sub(b'0'))
+                }
+                _ => u32::MAX,
+            };
+            if n > 255 || !part.iter().all(u8::is_ascii_digit) || parts == 4 {
+                parts = 5;
+                break;
+            }
+            addr = addr << 8 | n;
+            parts += 1;
+        }
+        if parts == 4 {
+            return Some(IpKey::v4(addr));
+        }
+        let ip = std::str::from_utf8(text).ok()?.parse::<IpAddr>().ok()?;
+        Some(IpKey::from(ip))
+    }
+
     /// The address, v4-mapped IPv6 given back as IPv4.
     pub fn addr(self) -> IpAddr {
         let v6 = std::net::Ipv6Addr::from(self.0);
@@ -566,5 +605,43 @@ impl From<IpAddr> for IpKey {
             IpAddr::V4(a) => IpKey::v4(u32::from(a)),
             IpAddr::V6(a) => IpKey(u128::from(a)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IpKey;
+    use std::net::IpAddr;
+
+    #[test]
+    fn ip_keys_parse_like_ipaddr() {
+        for text in [
+            "0.0.0.0",
+            "1.2.3.4",
+            "10.0.0.255",
+            "255.255.255.255",
+            "127.0.0.1",
+            "::1",
+            "2001:db8::1",
+            "::ffff:1.2.3.4",
+            "256.1.1.1",
+            "1.2.3",
+            "1.2.3.4.5",
+            "01.2.3.4",
+            "1..2.3",
+            "",
+            "a.b.c.d",
+            "1.2.3.-4",
+            "1.2.3.4 ",
+            "999.0.0.1",
+            "00.0.0.0",
+        ] {
+            let want = text.parse::<IpAddr>().ok().map(IpKey::from);
+            assert_eq!(IpKey::parse(text.as_bytes()), want, "{text:?}");
+        }
+        assert_eq!(
+            IpKey::parse(b"1.2.3.4").unwrap().addr(),
+            "1.2.3.4".parse::<IpAddr>().unwrap()
+        );
     }
 }
