@@ -608,3 +608,85 @@ fn rows_broken_in_the_database_are_reported_not_fatal() {
         assert_eq!(list[0]["name"], "good");
     }
 }
+
+#[test]
+fn dry_run_from_the_cli_keeps_the_action_it_ends_with() {
+    for st in stores("dry_run_cli") {
+        let s = st.url.as_str();
+        let add = |name: &str, extra: &[&str]| -> String {
+            let mut args = vec![
+                "strategy", "add", "--store", s, "--name", name, "--match", "api=/q",
+            ];
+            args.extend_from_slice(extra);
+            ok(&args).trim().to_string()
+        };
+        let delay = add(
+            "queue",
+            &[
+                "--algorithm",
+                "leaky_bucket",
+                "--rate",
+                "10",
+                "--action",
+                "delay",
+                "--max-delay-ms",
+                "500",
+            ],
+        );
+        let reject = add(
+            "pay",
+            &[
+                "--algorithm",
+                "fixed_window",
+                "--rate",
+                "10",
+                "--status",
+                "429",
+            ],
+        );
+        let row = |id: &str| -> Value {
+            json_lines(&ok(&["strategy", "list", "--store", s, "--json"]))
+                .into_iter()
+                .find(|r| r["id"].to_string() == id)
+                .unwrap()
+        };
+        for id in [&delay, &reject] {
+            ok(&[
+                "strategy", "update", "--store", s, id, "--action", "dry_run",
+            ]);
+        }
+        let (d, r) = (row(&delay), row(&reject));
+        assert_eq!(
+            (&d["action"], &d["max_delay_ms"]),
+            (&Value::from("dry_run"), &Value::from(500)),
+            "{}",
+            st.label
+        );
+        assert_eq!(
+            (&r["action"], &r["status"]),
+            (&Value::from("dry_run"), &Value::from(429)),
+            "{}",
+            st.label
+        );
+        // Back to enforcing: the kept cap and status come back.
+        ok(&[
+            "strategy", "update", "--store", s, &delay, "--action", "delay",
+        ]);
+        ok(&[
+            "strategy", "update", "--store", s, &reject, "--action", "reject",
+        ]);
+        let (d, r) = (row(&delay), row(&reject));
+        assert_eq!(
+            (&d["action"], &d["max_delay_ms"]),
+            (&Value::from("delay"), &Value::from(500)),
+            "{}",
+            st.label
+        );
+        assert_eq!(
+            (&r["action"], &r["status"]),
+            (&Value::from("reject"), &Value::from(429)),
+            "{}",
+            st.label
+        );
+    }
+}

@@ -531,13 +531,18 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 rec.burst = b;
             }
             if let Some(a) = u.action {
+                // Into dry run: keep the status or delay cap of the action
+                // the strategy enforces, so that `--action reject|delay`
+                // later (or PATCH dry_run:false in serve) restores it.
+                if a != ActionKind::DryRun {
+                    if a != ActionKind::Reject {
+                        rec.status = None;
+                    }
+                    if a != ActionKind::Delay {
+                        rec.max_delay_ms = None;
+                    }
+                }
                 rec.action = a;
-                if a != ActionKind::Reject {
-                    rec.status = None;
-                }
-                if a != ActionKind::Delay {
-                    rec.max_delay_ms = None;
-                }
             }
             if let Some(s) = u.status {
                 rec.status = Some(s);
