@@ -647,7 +647,7 @@ fn dry_run_from_the_cli_keeps_the_action_it_ends_with() {
         let row = |id: &str| -> Value {
             json_lines(&ok(&["strategy", "list", "--store", s, "--json"]))
                 .into_iter()
-                .find(|r| r["id"].to_string() == id)
+                .find(|r| r["id"].as_u64().map(|v| v.to_string()).as_deref() == Some(id))
                 .unwrap()
         };
         for id in [&delay, &reject] {
