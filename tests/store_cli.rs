@@ -655,19 +655,22 @@ fn dry_run_from_the_cli_keeps_the_action_it_ends_with() {
                 "strategy", "update", "--store", s, id, "--action", "dry_run",
             ]);
         }
-        let (d, r) = (row(&delay), row(&reject));
-        assert_eq!(
-            (&d["action"], &d["max_delay_ms"]),
-            (&Value::from("dry_run"), &Value::from(500)),
-            "{}",
-            st.label
-        );
-        assert_eq!(
-            (&r["action"], &r["status"]),
-            (&Value::from("dry_run"), &Value::from(429)),
-            "{}",
-            st.label
-        );
+        // (action, kept field, value) of the delay and the reject strategy.
+        let expect = |delay_action: &str, reject_action: &str| {
+            let (d, r) = (row(&delay), row(&reject));
+            assert_eq!(
+                (&d["action"], &d["max_delay_ms"], &r["action"], &r["status"]),
+                (
+                    &Value::from(delay_action),
+                    &Value::from(500),
+                    &Value::from(reject_action),
+                    &Value::from(429)
+                ),
+                "{}",
+                st.label
+            );
+        };
+        expect("dry_run", "dry_run");
         // Back to enforcing: the kept cap and status come back.
         ok(&[
             "strategy", "update", "--store", s, &delay, "--action", "delay",
@@ -675,18 +678,6 @@ fn dry_run_from_the_cli_keeps_the_action_it_ends_with() {
         ok(&[
             "strategy", "update", "--store", s, &reject, "--action", "reject",
         ]);
-        let (d, r) = (row(&delay), row(&reject));
-        assert_eq!(
-            (&d["action"], &d["max_delay_ms"]),
-            (&Value::from("delay"), &Value::from(500)),
-            "{}",
-            st.label
-        );
-        assert_eq!(
-            (&r["action"], &r["status"]),
-            (&Value::from("reject"), &Value::from(429)),
-            "{}",
-            st.label
-        );
+        expect("delay", "reject");
     }
 }

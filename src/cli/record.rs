@@ -555,37 +555,35 @@ mod tests {
 
     #[test]
     fn dry_run_refuses_what_could_not_be_enforced_afterwards() {
-        let mut r = rec();
-        r.action = ActionKind::DryRun;
-        r.status = Some(429);
-        r.max_delay_ms = Some(500);
-        let e = r.validate().unwrap_err();
-        assert!(e.starts_with("action: dry_run keeps either status"), "{e}");
-
-        let mut r = rec();
-        r.action = ActionKind::DryRun;
-        r.status = Some(200);
-        let e = r.validate().unwrap_err();
-        assert!(
-            e.starts_with("action.status: must be between 400 and 599"),
-            "{e}"
-        );
-
-        let mut r = rec();
-        r.action = ActionKind::DryRun;
-        r.max_delay_ms = Some(0);
-        let e = r.validate().unwrap_err();
-        assert!(e.starts_with("action.max_delay_ms:"), "{e}");
-
-        let mut r = rec();
-        r.algorithm = Algorithm::FixedWindow;
-        r.action = ActionKind::DryRun;
-        r.max_delay_ms = Some(500);
-        let e = r.validate().unwrap_err();
-        assert!(
-            e.starts_with("max_delay_ms: delay after dry run needs token_bucket"),
-            "{e}"
-        );
+        type Change = fn(&mut StrategyRecord);
+        let cases: [(Change, &str); 4] = [
+            (
+                |r| {
+                    r.status = Some(429);
+                    r.max_delay_ms = Some(500);
+                },
+                "action: dry_run keeps either status",
+            ),
+            (
+                |r| r.status = Some(200),
+                "action.status: must be between 400 and 599",
+            ),
+            (|r| r.max_delay_ms = Some(0), "action.max_delay_ms:"),
+            (
+                |r| {
+                    r.algorithm = Algorithm::FixedWindow;
+                    r.max_delay_ms = Some(500);
+                },
+                "max_delay_ms: delay after dry run needs token_bucket",
+            ),
+        ];
+        for (change, want) in cases {
+            let mut r = rec();
+            r.action = ActionKind::DryRun;
+            change(&mut r);
+            let e = r.validate().unwrap_err();
+            assert!(e.starts_with(want), "{e}");
+        }
 
         // The other actions' rules are unchanged.
         let mut r = rec();
