@@ -24,6 +24,10 @@ for_each_target(sub {
             location /loc429/ { rate_ctl_status 429; empty_gif; }
             location /hdr/ { rate_ctl_headers on; empty_gif; }
             location /stats { rate_ctl off; rate_ctl_stats; }
+            location /named { try_files /nonexistent @named; }
+            location @named { empty_gif; }
+            location /err { root /nonexistent; error_page 404 = /errtarget; }
+            location = /errtarget { empty_gif; }
         });
     publish($n->shm, <<'T');
 strategy id=1 algorithm=token_bucket rate=5 per=second burst=5 when api=/tb
@@ -34,6 +38,8 @@ strategy id=5 algorithm=fixed_window rate=1 per=minute when ip=127.0.0.1 userid=
 strategy id=6 algorithm=fixed_window rate=3 per=minute when api=/two
 strategy id=7 algorithm=fixed_window rate=10 per=minute when method=GET api=/two
 strategy id=8 algorithm=fixed_window rate=2 per=minute when api=/hdr/x
+strategy id=9 algorithm=fixed_window rate=3 per=minute when api=/named
+strategy id=10 algorithm=fixed_window rate=2 per=minute when userid=u-err
 T
     $n->start;
 
@@ -69,6 +75,17 @@ T
     is($s->{6}{limited}, 3, 'stricter strategy limited 3');
     is($s->{7}{passed}, 3, 'other strategy counted only the 3 admitted requests');
     is($s->{7}{limited} // 0, 0, 'other strategy limited none');
+
+    # A request decided once is not counted again after an internal
+    # redirect (try_files to a named location, error_page to a URI): both
+    # clear the module context; the decision is found in the request pool.
+    @c = $n->codes('/named', 5);
+    is_deeply(\@c, [200, 200, 200, 503, 503], 'named location: 3 of 5 passed, each counted once');
+    @c = $n->codes('/err', 4, '-b uid=u-err');
+    is_deeply(\@c, [200, 200, 503, 503], 'error_page redirect: 2 of 4 passed, each counted once');
+    $s = stats($n);
+    is($s->{9}{passed}, 3, 'named location: passed counter 3');
+    is($s->{10}{passed}, 2, 'error_page redirect: passed counter 2');
 
     # Headers.
     my $r = $n->get('/hdr/x');

@@ -128,6 +128,13 @@ pub fn find_ctx(r: &Request) -> Option<&Ctx> {
     if let Some(ctx) = r.get_module_ctx::<Ctx>(RateCtlModule::module_ref()) {
         return Some(ctx);
     }
+    // Only an internal redirect or a jump to a named location clears the
+    // module contexts, and both mark the request internal: a request that
+    // is not has no earlier decision to find (the usual first visit skips
+    // the walk below).
+    if raw.internal() == 0 {
+        return None;
+    }
     // SAFETY: r->main and its pool are valid for the request's lifetime; the
     // cleanup list is a NULL-terminated singly linked list owned by the pool.
     unsafe {
