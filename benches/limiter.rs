@@ -15,18 +15,8 @@ use rate_ctl::core::slot::{LocalSlots, Slot};
 const REJECT: Action = Action::Reject { status: None };
 
 fn limiter(algorithm: Algorithm, rate: u64, per: Unit, burst: u32) -> Limiter {
-    let mut s = Strategy {
-        id: 1,
-        conditions: vec![],
-        algorithm,
-        rate,
-        per,
-        burst,
-        action: REJECT,
-        enabled: true,
-    };
-    s.validate().expect("valid strategy");
-    Limiter::from_strategy(&s)
+    let s = Strategy::unconditioned(algorithm, rate, per, burst, REJECT);
+    Limiter::from_strategy(&s.expect("valid strategy"))
 }
 
 fn acquire(c: &mut Criterion) {

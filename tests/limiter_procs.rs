@@ -151,18 +151,8 @@ fn run_children(limit: Duration, body: impl Fn(usize)) {
 }
 
 fn strategy(algorithm: Algorithm, rate: u64, per: Unit, burst: u32) -> Strategy {
-    let mut s = Strategy {
-        id: 1,
-        conditions: vec![],
-        algorithm,
-        rate,
-        per,
-        burst,
-        action: Action::Reject { status: None },
-        enabled: true,
-    };
-    s.validate().expect("valid strategy");
-    s
+    let reject = Action::Reject { status: None };
+    Strategy::unconditioned(algorithm, rate, per, burst, reject).expect("valid strategy")
 }
 
 fn hit<'a>(region: &Region<'a>, index: u32, limiter: &'a Limiter) -> Hit<'a> {

@@ -19,18 +19,7 @@ fn strategy(
     burst: u32,
     action: Action,
 ) -> model::Strategy {
-    let mut s = model::Strategy {
-        id: 1,
-        conditions: vec![],
-        algorithm,
-        rate,
-        per,
-        burst,
-        action,
-        enabled: true,
-    };
-    s.validate().expect("valid strategy");
-    s
+    model::Strategy::unconditioned(algorithm, rate, per, burst, action).expect("valid strategy")
 }
 
 /// Runs `f` with one zeroed slot.

@@ -330,18 +330,8 @@ mod tests {
     const REJECT: Action = Action::Reject { status: None };
 
     fn limiter(algorithm: Algorithm, rate: u64, per: Unit, burst: u32, action: Action) -> Limiter {
-        let mut s = Strategy {
-            id: 1,
-            conditions: vec![],
-            algorithm,
-            rate,
-            per,
-            burst,
-            action,
-            enabled: true,
-        };
-        s.validate().expect("valid strategy");
-        Limiter::from_strategy(&s)
+        let s = Strategy::unconditioned(algorithm, rate, per, burst, action);
+        Limiter::from_strategy(&s.expect("valid strategy"))
     }
 
     fn hits<'a>(

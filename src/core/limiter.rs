@@ -690,18 +690,8 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn limiter(algorithm: Algorithm, rate: u64, per: Unit, burst: u32, action: Action) -> Limiter {
-        let mut s = Strategy {
-            id: 1,
-            conditions: vec![],
-            algorithm,
-            rate,
-            per,
-            burst,
-            action,
-            enabled: true,
-        };
-        s.validate().expect("valid strategy");
-        Limiter::from_strategy(&s)
+        let s = Strategy::unconditioned(algorithm, rate, per, burst, action);
+        Limiter::from_strategy(&s.expect("valid strategy"))
     }
 
     const REJECT: Action = Action::Reject { status: None };
@@ -1212,18 +1202,9 @@ mod race_tests {
     fn sliding_window_boundary_race_never_overcounts() {
         const THREADS: usize = 4;
         const LIMIT: u64 = 3;
-        let mut st = Strategy {
-            id: 1,
-            conditions: vec![],
-            algorithm: Algorithm::SlidingWindow,
-            rate: LIMIT,
-            per: Unit::Second,
-            burst: 0,
-            action: Action::Reject { status: None },
-            enabled: true,
-        };
-        st.validate().unwrap();
-        let l = Limiter::from_strategy(&st);
+        let reject = Action::Reject { status: None };
+        let st = Strategy::unconditioned(Algorithm::SlidingWindow, LIMIT, Unit::Second, 0, reject);
+        let l = Limiter::from_strategy(&st.unwrap());
         let period = Unit::Second.period_ns();
         let local = LocalSlots::new(1);
         let region = local.region();

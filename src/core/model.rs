@@ -351,6 +351,29 @@ pub fn canonical_ip_addr(ip: IpAddr) -> String {
 }
 
 impl Strategy {
+    /// A validated, enabled strategy with no conditions (id 1): a limit on
+    /// its own, as limiter tests and benchmarks build them.
+    pub fn unconditioned(
+        algorithm: Algorithm,
+        rate: u64,
+        per: Unit,
+        burst: u32,
+        action: Action,
+    ) -> Result<Strategy, ModelError> {
+        let mut s = Strategy {
+            id: 1,
+            conditions: vec![],
+            algorithm,
+            rate,
+            per,
+            burst,
+            action,
+            enabled: true,
+        };
+        s.validate()?;
+        Ok(s)
+    }
+
     /// Checks every field and canonicalises `ip` values in place.
     pub fn validate(&mut self) -> Result<(), ModelError> {
         for c in &mut self.conditions {
