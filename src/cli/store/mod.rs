@@ -167,7 +167,7 @@ impl Store {
             // Every statement is idempotent (IF NOT EXISTS / insert-ignore), so
             // two processes migrating one fresh MariaDB at once both succeed.
             for stmt in m.statements(self.dialect) {
-                sqlx::query(stmt).execute(&self.pool).await?;
+                sqlx::query(&stmt).execute(&self.pool).await?;
             }
             let r = sqlx::query(
                 "INSERT INTO schema_migrations (version, description, applied_ms) VALUES (?, ?, ?)",
