@@ -34,14 +34,7 @@ fuzz_target!(|data: &[u8]| {
     let words: Vec<AtomicU64>;
     let mut probes: &[u8] = rest;
     if mode % 2 == 0 {
-        words = rest
-            .chunks(8)
-            .map(|c| {
-                let mut b = [0u8; 8];
-                b[..c.len()].copy_from_slice(c);
-                AtomicU64::new(u64::from_le_bytes(b))
-            })
-            .collect();
+        words = Region::words_from_bytes(rest);
     } else {
         let Some((&cap, patches)) = rest.split_first() else {
             return;

@@ -38,6 +38,19 @@ impl<'a> Region<'a> {
         }
     }
 
+    /// Process-local words holding `bytes` (little-endian, the last word
+    /// zero-padded): arbitrary input made into a region for fuzzing.
+    pub fn words_from_bytes(bytes: &[u8]) -> Vec<AtomicU64> {
+        bytes
+            .chunks(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b[..c.len()].copy_from_slice(c);
+                AtomicU64::new(u64::from_le_bytes(b))
+            })
+            .collect()
+    }
+
     /// A region over process-local atomics (tests, benchmarks, fuzzing).
     pub fn from_atomics(words: &'a [AtomicU64]) -> Region<'a> {
         // SAFETY: the slice is aligned, valid for its length and only

@@ -491,7 +491,6 @@ pub fn unix_ms() -> u64 {
 pub fn fuzz_reader(data: &[u8]) {
     use super::segment::{decode_payload, read_segment};
     use super::table::Table;
-    use std::sync::atomic::AtomicU64;
 
     // 1. A bare payload: the first 8 bytes give the counts.
     if data.len() >= 8 {
@@ -516,14 +515,7 @@ pub fn fuzz_reader(data: &[u8]) {
         }
     }
     // 2. A whole file image: header geometry, then both segments.
-    let words: Vec<AtomicU64> = data
-        .chunks(8)
-        .map(|c| {
-            let mut b = [0u8; 8];
-            b[..c.len()].copy_from_slice(c);
-            AtomicU64::new(u64::from_le_bytes(b))
-        })
-        .collect();
+    let words = Region::words_from_bytes(data);
     let whole = Region::from_atomics(&words);
     let Some(h) = whole.sub(0, HEADER_SIZE) else {
         return;
