@@ -12,7 +12,7 @@ use super::record::{
     blacklist_api_json, blacklist_from_api_json, strategy_api_json, strategy_from_api_json,
     BlacklistRecord, HostRecord, StrategyRecord,
 };
-use super::serve::client::{Answer, Client};
+use super::serve::client::{percent_encode, Answer, Client};
 use super::store::{BadRow, Store, StoreError};
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -252,7 +252,7 @@ impl Backend {
         match self {
             Backend::Store(s) => s.set_weight(host_id, weight, CLI).await,
             Backend::Api(a) => {
-                let path = format!("/api/v1/hosts/{}", path_segment(host_id));
+                let path = format!("/api/v1/hosts/{}", percent_encode(host_id));
                 a.call("PUT", &path, Some(&json!({ "weight": weight })))
                     .await?;
                 a.version().await
@@ -333,29 +333,9 @@ fn strip(v: &mut Value, keys: &[&str]) {
     }
 }
 
-/// Percent-encodes a path segment (everything but RFC 3986 unreserved).
-fn path_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn path_segments_are_encoded() {
-        assert_eq!(path_segment("web-1.example"), "web-1.example");
-        assert_eq!(path_segment("a b/c"), "a%20b%2Fc");
-        assert_eq!(path_segment("ü"), "%C3%BC");
-    }
 
     fn api() -> Api {
         Api {

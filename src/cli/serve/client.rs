@@ -28,6 +28,20 @@ impl Answer {
     }
 }
 
+/// Percent-encodes a path segment (everything but RFC 3986 unreserved
+/// characters), e.g. a host id in `/api/v1/hosts/{id}`.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 #[derive(Debug, Clone)]
 pub struct Client {
     /// host:port
@@ -159,6 +173,13 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        assert_eq!(percent_encode("web-1.a_b~"), "web-1.a_b~");
+        assert_eq!(percent_encode("a b/c"), "a%20b%2Fc");
+        assert_eq!(percent_encode("ü"), "%C3%BC");
+    }
 
     #[test]
     fn urls() {

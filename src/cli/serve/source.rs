@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::client::{Answer, Client};
+use super::client::{percent_encode, Answer, Client};
 use crate::cli::agent::Source;
 use crate::cli::record::{blacklist_from_api_json, strategy_from_api_json, HostRecord};
 use crate::cli::store::{BadRow, CounterSample, Snapshot, StoreError};
@@ -69,19 +69,6 @@ fn ok_body(a: Answer, what: &str) -> Result<Value, StoreError> {
             a.error_message()
         )))
     }
-}
-
-/// Percent-encodes everything but unreserved characters (for a path segment).
-pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn hosts_from(v: &Value) -> Vec<HostRecord> {
@@ -266,16 +253,5 @@ impl Source for HttpSource {
 impl Drop for HttpSource {
     fn drop(&mut self) {
         self.disconnect();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn encodes_path_segments() {
-        assert_eq!(percent_encode("web-1.a_b~"), "web-1.a_b~");
-        assert_eq!(percent_encode("a/b c"), "a%2Fb%20c");
     }
 }
