@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{small_caps, strategy};
+use common::{fresh_writer, small_caps, strategy};
 use proptest::prelude::*;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::engine::{Engine, RECHECK_NS};
@@ -108,9 +108,7 @@ fn truncation_in_every_region_is_refused() {
 
 #[test]
 fn a_worker_keeps_its_table_when_the_file_is_corrupted_under_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let (_dir, path, mut w) = fresh_writer();
     let s = strategy(
         1,
         &[("api", "/a")],

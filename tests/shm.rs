@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::Ordering;
 
-use common::{small_caps, strategy};
+use common::{fresh_writer, small_caps, strategy};
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::engine::{Engine, LogLevel, RECHECK_NS};
@@ -51,9 +51,7 @@ fn passes(d: &rate_ctl::core::table::TableDecision) -> bool {
 
 #[test]
 fn publish_then_enforce_a_combination() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let (_dir, path, mut w) = fresh_writer();
     assert_eq!(*w.opened(), Opened::Created);
     let s = strategy(
         1,
@@ -110,9 +108,7 @@ fn publish_then_enforce_a_combination() {
 
 #[test]
 fn slots_are_stable_across_publishes_and_reset_when_reassigned() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let (_dir, path, mut w) = fresh_writer();
     let a = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
     let b = strategy(2, &[("api", "/b")], Algorithm::FixedWindow, 5, Unit::Hour);
     w.publish(&[a.clone(), b.clone()], &[], 1).unwrap();
@@ -222,9 +218,7 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
 
 #[test]
 fn blacklist_through_the_table() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let (_dir, path, mut w) = fresh_writer();
     let bl = vec![
         BlacklistEntry {
             dimension: "ip".into(),
@@ -392,9 +386,7 @@ fn fail_open_states_are_logged_once_and_recover() {
 
 #[test]
 fn delay_action_reports_the_wait() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let (_dir, path, mut w) = fresh_writer();
     let mut s = strategy(
         1,
         &[("api", "/slow")],
@@ -473,9 +465,7 @@ fn adoption_frees_slots_no_published_strategy_owns() {
 
 #[test]
 fn concurrency_units_are_released_in_dry_run_too() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let (_dir, path, mut w) = fresh_writer();
     let c = strategy(
         1,
         &[("api", "/slow")],

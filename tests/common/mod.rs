@@ -1,11 +1,12 @@
 //! Helpers shared by the core integration tests.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
 use rate_ctl::core::shm::Capacities;
+use rate_ctl::core::writer::Writer;
 
 /// Small capacities so tests are fast.
 pub fn small_caps() -> Capacities {
@@ -14,6 +15,15 @@ pub fn small_caps() -> Capacities {
         segment_bytes: 256 << 10,
         blacklist_entries: 256,
     }
+}
+
+/// A new shared-memory file (small capacities) in a temporary directory,
+/// and its writer; keep the directory alive as long as the file is used.
+pub fn fresh_writer() -> (tempfile::TempDir, PathBuf, Writer) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    (dir, path, w)
 }
 
 pub fn strategy(
