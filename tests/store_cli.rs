@@ -10,6 +10,11 @@ use std::time::Instant;
 use common::{ok, rate_ctl, sql, stores, version};
 use serde_json::Value;
 
+/// `rate-ctl KIND list --store STORE --json`, one value per row.
+fn rows(kind: &str, store: &str) -> Vec<Value> {
+    json_lines(&ok(&[kind, "list", "--store", store, "--json"]))
+}
+
 fn json_lines(s: &str) -> Vec<Value> {
     s.lines()
         .filter(|l| !l.trim().is_empty())
@@ -53,7 +58,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
         let v1 = version(s);
         assert!(v1 > v0, "{}: add bumps the version", st.label);
 
-        let list = json_lines(&ok(&["strategy", "list", "--store", s, "--json"]));
+        let list = rows("strategy", s);
         assert_eq!(list.len(), 1);
         let r = &list[0];
         assert_eq!(r["id"], id);
@@ -81,7 +86,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
         .unwrap();
         assert_eq!(upd["version"].as_i64().unwrap(), version(s));
         assert!(version(s) > v1);
-        let r = &json_lines(&ok(&["strategy", "list", "--store", s, "--json"]))[0];
+        let r = &rows("strategy", s)[0];
         assert_eq!(
             (r["rate"].as_u64(), r["enabled"].as_bool()),
             (Some(50), Some(false))
@@ -138,10 +143,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
         let v2 = version(s);
         ok(&["strategy", "rm", "--store", s, second.trim()]);
         assert!(version(s) > v2);
-        assert_eq!(
-            json_lines(&ok(&["strategy", "list", "--store", s, "--json"])).len(),
-            1
-        );
+        assert_eq!(rows("strategy", s).len(), 1);
 
         // Unknown id: non-zero, named, nothing bumped.
         let v3 = version(s);
@@ -351,10 +353,7 @@ fn bad_arguments_name_the_argument_and_write_nothing() {
         assert!(!o.status.success());
         assert!(String::from_utf8_lossy(&o.stderr).contains("WEIGHT"));
         assert_eq!(version(s), v, "{}: nothing written", st.label);
-        assert_eq!(
-            json_lines(&ok(&["strategy", "list", "--store", s, "--json"])).len(),
-            1
-        );
+        assert_eq!(rows("strategy", s).len(), 1);
     }
 }
 
@@ -412,10 +411,7 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
             s,
             exported.to_str().unwrap(),
         ]);
-        assert_eq!(
-            json_lines(&ok(&["strategy", "list", "--store", s, "--json"])).len(),
-            10_000
-        );
+        assert_eq!(rows("strategy", s).len(), 10_000);
 
         // A bad third line: nothing written, line 3 named.
         let v = version(s);
@@ -464,7 +460,7 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
             small.to_str().unwrap(),
             "--replace",
         ]);
-        let all = json_lines(&ok(&["strategy", "list", "--store", s, "--json"]));
+        let all = rows("strategy", s);
         assert_eq!(all.len(), 1);
         assert_eq!(all[0]["name"], "only");
     }
@@ -498,7 +494,7 @@ fn blacklist_and_hosts() {
             "--value",
             "u666",
         ]);
-        let list = json_lines(&ok(&["blacklist", "list", "--store", s, "--json"]));
+        let list = rows("blacklist", s);
         assert_eq!(list.len(), 2);
         assert_eq!(list[0]["value"], "10.0.0.1");
         assert_eq!(list[0]["reason"], "scraper");
@@ -507,10 +503,7 @@ fn blacklist_and_hosts() {
         let v = version(s);
         ok(&["blacklist", "rm", "--store", s, id.trim()]);
         assert!(version(s) > v);
-        assert_eq!(
-            json_lines(&ok(&["blacklist", "list", "--store", s, "--json"])).len(),
-            1
-        );
+        assert_eq!(rows("blacklist", s).len(), 1);
 
         let v = version(s);
         ok(&["host", "set-weight", "--store", s, "edge-1", "3"]);
@@ -519,7 +512,7 @@ fn blacklist_and_hosts() {
             "a weight change re-splits rates: it bumps the version"
         );
         ok(&["host", "set-weight", "--store", s, "edge-1", "2"]);
-        let hosts = json_lines(&ok(&["host", "list", "--store", s, "--json"]));
+        let hosts = rows("host", s);
         assert_eq!(hosts.len(), 1);
         assert_eq!(hosts[0]["host_id"], "edge-1");
         assert_eq!(hosts[0]["weight"], 2);
@@ -645,7 +638,7 @@ fn dry_run_from_the_cli_keeps_the_action_it_ends_with() {
             ],
         );
         let row = |id: &str| -> Value {
-            json_lines(&ok(&["strategy", "list", "--store", s, "--json"]))
+            rows("strategy", s)
                 .into_iter()
                 .find(|r| r["id"].as_u64().map(|v| v.to_string()).as_deref() == Some(id))
                 .unwrap()
