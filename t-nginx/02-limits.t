@@ -31,15 +31,15 @@ for_each_target(sub {
         });
     publish($n->shm, <<'T');
 strategy id=1 algorithm=token_bucket rate=5 per=second burst=5 when api=/tb
-strategy id=2 algorithm=fixed_window rate=7 per=minute when api=/fw
-strategy id=3 algorithm=fixed_window rate=2 per=minute action=reject status=429 when api=/own
-strategy id=4 algorithm=fixed_window rate=2 per=minute when api=/loc429/x
-strategy id=5 algorithm=fixed_window rate=1 per=minute when ip=127.0.0.1 userid=u1024 api=/pay
-strategy id=6 algorithm=fixed_window rate=3 per=minute when api=/two
-strategy id=7 algorithm=fixed_window rate=10 per=minute when method=GET api=/two
-strategy id=8 algorithm=fixed_window rate=2 per=minute when api=/hdr/x
-strategy id=9 algorithm=fixed_window rate=3 per=minute when api=/named
-strategy id=10 algorithm=fixed_window rate=2 per=minute when userid=u-err
+strategy id=2 algorithm=fixed_window rate=7 per=day when api=/fw
+strategy id=3 algorithm=fixed_window rate=2 per=day action=reject status=429 when api=/own
+strategy id=4 algorithm=fixed_window rate=2 per=day when api=/loc429/x
+strategy id=5 algorithm=fixed_window rate=1 per=day when ip=127.0.0.1 userid=u1024 api=/pay
+strategy id=6 algorithm=fixed_window rate=3 per=day when api=/two
+strategy id=7 algorithm=fixed_window rate=10 per=day when method=GET api=/two
+strategy id=8 algorithm=fixed_window rate=2 per=day when api=/hdr/x
+strategy id=9 algorithm=fixed_window rate=3 per=day when api=/named
+strategy id=10 algorithm=fixed_window rate=2 per=day when userid=u-err
 T
     $n->start;
 
@@ -51,7 +51,7 @@ T
     is(RateCtlTest::count_of(503, @c), 20 - $ok, 'token bucket: the rest got 503');
 
     @c = $n->codes('/fw', 15);
-    is(RateCtlTest::count_of(200, @c), 7, 'fixed window 7/min: exactly 7 of 15 passed');
+    is(RateCtlTest::count_of(200, @c), 7, 'fixed window 7/day: exactly 7 of 15 passed');
     is(RateCtlTest::count_of(503, @c), 8, 'fixed window: 8 got 503');
 
     @c = $n->codes('/own', 4);
@@ -66,7 +66,7 @@ T
     is_deeply([$n->codes('/payx', 3, '-b uid=u1024')], [200, 200, 200], 'other api passes');
     is_deeply([$n->codes('/pay', 3)], [200, 200, 200], 'no cookie passes');
 
-    # Two strategies: the stricter (3/min) decides; the other does not count
+    # Two strategies: the stricter (3/day) decides; the other does not count
     # the requests it rejected.
     @c = $n->codes('/two', 6);
     is_deeply(\@c, [200, 200, 200, 503, 503, 503], 'two strategies: the stricter decides');

@@ -22,8 +22,8 @@ for_each_target(sub {
 blacklist ip ::1
 blacklist userid u666
 blacklist userid u777 ttl_ms=1000
-strategy id=1 algorithm=fixed_window rate=1 per=minute action=dry_run when api=/drystrategy
-strategy id=2 algorithm=fixed_window rate=1 per=minute when api=/dry/x
+strategy id=1 algorithm=fixed_window rate=1 per=day action=dry_run when api=/drystrategy
+strategy id=2 algorithm=fixed_window rate=1 per=day when api=/dry/x
 T
     $n->start;
 
@@ -42,8 +42,8 @@ T
     is($n->get($n->url6('/x'))->{code}, 200, 'IPv6 no longer blacklisted → 200');
 
     publish($n->shm, <<'T', 3);
-strategy id=1 algorithm=fixed_window rate=1 per=minute action=dry_run when api=/drystrategy
-strategy id=2 algorithm=fixed_window rate=1 per=minute when api=/dry/x
+strategy id=1 algorithm=fixed_window rate=1 per=day action=dry_run when api=/drystrategy
+strategy id=2 algorithm=fixed_window rate=1 per=day when api=/dry/x
 T
     sleep 0.2;
     is_deeply([$n->codes('/drystrategy', 4)], [(200) x 4], 'dry-run strategy: all 200');

@@ -19,7 +19,7 @@ for_each_target(sub {
     ok(@lines >= 1 && @lines <= 2, scalar(@lines) . ' error line(s) for 20 requests over 2 workers');
 
     # The file appears: enforcement starts by itself (rechecked once a second).
-    publish($n->shm, "strategy id=1 algorithm=fixed_window rate=1 per=minute when api=/a\n", 1);
+    publish($n->shm, "strategy id=1 algorithm=fixed_window rate=1 per=day when api=/a\n", 1);
     my $t0 = time;
     my $on;
     while (time - $t0 < 4) {
@@ -38,7 +38,7 @@ for_each_target(sub {
 
     # File removed and recreated by the agent: new file picked up.
     unlink $n->shm;
-    publish($n->shm, "strategy id=7 algorithm=fixed_window rate=2 per=minute when api=/new\n", 9);
+    publish($n->shm, "strategy id=7 algorithm=fixed_window rate=2 per=day when api=/new\n", 9);
     $t0 = time;
     my $again;
     while (time - $t0 < 4) {

@@ -16,7 +16,7 @@ for_each_target(sub {
             location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
         });
     publish($n->shm, <<'T', 42);
-strategy id=11 algorithm=fixed_window rate=4 per=minute when api=/s1
+strategy id=11 algorithm=fixed_window rate=4 per=day when api=/s1
 strategy id=12 algorithm=token_bucket rate=100 per=second burst=100 when api=/s2
 T
     $n->start;
