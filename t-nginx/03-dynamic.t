@@ -18,7 +18,7 @@ for_each_target(sub {
             location / { empty_gif; }
         });
 
-    publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=day when api=/a\n", 1);
+    publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=minute when api=/a\n", 1);
     $n->start;
     # Each worker maps the file and compiles the table as it starts, before
     # any request (so no request waits for a build).
@@ -35,8 +35,8 @@ for_each_target(sub {
 
     # Tighten while nginx runs; no reload.
     my $t0 = time;
-    publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=day when api=/a\n"
-        . "strategy id=2 algorithm=fixed_window rate=1 per=day when api=/b\n", 2);
+    publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=minute when api=/a\n"
+        . "strategy id=2 algorithm=fixed_window rate=1 per=minute when api=/b\n", 2);
     my $applied;
     while (time - $t0 < 3) {
         my @c = $n->codes('/b', 2);
@@ -46,9 +46,7 @@ for_each_target(sub {
     ok(defined $applied && $applied <= 1.0, sprintf('new strategy enforced %.3f s after publish, no reload', $applied // -1));
 
     # Both workers share one counter: 40 requests on fresh connections,
-    # fixed window 20/day, exactly 20 pass whichever worker answers (a day-long
-    # window: a minute-long one flaked when the 40 requests straddled a
-    # window boundary, 20 + 15 passed).
+    # fixed window 20/day, exactly 20 pass whichever worker answers.
     publish($n->shm, "strategy id=3 algorithm=fixed_window rate=20 per=day when api=/shared\n", 3);
     sleep 0.3;
     my (%pids, $ok);
@@ -60,9 +58,10 @@ for_each_target(sub {
     is($ok, 20, 'two workers: exactly 20 of 40 passed in total');
     is(scalar(keys %pids), 2, 'both workers answered: ' . join(',', sort keys %pids));
 
-    # Reload keeps counters: the per-day window is not reset.
-    publish($n->shm, "strategy id=4 algorithm=fixed_window rate=5 per=day when api=/reload\n", 4);
+    # Reload keeps counters: the per-minute window is not reset.
+    publish($n->shm, "strategy id=4 algorithm=fixed_window rate=5 per=minute when api=/reload\n", 4);
     sleep 0.3;
+    window_ahead(60, 10);    # the 3 requests, the reload and 4 more in one minute window
     is_deeply([$n->codes('/reload', 3)], [200, 200, 200], '3 of 5 used before reload');
     $n->reload;
     is_deeply([$n->codes('/reload', 4)], [200, 200, 503, 503], 'after nginx -s reload only 2 remain');

@@ -16,11 +16,11 @@ use Cwd qw(abs_path);
 use File::Basename qw(dirname);
 use File::Temp qw(tempdir);
 use IO::Socket::IP;
-use POSIX qw(:sys_wait_h);
-use Time::HiRes qw(sleep time);
+use POSIX qw(:sys_wait_h fmod);
+use Time::HiRes qw(sleep time clock_gettime CLOCK_MONOTONIC);
 use Test::More;
 
-our @EXPORT = qw(targets for_each_target root tool publish curl_codes);
+our @EXPORT = qw(targets for_each_target root tool publish curl_codes window_ahead);
 
 my $ROOT = abs_path(dirname(__FILE__) . '/../..');
 sub root { $ROOT }
@@ -262,6 +262,20 @@ sub codes {
     my $urls = join ' ', map {"-o /dev/null '$url'"} 1 .. $n;
     my $out = `curl -s -m 30 -w '%{http_code}\\n' @args $urls`;
     return split /\n/, $out;
+}
+
+# window_ahead($period_s, $need_s): returns once at least $need_s seconds
+# are left in the current fixed window of $period_s seconds, sleeping into
+# the next window if fewer are. Windows are multiples of the period on
+# nginx's clock (ngx_current_msec, CLOCK_MONOTONIC in both builds), so an
+# exact count is not split by a window boundary in the middle of a burst.
+# Returns the seconds slept.
+sub window_ahead {
+    my ($period, $need) = @_;
+    my $left = $period - fmod(clock_gettime(CLOCK_MONOTONIC), $period);
+    return 0 if $left >= $need;
+    sleep($left + 0.05);
+    return $left + 0.05;
 }
 
 sub count_of {
