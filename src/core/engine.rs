@@ -91,8 +91,18 @@ impl Engine {
     }
 
     /// Call once per request with a monotonic time in nanoseconds.
+    /// Whether [`refresh`](Self::refresh) would do nothing at `now_ns`:
+    /// one compare and, with a file mapped, one acquire load of the publish
+    /// sequence (the per-request cost).
     #[inline]
+    pub fn is_current(&self, now_ns: u64) -> bool {
+        now_ns < self.next_check_ns && self.map.as_ref().is_none_or(|m| m.seq() == self.seen_seq)
+    }
+
     pub fn refresh(&mut self, now_ns: u64) -> Option<StateChange> {
+        if self.is_current(now_ns) {
+            return None;
+        }
         let mut change = None;
         if now_ns >= self.next_check_ns {
             self.next_check_ns = now_ns.saturating_add(RECHECK_NS);

@@ -68,6 +68,13 @@ impl Matches {
     }
 
     #[inline]
+    fn extend(&mut self, sis: &[u32]) {
+        for &si in sis {
+            self.push(si);
+        }
+    }
+
+    #[inline]
     fn as_slice(&self) -> &[u32] {
         if self.n <= SCRATCH {
             &self.fixed[..self.n]
@@ -118,11 +125,40 @@ struct DimIndex {
     ips: FxHashMap<u128, (u32, u32, u32)>,
 }
 
+/// A request's value of each of [`Table::dimensions`], by index, read only
+/// for the dimensions the table looks up (a slice in tests and tools; the
+/// nginx module reads each one from the request when asked, so a request
+/// never collects values no strategy names). An empty value is absent.
+pub trait Values {
+    fn value(&self, dim: usize) -> Option<&[u8]>;
+}
+
+impl Values for [Option<&[u8]>] {
+    #[inline]
+    fn value(&self, dim: usize) -> Option<&[u8]> {
+        self.get(dim).copied().flatten()
+    }
+}
+
+impl<const N: usize> Values for [Option<&[u8]>; N] {
+    #[inline]
+    fn value(&self, dim: usize) -> Option<&[u8]> {
+        self[..].value(dim)
+    }
+}
+
+impl Values for Vec<Option<&[u8]>> {
+    #[inline]
+    fn value(&self, dim: usize) -> Option<&[u8]> {
+        self[..].value(dim)
+    }
+}
+
 /// What a request carries: its values for [`Table::dimensions`], by index,
 /// and its client address (matched for `ip` and looked up in the
 /// blacklist; without one, an `ip` text value is parsed).
-pub struct Request<'r> {
-    pub values: &'r [Option<&'r [u8]>],
+pub struct Request<'r, V: Values + ?Sized = [Option<&'r [u8]>]> {
+    pub values: &'r V,
     pub ip: Option<IpKey>,
     pub now_ns: u64,
     pub now_unix_ms: u64,
@@ -173,6 +209,9 @@ pub struct Table {
     /// The `ip` dimension, matched on the binary address (no text form).
     ip_dim: Option<usize>,
     ip_index: FxHashMap<u128, (u32, u32, u32)>,
+    /// The other dimensions some strategy names a value of: the only ones
+    /// a request is asked for (by index).
+    lookups: Box<[usize]>,
     anchored: Vec<u32>,
     unconditioned: Vec<u32>,
     strategies: Vec<Compiled>,
@@ -307,6 +346,9 @@ impl Table {
         let ip_index = ip_dim
             .map(|d| std::mem::take(&mut index[d].ips))
             .unwrap_or_default();
+        let lookups = (0..dims.len())
+            .filter(|&d| Some(d) != ip_dim && !index[d].values.is_empty())
+            .collect();
         Table {
             map,
             publish_seq: decoded.publish_seq,
@@ -316,6 +358,7 @@ impl Table {
             index,
             ip_dim,
             ip_index,
+            lookups,
             anchored,
             unconditioned,
             strategies,
@@ -357,69 +400,69 @@ impl Table {
 
     /// Indexes of the strategies matching `values`, ascending (= by id).
     /// The `ip` dimension's value, if given, is parsed as an address.
-    pub fn matching(&self, values: &[Option<&[u8]>]) -> Vec<u32> {
+    pub fn matching<V: Values + ?Sized>(&self, values: &V) -> Vec<u32> {
         let mut out = Matches::new();
         self.match_request(values, None, &mut out);
         out.as_slice().to_vec()
     }
 
-    /// The `ip` dimension's text value parsed as an address (callers that
-    /// give values as text, e.g. tests; nginx gives the binary address).
-    fn ip_from_text(&self, values: &[Option<&[u8]>]) -> Option<IpKey> {
-        let v = values.get(self.ip_dim?).copied().flatten()?;
-        IpKey::parse(v)
-    }
-
     /// [`matching`](Self::matching) with the `ip` dimension taken from the
-    /// client address when there is one (else from its text value).
-    fn match_request(&self, values: &[Option<&[u8]>], ip: Option<IpKey>, out: &mut Matches) {
-        let ip = ip.or_else(|| self.ip_from_text(values));
-        let n = self.dims.len().min(values.len());
+    /// client address when there is one (else parsed from its text value:
+    /// callers that give values as text, e.g. tests; nginx gives the binary
+    /// address).
+    #[inline]
+    fn match_request<V: Values + ?Sized>(&self, values: &V, ip: Option<IpKey>, out: &mut Matches) {
+        let ip = match (ip, self.ip_dim) {
+            (Some(ip), _) => Some(ip),
+            (None, Some(d)) => values.value(d).and_then(IpKey::parse),
+            (None, None) => None,
+        };
+        let n = self.dims.len();
         if n <= SCRATCH {
             // The common case: scratch space on the stack, nothing allocated.
             let mut req = [NONE; SCRATCH];
             let mut spans = [(0u32, 0u32); SCRATCH];
-            self.match_into(&values[..n], ip, &mut req[..n], &mut spans[..n], out);
+            self.match_into(values, ip, &mut req, &mut spans, out);
         } else {
             let mut req = vec![NONE; n];
             let mut spans = vec![(0u32, 0u32); n];
-            self.match_into(&values[..n], ip, &mut req, &mut spans, out);
+            self.match_into(values, ip, &mut req, &mut spans, out);
         }
     }
 
     /// `req[d]`: interned id of the request's value of dimension `d` (NONE:
-    /// absent or named by no strategy); `spans`: anchored lists to check.
-    fn match_into(
+    /// absent or named by no strategy); `spans`: anchored lists to check (at
+    /// most one per dimension).
+    #[inline]
+    fn match_into<V: Values + ?Sized>(
         &self,
-        values: &[Option<&[u8]>],
+        values: &V,
         ip: Option<IpKey>,
         req: &mut [u32],
         spans: &mut [(u32, u32)],
         out: &mut Matches,
     ) {
-        for &si in self.unconditioned.iter() {
-            out.push(si);
-        }
+        out.extend(&self.unconditioned);
         let mut ns = 0;
-        let mut found = |d: usize, entry: Option<&(u32, u32, u32)>| {
-            if let Some(&(id, start, len)) = entry {
-                req[d] = id;
-                if len > 0 {
-                    spans[ns] = (start, len);
-                    ns += 1;
-                }
+        let mut found = |d: usize, &(id, start, len): &(u32, u32, u32)| {
+            req[d] = id;
+            if len > 0 {
+                spans[ns] = (start, len);
+                ns += 1;
             }
         };
-        let ip_dim = self.ip_dim.unwrap_or(usize::MAX);
-        if let (Some(ip), true) = (ip, ip_dim < values.len()) {
-            found(ip_dim, self.ip_index.get(&ip.0));
+        if let (Some(ip), Some(d)) = (ip, self.ip_dim) {
+            if let Some(e) = self.ip_index.get(&ip.0) {
+                found(d, e);
+            }
         }
-        for (d, v) in values.iter().enumerate() {
-            let Some(v) = v.filter(|v| !v.is_empty()) else {
-                continue;
-            };
-            if d != ip_dim {
-                found(d, self.index[d].values.get(v));
+        for &d in self.lookups.iter() {
+            if let Some(e) = values
+                .value(d)
+                .filter(|v| !v.is_empty())
+                .and_then(|v| self.index[d].values.get(v))
+            {
+                found(d, e);
             }
         }
         let sources = ns + usize::from(out.len() > 0);
@@ -438,50 +481,32 @@ impl Table {
     }
 
     /// Blacklist, match and admit one request.
-    pub fn decide(&self, r: &Request<'_>) -> TableDecision {
+    pub fn decide<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> TableDecision {
         let mut held = SmallVec::new();
+        let outcome = self.decide_into(r, &mut held);
+        TableDecision { outcome, held }
+    }
+
+    /// [`decide`](Self::decide), adding the concurrency strategies the
+    /// request holds to `held` (the request path keeps that list only when
+    /// it is not empty).
+    #[inline]
+    pub fn decide_into<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+        held: &mut SmallVec<[u32; 2]>,
+    ) -> Outcome {
         // An empty blacklist costs nothing per request.
-        let bl = (self.bl_ip || !self.bl_dims.is_empty())
-            .then(|| self.blacklist())
-            .flatten();
-        if let Some(bl) = bl {
-            if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
-                if bl.contains_ip(ip.addr(), r.now_unix_ms) {
-                    return TableDecision {
-                        outcome: Outcome::Blacklisted {
-                            dimension_index: None,
-                        },
-                        held,
-                    };
-                }
-            }
-            for &(d, hash) in &self.bl_dims {
-                if let Some(Some(v)) = r.values.get(d) {
-                    if !v.is_empty() && bl.contains_hashed(hash, v, r.now_unix_ms) {
-                        return TableDecision {
-                            outcome: Outcome::Blacklisted {
-                                dimension_index: Some(d),
-                            },
-                            held,
-                        };
-                    }
-                }
+        if self.bl_ip || !self.bl_dims.is_empty() {
+            if let Some(o) = self.blacklisted(r) {
+                return o;
             }
         }
         let mut matched = Matches::new();
         self.match_request(r.values, r.ip, &mut matched);
         let matched = matched.as_slice();
-        if matched.is_empty() {
-            return TableDecision {
-                outcome: Outcome::NoMatch,
-                held,
-            };
-        }
-        let Some(map) = &self.map else {
-            return TableDecision {
-                outcome: Outcome::NoMatch,
-                held,
-            };
+        let (Some(map), false) = (&self.map, matched.is_empty()) else {
+            return Outcome::NoMatch;
         };
         let slots = map.slots();
         // After a pass or a delay every concurrency hit holds one unit (a
@@ -499,10 +524,7 @@ impl Table {
             if hits.iter().any(|h| holds(h, &decision)) {
                 held.push(si);
             }
-            return TableDecision {
-                outcome: Outcome::Limited(decision),
-                held,
-            };
+            return Outcome::Limited(decision);
         }
         let mut hits: SmallVec<[Hit<'_>; 8]> = SmallVec::new();
         let mut hit_index: SmallVec<[u32; 8]> = SmallVec::new();
@@ -518,10 +540,31 @@ impl Table {
                 held.push(si);
             }
         }
-        TableDecision {
-            outcome: Outcome::Limited(decision),
-            held,
+        Outcome::Limited(decision)
+    }
+
+    /// The blacklist's verdict on the request, if it holds the client
+    /// address or one of its values.
+    #[cold]
+    fn blacklisted<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> Option<Outcome> {
+        let bl = self.blacklist()?;
+        if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
+            if bl.contains_ip(ip.addr(), r.now_unix_ms) {
+                return Some(Outcome::Blacklisted {
+                    dimension_index: None,
+                });
+            }
         }
+        for &(d, hash) in &self.bl_dims {
+            if let Some(v) = r.values.value(d).filter(|v| !v.is_empty()) {
+                if bl.contains_hashed(hash, v, r.now_unix_ms) {
+                    return Some(Outcome::Blacklisted {
+                        dimension_index: Some(d),
+                    });
+                }
+            }
+        }
+        None
     }
 
     /// Releases the concurrency slots a finished request held

@@ -27,7 +27,7 @@ use super::worker::{with_worker, Event, EventLog, Source, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
 use crate::core::limiter::Quota;
-use crate::core::table::{IpKey, Outcome, Request as TableRequest, Table};
+use crate::core::table::{IpKey, Outcome, Request as TableRequest, Table, Values};
 
 /// `$rate_ctl_status` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,8 +238,6 @@ fn str_bytes<'a>(s: &ngx::ffi::ngx_str_t) -> Option<&'a [u8]> {
     }
 }
 
-const MAX_STACK_DIMS: usize = 16;
-
 /// The PREACCESS phase handler.
 pub extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls phase handlers with a valid request.
@@ -271,13 +269,44 @@ fn handle(r: &mut Request) -> Status {
         if w.log.due(now_ms) {
             w.log.flush(log, now_ms);
         }
-        w.refresh(now_ns, log);
-        w.resolve_sources(mc);
+        w.refresh(mc, now_ns, log);
         let d = decide(w, mc, r, now_ns, now_ms, lc);
         act(r, lc, &mut w.log, d, now_ms)
     })
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
+}
+
+/// The request's dimension values, read from it only for the dimensions
+/// the table looks up.
+struct RequestValues<'a> {
+    r: &'a Request,
+    mc: &'a MainConf,
+    sources: &'a [Source],
+}
+
+impl Values for RequestValues<'_> {
+    #[inline]
+    fn value(&self, dim: usize) -> Option<&[u8]> {
+        let rr: &ngx_http_request_t = self.r.as_ref();
+        match *self.sources.get(dim)? {
+            Source::Ip | Source::Unbound => None,
+            Source::Api => str_bytes(&rr.uri),
+            Source::Method => str_bytes(&rr.method_name),
+            Source::Host => str_bytes(&rr.headers_in.server).or_else(|| {
+                NgxHttpCoreModule::server_conf(self.r).and_then(|cscf| str_bytes(&cscf.server_name))
+            }),
+            Source::Custom(i) => self
+                .mc
+                .dimensions
+                .get(i)
+                // SAFETY: the complex value was compiled at configuration
+                // time from the configuration pool, which outlives requests.
+                .and_then(|d| self.r.get_complex_value(unsafe { &*d.value }))
+                .map(|s| s.as_bytes())
+                .filter(|b| !b.is_empty()),
+        }
+    }
 }
 
 fn decide(
@@ -291,46 +320,25 @@ fn decide(
     let Some(table) = w.engine.table() else {
         return Decided::NO_TABLE;
     };
-    let rr: &ngx_http_request_t = r.as_ref();
-    // The table matches `ip` (and the blacklist checks it) on the binary
-    // address: no text form.
-    let ip = client_ip(rr);
-    let n = w.sources.len();
-    let mut stack: [Option<&[u8]>; MAX_STACK_DIMS] = [None; MAX_STACK_DIMS];
-    let mut heap: Vec<Option<&[u8]>>;
-    let values: &mut [Option<&[u8]>] = if n <= MAX_STACK_DIMS {
-        &mut stack[..n]
-    } else {
-        heap = vec![None; n];
-        &mut heap[..]
-    };
-    for (v, src) in values.iter_mut().zip(&w.sources) {
-        *v = match *src {
-            Source::Ip | Source::Unbound => None,
-            Source::Api => str_bytes(&rr.uri),
-            Source::Method => str_bytes(&rr.method_name),
-            Source::Host => str_bytes(&rr.headers_in.server).or_else(|| {
-                NgxHttpCoreModule::server_conf(r).and_then(|cscf| str_bytes(&cscf.server_name))
-            }),
-            Source::Custom(i) => mc
-                .dimensions
-                .get(i)
-                // SAFETY: the complex value was compiled at configuration
-                // time from the configuration pool, which outlives requests.
-                .and_then(|d| r.get_complex_value(unsafe { &*d.value }))
-                .map(|s| s.as_bytes())
-                .filter(|b| !b.is_empty()),
-        };
-    }
-    let d = table.decide(&TableRequest {
-        values,
-        ip,
-        now_ns,
-        now_unix_ms: now_ms,
-        dry_run: lc.dry_run(),
-        quota: lc.headers(),
-    });
-    let (verdict, quota) = match d.outcome {
+    let mut held = SmallVec::new();
+    let outcome = table.decide_into(
+        &TableRequest {
+            values: &RequestValues {
+                r,
+                mc,
+                sources: &w.sources,
+            },
+            // The table matches `ip` (and the blacklist checks it) on the
+            // binary address: no text form.
+            ip: client_ip(r.as_ref()),
+            now_ns,
+            now_unix_ms: now_ms,
+            dry_run: lc.dry_run(),
+            quota: lc.headers(),
+        },
+        &mut held,
+    );
+    let (verdict, quota) = match outcome {
         Outcome::NoMatch => (Verdict::NoMatch, None),
         Outcome::Blacklisted { .. } => (Verdict::Blacklisted, None),
         Outcome::Limited(dec) => {
@@ -344,9 +352,9 @@ fn decide(
             (v, dec.tightest)
         }
     };
-    let hold = (!d.held.is_empty()).then(|| Hold {
+    let hold = (!held.is_empty()).then(|| Hold {
         table: table.clone(),
-        held: d.held,
+        held,
     });
     Decided {
         verdict,

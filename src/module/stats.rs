@@ -200,7 +200,7 @@ fn serve(r: &mut Request) -> Status {
     let now_ms = super::handler::unix_ms();
     let log = r.log();
     let Some(stats) = with_worker(mc, |w| {
-        w.refresh(now_ns, log);
+        w.refresh(mc, now_ns, log);
         snapshot(&w.engine)
     }) else {
         return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);

@@ -2,10 +2,10 @@
 //! the current table version, and the aggregated rejection log.
 //!
 //! nginx runs every HTTP handler of a worker on one thread, so the state is
-//! a thread-local `RefCell`: no lock, and a re-entrant use (which nginx does
-//! not do) would be refused by `try_borrow_mut` rather than aliased.
+//! one static cell: no lock, and a re-entrant use (which nginx does not do)
+//! is refused rather than aliased.
 
-use std::cell::RefCell;
+use std::cell::{Cell, UnsafeCell};
 use std::path::PathBuf;
 
 use ngx::ffi::ngx_log_t;
@@ -138,9 +138,17 @@ impl Worker {
         }
     }
 
-    /// Picks up a new table and logs a state change once.
+    /// Picks up a new table (and maps its dimensions to request sources),
+    /// logging a state change once. Per request: the engine's version check.
     #[inline]
-    pub fn refresh(&mut self, now_ns: u64, log: *mut ngx_log_t) {
+    pub fn refresh(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
+        if !self.engine.is_current(now_ns) {
+            self.refresh_slow(mc, now_ns, log);
+        }
+    }
+
+    #[cold]
+    fn refresh_slow(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
         if let Some(change) = self.engine.refresh(now_ns) {
             let level = match change.level {
                 engine::LogLevel::Error => LogLevel::Error,
@@ -148,17 +156,17 @@ impl Worker {
             };
             ngx_log_error!(level.ngx_level(), log, "{}", change.message);
         }
+        if self.engine.table().map(|t| t.version()) != self.sources_version {
+            self.resolve_sources(mc);
+        }
     }
 
     /// Maps the table's dimensions to request sources, once per table version.
-    #[inline]
-    pub fn resolve_sources(&mut self, mc: &MainConf) {
+    fn resolve_sources(&mut self, mc: &MainConf) {
         let Some(table) = self.engine.table() else {
+            self.sources_version = None;
             return;
         };
-        if self.sources_version == Some(table.version()) {
-            return;
-        }
         self.sources = table
             .dimensions()
             .iter()
@@ -182,22 +190,40 @@ pub fn source_for(name: &str, mc: &MainConf) -> Source {
 /// Worker start: load the table now (and log its state once).
 pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
     let now_ns = super::handler::monotonic_ns();
-    with_worker(mc, |w| {
-        w.refresh(now_ns, log);
-        w.resolve_sources(mc);
-    });
+    with_worker(mc, |w| w.refresh(mc, now_ns, log));
 }
 
-thread_local! {
-    static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+/// The worker's state. nginx runs a worker's HTTP handlers, init_process
+/// and timers on its one event-loop thread, and only from there is this
+/// reached (the module registers nothing that other threads run): a plain
+/// static, without the thread-local lookup a shared library pays on every
+/// access. `busy` refuses a re-entrant use instead of aliasing.
+struct WorkerCell {
+    busy: Cell<bool>,
+    worker: UnsafeCell<Option<Worker>>,
 }
+
+// SAFETY: only nginx's worker thread touches the cell (see above), so it
+// is never accessed from two threads.
+unsafe impl Sync for WorkerCell {}
+
+static WORKER: WorkerCell = WorkerCell {
+    busy: Cell::new(false),
+    worker: UnsafeCell::new(None),
+};
 
 /// Runs `f` with this worker's state, creating it on first use from the
-/// `rate_ctl_shm` path. `None` if the state is already borrowed.
+/// `rate_ctl_shm` path. `None` if the state is already in use.
+#[inline]
 pub fn with_worker<R>(mc: &MainConf, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
-    WORKER.with(|w| {
-        let mut w = w.try_borrow_mut().ok()?;
-        let w = w.get_or_insert_with(|| Worker::new(PathBuf::from(mc.shm_path())));
-        Some(f(w))
-    })
+    if WORKER.busy.replace(true) {
+        return None;
+    }
+    // SAFETY: one thread (see WorkerCell) and `busy` was false: no other
+    // reference to the worker exists until `busy` is cleared below.
+    let w = unsafe { &mut *WORKER.worker.get() };
+    let w = w.get_or_insert_with(|| Worker::new(PathBuf::from(mc.shm_path())));
+    let r = f(w);
+    WORKER.busy.set(false);
+    Some(r)
 }
