@@ -385,6 +385,7 @@ impl Mapping {
             .expect("validated")
     }
 
+    #[inline]
     pub fn slots(&self) -> Region<'_> {
         let g = &self.geometry;
         self.region()
