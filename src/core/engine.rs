@@ -90,7 +90,6 @@ impl Engine {
         self.map.as_ref()
     }
 
-    /// Call once per request with a monotonic time in nanoseconds.
     /// Whether [`refresh`](Self::refresh) would do nothing at `now_ns`:
     /// one compare and, with a file mapped, one acquire load of the publish
     /// sequence (the per-request cost).
@@ -99,6 +98,9 @@ impl Engine {
         now_ns < self.next_check_ns && self.map.as_ref().is_none_or(|m| m.seq() == self.seen_seq)
     }
 
+    /// Call once per request with a monotonic time in nanoseconds (or
+    /// after [`is_current`](Self::is_current) said no): rechecks the file
+    /// once a second and reloads a newly published table.
     pub fn refresh(&mut self, now_ns: u64) -> Option<StateChange> {
         if self.is_current(now_ns) {
             return None;
