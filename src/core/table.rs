@@ -121,8 +121,6 @@ impl Compiled {
 #[derive(Default)]
 struct DimIndex {
     values: FxHashMap<Box<[u8]>, (u32, u32, u32)>, // value → (value id, anchored start, anchored len)
-    /// The `ip` dimension's values, by address.
-    ips: FxHashMap<u128, (u32, u32, u32)>,
 }
 
 /// A request's value of each of [`Table::dimensions`], by index, read only
@@ -242,6 +240,8 @@ impl Table {
         // Per dimension: value → (interned id, anchored start, anchored len).
         let mut index: Vec<DimIndex> = Vec::new();
         let mut counts: Vec<u32> = Vec::new(); // strategies per value id
+                                               // The `ip` dimension's values, by address (see `ip_index`).
+        let mut ip_index: FxHashMap<u128, (u32, u32, u32)> = FxHashMap::default();
         let mut published = decoded.strategies;
         published.sort_by_key(|p| p.strategy.id);
         published.dedup_by_key(|p| p.strategy.id);
@@ -267,7 +267,7 @@ impl Table {
                     None
                 };
                 let id = match ip {
-                    Some(ip) => index[d].ips.entry(ip.0).or_insert((next, 0, 0)).0,
+                    Some(ip) => ip_index.entry(ip.0).or_insert((next, 0, 0)).0,
                     None => match index[d].values.get(&c.value[..]) {
                         Some(&(id, _, _)) => id,
                         None => {
@@ -336,16 +336,12 @@ impl Table {
                 }
             }
         }
-        for d in &mut index {
-            for (id, start, len) in d.values.values_mut().chain(d.ips.values_mut()) {
-                *start = starts[*id as usize];
-                *len = starts[*id as usize + 1] - *start;
-            }
+        let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
+        for (id, start, len) in entries.chain(ip_index.values_mut()) {
+            *start = starts[*id as usize];
+            *len = starts[*id as usize + 1] - *start;
         }
         let ip_dim = dims.iter().position(|d| d == "ip");
-        let ip_index = ip_dim
-            .map(|d| std::mem::take(&mut index[d].ips))
-            .unwrap_or_default();
         let lookups = (0..dims.len())
             .filter(|&d| Some(d) != ip_dim && !index[d].values.is_empty())
             .collect();
