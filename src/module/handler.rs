@@ -66,42 +66,6 @@ impl Hold {
     }
 }
 
-/// What the handler does with a request, from the core's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    /// No usable table: fail open.
-    NoTable,
-    /// No strategy matched.
-    NoMatch,
-    /// The matched strategies' admission: pass (`id` = the strategy
-    /// reported for it), delay or reject.
-    Limited {
-        admission: Admission,
-        id: Option<u32>,
-    },
-    Blacklisted,
-    /// A dry-run strategy (or the location's dry run) would have refused it.
-    DryRunRejected {
-        id: u32,
-    },
-}
-
-/// One request's decision: the verdict, the tightest quota (only computed
-/// when `rate_ctl_headers` is on) and what it holds.
-struct Decided {
-    verdict: Verdict,
-    quota: Option<(u32, Quota)>,
-    hold: Option<Hold>,
-}
-
-impl Decided {
-    const NO_TABLE: Decided = Decided {
-        verdict: Verdict::NoTable,
-        quota: None,
-        hold: None,
-    };
-}
-
 /// Per-request state, stored in a cleanup of the request pool (one
 /// allocation), so it survives internal redirects and is dropped (and its
 /// concurrency slots released) however the request ends.
@@ -270,8 +234,8 @@ fn handle(r: &mut Request) -> Status {
             w.log.flush(log, now_ms);
         }
         w.refresh(mc, now_ns, log);
-        let d = decide(w, mc, r, now_ns, now_ms, lc);
-        act(r, lc, &mut w.log, d, now_ms)
+        let (outcome, hold) = decide(w, mc, r, now_ns, now_ms, lc);
+        act(r, lc, &mut w.log, outcome, hold, now_ms)
     })
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
@@ -309,6 +273,8 @@ impl Values for RequestValues<'_> {
     }
 }
 
+/// Blacklist, match and admit with the worker's current table: `None`
+/// without a usable table (fail open), and the concurrency units held.
 fn decide(
     w: &Worker,
     mc: &MainConf,
@@ -316,9 +282,9 @@ fn decide(
     now_ns: u64,
     now_ms: u64,
     lc: &LocConf,
-) -> Decided {
+) -> (Option<Outcome>, Option<Hold>) {
     let Some(table) = w.engine.table() else {
-        return Decided::NO_TABLE;
+        return (None, None);
     };
     let mut held = SmallVec::new();
     let outcome = table.decide_into(
@@ -338,83 +304,72 @@ fn decide(
         },
         &mut held,
     );
-    let (verdict, quota) = match outcome {
-        Outcome::NoMatch => (Verdict::NoMatch, None),
-        Outcome::Blacklisted { .. } => (Verdict::Blacklisted, None),
-        Outcome::Limited(dec) => {
-            let v = match (dec.verdict, dec.dry_run_rejected) {
-                (Admission::Pass, Some(id)) => Verdict::DryRunRejected { id },
-                (admission, _) => Verdict::Limited {
-                    admission,
-                    id: dec.passed_by,
-                },
-            };
-            (v, dec.tightest)
-        }
-    };
     let hold = (!held.is_empty()).then(|| Hold {
         table: table.clone(),
         held,
     });
-    Decided {
-        verdict,
-        quota,
-        hold,
-    }
+    (Some(outcome), hold)
 }
 
-fn act(r: &mut Request, lc: &LocConf, events: &mut EventLog, d: Decided, now_ms: u64) -> Status {
-    let Decided {
-        verdict,
-        quota,
-        hold,
-    } = d;
-    let (status, strategy) = match verdict {
-        Verdict::NoTable => (ReqStatus::FailOpen, 0),
-        Verdict::NoMatch => (ReqStatus::Passed, 0),
-        Verdict::Limited { admission, id } => match admission {
-            Admission::Pass => (ReqStatus::Passed, id.unwrap_or(0)),
-            Admission::Delay { id, .. } => (ReqStatus::Delayed, id),
-            Admission::Reject { id, .. } => (ReqStatus::Rejected, id),
-        },
-        // A dry-run location only reports what it would have refused.
-        Verdict::Blacklisted if lc.dry_run() => (ReqStatus::DryRunRejected, 0),
-        Verdict::Blacklisted => (ReqStatus::Blacklisted, 0),
-        Verdict::DryRunRejected { id } => (ReqStatus::DryRunRejected, id),
+/// Records the decision in the request context and answers: pass on,
+/// delay, or refuse.
+fn act(
+    r: &mut Request,
+    lc: &LocConf,
+    events: &mut EventLog,
+    outcome: Option<Outcome>,
+    hold: Option<Hold>,
+    now_ms: u64,
+) -> Status {
+    let error = Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+    let d = match outcome {
+        Some(Outcome::Limited(d)) => d,
+        other => {
+            let (status, answer, blacklisted) = match other {
+                // A dry-run location only reports what it would have refused.
+                Some(Outcome::Blacklisted { .. }) if lc.dry_run() => {
+                    (ReqStatus::DryRunRejected, Status::NGX_DECLINED, true)
+                }
+                Some(Outcome::Blacklisted { .. }) => {
+                    let answer = Status(lc.blacklist_status() as ngx_int_t);
+                    (ReqStatus::Blacklisted, answer, true)
+                }
+                None => (ReqStatus::FailOpen, Status::NGX_DECLINED, false),
+                _ => (ReqStatus::Passed, Status::NGX_DECLINED, false),
+            };
+            if !new_ctx(r, status, 0, hold) {
+                return error;
+            }
+            if blacklisted {
+                log_event(r, events, 0, Event::Blacklisted, lc.log_level(), now_ms);
+            }
+            return answer;
+        }
+    };
+    let (status, strategy) = match (d.verdict, d.dry_run_rejected) {
+        (Admission::Pass, Some(id)) => (ReqStatus::DryRunRejected, id),
+        (Admission::Pass, None) => (ReqStatus::Passed, d.passed_by.unwrap_or(0)),
+        (Admission::Delay { id, .. }, _) => (ReqStatus::Delayed, id),
+        (Admission::Reject { id, .. }, _) => (ReqStatus::Rejected, id),
     };
     if !new_ctx(r, status, strategy, hold) {
-        return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+        return error;
     }
-    if let Some((_, q)) = quota {
+    // Computed only when `rate_ctl_headers` is on.
+    if let Some((_, q)) = d.tightest {
         add_quota_headers(r, &q);
     }
-    match verdict {
-        Verdict::NoTable
-        | Verdict::NoMatch
-        | Verdict::Limited {
-            admission: Admission::Pass,
-            ..
-        } => Status::NGX_DECLINED,
-        Verdict::DryRunRejected { id } => {
-            log_event(r, events, id, Event::DryRunRejected, lc.log_level(), now_ms);
+    match d.verdict {
+        Admission::Pass => {
+            if let Some(id) = d.dry_run_rejected {
+                log_event(r, events, id, Event::DryRunRejected, lc.log_level(), now_ms);
+            }
             Status::NGX_DECLINED
         }
-        Verdict::Blacklisted => {
-            log_event(r, events, 0, Event::Blacklisted, lc.log_level(), now_ms);
-            if lc.dry_run() {
-                Status::NGX_DECLINED
-            } else {
-                Status(lc.blacklist_status() as ngx_int_t)
-            }
-        }
-        Verdict::Limited {
-            admission:
-                Admission::Reject {
-                    id,
-                    status,
-                    retry_after_ns,
-                },
-            ..
+        Admission::Reject {
+            id,
+            status,
+            retry_after_ns,
         } => {
             log_event(r, events, id, Event::Rejected, lc.log_level(), now_ms);
             if lc.headers() {
@@ -422,18 +377,9 @@ fn act(r: &mut Request, lc: &LocConf, events: &mut EventLog, d: Decided, now_ms:
             }
             Status(status.unwrap_or(lc.status()) as ngx_int_t)
         }
-        Verdict::Limited {
-            admission: Admission::Delay { id, wait_ns },
-            ..
-        } => {
-            log_event(
-                r,
-                events,
-                id,
-                Event::Delayed,
-                lc.log_level().lower(),
-                now_ms,
-            );
+        Admission::Delay { id, wait_ns } => {
+            let level = lc.log_level().lower();
+            log_event(r, events, id, Event::Delayed, level, now_ms);
             let ms = wait_ns.div_ceil(1_000_000);
             if ms == 0 {
                 return Status::NGX_DECLINED;
