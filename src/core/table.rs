@@ -32,7 +32,8 @@ const NONE: u32 = u32::MAX;
 const SCRATCH: usize = 16;
 
 /// Matched strategy indexes: a stack array, spilling to a Vec past
-/// [`SCRATCH`] (a plain array keeps the per-request path branch-light).
+/// [`SCRATCH`]. Not a `SmallVec`: with one here the nginx request path cost
+/// ~90 instructions more (callgrind, `scripts/bench-instructions.sh`).
 struct Matches {
     n: usize,
     fixed: [u32; SCRATCH],
