@@ -15,6 +15,8 @@ set -euo pipefail
 target="${1:-debian}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# shellcheck source=lib/bench-table.sh
+. "$root/scripts/lib/bench-table.sh"
 command -v valgrind >/dev/null || {
     sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
     $sudo apt-get update -q && $sudo apt-get install -y -q valgrind
@@ -41,9 +43,7 @@ trap cleanup EXIT
 # pass (never rejects) and reject (rejects all but the first request).
 for kind in pass reject; do
     {
-        for i in $(seq 1 10000); do
-            echo "strategy id=$i algorithm=token_bucket rate=100 per=second burst=100 when ip=10.$((i / 65536)).$(((i / 256) % 256)).$((i % 256)) api=/x$((i % 50))"
-        done
+        background_strategies
         if [ $kind = pass ]; then
             echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench"
         else

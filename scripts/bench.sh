@@ -14,6 +14,8 @@ set -euo pipefail
 target="${1:-debian}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# shellcheck source=lib/bench-table.sh
+. "$root/scripts/lib/bench-table.sh"
 DURATION="${DURATION:-6}"
 # The accuracy runs last as long as the issue's bar says (10 s of overload).
 ACC_DURATION="${ACC_DURATION:-10}"
@@ -44,9 +46,7 @@ trap cleanup EXIT
 
 # 10,000 strategies on other clients, plus the ones the benchmark hits.
 {
-    for i in $(seq 1 10000); do
-        echo "strategy id=$i algorithm=token_bucket rate=100 per=second burst=100 when ip=10.$((i / 65536)).$(((i / 256) % 256)).$((i % 256)) api=/x$((i % 50))"
-    done
+    background_strategies
     echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/ratectl"
     echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/reject"
     echo "strategy id=20003 algorithm=token_bucket rate=1000 per=second burst=1 when api=/acc"
