@@ -156,28 +156,19 @@ impl Worker {
             };
             ngx_log_error!(level.ngx_level(), log, "{}", change.message);
         }
-        if self.engine.table().map(|t| t.version()) != self.sources_version {
-            self.resolve_sources(mc);
+        // Map the table's dimensions to request sources, once per table.
+        let version = self.engine.table().map(|t| t.version());
+        if version != self.sources_version {
+            self.sources = self.engine.table().map_or_else(Vec::new, |t| {
+                t.dimensions().iter().map(|d| source_for(d, mc)).collect()
+            });
+            self.sources_version = version;
         }
-    }
-
-    /// Maps the table's dimensions to request sources, once per table version.
-    fn resolve_sources(&mut self, mc: &MainConf) {
-        let Some(table) = self.engine.table() else {
-            self.sources_version = None;
-            return;
-        };
-        self.sources = table
-            .dimensions()
-            .iter()
-            .map(|d| source_for(d, mc))
-            .collect();
-        self.sources_version = Some(table.version());
     }
 }
 
 /// Where the value of dimension `name` comes from.
-pub fn source_for(name: &str, mc: &MainConf) -> Source {
+fn source_for(name: &str, mc: &MainConf) -> Source {
     match name {
         "ip" => Source::Ip,
         "api" => Source::Api,
