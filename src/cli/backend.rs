@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::record::{
-    blacklist_api_json, blacklist_from_api_json, strategy_api_json, strategy_from_api_json,
-    BlacklistRecord, HostRecord, StrategyRecord,
+    blacklist_api_json, blacklist_from_api_json, host_from_api_json, strategy_api_json,
+    strategy_from_api_json, BlacklistRecord, HostRecord, StrategyRecord,
 };
 use super::serve::client::{percent_encode, Answer, Client};
 use super::store::{BadRow, Store, StoreError};
@@ -226,21 +226,7 @@ impl Backend {
                     .as_array()
                     .ok_or_else(|| a.odd("hosts is not a list"))?
                     .iter()
-                    .map(|h| {
-                        Ok(HostRecord {
-                            host_id: h["host_id"]
-                                .as_str()
-                                .ok_or_else(|| a.odd("host without host_id"))?
-                                .to_string(),
-                            weight: h["weight"]
-                                .as_u64()
-                                .and_then(|w| u32::try_from(w).ok())
-                                .ok_or_else(|| a.odd("host without weight"))?,
-                            last_heartbeat_ms: h["last_heartbeat"].as_u64(),
-                            applied_version: h["applied_version"].as_u64(),
-                            applied_ms: h["applied_at"].as_u64(),
-                        })
-                    })
+                    .map(|h| host_from_api_json(h).map_err(|e| a.odd(&e)))
                     .collect::<Result<_>>()?;
                 Ok((version, hosts))
             }

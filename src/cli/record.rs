@@ -457,6 +457,24 @@ pub struct HostRecord {
     pub applied_ms: Option<u64>,
 }
 
+/// A host of the REST API's host JSON (`GET /api/v1/hosts`, the answer of
+/// a host report): the fields a [`HostRecord`] holds (not validated).
+pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, String> {
+    Ok(HostRecord {
+        host_id: v["host_id"]
+            .as_str()
+            .ok_or("host: host_id missing")?
+            .to_string(),
+        weight: v["weight"]
+            .as_u64()
+            .and_then(|w| u32::try_from(w).ok())
+            .ok_or("host: weight missing")?,
+        last_heartbeat_ms: v["last_heartbeat"].as_u64(),
+        applied_version: v["applied_version"].as_u64(),
+        applied_ms: v["applied_at"].as_u64(),
+    })
+}
+
 /// Parses a duration such as `30s`, `10m`, `2h`, `1d` or `500ms`.
 pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
     let s = s.trim();
@@ -525,6 +543,28 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("algorithm"), "{e}");
+    }
+
+    #[test]
+    fn host_api_json_is_read_back() {
+        let h = host_from_api_json(&serde_json::json!({"host_id": "web-1", "weight": 3,
+            "last_heartbeat": 5, "applied_version": 7, "applied_at": null, "lag": 0}))
+        .unwrap();
+        assert_eq!(
+            h,
+            HostRecord {
+                host_id: "web-1".into(),
+                weight: 3,
+                last_heartbeat_ms: Some(5),
+                applied_version: Some(7),
+                applied_ms: None,
+            }
+        );
+        let e = host_from_api_json(&serde_json::json!({"weight": 3})).unwrap_err();
+        assert!(e.contains("host_id"), "{e}");
+        let e = host_from_api_json(&serde_json::json!({"host_id": "a", "weight": 1u64 << 32}))
+            .unwrap_err();
+        assert!(e.contains("weight"), "{e}");
     }
 
     #[test]
