@@ -772,11 +772,9 @@ fn dry_run_round_trips_the_enforcing_action() {
             assert_eq!(&enforcement(&get(&s, id)), want, "GET after PATCH");
         }
         // The CLI reading the store directly agrees.
-        let shown = common::ok(&["strategy", "list", "--store", store, "--json"]);
-        let shown: Vec<Value> = shown
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let shown = common::json_lines(&common::ok(&[
+            "strategy", "list", "--store", store, "--json",
+        ]));
         let by_id = |id: u64| shown.iter().find(|x| x["id"] == id).unwrap();
         assert_eq!(
             (

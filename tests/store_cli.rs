@@ -7,19 +7,12 @@ mod common;
 
 use std::time::Instant;
 
-use common::{ok, rate_ctl, sql, stores, version};
+use common::{json_lines, ok, rate_ctl, sql, stores, version};
 use serde_json::Value;
 
 /// `rate-ctl KIND list --store STORE --json`, one value per row.
 fn rows(kind: &str, store: &str) -> Vec<Value> {
     json_lines(&ok(&[kind, "list", "--store", store, "--json"]))
-}
-
-fn json_lines(s: &str) -> Vec<Value> {
-    s.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]
