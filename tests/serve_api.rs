@@ -668,9 +668,6 @@ fn crud_errors_tokens_audit() {
     }
 }
 
-/// A small JSON Schema check (type, properties, required,
-/// additionalProperties, items, enum, minimum/maximum, $ref) — enough for
-/// the document's own schemas.
 /// (action, status, max_delay_ms) of a strategy as the API shows it.
 fn enforcement(v: &Value) -> (String, Value, Value) {
     (
@@ -801,6 +798,9 @@ fn dry_run_round_trips_the_enforcing_action() {
     }
 }
 
+/// A small JSON Schema check (type, properties, required,
+/// additionalProperties, items, enum, minimum/maximum, $ref) — enough for
+/// the document's own schemas.
 fn validate(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), String> {
     if let Some(r) = schema["$ref"].as_str() {
         let name = r.strip_prefix("#/components/schemas/").unwrap();
