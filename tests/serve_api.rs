@@ -749,7 +749,9 @@ fn dry_run_round_trips_the_enforcing_action() {
 
         // Agents get the dry-run strategies as dry_run.
         let snap = s.get("/api/v1/snapshot");
-        for x in snap["strategies"].as_array().unwrap() {
+        let published = snap["strategies"].as_array().unwrap();
+        assert_eq!(published.len(), 3, "{snap}");
+        for x in published {
             assert_eq!(x["action"], "dry_run", "{x}");
         }
 
