@@ -19,7 +19,7 @@ use serde_json::json;
 use backend::{Backend, Target};
 use rate_ctl::core::model::{Algorithm, Unit};
 use record::{
-    conditions_from_args, flag_for_field, parse_duration_ms, parse_strategy_line, ActionKind,
+    conditions_from_args, flag_for_field, parse_duration_ms, parse_strategy_lines, ActionKind,
     BlacklistRecord, Scope, StrategyRecord,
 };
 use store::{now_ms, StoreError, DEFAULT_STORE};
@@ -655,27 +655,23 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
     Ok(())
 }
 
-/// Reads and parses JSON lines (blank lines skipped); the first bad line is
-/// reported by number. Returns the text too (the API is sent it as is).
+/// Reads and parses JSON lines (see [`parse_strategy_lines`]); the first
+/// bad line is reported by number. Returns the text too (the API is sent it
+/// as is).
 #[allow(clippy::type_complexity)]
 fn read_jsonl(file: &PathBuf) -> Result<(String, Vec<(usize, StrategyRecord)>), Failure> {
+    let at = |line: usize, e: &dyn std::fmt::Display| {
+        Failure::usage(format!("{}: line {line}: {e}", file.display()))
+    };
     let f = std::fs::File::open(file)
         .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
     let mut text = String::new();
-    let mut out = Vec::new();
     for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-        let line =
-            line.map_err(|e| Failure::usage(format!("{}: line {}: {e}", file.display(), i + 1)))?;
-        text.push_str(&line);
+        text.push_str(&line.map_err(|e| at(i + 1, &e))?);
         text.push('\n');
-        if line.trim().is_empty() {
-            continue;
-        }
-        let rec = parse_strategy_line(&line)
-            .map_err(|e| Failure::usage(format!("{}: line {}: {e}", file.display(), i + 1)))?;
-        out.push((i + 1, rec));
     }
-    Ok((text, out))
+    let records = parse_strategy_lines(&text).map_err(|(line, e)| at(line, &e))?;
+    Ok((text, records))
 }
 
 fn print_strategies(recs: &[StrategyRecord]) {

@@ -339,6 +339,22 @@ pub fn parse_strategy_line(line: &str) -> Result<StrategyRecord, String> {
     }
 }
 
+/// The strategies of an import in JSON lines, each with its 1-based line
+/// number (blank lines skipped, but counted); the first line that is not a
+/// strategy is `Err((line, message))`. One rule for `rate-ctl strategy
+/// import` and `POST /api/v1/strategies/import`, so both name the same line.
+pub fn parse_strategy_lines(text: &str) -> Result<Vec<(usize, StrategyRecord)>, (usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            parse_strategy_line(l)
+                .map(|r| (i + 1, r))
+                .map_err(|e| (i + 1, e))
+        })
+        .collect()
+}
+
 /// The REST API's JSON for a blacklist entry.
 pub fn blacklist_api_json(b: &BlacklistRecord) -> serde_json::Value {
     serde_json::json!({
@@ -543,6 +559,20 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("algorithm"), "{e}");
+    }
+
+    #[test]
+    fn import_lines_are_numbered_counting_blank_ones() {
+        let good = r#"{"name":"a","algorithm":"fixed_window","rate":1}"#;
+        let recs = parse_strategy_lines(&format!(
+            "{good}\n\n  \n{}\n",
+            good.replace("\"a\"", "\"b\"")
+        ))
+        .unwrap();
+        let lines: Vec<(usize, &str)> = recs.iter().map(|(n, r)| (*n, r.name.as_str())).collect();
+        assert_eq!(lines, [(1, "a"), (4, "b")]);
+        let (line, e) = parse_strategy_lines(&format!("{good}\n\n{{\"name\":1}}\n")).unwrap_err();
+        assert_eq!(line, 3, "{e}");
     }
 
     #[test]
