@@ -405,13 +405,8 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
     match cli.command {
         Command::Agent(a) => {
             // The agent reads `rate-ctl serve` with --store http://…; --api
-            // says the same.
-            let url = match (cli.store, api) {
-                (Some(_), Some(_)) => return Err(both_backends()),
-                (Some(s), None) => s,
-                (None, Some(a)) => a,
-                (None, None) => DEFAULT_STORE.to_string(),
-            };
+            // says the same, under the same rules as the config commands.
+            let (Target::Store(url) | Target::Api { url, .. }) = target(cli.store, api, None)?;
             run_agent(&url, cli.token, a).await
         }
         Command::Serve(a) => {
@@ -432,20 +427,17 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
     }
 }
 
-fn both_backends() -> Failure {
-    Failure::usage(
-        "--store and --api (or RATE_CTL_API) cannot be used together: give one config backend",
-    )
-}
-
-/// The config backend of the strategy, blacklist and host commands.
+/// The config backend from `--store` / `--api` (one or the other): of the
+/// strategy, blacklist and host commands, and the agent's source.
 fn target(
     store: Option<String>,
     api: Option<String>,
     token: Option<String>,
 ) -> Result<Target, Failure> {
     match (store, api) {
-        (Some(_), Some(_)) => Err(both_backends()),
+        (Some(_), Some(_)) => Err(Failure::usage(
+            "--store and --api (or RATE_CTL_API) cannot be used together: give one config backend",
+        )),
         (None, Some(url)) => Ok(Target::Api { url, token }),
         (store, None) => Ok(Target::Store(
             store.unwrap_or_else(|| DEFAULT_STORE.to_string()),
