@@ -523,16 +523,14 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 rec.burst = b;
             }
             if let Some(a) = u.action {
-                // Into dry run: keep the status or delay cap of the action
-                // the strategy enforces, so that `--action reject|delay`
-                // later (or PATCH dry_run:false in serve) restores it.
-                if a != ActionKind::DryRun {
-                    if a != ActionKind::Reject {
-                        rec.status = None;
-                    }
-                    if a != ActionKind::Delay {
-                        rec.max_delay_ms = None;
-                    }
+                // Each action drops the other's parameter. Into dry run both
+                // stay: the status or delay cap of the action the strategy
+                // enforces, so that `--action reject|delay` later (or PATCH
+                // dry_run:false in serve) restores it.
+                match a {
+                    ActionKind::Reject => rec.max_delay_ms = None,
+                    ActionKind::Delay => rec.status = None,
+                    ActionKind::DryRun => {}
                 }
                 rec.action = a;
             }
