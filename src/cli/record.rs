@@ -176,7 +176,12 @@ mod keyword {
 impl StrategyRecord {
     /// The core action for the stored keyword and parameters.
     pub fn core_action(&self) -> Result<Action, String> {
-        match self.action {
+        self.core_action_as(self.action)
+    }
+
+    /// The core action for keyword `kind` with this record's parameters.
+    fn core_action_as(&self, kind: ActionKind) -> Result<Action, String> {
+        match kind {
             ActionKind::Reject => {
                 if self.max_delay_ms.is_some() {
                     return Err("max_delay_ms: only for action delay".into());
@@ -261,12 +266,8 @@ impl StrategyRecord {
         core.validate().map_err(|e| e.to_string())?;
         if self.action == ActionKind::DryRun {
             // What dry run keeps must be valid once dry run ends.
-            let after = StrategyRecord {
-                action: self.enforcing_action(),
-                ..self.clone()
-            };
             let mut enforcing = core.clone();
-            enforcing.action = after.core_action()?;
+            enforcing.action = self.core_action_as(self.enforcing_action())?;
             enforcing.validate().map_err(|e| match e {
                 ModelError::DelayNeedsBucket(a) => format!(
                     "max_delay_ms: delay after dry run needs token_bucket or leaky_bucket, not {a}"
