@@ -633,7 +633,7 @@ fn dry_run_from_the_cli_keeps_the_action_it_ends_with() {
         let row = |id: &str| -> Value {
             rows("strategy", s)
                 .into_iter()
-                .find(|r| r["id"].as_u64().map(|v| v.to_string()).as_deref() == Some(id))
+                .find(|r| r["id"].as_u64() == id.parse().ok())
                 .unwrap()
         };
         for id in [&delay, &reject] {
