@@ -268,10 +268,10 @@ impl Api {
         let m = a.error_message();
         Err(match a.status {
             400 | 422 => StoreError::Invalid(m),
-            // The store says "ID: no strategy with id 7"; the API drops the
-            // "ID: " (it names no CLI argument). Put it back.
+            // An absent strategy or entry, as the store says it; any other
+            // 404 (e.g. a URL that is not `rate-ctl serve`) is not about an id.
             404 if m.starts_with("no strategy") || m.starts_with("no blacklist") => {
-                StoreError::NotFound(format!("ID: {m}"))
+                StoreError::NotFound(m)
             }
             409 => StoreError::Conflict(format!("{m} (someone changed it meanwhile; try again)")),
             401 => StoreError::Http(format!(
@@ -351,7 +351,7 @@ mod tests {
             .check(answer(404, "", "no strategy with id 9"))
             .unwrap_err();
         assert!(
-            matches!(&e, StoreError::NotFound(m) if m == "ID: no strategy with id 9"),
+            matches!(&e, StoreError::NotFound(m) if m == "no strategy with id 9"),
             "{e:?}"
         );
         let e = a.check(answer(401, "", "unknown token")).unwrap_err();

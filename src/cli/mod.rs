@@ -361,7 +361,8 @@ impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
         match e {
             StoreError::Invalid(m) => Failure::invalid(m),
-            StoreError::NotFound(m) => Failure::other(m),
+            // Every id the store finds absent is the ID argument.
+            StoreError::NotFound(m) => Failure::other(format!("ID: {m}")),
             other => Failure::other(other.to_string()),
         }
     }

@@ -69,9 +69,7 @@ impl ApiError {
     fn from_store(e: StoreError, rec: Option<&StrategyRecord>) -> ApiError {
         match e {
             StoreError::Invalid(m) => validation(&m, rec),
-            StoreError::NotFound(m) => {
-                ApiError::not_found(m.strip_prefix("ID: ").unwrap_or(&m).to_string())
-            }
+            StoreError::NotFound(m) => ApiError::not_found(m),
             StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, Some("version"), m),
             e => {
                 tracing::error!(error = %e, "store error");
