@@ -9,37 +9,13 @@ mod common;
 #[path = "serve_common/mod.rs"]
 mod serve;
 
-use std::process::{Command, Output};
-
-use common::{sqlite_store, version};
+use common::{json_lines, ok, rate_ctl, rate_ctl_env, sqlite_store, version};
 use serde_json::Value;
 use serve::Serve;
 
-/// Runs rate-ctl without any RATE_CTL_* configuration from the environment.
-fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(common::bin())
-        .args(args)
-        .env_remove("RATE_CTL_API")
-        .env_remove("RATE_CTL_TOKEN")
-        .env_remove("RUST_LOG")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run rate-ctl")
-}
-
-fn stdout_ok(args: &[&str]) -> String {
-    let o = run(args, &[]);
-    assert!(
-        o.status.success(),
-        "rate-ctl {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
 /// Runs a command that must fail with `code`; returns stderr.
 fn fails(args: &[&str], code: i32) -> String {
-    let o = run(args, &[]);
+    let o = rate_ctl(args);
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert_eq!(o.status.code(), Some(code), "rate-ctl {args:?}: {err}");
     assert!(
@@ -48,12 +24,6 @@ fn fails(args: &[&str], code: i32) -> String {
         o.stdout
     );
     err
-}
-
-fn json_lines(s: &str) -> Vec<Value> {
-    s.lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// `rate-ctl ARGS` through the API and through the store.
@@ -77,8 +47,8 @@ impl<'a> Both<'a> {
     }
     /// Runs `args` both ways and asserts the same stdout; returns it.
     fn same(&self, args: &[&'a str]) -> String {
-        let a = stdout_ok(&self.api(args));
-        let s = stdout_ok(&self.store(args));
+        let a = ok(&self.api(args));
+        let s = ok(&self.store(args));
         assert_eq!(a, s, "{args:?}: --api vs --store");
         a
     }
@@ -104,7 +74,7 @@ fn commands_through_the_api_match_the_store() {
 
     // add prints just the id, and the strategy is in the store.
     let v0 = version(store);
-    let out = stdout_ok(&b.api(&[
+    let out = ok(&b.api(&[
         "strategy",
         "add",
         "--name",
@@ -126,7 +96,7 @@ fn commands_through_the_api_match_the_store() {
     ]));
     let id: u32 = out.trim().parse().expect("add prints the id");
     assert!(version(store) > v0, "add bumps the version");
-    let add2: Value = serde_json::from_str(&stdout_ok(&b.api(&[
+    let add2: Value = serde_json::from_str(&ok(&b.api(&[
         "strategy",
         "add",
         "--name",
@@ -168,7 +138,7 @@ fn commands_through_the_api_match_the_store() {
     assert_eq!(export.lines().count(), 2);
 
     // update changes only the given fields.
-    let upd: Value = serde_json::from_str(&stdout_ok(&b.api(&[
+    let upd: Value = serde_json::from_str(&ok(&b.api(&[
         "strategy",
         "update",
         &id.to_string(),
@@ -180,7 +150,7 @@ fn commands_through_the_api_match_the_store() {
     .unwrap();
     assert_eq!(upd["id"], id);
     assert_eq!(upd["version"].as_i64(), Some(version(store)));
-    let text = stdout_ok(&b.api(&["strategy", "update", &id2.to_string(), "--rate", "700"]));
+    let text = ok(&b.api(&["strategy", "update", &id2.to_string(), "--rate", "700"]));
     assert_eq!(
         text.trim(),
         format!("updated strategy {id2} (config version {})", version(store))
@@ -242,14 +212,14 @@ fn commands_through_the_api_match_the_store() {
     ];
     for (args, want) in &bad {
         let before = version(store);
-        let before_list = stdout_ok(&b.store(&["strategy", "list", "--json"]));
+        let before_list = ok(&b.store(&["strategy", "list", "--json"]));
         let e_api = fails(&b.api(args), 2);
         assert!(e_api.contains(want), "{args:?}: {e_api}");
         let e_store = fails(&b.store(args), 2);
         assert_eq!(e_api, e_store, "{args:?}: same message both ways");
         assert_eq!(version(store), before, "{args:?}: nothing written");
         assert_eq!(
-            stdout_ok(&b.store(&["strategy", "list", "--json"])),
+            ok(&b.store(&["strategy", "list", "--json"])),
             before_list,
             "{args:?}"
         );
@@ -268,7 +238,7 @@ fn commands_through_the_api_match_the_store() {
     assert_eq!(version(store), before);
 
     // Blacklist.
-    let bl: u64 = stdout_ok(&b.api(&[
+    let bl: u64 = ok(&b.api(&[
         "blacklist",
         "add",
         "--dimension",
@@ -291,23 +261,18 @@ fn commands_through_the_api_match_the_store() {
     assert!(entries[0]["expires_ms"].as_u64().is_some());
     let text = b.same(&["blacklist", "list"]);
     assert!(text.contains("10.0.0.9"), "{text}");
-    let rm: Value = serde_json::from_str(&stdout_ok(&b.api(&[
-        "blacklist",
-        "rm",
-        &bl.to_string(),
-        "--json",
-    ])))
-    .unwrap();
+    let rm: Value =
+        serde_json::from_str(&ok(&b.api(&["blacklist", "rm", &bl.to_string(), "--json"]))).unwrap();
     assert_eq!(rm["version"].as_i64(), Some(version(store)));
     assert!(b.same(&["blacklist", "list", "--json"]).is_empty());
 
     // Hosts.
-    let out = stdout_ok(&b.api(&["host", "set-weight", "web-1", "3"]));
+    let out = ok(&b.api(&["host", "set-weight", "web-1", "3"]));
     assert_eq!(
         out.trim(),
         format!("host web-1: weight 3 (config version {})", version(store))
     );
-    stdout_ok(&b.api(&["host", "set-weight", "web 2/b", "1"]));
+    ok(&b.api(&["host", "set-weight", "web 2/b", "1"]));
     let hosts = json_lines(&b.same(&["host", "list", "--json"]));
     assert_eq!(hosts.len(), 2, "{hosts:?}");
     assert_eq!(hosts[0]["host_id"], "web 2/b", "odd ids survive the URL");
@@ -316,7 +281,7 @@ fn commands_through_the_api_match_the_store() {
     b.same(&["host", "list"]);
 
     // rm, one line per id.
-    let out = stdout_ok(&b.api(&["strategy", "rm", &id.to_string(), &id2.to_string()]));
+    let out = ok(&b.api(&["strategy", "rm", &id.to_string(), &id2.to_string()]));
     assert_eq!(out.lines().count(), 2, "{out}");
     assert!(out.starts_with(&format!("removed strategy {id} ")), "{out}");
     assert!(b.same(&["strategy", "list", "--json"]).is_empty());
@@ -333,7 +298,7 @@ fn commands_through_the_api_match_the_store() {
     assert!(entries.iter().all(|e| e["token"] != "cli"), "{audit}");
 
     // The environment works like the flags.
-    let o = run(
+    let o = rate_ctl_env(
         &["strategy", "list", "--json"],
         &[("RATE_CTL_API", url.as_str()), ("RATE_CTL_TOKEN", &s.token)],
     );
@@ -360,7 +325,7 @@ fn commands_through_the_api_match_the_store() {
         2,
     );
     assert!(e.contains("--store and --api"), "{e}");
-    let o = run(
+    let o = rate_ctl_env(
         &["strategy", "list", "--store", store],
         &[("RATE_CTL_API", url.as_str())],
     );
@@ -381,7 +346,7 @@ fn a_refused_token_is_a_clear_error_and_writes_nothing() {
         &["--read-token-file", read_file.to_str().unwrap()],
     );
     let url = s.url();
-    stdout_ok(&[
+    ok(&[
         "strategy",
         "add",
         "--api",
@@ -421,7 +386,7 @@ fn a_refused_token_is_a_clear_error_and_writes_nothing() {
     let e = fails(&["strategy", "list", "--api", &url, "--token", "wrong"], 1);
     assert!(e.contains("token was refused"), "{e}");
     // The read token lists but may not change anything.
-    let list = stdout_ok(&[
+    let list = ok(&[
         "strategy",
         "list",
         "--api",
@@ -452,7 +417,7 @@ fn import_through_the_api_is_all_or_nothing() {
     let s = start(store, dir.path(), &[]);
     let url = s.url();
     let b = Both::new(&s, &url, store);
-    stdout_ok(&b.api(&[
+    ok(&b.api(&[
         "strategy",
         "add",
         "--name",
@@ -498,23 +463,20 @@ fn import_through_the_api_is_all_or_nothing() {
         (&dup, "line 3: name: "),
     ] {
         let before = version(store);
-        let before_list = stdout_ok(&b.store(&["strategy", "list", "--json"]));
+        let before_list = ok(&b.store(&["strategy", "list", "--json"]));
         let f = file.to_str().unwrap();
         let e_api = fails(&b.api(&["strategy", "import", f]), 2);
         assert!(e_api.contains(&format!("{f}: {want}")), "{e_api}");
         assert_eq!(e_api, fails(&b.store(&["strategy", "import", f]), 2), "{f}");
         assert_eq!(version(store), before, "{f}: nothing imported");
-        assert_eq!(
-            stdout_ok(&b.store(&["strategy", "list", "--json"])),
-            before_list
-        );
+        assert_eq!(ok(&b.store(&["strategy", "list", "--json"])), before_list);
     }
 
     // A good file imports in one change; export → import --replace round-trips.
     let good = dir.path().join("good.jsonl");
     std::fs::write(&good, format!("{}\n{}\n", line("g1", 10), line("g2", 20))).unwrap();
     let before = version(store);
-    let out: Value = serde_json::from_str(&stdout_ok(&b.api(&[
+    let out: Value = serde_json::from_str(&ok(&b.api(&[
         "strategy",
         "import",
         good.to_str().unwrap(),
@@ -530,9 +492,9 @@ fn import_through_the_api_is_all_or_nothing() {
     assert_eq!(names, ["keep", "g1", "g2"]);
 
     let exported = dir.path().join("export.jsonl");
-    stdout_ok(&b.api(&["strategy", "export", exported.to_str().unwrap()]));
-    stdout_ok(&b.api(&["strategy", "rm", "1"]));
-    let text = stdout_ok(&b.api(&[
+    ok(&b.api(&["strategy", "export", exported.to_str().unwrap()]));
+    ok(&b.api(&["strategy", "rm", "1"]));
+    let text = ok(&b.api(&[
         "strategy",
         "import",
         exported.to_str().unwrap(),

@@ -668,9 +668,6 @@ fn crud_errors_tokens_audit() {
     }
 }
 
-/// A small JSON Schema check (type, properties, required,
-/// additionalProperties, items, enum, minimum/maximum, $ref) — enough for
-/// the document's own schemas.
 /// (action, status, max_delay_ms) of a strategy as the API shows it.
 fn enforcement(v: &Value) -> (String, Value, Value) {
     (
@@ -752,7 +749,9 @@ fn dry_run_round_trips_the_enforcing_action() {
 
         // Agents get the dry-run strategies as dry_run.
         let snap = s.get("/api/v1/snapshot");
-        for x in snap["strategies"].as_array().unwrap() {
+        let published = snap["strategies"].as_array().unwrap();
+        assert_eq!(published.len(), 3, "{snap}");
+        for x in published {
             assert_eq!(x["action"], "dry_run", "{x}");
         }
 
@@ -772,11 +771,9 @@ fn dry_run_round_trips_the_enforcing_action() {
             assert_eq!(&enforcement(&get(&s, id)), want, "GET after PATCH");
         }
         // The CLI reading the store directly agrees.
-        let shown = common::ok(&["strategy", "list", "--store", store, "--json"]);
-        let shown: Vec<Value> = shown
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let shown = common::json_lines(&common::ok(&[
+            "strategy", "list", "--store", store, "--json",
+        ]));
         let by_id = |id: u64| shown.iter().find(|x| x["id"] == id).unwrap();
         assert_eq!(
             (
@@ -803,6 +800,9 @@ fn dry_run_round_trips_the_enforcing_action() {
     }
 }
 
+/// A small JSON Schema check (type, properties, required,
+/// additionalProperties, items, enum, minimum/maximum, $ref) — enough for
+/// the document's own schemas.
 fn validate(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), String> {
     if let Some(r) = schema["$ref"].as_str() {
         let name = r.strip_prefix("#/components/schemas/").unwrap();

@@ -7,19 +7,12 @@ mod common;
 
 use std::time::Instant;
 
-use common::{ok, rate_ctl, sql, stores, version};
+use common::{json_lines, ok, rate_ctl, sql, stores, version};
 use serde_json::Value;
 
 /// `rate-ctl KIND list --store STORE --json`, one value per row.
 fn rows(kind: &str, store: &str) -> Vec<Value> {
     json_lines(&ok(&[kind, "list", "--store", store, "--json"]))
-}
-
-fn json_lines(s: &str) -> Vec<Value> {
-    s.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]
@@ -640,7 +633,7 @@ fn dry_run_from_the_cli_keeps_the_action_it_ends_with() {
         let row = |id: &str| -> Value {
             rows("strategy", s)
                 .into_iter()
-                .find(|r| r["id"].as_u64().map(|v| v.to_string()).as_deref() == Some(id))
+                .find(|r| r["id"].as_u64() == id.parse().ok())
                 .unwrap()
         };
         for id in [&delay, &reject] {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::record::{
-    blacklist_api_json, blacklist_from_api_json, strategy_api_json, strategy_from_api_json,
-    BlacklistRecord, HostRecord, StrategyRecord,
+    blacklist_api_json, blacklist_from_api_json, host_from_api_json, strategy_api_json,
+    strategy_from_api_json, BlacklistRecord, HostRecord, StrategyRecord,
 };
 use super::serve::client::{percent_encode, Answer, Client};
 use super::store::{BadRow, Store, StoreError};
@@ -226,21 +226,7 @@ impl Backend {
                     .as_array()
                     .ok_or_else(|| a.odd("hosts is not a list"))?
                     .iter()
-                    .map(|h| {
-                        Ok(HostRecord {
-                            host_id: h["host_id"]
-                                .as_str()
-                                .ok_or_else(|| a.odd("host without host_id"))?
-                                .to_string(),
-                            weight: h["weight"]
-                                .as_u64()
-                                .and_then(|w| u32::try_from(w).ok())
-                                .ok_or_else(|| a.odd("host without weight"))?,
-                            last_heartbeat_ms: h["last_heartbeat"].as_u64(),
-                            applied_version: h["applied_version"].as_u64(),
-                            applied_ms: h["applied_at"].as_u64(),
-                        })
-                    })
+                    .map(|h| host_from_api_json(h).map_err(|e| a.odd(&e)))
                     .collect::<Result<_>>()?;
                 Ok((version, hosts))
             }
@@ -282,10 +268,10 @@ impl Api {
         let m = a.error_message();
         Err(match a.status {
             400 | 422 => StoreError::Invalid(m),
-            // The store says "ID: no strategy with id 7"; the API drops the
-            // "ID: " (it names no CLI argument). Put it back.
+            // An absent strategy or entry, as the store says it; any other
+            // 404 (e.g. a URL that is not `rate-ctl serve`) is not about an id.
             404 if m.starts_with("no strategy") || m.starts_with("no blacklist") => {
-                StoreError::NotFound(format!("ID: {m}"))
+                StoreError::NotFound(m)
             }
             409 => StoreError::Conflict(format!("{m} (someone changed it meanwhile; try again)")),
             401 => StoreError::Http(format!(
@@ -365,7 +351,7 @@ mod tests {
             .check(answer(404, "", "no strategy with id 9"))
             .unwrap_err();
         assert!(
-            matches!(&e, StoreError::NotFound(m) if m == "ID: no strategy with id 9"),
+            matches!(&e, StoreError::NotFound(m) if m == "no strategy with id 9"),
             "{e:?}"
         );
         let e = a.check(answer(401, "", "unknown token")).unwrap_err();

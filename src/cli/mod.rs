@@ -19,7 +19,7 @@ use serde_json::json;
 use backend::{Backend, Target};
 use rate_ctl::core::model::{Algorithm, Unit};
 use record::{
-    conditions_from_args, flag_for_field, parse_duration_ms, parse_strategy_line, ActionKind,
+    conditions_from_args, flag_for_field, parse_duration_ms, parse_strategy_lines, ActionKind,
     BlacklistRecord, Scope, StrategyRecord,
 };
 use store::{now_ms, StoreError, DEFAULT_STORE};
@@ -361,7 +361,8 @@ impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
         match e {
             StoreError::Invalid(m) => Failure::invalid(m),
-            StoreError::NotFound(m) => Failure::other(m),
+            // Every id the store finds absent is the ID argument.
+            StoreError::NotFound(m) => Failure::other(format!("ID: {m}")),
             other => Failure::other(other.to_string()),
         }
     }
@@ -405,13 +406,8 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
     match cli.command {
         Command::Agent(a) => {
             // The agent reads `rate-ctl serve` with --store http://…; --api
-            // says the same.
-            let url = match (cli.store, api) {
-                (Some(_), Some(_)) => return Err(both_backends()),
-                (Some(s), None) => s,
-                (None, Some(a)) => a,
-                (None, None) => DEFAULT_STORE.to_string(),
-            };
+            // says the same, under the same rules as the config commands.
+            let (Target::Store(url) | Target::Api { url, .. }) = target(cli.store, api, None)?;
             run_agent(&url, cli.token, a).await
         }
         Command::Serve(a) => {
@@ -432,20 +428,17 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
     }
 }
 
-fn both_backends() -> Failure {
-    Failure::usage(
-        "--store and --api (or RATE_CTL_API) cannot be used together: give one config backend",
-    )
-}
-
-/// The config backend of the strategy, blacklist and host commands.
+/// The config backend from `--store` / `--api` (one or the other): of the
+/// strategy, blacklist and host commands, and the agent's source.
 fn target(
     store: Option<String>,
     api: Option<String>,
     token: Option<String>,
 ) -> Result<Target, Failure> {
     match (store, api) {
-        (Some(_), Some(_)) => Err(both_backends()),
+        (Some(_), Some(_)) => Err(Failure::usage(
+            "--store and --api (or RATE_CTL_API) cannot be used together: give one config backend",
+        )),
         (None, Some(url)) => Ok(Target::Api { url, token }),
         (store, None) => Ok(Target::Store(
             store.unwrap_or_else(|| DEFAULT_STORE.to_string()),
@@ -531,16 +524,14 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 rec.burst = b;
             }
             if let Some(a) = u.action {
-                // Into dry run: keep the status or delay cap of the action
-                // the strategy enforces, so that `--action reject|delay`
-                // later (or PATCH dry_run:false in serve) restores it.
-                if a != ActionKind::DryRun {
-                    if a != ActionKind::Reject {
-                        rec.status = None;
-                    }
-                    if a != ActionKind::Delay {
-                        rec.max_delay_ms = None;
-                    }
+                // Each action drops the other's parameter. Into dry run both
+                // stay: the status or delay cap of the action the strategy
+                // enforces, so that `--action reject|delay` later (or PATCH
+                // dry_run:false in serve) restores it.
+                match a {
+                    ActionKind::Reject => rec.max_delay_ms = None,
+                    ActionKind::Delay => rec.status = None,
+                    ActionKind::DryRun => {}
                 }
                 rec.action = a;
             }
@@ -655,27 +646,23 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
     Ok(())
 }
 
-/// Reads and parses JSON lines (blank lines skipped); the first bad line is
-/// reported by number. Returns the text too (the API is sent it as is).
+/// Reads and parses JSON lines (see [`parse_strategy_lines`]); the first
+/// bad line is reported by number. Returns the text too (the API is sent it
+/// as is).
 #[allow(clippy::type_complexity)]
 fn read_jsonl(file: &PathBuf) -> Result<(String, Vec<(usize, StrategyRecord)>), Failure> {
+    let at = |line: usize, e: &dyn std::fmt::Display| {
+        Failure::usage(format!("{}: line {line}: {e}", file.display()))
+    };
     let f = std::fs::File::open(file)
         .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
     let mut text = String::new();
-    let mut out = Vec::new();
     for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-        let line =
-            line.map_err(|e| Failure::usage(format!("{}: line {}: {e}", file.display(), i + 1)))?;
-        text.push_str(&line);
+        text.push_str(&line.map_err(|e| at(i + 1, &e))?);
         text.push('\n');
-        if line.trim().is_empty() {
-            continue;
-        }
-        let rec = parse_strategy_line(&line)
-            .map_err(|e| Failure::usage(format!("{}: line {}: {e}", file.display(), i + 1)))?;
-        out.push((i + 1, rec));
     }
-    Ok((text, out))
+    let records = parse_strategy_lines(&text).map_err(|(line, e)| at(line, &e))?;
+    Ok((text, records))
 }
 
 fn print_strategies(recs: &[StrategyRecord]) {

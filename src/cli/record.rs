@@ -176,7 +176,12 @@ mod keyword {
 impl StrategyRecord {
     /// The core action for the stored keyword and parameters.
     pub fn core_action(&self) -> Result<Action, String> {
-        match self.action {
+        self.core_action_as(self.action)
+    }
+
+    /// The core action for keyword `kind` with this record's parameters.
+    fn core_action_as(&self, kind: ActionKind) -> Result<Action, String> {
+        match kind {
             ActionKind::Reject => {
                 if self.max_delay_ms.is_some() {
                     return Err("max_delay_ms: only for action delay".into());
@@ -261,12 +266,8 @@ impl StrategyRecord {
         core.validate().map_err(|e| e.to_string())?;
         if self.action == ActionKind::DryRun {
             // What dry run keeps must be valid once dry run ends.
-            let after = StrategyRecord {
-                action: self.enforcing_action(),
-                ..self.clone()
-            };
             let mut enforcing = core.clone();
-            enforcing.action = after.core_action()?;
+            enforcing.action = self.core_action_as(self.enforcing_action())?;
             enforcing.validate().map_err(|e| match e {
                 ModelError::DelayNeedsBucket(a) => format!(
                     "max_delay_ms: delay after dry run needs token_bucket or leaky_bucket, not {a}"
@@ -337,6 +338,22 @@ pub fn parse_strategy_line(line: &str) -> Result<StrategyRecord, String> {
             .and_then(|v| strategy_from_api_json(&v).ok())
             .ok_or_else(|| e.to_string()),
     }
+}
+
+/// The strategies of an import in JSON lines, each with its 1-based line
+/// number (blank lines skipped, but counted); the first line that is not a
+/// strategy is `Err((line, message))`. One rule for `rate-ctl strategy
+/// import` and `POST /api/v1/strategies/import`, so both name the same line.
+pub fn parse_strategy_lines(text: &str) -> Result<Vec<(usize, StrategyRecord)>, (usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            parse_strategy_line(l)
+                .map(|r| (i + 1, r))
+                .map_err(|e| (i + 1, e))
+        })
+        .collect()
 }
 
 /// The REST API's JSON for a blacklist entry.
@@ -457,6 +474,24 @@ pub struct HostRecord {
     pub applied_ms: Option<u64>,
 }
 
+/// A host of the REST API's host JSON (`GET /api/v1/hosts`, the answer of
+/// a host report): the fields a [`HostRecord`] holds (not validated).
+pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, String> {
+    Ok(HostRecord {
+        host_id: v["host_id"]
+            .as_str()
+            .ok_or("host: host_id missing")?
+            .to_string(),
+        weight: v["weight"]
+            .as_u64()
+            .and_then(|w| u32::try_from(w).ok())
+            .ok_or("host: weight missing")?,
+        last_heartbeat_ms: v["last_heartbeat"].as_u64(),
+        applied_version: v["applied_version"].as_u64(),
+        applied_ms: v["applied_at"].as_u64(),
+    })
+}
+
 /// Parses a duration such as `30s`, `10m`, `2h`, `1d` or `500ms`.
 pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
     let s = s.trim();
@@ -525,6 +560,42 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("algorithm"), "{e}");
+    }
+
+    #[test]
+    fn import_lines_are_numbered_counting_blank_ones() {
+        let good = r#"{"name":"a","algorithm":"fixed_window","rate":1}"#;
+        let recs = parse_strategy_lines(&format!(
+            "{good}\n\n  \n{}\n",
+            good.replace("\"a\"", "\"b\"")
+        ))
+        .unwrap();
+        let lines: Vec<(usize, &str)> = recs.iter().map(|(n, r)| (*n, r.name.as_str())).collect();
+        assert_eq!(lines, [(1, "a"), (4, "b")]);
+        let (line, e) = parse_strategy_lines(&format!("{good}\n\n{{\"name\":1}}\n")).unwrap_err();
+        assert_eq!(line, 3, "{e}");
+    }
+
+    #[test]
+    fn host_api_json_is_read_back() {
+        let h = host_from_api_json(&serde_json::json!({"host_id": "web-1", "weight": 3,
+            "last_heartbeat": 5, "applied_version": 7, "applied_at": null, "lag": 0}))
+        .unwrap();
+        assert_eq!(
+            h,
+            HostRecord {
+                host_id: "web-1".into(),
+                weight: 3,
+                last_heartbeat_ms: Some(5),
+                applied_version: Some(7),
+                applied_ms: None,
+            }
+        );
+        let e = host_from_api_json(&serde_json::json!({"weight": 3})).unwrap_err();
+        assert!(e.contains("host_id"), "{e}");
+        let e = host_from_api_json(&serde_json::json!({"host_id": "a", "weight": 1u64 << 32}))
+            .unwrap_err();
+        assert!(e.contains("weight"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,7 +49,7 @@ impl AgentProc {
         ];
         args.extend_from_slice(SMALL_CAPS);
         args.extend_from_slice(extra);
-        let child = Command::new(crate::common::bin())
+        let child = crate::common::command()
             .args(&args)
             .stdout(Stdio::null())
             .stderr(logf)

@@ -16,10 +16,25 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_rate-ctl")
 }
 
+/// The `rate-ctl` binary without the configuration a developer may have
+/// exported: `RATE_CTL_API` would turn `--store` into a usage error and
+/// `RATE_CTL_TOKEN` would be sent to servers the tests start.
+pub fn command() -> Command {
+    let mut c = Command::new(bin());
+    c.env_remove("RATE_CTL_API").env_remove("RATE_CTL_TOKEN");
+    c
+}
+
 pub fn rate_ctl(args: &[&str]) -> Output {
-    Command::new(bin())
+    rate_ctl_env(args, &[])
+}
+
+/// [`rate_ctl`] with `env` set.
+pub fn rate_ctl_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    command()
         .args(args)
         .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .output()
         .expect("run rate-ctl")
 }
@@ -33,6 +48,14 @@ pub fn ok(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8(o.stdout).unwrap()
+}
+
+/// JSON lines (as `--json` lists print them), blank lines skipped.
+pub fn json_lines(s: &str) -> Vec<serde_json::Value> {
+    s.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// One store to run a test against; a MariaDB database is dropped on drop.

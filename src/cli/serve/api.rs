@@ -14,8 +14,8 @@ use serde_json::{json, Map, Value};
 use super::auth::Kind;
 use super::Shared;
 use crate::cli::record::{
-    blacklist_api_json, parse_strategy_line, strategy_api_json, ActionKind, BlacklistRecord,
-    HostRecord, StrategyRecord,
+    blacklist_api_json, parse_strategy_line, parse_strategy_lines, strategy_api_json, ActionKind,
+    BlacklistRecord, HostRecord, StrategyRecord,
 };
 use crate::cli::store::{now_ms, CounterSample, StoreError};
 use rate_ctl::core::model::{canonical_ip, Algorithm, Unit};
@@ -69,9 +69,7 @@ impl ApiError {
     fn from_store(e: StoreError, rec: Option<&StrategyRecord>) -> ApiError {
         match e {
             StoreError::Invalid(m) => validation(&m, rec),
-            StoreError::NotFound(m) => {
-                ApiError::not_found(m.strip_prefix("ID: ").unwrap_or(&m).to_string())
-            }
+            StoreError::NotFound(m) => ApiError::not_found(m),
             StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, Some("version"), m),
             e => {
                 tracing::error!(error = %e, "store error");
@@ -488,26 +486,24 @@ fn import_error(status: StatusCode, line: usize, message: String) -> ApiError {
 fn import_records(body: &[u8]) -> Result<Vec<(usize, StrategyRecord)>, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request(None, "the body must be UTF-8"))?;
-    let parse = |line: usize, text: &str| {
-        parse_strategy_line(text)
-            .map(|r| (line, r))
-            .map_err(|e| import_error(StatusCode::BAD_REQUEST, line, format!("line {line}: {e}")))
-    };
-    if text.trim_start().starts_with('[') {
+    let records = if text.trim_start().starts_with('[') {
         let items: Vec<Value> = serde_json::from_str(text)
             .map_err(|e| ApiError::bad_request(None, format!("malformed JSON: {e}")))?;
         items
             .iter()
             .enumerate()
-            .map(|(i, item)| parse(i + 1, &item.to_string()))
+            .map(|(i, item)| {
+                parse_strategy_line(&item.to_string())
+                    .map(|r| (i + 1, r))
+                    .map_err(|e| (i + 1, e))
+            })
             .collect()
     } else {
-        text.lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| parse(i + 1, l))
-            .collect()
-    }
+        parse_strategy_lines(text)
+    };
+    records.map_err(|(line, e)| {
+        import_error(StatusCode::BAD_REQUEST, line, format!("line {line}: {e}"))
+    })
 }
 
 /// `POST /strategies/import[?replace=true]`: all or nothing in one

@@ -17,7 +17,9 @@ use tokio::task::JoinHandle;
 
 use super::client::{percent_encode, Answer, Client};
 use crate::cli::agent::Source;
-use crate::cli::record::{blacklist_from_api_json, strategy_from_api_json, HostRecord};
+use crate::cli::record::{
+    blacklist_from_api_json, host_from_api_json, strategy_from_api_json, HostRecord,
+};
 use crate::cli::store::{BadRow, CounterSample, Snapshot, StoreError};
 
 /// Longest a long-poll may take before the client gives up on it (the
@@ -71,23 +73,14 @@ fn ok_body(a: Answer, what: &str) -> Result<Value, StoreError> {
     }
 }
 
+/// The hosts of a report answer; an entry that is not a host is skipped.
 fn hosts_from(v: &Value) -> Vec<HostRecord> {
     v["hosts"]
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|h| {
-                    Some(HostRecord {
-                        host_id: h["host_id"].as_str()?.to_string(),
-                        weight: h["weight"].as_u64()?.min(u32::MAX as u64) as u32,
-                        last_heartbeat_ms: h["last_heartbeat"].as_u64(),
-                        applied_version: h["applied_version"].as_u64(),
-                        applied_ms: h["applied_at"].as_u64(),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| host_from_api_json(h).ok())
+        .collect()
 }
 
 /// A snapshot answer → the store's [`Snapshot`]; strategies are validated

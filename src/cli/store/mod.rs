@@ -288,7 +288,7 @@ impl Store {
         let before = strategy_in_tx(&mut tx, rec.id).await?;
         if before.is_none() {
             return Err(StoreError::NotFound(format!(
-                "ID: no strategy with id {}",
+                "no strategy with id {}",
                 rec.id
             )));
         }
@@ -323,7 +323,7 @@ impl Store {
         .await?;
         if res.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!(
-                "ID: no strategy with id {}",
+                "no strategy with id {}",
                 rec.id
             )));
         }
@@ -349,9 +349,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!(
-                "ID: no strategy with id {id}"
-            )));
+            return Err(StoreError::NotFound(format!("no strategy with id {id}")));
         }
         audit(
             &mut tx,
@@ -375,7 +373,7 @@ impl Store {
         .bind(id as i64)
         .fetch_optional(&self.pool)
         .await?
-        .ok_or_else(|| StoreError::NotFound(format!("ID: no strategy with id {id}")))?;
+        .ok_or_else(|| StoreError::NotFound(format!("no strategy with id {id}")))?;
         decode_strategy(&row).map_err(|b| StoreError::Invalid(b.reason))
     }
 
@@ -584,7 +582,7 @@ impl Store {
             .await?;
         if res.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!(
-                "ID: no blacklist entry with id {id}"
+                "no blacklist entry with id {id}"
             )));
         }
         audit(
