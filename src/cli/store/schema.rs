@@ -107,7 +107,7 @@ pub const MIGRATIONS: &[Migration] = &[
             Step::Table(Table {
                 name: "strategies",
                 columns: "{id},
-                    name VARCHAR(200) NOT NULL UNIQUE,
+                    name VARCHAR(200) NOT NULL,
                     conditions VARCHAR(12000) NOT NULL,
                     algorithm VARCHAR(32) NOT NULL,
                     rate BIGINT NOT NULL,
@@ -120,7 +120,8 @@ pub const MIGRATIONS: &[Migration] = &[
                     scope VARCHAR(16) NOT NULL,
                     created_ms BIGINT NOT NULL,
                     updated_ms BIGINT NOT NULL,
-                    version BIGINT NOT NULL",
+                    version BIGINT NOT NULL,
+                    CONSTRAINT strategies_name UNIQUE (name)",
                 indexes: &[],
             }),
             Step::Table(Table {
@@ -131,7 +132,7 @@ pub const MIGRATIONS: &[Migration] = &[
                     expires_ms BIGINT NULL,
                     reason VARCHAR(500) NOT NULL,
                     created_ms BIGINT NOT NULL,
-                    UNIQUE (dimension, value)",
+                    CONSTRAINT blacklist_dimension_value UNIQUE (dimension, value)",
                 indexes: &[],
             }),
             Step::Table(Table {
