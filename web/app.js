@@ -440,10 +440,13 @@ $('#s-add-condition').addEventListener('click', () => {
   $('.cond-dim', row).focus();
 });
 
+// Only the buckets can delay a request (the API refuses a delay cap on others).
+const canDelay = (alg) => alg === 'token_bucket' || alg === 'leaky_bucket';
+
 function updateFormHints() {
   const alg = $('#s-algorithm').value;
   $('#s-algorithm-hint').textContent = ALGORITHMS[alg] || '';
-  const bucket = alg === 'token_bucket' || alg === 'leaky_bucket';
+  const bucket = canDelay(alg);
   $('#s-burst').disabled = alg !== 'token_bucket';
   if (alg === 'leaky_bucket') $('#s-burst').value = 1;
   $('#s-per').disabled = alg === 'concurrency';
@@ -537,11 +540,13 @@ function readForm() {
     if (md !== null) body.max_delay_ms = md;
   }
   // Saving is a full replace: keep what the strategy enforces again when
-  // dry run ends (its status or delay cap), as the dry-run toggle does.
+  // dry run ends (its status or delay cap), as the dry-run toggle does; a
+  // delay cap only while the algorithm can still delay (the field is hidden
+  // in dry run, so it could not be cleared by hand).
   const kept = state.editing;
   if (body.action === 'dry_run' && kept) {
     if (kept.status) body.status = kept.status;
-    if (kept.max_delay_ms) body.max_delay_ms = kept.max_delay_ms;
+    if (kept.max_delay_ms && canDelay(body.algorithm)) body.max_delay_ms = kept.max_delay_ms;
   }
   body.enabled = $('#s-enabled').checked;
   return body;

@@ -421,6 +421,27 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await apiCall('DELETE', `/strategies/${made.body.id}`);
   });
 
+  await step('a delay strategy in dry run edited to a fixed window saves (its hidden delay cap is dropped)', async () => {
+    const made = await apiCall('POST', '/strategies', {
+      name: 'slow-dry', match: { api: '/slowdry' }, algorithm: 'leaky_bucket', rate: 4, per: 'second',
+      scope: 'host', action: 'delay', max_delay_ms: 500,
+    });
+    assert.equal(made.status, 201, JSON.stringify(made.body));
+    await page.getByRole('switch', { name: 'Dry run: slow-dry' }).click();
+    await page.getByText('“slow-dry” switched to dry run').waitFor();
+    await page.getByRole('button', { name: 'Edit slow-dry' }).click();
+    const dlg = page.getByRole('dialog', { name: 'Edit strategy' });
+    await dlg.getByLabel('Algorithm').selectOption('fixed_window');
+    await dlg.getByLabel('Per', { exact: true }).selectOption('minute');
+    await dlg.getByRole('button', { name: 'Save changes' }).click();
+    await dlg.waitFor({ state: 'hidden', timeout: 5000 });
+    const s = (await apiCall('GET', `/strategies/${made.body.id}`)).body;
+    assert.equal(s.algorithm, 'fixed_window');
+    assert.equal(s.action, 'dry_run');
+    assert.equal(s.max_delay_ms ?? null, null, 'a window cannot delay: no cap is kept for after dry run');
+    await apiCall('DELETE', `/strategies/${made.body.id}`);
+  });
+
   await step('blacklist: blocking 127.0.0.1 with an expiry gives 403, removing it lets requests in', async () => {
     await page.getByRole('tab', { name: 'Blacklist' }).click();
     const panel = page.locator('#panel-blacklist');
