@@ -35,6 +35,9 @@ pub struct MainConf {
     /// Some `rate_ctl on;` or `rate_ctl_stats;` exists: workers load the
     /// table when they start, not on their first request.
     pub used: bool,
+    /// Index of the variable whose per-request slot records the decision
+    /// (set in postconfiguration; see [`super::variables`]).
+    pub decision_index: usize,
 }
 
 impl MainConf {

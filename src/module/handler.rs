@@ -1,6 +1,7 @@
-//! The PREACCESS handler: refresh → values → decide → pass / delay / reject,
-//! plus the per-request context that the variables read and whose pool
-//! cleanup releases concurrency slots when the request ends.
+//! The PREACCESS handler: refresh → values → decide → pass / delay / reject.
+//! The decision is recorded in the request (see [`super::variables`]); the
+//! concurrency units a request holds are kept in a cleanup of its pool,
+//! which releases them when the request ends.
 
 use std::ffi::c_void;
 use std::io::Write as _;
@@ -10,9 +11,9 @@ use ngx::core::Status;
 use ngx::ffi::{
     ngx_add_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
     ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
-    ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_pool_cleanup_add, ngx_pool_cleanup_t,
-    ngx_post_event, ngx_posted_events, ngx_table_elt_t, ngx_timeofday, sockaddr_in, sockaddr_in6,
-    AF_INET, AF_INET6, NGX_HTTP_INTERNAL_SERVER_ERROR,
+    ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events,
+    ngx_table_elt_t, ngx_timeofday, sockaddr_in, sockaddr_in6, AF_INET, AF_INET6,
+    NGX_HTTP_INTERNAL_SERVER_ERROR,
 };
 use ngx::http::{
     HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule, Request,
@@ -23,6 +24,7 @@ use smallvec::SmallVec;
 use std::sync::Arc;
 
 use super::conf::{LocConf, MainConf};
+use super::variables::{self, Decided};
 use super::worker::{with_worker, Event, EventLog, Source, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
@@ -41,6 +43,26 @@ pub enum ReqStatus {
 }
 
 impl ReqStatus {
+    const ALL: [ReqStatus; 6] = [
+        ReqStatus::Passed,
+        ReqStatus::Delayed,
+        ReqStatus::Rejected,
+        ReqStatus::Blacklisted,
+        ReqStatus::DryRunRejected,
+        ReqStatus::FailOpen,
+    ];
+
+    /// 1..=6, as recorded per request (0 is "not decided").
+    #[inline]
+    pub fn code(self) -> u32 {
+        self as u32 + 1
+    }
+
+    #[inline]
+    pub fn from_code(code: u32) -> Option<ReqStatus> {
+        Self::ALL.get((code as usize).checked_sub(1)?).copied()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ReqStatus::Passed => "PASSED",
@@ -55,6 +77,8 @@ impl ReqStatus {
 
 /// Concurrency units a request holds until it ends, against the table that
 /// granted them (released there even if a newer table was loaded since).
+/// Kept in a cleanup of the request pool, so they are released however the
+/// request ends (finished, aborted, errored).
 pub struct Hold {
     table: Arc<Table>,
     held: SmallVec<[u32; 2]>,
@@ -66,83 +90,54 @@ impl Hold {
     }
 }
 
-/// Per-request state, stored in a cleanup of the request pool (one
-/// allocation), so it survives internal redirects and is dropped (and its
-/// concurrency slots released) however the request ends.
-pub struct Ctx {
-    pub status: ReqStatus,
-    /// The strategy that decided (0 = none).
-    pub strategy: u32,
-    hold: Option<Hold>,
+extern "C" fn hold_cleanup(data: *mut c_void) {
+    // SAFETY: `data` is the Hold written by `keep_hold`; nginx runs each
+    // pool cleanup once, when the request pool is destroyed.
+    let hold = unsafe { ptr::read(data.cast::<Hold>()) };
+    hold.release();
 }
 
-extern "C" fn ctx_cleanup(data: *mut c_void) {
-    // SAFETY: `data` is the Ctx written by `new_ctx`; nginx runs each pool
-    // cleanup once, when the request pool is destroyed.
-    let ctx = unsafe { ptr::read(data.cast::<Ctx>()) };
-    if let Some(hold) = ctx.hold {
-        hold.release();
-    }
-}
-
-/// The request's context, if rate_ctl decided on it (also after an
-/// internal redirect, which clears the module ctx but not the pool).
-pub fn find_ctx(r: &Request) -> Option<&Ctx> {
-    let raw: &ngx_http_request_t = r.as_ref();
-    if let Some(ctx) = r.get_module_ctx::<Ctx>(RateCtlModule::module_ref()) {
-        return Some(ctx);
-    }
-    // Only an internal redirect or a jump to a named location clears the
-    // module contexts, and both mark the request internal: a request that
-    // is not has no earlier decision to find (the usual first visit skips
-    // the walk below).
-    if raw.internal() == 0 {
-        return None;
-    }
-    // SAFETY: r->main and its pool are valid for the request's lifetime; the
-    // cleanup list is a NULL-terminated singly linked list owned by the pool.
-    unsafe {
-        let pool = (*raw.main).pool;
-        let mut c: *mut ngx_pool_cleanup_t = (*pool).cleanup;
-        while !c.is_null() {
-            if (*c).handler.map(|h| h as *const () as usize)
-                == Some(ctx_cleanup as *const () as usize)
-            {
-                return (*c).data.cast::<Ctx>().as_ref();
-            }
-            c = (*c).next;
-        }
-    }
-    None
-}
-
-fn new_ctx(r: &mut Request, status: ReqStatus, strategy: u32, hold: Option<Hold>) -> bool {
+/// Puts `hold` in a cleanup of the request pool; `false` (units released
+/// at once) if nginx cannot allocate one.
+fn keep_hold(r: &mut Request, hold: Hold) -> bool {
     let raw: &mut ngx_http_request_t = r.as_mut();
     // SAFETY: r->pool is the live request pool; the cleanup's data area is
-    // sized and (word-)aligned for Ctx, whose alignment is at most 8.
-    let cln = unsafe { ngx_pool_cleanup_add(raw.pool, std::mem::size_of::<Ctx>()) };
+    // sized and (word-)aligned for Hold, whose alignment is at most 8.
+    let cln = unsafe { ngx_pool_cleanup_add(raw.pool, std::mem::size_of::<Hold>()) };
     if cln.is_null() {
+        hold.release();
+        return false;
+    }
+    const { assert!(std::mem::align_of::<Hold>() <= std::mem::align_of::<usize>()) };
+    // SAFETY: cln was just allocated with room for a Hold at cln->data.
+    unsafe {
+        ptr::write((*cln).data.cast::<Hold>(), hold);
+        (*cln).handler = Some(hold_cleanup);
+    }
+    true
+}
+
+/// Records the decision (see [`variables`](super::variables)) and keeps
+/// the units it holds; `false` if either failed (the request then ends
+/// with 500, holding nothing).
+fn record(
+    r: &mut Request,
+    mc: &MainConf,
+    status: ReqStatus,
+    strategy: u32,
+    hold: Option<Hold>,
+) -> bool {
+    let raw: &mut ngx_http_request_t = r.as_mut();
+    if !variables::record(raw, mc.decision_index, Decided { status, strategy }) {
         if let Some(h) = hold {
             h.release();
         }
         return false;
     }
-    const { assert!(std::mem::align_of::<Ctx>() <= std::mem::align_of::<usize>()) };
-    // SAFETY: cln was just allocated with room for a Ctx at cln->data.
-    unsafe {
-        ptr::write(
-            (*cln).data.cast::<Ctx>(),
-            Ctx {
-                status,
-                strategy,
-                hold,
-            },
-        );
-        (*cln).handler = Some(ctx_cleanup);
+    match hold {
+        Some(h) => keep_hold(r, h),
+        None => true,
     }
-    // SAFETY: as above; the module ctx points into the same pool allocation.
-    r.set_module_ctx(unsafe { (*cln).data }, RateCtlModule::module_ref());
-    true
 }
 
 /// nginx's cached monotonic clock, in nanoseconds: `ngx_current_msec`
@@ -218,14 +213,17 @@ fn handle(r: &mut Request) -> Status {
     let Some(lc) = RateCtlModule::location_conf(r) else {
         return Status::NGX_DECLINED;
     };
-    if !lc.enabled() || find_ctx(r).is_some() {
-        // Off here, or decided already (resumed after a delay, or an
-        // internal redirect): never count a request twice.
+    if !lc.enabled() {
         return Status::NGX_DECLINED;
     }
     let Some(mc) = RateCtlModule::main_conf(r) else {
         return Status::NGX_DECLINED;
     };
+    if variables::decided(r.as_ref(), mc.decision_index).is_some() {
+        // Decided already (resumed after a delay, or an internal
+        // redirect): never count a request twice.
+        return Status::NGX_DECLINED;
+    }
     let now_ns = monotonic_ns();
     let now_ms = unix_ms();
     let log = r.log();
@@ -235,7 +233,7 @@ fn handle(r: &mut Request) -> Status {
         }
         w.refresh(mc, now_ns, log);
         let (outcome, hold) = decide(w, mc, r, now_ns, now_ms, lc);
-        act(r, lc, &mut w.log, outcome, hold, now_ms)
+        act(r, mc, lc, &mut w.log, outcome, hold, now_ms)
     })
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
@@ -315,6 +313,7 @@ fn decide(
 /// delay, or refuse.
 fn act(
     r: &mut Request,
+    mc: &MainConf,
     lc: &LocConf,
     events: &mut EventLog,
     outcome: Option<Outcome>,
@@ -337,7 +336,7 @@ fn act(
                 None => (ReqStatus::FailOpen, Status::NGX_DECLINED, false),
                 _ => (ReqStatus::Passed, Status::NGX_DECLINED, false),
             };
-            if !new_ctx(r, status, 0, hold) {
+            if !record(r, mc, status, 0, hold) {
                 return error;
             }
             if blacklisted {
@@ -352,7 +351,7 @@ fn act(
         (Admission::Delay { id, .. }, _) => (ReqStatus::Delayed, id),
         (Admission::Reject { id, .. }, _) => (ReqStatus::Rejected, id),
     };
-    if !new_ctx(r, status, strategy, hold) {
+    if !record(r, mc, status, strategy, hold) {
         return error;
     }
     // Computed only when `rate_ctl_headers` is on.
@@ -469,7 +468,7 @@ fn add_header_num(r: &mut Request, name: &'static str, n: u64) {
 
 /// Delays the request by `ms` like limit_req: a timer on the write event,
 /// the read side watched for a client that goes away, then the phases run
-/// again (and this handler declines, the ctx being set).
+/// again (and this handler declines, the decision being recorded).
 fn start_delay(r: &mut Request, ms: u64) -> Status {
     let raw: &mut ngx_http_request_t = r.as_mut();
     // SAFETY: the request's connection and its events are valid; this is

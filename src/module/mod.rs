@@ -22,12 +22,6 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpC
 
 pub struct RateCtlModule;
 
-impl RateCtlModule {
-    pub(crate) fn module_ref() -> &'static ngx_module_t {
-        <Self as HttpModule>::module()
-    }
-}
-
 static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
     preconfiguration: Some(RateCtlModule::preconfiguration),
     postconfiguration: Some(RateCtlModule::postconfiguration),
@@ -79,6 +73,10 @@ impl HttpModule for RateCtlModule {
     }
 
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        // SAFETY: nginx passes the http block's configuration.
+        if unsafe { variables::index_decision(cf) } != Status::NGX_OK {
+            return Status::NGX_ERROR.0;
+        }
         // SAFETY: cf is the http block's configuration, whose core main conf exists.
         let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(unsafe { &*cf }) else {
             return Status::NGX_ERROR.0;

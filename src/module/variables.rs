@@ -1,30 +1,70 @@
-//! `$rate_ctl_status` and `$rate_ctl_strategy`, for access logs.
+//! `$rate_ctl_status` and `$rate_ctl_strategy`, for access logs, and the
+//! per-request record of what rate_ctl decided, which they read.
+//!
+//! # Where the decision lives
+//! A request is decided once: later visits of the PREACCESS phase (after a
+//! delay, an internal redirect or a jump to a named location) must not
+//! count it again, and the variables must still report it. nginx clears the
+//! module contexts on an internal redirect, but not the request's array of
+//! indexed variable values (`r->variables`, allocated with the request and
+//! shared with its subrequests). So the decision is written there, in the
+//! slot of a variable of this module that has no name lookup
+//! (`NGX_HTTP_VAR_NOHASH`): one word of memory the request already has, no
+//! allocation and no pool cleanup per request (like `limit_req`, which
+//! keeps its status in three bits of the request). See [`record`].
+
+use std::io::Write as _;
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_conf_t, ngx_http_add_variable, ngx_http_request_t, ngx_http_variable_value_t, ngx_pnalloc,
-    ngx_str_t, NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_conf_t, ngx_http_add_variable, ngx_http_get_variable_index, ngx_http_request_t,
+    ngx_http_variable_value_t, ngx_pnalloc, ngx_str_t, NGX_HTTP_VAR_NOCACHEABLE,
+    NGX_HTTP_VAR_NOHASH,
 };
-use ngx::http::Request;
+use ngx::http::{HttpModuleMainConf, Request};
 use ngx::ngx_string;
 
-use super::handler::find_ctx;
+use super::handler::ReqStatus;
+use super::RateCtlModule;
 
 type GetHandler =
     unsafe extern "C" fn(*mut ngx_http_request_t, *mut ngx_http_variable_value_t, usize) -> isize;
+
+/// The hidden variable whose per-request slot holds the decision.
+const DECISION: &str = "rate_ctl_internal_decision";
+
+fn static_str(s: &'static str) -> ngx_str_t {
+    ngx_str_t {
+        len: s.len(),
+        data: s.as_ptr().cast_mut(),
+    }
+}
 
 /// Registers the variables; called from preconfiguration.
 ///
 /// # Safety
 /// `cf` must be the configuration nginx passes to preconfiguration.
 pub unsafe fn add_variables(cf: *mut ngx_conf_t) -> Status {
-    let vars: [(ngx_str_t, GetHandler); 2] = [
-        (ngx_string!("rate_ctl_status"), status_variable),
-        (ngx_string!("rate_ctl_strategy"), strategy_variable),
+    let vars: [(ngx_str_t, GetHandler, u32); 3] = [
+        (
+            ngx_string!("rate_ctl_status"),
+            status_variable,
+            NGX_HTTP_VAR_NOCACHEABLE,
+        ),
+        (
+            ngx_string!("rate_ctl_strategy"),
+            strategy_variable,
+            NGX_HTTP_VAR_NOCACHEABLE,
+        ),
+        (
+            static_str(DECISION),
+            undecided_variable,
+            NGX_HTTP_VAR_NOHASH,
+        ),
     ];
-    for (mut name, get) in vars {
+    for (mut name, get, flags) in vars {
         // SAFETY: cf is valid (contract); nginx copies the name.
-        let v = unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as _) };
+        let v = unsafe { ngx_http_add_variable(cf, &mut name, flags as _) };
         if v.is_null() {
             return Status::NGX_ERROR;
         }
@@ -37,6 +77,80 @@ pub unsafe fn add_variables(cf: *mut ngx_conf_t) -> Status {
     Status::NGX_OK
 }
 
+/// Gives the decision variable its index (its slot in every request's
+/// `r->variables`); called from postconfiguration.
+///
+/// # Safety
+/// `cf` must be the http block's configuration.
+pub unsafe fn index_decision(cf: *mut ngx_conf_t) -> Status {
+    let mut name = static_str(DECISION);
+    // SAFETY: cf is valid (contract); nginx copies the name.
+    let index = unsafe { ngx_http_get_variable_index(cf, &mut name) };
+    // SAFETY: as above; our main conf exists in the http block.
+    let Some(mc) = RateCtlModule::main_conf_mut(unsafe { &*cf }) else {
+        return Status::NGX_ERROR;
+    };
+    let Ok(index) = usize::try_from(index) else {
+        return Status::NGX_ERROR;
+    };
+    mc.decision_index = index;
+    Status::NGX_OK
+}
+
+/// What rate_ctl decided for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decided {
+    pub status: ReqStatus,
+    /// The strategy that decided (0 = none).
+    pub strategy: u32,
+}
+
+/// The request's slot of the decision variable.
+#[inline]
+fn slot(r: &ngx_http_request_t, index: usize) -> *mut ngx_http_variable_value_t {
+    if r.variables.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: nginx allocates r->variables with one value per indexed
+    // variable, and `index` is one (given by ngx_http_get_variable_index).
+    unsafe { r.variables.add(index) }
+}
+
+/// The decision recorded for the request, if any (also after an internal
+/// redirect, and from a subrequest, which shares its main request's slots).
+#[inline]
+pub fn decided(r: &ngx_http_request_t, index: usize) -> Option<Decided> {
+    let v = slot(r, index);
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: v is this request's slot (see `slot`), live with the request.
+    let word = unsafe { (*v).data } as usize as u64;
+    Some(Decided {
+        status: ReqStatus::from_code((word & 0xff) as u32)?,
+        strategy: (word >> 8) as u32,
+    })
+}
+
+/// Records the decision in the request's slot: one word, the status code
+/// in the low byte and the strategy id above it (in the data pointer,
+/// which nobody dereferences: a reader of the variable finds it not found
+/// and nginx zeroes the array with the request). `false` if the request
+/// has no variable array (nginx allocates one with every request).
+#[inline]
+pub fn record(r: &mut ngx_http_request_t, index: usize, d: Decided) -> bool {
+    const { assert!(std::mem::size_of::<usize>() == 8) };
+    let v = slot(r, index);
+    if v.is_null() {
+        return false;
+    }
+    let word = u64::from(d.strategy) << 8 | u64::from(d.status.code());
+    // SAFETY: v is this request's slot (see `slot`); only this module
+    // writes it, on nginx's worker thread.
+    unsafe { (*v).data = word as usize as *mut u8 };
+    true
+}
+
 fn set_value(v: &mut ngx_http_variable_value_t, data: *mut u8, len: usize) {
     v.set_len(len as u32);
     v.set_valid(1);
@@ -47,7 +161,14 @@ fn set_value(v: &mut ngx_http_variable_value_t, data: *mut u8, len: usize) {
 }
 
 fn not_found(v: &mut ngx_http_variable_value_t) {
+    v.set_len(0);
     v.set_not_found(1);
+}
+
+/// The decision of the request `r` whose variable is being read.
+fn decision_of(r: &Request) -> Option<Decided> {
+    let mc = RateCtlModule::main_conf(r)?;
+    decided(r.as_ref(), mc.decision_index)
 }
 
 unsafe extern "C" fn status_variable(
@@ -57,9 +178,9 @@ unsafe extern "C" fn status_variable(
 ) -> isize {
     // SAFETY: nginx calls variable getters with a live request and value.
     let (r, v) = unsafe { (Request::from_ngx_http_request(r), &mut *v) };
-    match find_ctx(r) {
-        Some(ctx) => {
-            let s = ctx.status.as_str();
+    match decision_of(r) {
+        Some(d) => {
+            let s = d.status.as_str();
             // nginx never writes through a variable's data; static text is fine.
             set_value(v, s.as_ptr().cast_mut(), s.len());
         }
@@ -75,11 +196,18 @@ unsafe extern "C" fn strategy_variable(
 ) -> isize {
     // SAFETY: nginx calls variable getters with a live request and value.
     let (r, v) = unsafe { (Request::from_ngx_http_request(r), &mut *v) };
-    let Some(id) = find_ctx(r).map(|c| c.strategy).filter(|&id| id != 0) else {
+    let Some(id) = decision_of(r).map(|d| d.strategy).filter(|&id| id != 0) else {
         not_found(v);
         return Status::NGX_OK.0;
     };
-    let text = id.to_string();
+    // Formatted on the stack, copied into the pool: no heap.
+    let mut buf = [0u8; 10];
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    if write!(cur, "{id}").is_err() {
+        return Status::NGX_ERROR.0;
+    }
+    let len = cur.position() as usize;
+    let text = &buf[..len];
     // SAFETY: the request pool is live; we copy `len` bytes into it.
     let p = unsafe { ngx_pnalloc(r.pool().as_ptr(), text.len()) }.cast::<u8>();
     if p.is_null() {
@@ -88,5 +216,17 @@ unsafe extern "C" fn strategy_variable(
     // SAFETY: p has room for text.len() bytes.
     unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), p, text.len()) };
     set_value(v, p, text.len());
+    Status::NGX_OK.0
+}
+
+/// The decision variable, read by a configuration that names it: not
+/// found, whether decided or not (the recorded word is left as it is).
+unsafe extern "C" fn undecided_variable(
+    _r: *mut ngx_http_request_t,
+    v: *mut ngx_http_variable_value_t,
+    _data: usize,
+) -> isize {
+    // SAFETY: nginx calls variable getters with a live value.
+    unsafe { (*v).set_not_found(1) };
     Status::NGX_OK.0
 }
