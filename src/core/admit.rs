@@ -120,6 +120,7 @@ pub fn admit(hits: &[Hit], now_ns: u64, dry_run_all: bool) -> Decision {
 /// [`admit`], computing [`Decision::tightest`] only when `quota` is set
 /// (it is for `RateLimit-*` headers; reading every hit's quota is the
 /// most expensive part of a pass otherwise).
+#[inline]
 pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
     if let [hit] = hits {
         return admit_one(hit, now_ns, dry_run_all, quota);
@@ -130,6 +131,7 @@ pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> 
 /// The general path of [`admit_with`], also for a single hit: public so
 /// that a property test can hold [`admit_one`] to it.
 #[doc(hidden)]
+#[inline(never)]
 pub fn admit_listed(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
     let n = hits.len();
     if n <= 4 {
@@ -163,7 +165,8 @@ pub fn admit_listed(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -
 
 /// [`admit_listed`] for exactly one hit (most requests): the same decision
 /// and the same effects on the slot, without the per-hit bookkeeping a
-/// list needs for refunds.
+/// list needs for refunds. Inlined into the request path.
+#[inline]
 fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
     let mut d = Decision {
         verdict: Verdict::Pass,

@@ -357,7 +357,10 @@ impl Limiter {
         self.algorithm
     }
 
-    /// Tries to admit one request at `now_ns`.
+    /// Tries to admit one request at `now_ns`. Inlined into the request
+    /// path with the token bucket (the common algorithm); the others are
+    /// calls.
+    #[inline]
     pub fn acquire(&self, slot: &Slot, now_ns: u64) -> Outcome {
         match self.params {
             Params::Gcra {
@@ -472,6 +475,7 @@ impl Limiter {
     }
 }
 
+#[inline]
 fn gcra_acquire(w: &AtomicU64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Outcome {
     let horizon = tau.saturating_add(max_delay);
     let foreign_above = now.saturating_add(horizon).saturating_add(MAX_STALENESS_NS);
@@ -528,6 +532,7 @@ fn gcra_refund(w: &AtomicU64, r: Reservation, interval: u64) {
     }
 }
 
+#[inline(never)]
 fn fixed_acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Outcome {
     let w_now = window_of(now, period);
     let foreign_above = now.saturating_add(MAX_STALENESS_NS);
@@ -587,6 +592,7 @@ fn window_refund(w: &AtomicU64, r: Reservation) {
     }
 }
 
+#[inline(never)]
 fn sliding_acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Outcome {
     let words = [slot.state0(), slot.state1()];
     let w_now = window_of(now, period);
@@ -651,6 +657,7 @@ fn sliding_acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Outcome {
     }
 }
 
+#[inline(never)]
 fn concurrency_acquire(w: &AtomicU64, limit: u64) -> Outcome {
     let mut cur = w.load(Ordering::Acquire);
     loop {

@@ -13,4 +13,5 @@ pub mod segment;
 pub mod shm;
 pub mod slot;
 pub mod table;
+pub mod value_map;
 pub mod writer;

@@ -15,7 +15,6 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::admit::{self, Decision, Hit, Verdict};
@@ -26,6 +25,7 @@ use super::region::Region;
 use super::segment::{Decoded, MAX_TABLE_DIMENSIONS};
 use super::shm::Mapping;
 use super::slot::Slot;
+use super::value_map::ValueMap;
 
 const NONE: u32 = u32::MAX;
 /// Dimensions and matched strategies handled in stack arrays (more: a Vec).
@@ -121,7 +121,7 @@ impl Compiled {
 
 #[derive(Default)]
 struct DimIndex {
-    values: FxHashMap<Box<[u8]>, (u32, u32, u32)>, // value → (value id, anchored start, anchored len)
+    values: ValueMap<[u8], (u32, u32, u32)>, // value → (value id, anchored start, anchored len)
 }
 
 /// A request's value of each of [`Table::dimensions`], by index, read only
@@ -207,7 +207,7 @@ pub struct Table {
     index: Vec<DimIndex>,
     /// The `ip` dimension, matched on the binary address (no text form).
     ip_dim: Option<usize>,
-    ip_index: FxHashMap<u128, (u32, u32, u32)>,
+    ip_index: ValueMap<u128, (u32, u32, u32)>,
     /// The other dimensions some strategy names a value of: the only ones
     /// a request is asked for (by index).
     lookups: Box<[usize]>,
@@ -242,7 +242,7 @@ impl Table {
         let mut index: Vec<DimIndex> = Vec::new();
         let mut counts: Vec<u32> = Vec::new(); // strategies per value id
                                                // The `ip` dimension's values, by address (see `ip_index`).
-        let mut ip_index: FxHashMap<u128, (u32, u32, u32)> = FxHashMap::default();
+        let mut ip_index: ValueMap<u128, (u32, u32, u32)> = ValueMap::default();
         let mut published = decoded.strategies;
         published.sort_by_key(|p| p.strategy.id);
         published.dedup_by_key(|p| p.strategy.id);
@@ -268,16 +268,13 @@ impl Table {
                     None
                 };
                 let id = match ip {
-                    Some(ip) => ip_index.entry(ip.0).or_insert((next, 0, 0)).0,
-                    None => match index[d].values.get(&c.value[..]) {
-                        Some(&(id, _, _)) => id,
-                        None => {
-                            index[d]
-                                .values
-                                .insert(c.value.clone().into_boxed_slice(), (next, 0, 0));
-                            next
-                        }
-                    },
+                    Some(ip) => ip_index.get_or_insert_with(&ip.0, || (next, 0, 0)).0,
+                    None => {
+                        index[d]
+                            .values
+                            .get_or_insert_with(&c.value[..], || (next, 0, 0))
+                            .0
+                    }
                 };
                 if id == next {
                     counts.push(0);
@@ -430,7 +427,7 @@ impl Table {
     /// `req[d]`: interned id of the request's value of dimension `d` (NONE:
     /// absent or named by no strategy); `spans`: anchored lists to check (at
     /// most one per dimension).
-    #[inline]
+    #[inline(always)]
     fn match_into<V: Values + ?Sized>(
         &self,
         values: &V,
