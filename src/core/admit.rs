@@ -166,7 +166,7 @@ pub fn admit_listed(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -
 /// [`admit_listed`] for exactly one hit (most requests): the same decision
 /// and the same effects on the slot, without the per-hit bookkeeping a
 /// list needs for refunds. Inlined into the request path.
-#[inline]
+#[inline(always)]
 fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
     let mut d = Decision {
         verdict: Verdict::Pass,

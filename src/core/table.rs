@@ -451,11 +451,11 @@ impl Table {
             }
         }
         for &d in self.lookups.iter() {
-            if let Some(e) = values
-                .value(d)
-                .filter(|v| !v.is_empty())
-                .and_then(|v| self.index[d].values.get(v))
-            {
+            let Some(v) = values.value(d) else { continue };
+            if v.is_empty() {
+                continue;
+            }
+            if let Some(e) = self.index[d].values.get(v) {
                 found(d, e);
             }
         }

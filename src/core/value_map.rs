@@ -73,7 +73,8 @@ impl MapKey for u128 {
 
 /// Key → value, insert-only (see the module documentation).
 pub struct ValueMap<K: MapKey + ?Sized, V> {
-    /// `(hash tag, entry index)`; tag 0 = empty.
+    /// `(hash tag, entry index)`; tag 0 = empty. A power of two in length,
+    /// never full.
     slots: Box<[(u32, u32)]>,
     keys: Vec<K::Owned>,
     values: Vec<V>,
@@ -82,7 +83,8 @@ pub struct ValueMap<K: MapKey + ?Sized, V> {
 impl<K: MapKey + ?Sized, V> Default for ValueMap<K, V> {
     fn default() -> Self {
         ValueMap {
-            slots: Box::new([]),
+            // One empty slot: a lookup in an empty map needs no special case.
+            slots: Box::new([(0, 0)]),
             keys: Vec::new(),
             values: Vec::new(),
         }
@@ -114,10 +116,7 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
     /// call per dimension).
     #[inline(always)]
     fn find(&self, key: &K) -> Option<usize> {
-        let mask = self.slots.len().wrapping_sub(1);
-        if self.slots.is_empty() {
-            return None;
-        }
+        let mask = self.slots.len() - 1;
         let h = key.hash();
         let t = tag(h);
         let mut i = h as usize & mask;
