@@ -418,10 +418,23 @@ impl Table {
             let mut spans = [(0u32, 0u32); SCRATCH];
             self.match_into(values, ip, &mut req, &mut spans, out);
         } else {
-            let mut req = vec![NONE; n];
-            let mut spans = vec![(0u32, 0u32); n];
-            self.match_into(values, ip, &mut req, &mut spans, out);
+            self.match_many_dims(values, ip, out);
         }
+    }
+
+    /// [`match_request`](Self::match_request) for a table of more than
+    /// [`SCRATCH`] dimensions: scratch space on the heap.
+    #[inline(never)]
+    fn match_many_dims<V: Values + ?Sized>(
+        &self,
+        values: &V,
+        ip: Option<IpKey>,
+        out: &mut Matches,
+    ) {
+        let n = self.dims.len();
+        let mut req = vec![NONE; n];
+        let mut spans = vec![(0u32, 0u32); n];
+        self.match_into(values, ip, &mut req, &mut spans, out);
     }
 
     /// `req[d]`: interned id of the request's value of dimension `d` (NONE:
@@ -503,13 +516,6 @@ impl Table {
             return Outcome::NoMatch;
         };
         let slots = map.slots();
-        // After a pass or a delay every concurrency hit holds one unit (a
-        // dry run too: it counts real requests in flight); after a
-        // rejection none does (admit refunded them).
-        let holds = |h: &Hit, d: &Decision| {
-            h.limiter.algorithm() == Algorithm::Concurrency
-                && !matches!(d.verdict, Verdict::Reject { .. })
-        };
         if let [si] = *matched {
             // The common case, without the lists below.
             let hit = self.strategies[si as usize].hit(&slots);
@@ -520,10 +526,23 @@ impl Table {
             }
             return Outcome::Limited(decision);
         }
+        Outcome::Limited(self.admit_matched(matched, &slots, r, held))
+    }
+
+    /// Admission of a request that matched several strategies (out of the
+    /// one-match path, which stays small).
+    #[inline(never)]
+    fn admit_matched<V: Values + ?Sized>(
+        &self,
+        matched: &[u32],
+        slots: &Region<'_>,
+        r: &Request<'_, V>,
+        held: &mut SmallVec<[u32; 2]>,
+    ) -> Decision {
         let mut hits: SmallVec<[Hit<'_>; 8]> = SmallVec::new();
         let mut hit_index: SmallVec<[u32; 8]> = SmallVec::new();
         for &si in matched {
-            if let Some(hit) = self.strategies[si as usize].hit(&slots) {
+            if let Some(hit) = self.strategies[si as usize].hit(slots) {
                 hits.push(hit);
                 hit_index.push(si);
             }
@@ -534,7 +553,7 @@ impl Table {
                 held.push(si);
             }
         }
-        Outcome::Limited(decision)
+        decision
     }
 
     /// The blacklist's verdict on the request, if it holds the client
@@ -579,6 +598,14 @@ impl Table {
         let map = self.map.as_ref()?;
         Blacklist::open(map.blacklist()).ok()
     }
+}
+
+/// After a pass or a delay every concurrency hit holds one unit (a dry run
+/// too: it counts real requests in flight); after a rejection none does
+/// (admit refunded them).
+#[inline]
+fn holds(h: &Hit, d: &Decision) -> bool {
+    h.limiter.algorithm() == Algorithm::Concurrency && !matches!(d.verdict, Verdict::Reject { .. })
 }
 
 /// A client address as the matcher keys it: the IPv6 form, IPv4 as
