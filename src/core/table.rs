@@ -28,15 +28,20 @@ use super::slot::Slot;
 use super::value_map::ValueMap;
 
 const NONE: u32 = u32::MAX;
-/// Dimensions and matched strategies handled in stack arrays (more: a Vec).
+/// Dimensions handled in stack arrays (more: a Vec).
 const SCRATCH: usize = 16;
 
+/// Matched strategies a request keeps on the stack (more: a Vec). Most
+/// requests match one or two; a small array is cheaper to set up.
+const MATCH_SCRATCH: usize = 8;
+
 /// Matched strategy indexes: a stack array, spilling to a Vec past
-/// [`SCRATCH`]. Not a `SmallVec`: with one here the nginx request path cost
-/// ~90 instructions more (callgrind, `scripts/bench-instructions.sh`).
+/// [`MATCH_SCRATCH`]. Not a `SmallVec`: with one here the nginx request
+/// path cost ~90 instructions more (callgrind,
+/// `scripts/bench-instructions.sh`).
 struct Matches {
     n: usize,
-    fixed: [u32; SCRATCH],
+    fixed: [u32; MATCH_SCRATCH],
     more: Vec<u32>,
 }
 
@@ -45,7 +50,7 @@ impl Matches {
     fn new() -> Matches {
         Matches {
             n: 0,
-            fixed: [0; SCRATCH],
+            fixed: [0; MATCH_SCRATCH],
             more: Vec::new(),
         }
     }
@@ -57,10 +62,10 @@ impl Matches {
 
     #[inline]
     fn push(&mut self, si: u32) {
-        if self.n < SCRATCH {
+        if self.n < MATCH_SCRATCH {
             self.fixed[self.n] = si;
         } else {
-            if self.n == SCRATCH {
+            if self.n == MATCH_SCRATCH {
                 self.more.extend_from_slice(&self.fixed);
             }
             self.more.push(si);
@@ -77,7 +82,7 @@ impl Matches {
 
     #[inline]
     fn as_slice(&self) -> &[u32] {
-        if self.n <= SCRATCH {
+        if self.n <= MATCH_SCRATCH {
             &self.fixed[..self.n]
         } else {
             &self.more
@@ -86,7 +91,7 @@ impl Matches {
 
     #[inline]
     fn as_mut_slice(&mut self) -> &mut [u32] {
-        if self.n <= SCRATCH {
+        if self.n <= MATCH_SCRATCH {
             &mut self.fixed[..self.n]
         } else {
             &mut self.more
