@@ -126,7 +126,32 @@ impl Compiled {
 
 #[derive(Default)]
 struct DimIndex {
-    values: ValueMap<[u8], (u32, u32, u32)>, // value → (value id, anchored start, anchored len)
+    values: ValueMap<[u8], ValueEntry>,
+}
+
+/// What the matcher keeps for one value of one dimension.
+#[derive(Clone, Copy)]
+struct ValueEntry {
+    /// The interned value id (what other conditions compare against).
+    id: u32,
+    /// The strategies anchored under this value: `anchored[start..start + len]`.
+    start: u32,
+    len: u32,
+    /// The strategy anchored here when it is the only one and has no other
+    /// condition: it matches on the lookup itself, without a second pass
+    /// (NONE otherwise). The usual shape of `api=/pay: 100/s`.
+    only: u32,
+}
+
+impl ValueEntry {
+    fn new(id: u32) -> ValueEntry {
+        ValueEntry {
+            id,
+            start: 0,
+            len: 0,
+            only: NONE,
+        }
+    }
 }
 
 /// A request's value of each of [`Table::dimensions`], by index, read only
@@ -212,7 +237,7 @@ pub struct Table {
     index: Vec<DimIndex>,
     /// The `ip` dimension, matched on the binary address (no text form).
     ip_dim: Option<usize>,
-    ip_index: ValueMap<u128, (u32, u32, u32)>,
+    ip_index: ValueMap<u128, ValueEntry>,
     /// The other dimensions some strategy names a value of: the only ones
     /// a request is asked for (by index).
     lookups: Box<[usize]>,
@@ -247,7 +272,7 @@ impl Table {
         let mut index: Vec<DimIndex> = Vec::new();
         let mut counts: Vec<u32> = Vec::new(); // strategies per value id
                                                // The `ip` dimension's values, by address (see `ip_index`).
-        let mut ip_index: ValueMap<u128, (u32, u32, u32)> = ValueMap::default();
+        let mut ip_index: ValueMap<u128, ValueEntry> = ValueMap::default();
         let mut published = decoded.strategies;
         published.sort_by_key(|p| p.strategy.id);
         published.dedup_by_key(|p| p.strategy.id);
@@ -273,12 +298,16 @@ impl Table {
                     None
                 };
                 let id = match ip {
-                    Some(ip) => ip_index.get_or_insert_with(&ip.0, || (next, 0, 0)).0,
+                    Some(ip) => {
+                        ip_index
+                            .get_or_insert_with(&ip.0, || ValueEntry::new(next))
+                            .id
+                    }
                     None => {
                         index[d]
                             .values
-                            .get_or_insert_with(&c.value[..], || (next, 0, 0))
-                            .0
+                            .get_or_insert_with(&c.value[..], || ValueEntry::new(next))
+                            .id
                     }
                 };
                 if id == next {
@@ -340,9 +369,15 @@ impl Table {
             }
         }
         let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
-        for (id, start, len) in entries.chain(ip_index.values_mut()) {
-            *start = starts[*id as usize];
-            *len = starts[*id as usize + 1] - *start;
+        for e in entries.chain(ip_index.values_mut()) {
+            e.start = starts[e.id as usize];
+            e.len = starts[e.id as usize + 1] - e.start;
+            if e.len == 1 {
+                let si = anchored[e.start as usize];
+                if strategies[si as usize].conds.len() == 1 {
+                    e.only = si;
+                }
+            }
         }
         let ip_dim = dims.iter().position(|d| d == "ip");
         let lookups = (0..dims.len())
@@ -455,11 +490,16 @@ impl Table {
         out: &mut Matches,
     ) {
         out.extend(&self.unconditioned);
+        // Lists to merge: each is ascending, only a mix needs sorting.
+        let mut sources = usize::from(out.len() > 0);
         let mut ns = 0;
-        let mut found = |d: usize, &(id, start, len): &(u32, u32, u32)| {
-            req[d] = id;
-            if len > 0 {
-                spans[ns] = (start, len);
+        let mut found = |d: usize, e: &ValueEntry| {
+            req[d] = e.id;
+            if e.only != NONE {
+                out.push(e.only);
+                sources += 1;
+            } else if e.len > 0 {
+                spans[ns] = (e.start, e.len);
                 ns += 1;
             }
         };
@@ -477,7 +517,7 @@ impl Table {
                 found(d, e);
             }
         }
-        let sources = ns + usize::from(out.len() > 0);
+        sources += ns;
         for &(start, len) in &spans[..ns] {
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
@@ -486,7 +526,6 @@ impl Table {
                 }
             }
         }
-        // Each source is ascending already; only a mix needs sorting.
         if sources > 1 {
             out.as_mut_slice().sort_unstable();
         }
