@@ -28,74 +28,36 @@ use super::slot::Slot;
 use super::value_map::ValueMap;
 
 const NONE: u32 = u32::MAX;
-/// Dimensions handled in stack arrays (more: a Vec).
-const SCRATCH: usize = 16;
 
-/// Matched strategies a request keeps on the stack (more: a Vec). Most
-/// requests match one or two; a small array is cheaper to set up.
-const MATCH_SCRATCH: usize = 8;
-
-/// Matched strategy indexes: a stack array, spilling to a Vec past
-/// [`MATCH_SCRATCH`]. Not a `SmallVec`: with one here the nginx request
-/// path cost ~90 instructions more (callgrind,
-/// `scripts/bench-instructions.sh`).
-struct Matches {
-    n: usize,
-    fixed: [u32; MATCH_SCRATCH],
-    more: Vec<u32>,
+/// The matcher's working space. A caller that decides many requests (the
+/// nginx worker) keeps one, so a request neither allocates nor clears
+/// arrays: each request writes the entries it then reads (the vectors only
+/// grow, for a table with more dimensions or a request with more matches
+/// than any before).
+#[derive(Default)]
+pub struct Scratch {
+    /// Interned id of the request's value per dimension (NONE: absent or
+    /// named by no strategy), written for every dimension looked up.
+    req: Vec<u32>,
+    /// Anchored lists to check, at most one per dimension.
+    spans: Vec<(u32, u32)>,
+    /// Matched strategy indexes.
+    matches: Vec<u32>,
 }
 
-impl Matches {
-    #[inline]
-    fn new() -> Matches {
-        Matches {
-            n: 0,
-            fixed: [0; MATCH_SCRATCH],
-            more: Vec::new(),
-        }
-    }
+/// Matches room is made for when a table is loaded (more: the vector grows).
+const MATCHES_ROOM: usize = 16;
 
-    #[inline]
-    fn len(&self) -> usize {
-        self.n
-    }
-
-    #[inline]
-    fn push(&mut self, si: u32) {
-        if self.n < MATCH_SCRATCH {
-            self.fixed[self.n] = si;
-        } else {
-            if self.n == MATCH_SCRATCH {
-                self.more.extend_from_slice(&self.fixed);
-            }
-            self.more.push(si);
+impl Scratch {
+    /// Makes room for `table` now (when a worker loads it), so that no
+    /// request allocates.
+    pub fn fit(&mut self, table: &Table) {
+        let n = table.dimensions().len();
+        if self.req.len() < n {
+            self.req.resize(n, NONE);
+            self.spans.resize(n, (0, 0));
         }
-        self.n += 1;
-    }
-
-    #[inline]
-    fn extend(&mut self, sis: &[u32]) {
-        for &si in sis {
-            self.push(si);
-        }
-    }
-
-    #[inline]
-    fn as_slice(&self) -> &[u32] {
-        if self.n <= MATCH_SCRATCH {
-            &self.fixed[..self.n]
-        } else {
-            &self.more
-        }
-    }
-
-    #[inline]
-    fn as_mut_slice(&mut self) -> &mut [u32] {
-        if self.n <= MATCH_SCRATCH {
-            &mut self.fixed[..self.n]
-        } else {
-            &mut self.more
-        }
+        self.matches.reserve(MATCHES_ROOM);
     }
 }
 
@@ -435,9 +397,9 @@ impl Table {
     /// Indexes of the strategies matching `values`, ascending (= by id).
     /// The `ip` dimension's value, if given, is parsed as an address.
     pub fn matching<V: Values + ?Sized>(&self, values: &V) -> Vec<u32> {
-        let mut out = Matches::new();
-        self.match_request(values, None, &mut out);
-        out.as_slice().to_vec()
+        let mut scratch = Scratch::default();
+        self.match_request(values, None, &mut scratch);
+        scratch.matches
     }
 
     /// [`matching`](Self::matching) with the `ip` dimension taken from the
@@ -445,41 +407,23 @@ impl Table {
     /// callers that give values as text, e.g. tests; nginx gives the binary
     /// address).
     #[inline]
-    fn match_request<V: Values + ?Sized>(&self, values: &V, ip: Option<IpKey>, out: &mut Matches) {
+    fn match_request<V: Values + ?Sized>(&self, values: &V, ip: Option<IpKey>, s: &mut Scratch) {
         let ip = match (ip, self.ip_dim) {
             (Some(ip), _) => Some(ip),
             (None, Some(d)) => values.value(d).and_then(IpKey::parse),
             (None, None) => None,
         };
-        let n = self.dims.len();
-        if n <= SCRATCH {
-            // The common case: scratch space on the stack, nothing allocated.
-            let mut req = [NONE; SCRATCH];
-            let mut spans = [(0u32, 0u32); SCRATCH];
-            self.match_into(values, ip, &mut req, &mut spans, out);
-        } else {
-            self.match_many_dims(values, ip, out);
+        if s.req.len() < self.dims.len() {
+            s.fit(self);
         }
+        s.matches.clear();
+        self.match_into(values, ip, &mut s.req, &mut s.spans, &mut s.matches);
     }
 
-    /// [`match_request`](Self::match_request) for a table of more than
-    /// [`SCRATCH`] dimensions: scratch space on the heap.
-    #[inline(never)]
-    fn match_many_dims<V: Values + ?Sized>(
-        &self,
-        values: &V,
-        ip: Option<IpKey>,
-        out: &mut Matches,
-    ) {
-        let n = self.dims.len();
-        let mut req = vec![NONE; n];
-        let mut spans = vec![(0u32, 0u32); n];
-        self.match_into(values, ip, &mut req, &mut spans, out);
-    }
-
-    /// `req[d]`: interned id of the request's value of dimension `d` (NONE:
-    /// absent or named by no strategy); `spans`: anchored lists to check (at
-    /// most one per dimension).
+    /// `req[d]`: interned id of the request's value of dimension `d`,
+    /// written here for every dimension looked up (the only ones a
+    /// condition names); `spans`: anchored lists to check (at most one per
+    /// dimension); `out`: the matches, ascending.
     #[inline(always)]
     fn match_into<V: Values + ?Sized>(
         &self,
@@ -487,13 +431,17 @@ impl Table {
         ip: Option<IpKey>,
         req: &mut [u32],
         spans: &mut [(u32, u32)],
-        out: &mut Matches,
+        out: &mut Vec<u32>,
     ) {
-        out.extend(&self.unconditioned);
+        out.extend_from_slice(&self.unconditioned);
         // Lists to merge: each is ascending, only a mix needs sorting.
-        let mut sources = usize::from(out.len() > 0);
+        let mut sources = usize::from(!out.is_empty());
         let mut ns = 0;
-        let mut found = |d: usize, e: &ValueEntry| {
+        let mut found = |d: usize, e: Option<&ValueEntry>| {
+            let Some(e) = e else {
+                req[d] = NONE;
+                return;
+            };
             req[d] = e.id;
             if e.only != NONE {
                 out.push(e.only);
@@ -503,19 +451,15 @@ impl Table {
                 ns += 1;
             }
         };
-        if let (Some(ip), Some(d)) = (ip, self.ip_dim) {
-            if let Some(e) = self.ip_index.get(&ip.0) {
-                found(d, e);
-            }
+        if let Some(d) = self.ip_dim {
+            found(d, ip.and_then(|ip| self.ip_index.get(&ip.0)));
         }
         for &d in self.lookups.iter() {
-            let Some(v) = values.value(d) else { continue };
-            if v.is_empty() {
-                continue;
-            }
-            if let Some(e) = self.index[d].values.get(v) {
-                found(d, e);
-            }
+            let e = match values.value(d) {
+                Some(v) if !v.is_empty() => self.index[d].values.get(v),
+                _ => None,
+            };
+            found(d, e);
         }
         sources += ns;
         for &(start, len) in &spans[..ns] {
@@ -527,14 +471,14 @@ impl Table {
             }
         }
         if sources > 1 {
-            out.as_mut_slice().sort_unstable();
+            out.sort_unstable();
         }
     }
 
     /// Blacklist, match and admit one request.
     pub fn decide<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> TableDecision {
         let mut held = SmallVec::new();
-        let outcome = self.decide_into(r, &mut held);
+        let outcome = self.decide_into(r, &mut held, &mut Scratch::default());
         TableDecision { outcome, held }
     }
 
@@ -546,6 +490,7 @@ impl Table {
         &self,
         r: &Request<'_, V>,
         held: &mut SmallVec<[u32; 2]>,
+        scratch: &mut Scratch,
     ) -> Outcome {
         // An empty blacklist costs nothing per request.
         if self.bl_ip || !self.bl_dims.is_empty() {
@@ -553,9 +498,8 @@ impl Table {
                 return o;
             }
         }
-        let mut matched = Matches::new();
-        self.match_request(r.values, r.ip, &mut matched);
-        let matched = matched.as_slice();
+        self.match_request(r.values, r.ip, scratch);
+        let matched = &scratch.matches[..];
         let (Some(map), false) = (&self.map, matched.is_empty()) else {
             return Outcome::NoMatch;
         };

@@ -274,24 +274,26 @@ impl Values for RequestValues<'_> {
 /// Blacklist, match and admit with the worker's current table: `None`
 /// without a usable table (fail open), and the concurrency units held.
 fn decide(
-    w: &Worker,
+    w: &mut Worker,
     mc: &MainConf,
     r: &Request,
     now_ns: u64,
     now_ms: u64,
     lc: &LocConf,
 ) -> (Option<Outcome>, Option<Hold>) {
-    let Some(table) = w.engine.table() else {
+    let Worker {
+        engine,
+        sources,
+        scratch,
+        ..
+    } = w;
+    let Some(table) = engine.table() else {
         return (None, None);
     };
     let mut held = SmallVec::new();
     let outcome = table.decide_into(
         &TableRequest {
-            values: &RequestValues {
-                r,
-                mc,
-                sources: &w.sources,
-            },
+            values: &RequestValues { r, mc, sources },
             // The table matches `ip` (and the blacklist checks it) on the
             // binary address: no text form.
             ip: client_ip(r.as_ref()),
@@ -301,6 +303,7 @@ fn decide(
             quota: lc.headers(),
         },
         &mut held,
+        scratch,
     );
     let hold = (!held.is_empty()).then(|| Hold {
         table: table.clone(),

@@ -14,6 +14,7 @@ use ngx::ngx_log_error;
 use super::conf::MainConf;
 use super::parse::LogLevel;
 use crate::core::engine::{self, Engine};
+use crate::core::table::Scratch;
 
 /// What a rejection log line is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +127,8 @@ pub struct Worker {
     sources_version: Option<u64>,
     pub sources: Vec<Source>,
     pub log: EventLog,
+    /// The matcher's working space, reused by every request.
+    pub scratch: Scratch,
 }
 
 impl Worker {
@@ -135,6 +138,7 @@ impl Worker {
             sources_version: None,
             sources: Vec::new(),
             log: EventLog::default(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -162,6 +166,9 @@ impl Worker {
             self.sources = self.engine.table().map_or_else(Vec::new, |t| {
                 t.dimensions().iter().map(|d| source_for(d, mc)).collect()
             });
+            if let Some(t) = self.engine.table() {
+                self.scratch.fit(t);
+            }
             self.sources_version = version;
         }
     }
