@@ -433,9 +433,12 @@ impl Table {
         spans: &mut [(u32, u32)],
         out: &mut Vec<u32>,
     ) {
-        out.extend_from_slice(&self.unconditioned);
         // Lists to merge: each is ascending, only a mix needs sorting.
-        let mut sources = usize::from(!out.is_empty());
+        let mut sources = 0;
+        if !self.unconditioned.is_empty() {
+            out.extend_from_slice(&self.unconditioned);
+            sources = 1;
+        }
         let mut ns = 0;
         let mut found = |d: usize, e: Option<&ValueEntry>| {
             let Some(e) = e else {

@@ -348,6 +348,14 @@ fn act(
             return answer;
         }
     };
+    if let (Admission::Pass, None, None) = (&d.verdict, d.dry_run_rejected, &d.tightest) {
+        // The plain pass: most requests.
+        return if record(r, mc, ReqStatus::Passed, d.passed_by.unwrap_or(0), hold) {
+            Status::NGX_DECLINED
+        } else {
+            error
+        };
+    }
     let (status, strategy) = match (d.verdict, d.dry_run_rejected) {
         (Admission::Pass, Some(id)) => (ReqStatus::DryRunRejected, id),
         (Admission::Pass, None) => (ReqStatus::Passed, d.passed_by.unwrap_or(0)),
