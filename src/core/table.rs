@@ -509,10 +509,12 @@ impl Table {
         let slots = map.slots();
         if let [si] = *matched {
             // The common case, without the lists below.
-            let hit = self.strategies[si as usize].hit(&slots);
-            let hits = hit.as_slice();
-            let decision = admit::admit_with(hits, r.now_ns, r.dry_run, r.quota);
-            if hits.iter().any(|h| holds(h, &decision)) {
+            let Some(hit) = self.strategies[si as usize].hit(&slots) else {
+                return Outcome::Limited(admit::admit_with(&[], r.now_ns, r.dry_run, r.quota));
+            };
+            let decision =
+                admit::admit_with(std::slice::from_ref(&hit), r.now_ns, r.dry_run, r.quota);
+            if holds(&hit, &decision) {
                 held.push(si);
             }
             return Outcome::Limited(decision);
