@@ -4,13 +4,16 @@
 //! ## Matching
 //! Each strategy is *anchored* under one of its conditions: the one whose
 //! `(dimension, value)` is shared by the fewest strategies. Per dimension a
-//! hash map sends a value to its interned id and to the strategies anchored
-//! there. A request looks each of its values up once (one hash probe per
-//! dimension in use), then checks the anchored strategies' other conditions
-//! by comparing interned ids — integer compares, no string work. The cost is
-//! the number of probes plus the number of strategies anchored under the
-//! request's own values, independent of the table size; strategies without
-//! conditions match every request.
+//! [`ValueMap`] sends a value to its interned id and to the strategies
+//! anchored there. A request looks each of its values up once (one probe
+//! per dimension in use), then checks the anchored strategies' other
+//! conditions by comparing interned ids — integer compares, no string work.
+//! A strategy alone under its value with no other condition (`api=/pay`)
+//! matches on the lookup itself. The cost is the number of probes plus the
+//! number of strategies anchored under the request's own values,
+//! independent of the table size; strategies without conditions match
+//! every request. The working arrays live in a [`Scratch`] the nginx
+//! worker keeps, so a request allocates and clears nothing.
 
 use std::net::IpAddr;
 use std::sync::Arc;
