@@ -81,7 +81,8 @@ T
 
     # A request decided once is not counted again after an internal
     # redirect (try_files to a named location, error_page to a URI): both
-    # clear the module context; the decision is found in the request pool.
+    # clear the module contexts; the decision is kept in the request's
+    # variable values, which survive them.
     @c = $n->codes('/named', 5);
     is_deeply(\@c, [200, 200, 200, 503, 503], 'named location: 3 of 5 passed, each counted once');
     @c = $n->codes('/err', 4, '-b uid=u-err');
@@ -109,6 +110,10 @@ T
     my @log = $n->access_log;
     ok((grep { m{^503 REJECTED 2 /fw$} } @log), '$rate_ctl_status REJECTED and $rate_ctl_strategy logged');
     ok((grep { m{^200 PASSED - /payx$} } @log), 'PASSED without strategy');
+    # Logged after the internal redirects: the decision made before them.
+    ok((grep { m{^200 PASSED 9 /named$} } @log), 'named location: decision logged after the redirect');
+    ok((grep { m{^503 REJECTED 9 /named$} } @log), 'named location: rejection logged');
+    ok((grep { m{^200 PASSED 10 /errtarget$} } @log), 'error_page: decision logged at the redirect target');
 
     # Aggregated logging: 8+ rejections of strategy 2 within a second are
     # not one line each.
