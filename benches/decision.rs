@@ -11,7 +11,8 @@ use rate_ctl::core::engine::Engine;
 use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
 use rate_ctl::core::segment::read_segment;
 use rate_ctl::core::shm::Capacities;
-use rate_ctl::core::table::{Request, Table};
+use rate_ctl::core::table::{Request, Scratch, Table};
+use smallvec::SmallVec;
 use rate_ctl::core::writer::Writer;
 
 const DIMS: [&str; 6] = ["ip", "userid", "api", "method", "host", "appid"];
@@ -136,6 +137,9 @@ fn decision(c: &mut Criterion) {
         }
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let mut now = 1_000_000_000u64;
+        // As the nginx worker does: one working space, fitted at load.
+        let mut scratch = Scratch::default();
+        scratch.fit(&t);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {
                 now += 1_000;
@@ -147,7 +151,8 @@ fn decision(c: &mut Criterion) {
                     dry_run: false,
                     quota: true,
                 };
-                black_box(t.decide(&r))
+                let mut held = SmallVec::new();
+                black_box(t.decide_into(&r, &mut held, &mut scratch))
             })
         });
     }
