@@ -12,8 +12,8 @@ use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
 use rate_ctl::core::segment::read_segment;
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::table::{Request, Scratch, Table};
-use smallvec::SmallVec;
 use rate_ctl::core::writer::Writer;
+use smallvec::SmallVec;
 
 const DIMS: [&str; 6] = ["ip", "userid", "api", "method", "host", "appid"];
 

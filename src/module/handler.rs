@@ -43,24 +43,30 @@ pub enum ReqStatus {
 }
 
 impl ReqStatus {
-    const ALL: [ReqStatus; 6] = [
-        ReqStatus::Passed,
-        ReqStatus::Delayed,
-        ReqStatus::Rejected,
-        ReqStatus::Blacklisted,
-        ReqStatus::DryRunRejected,
-        ReqStatus::FailOpen,
-    ];
-
     /// 1..=6, as recorded per request (0 is "not decided").
     #[inline]
     pub fn code(self) -> u32 {
-        self as u32 + 1
+        match self {
+            ReqStatus::Passed => 1,
+            ReqStatus::Delayed => 2,
+            ReqStatus::Rejected => 3,
+            ReqStatus::Blacklisted => 4,
+            ReqStatus::DryRunRejected => 5,
+            ReqStatus::FailOpen => 6,
+        }
     }
 
     #[inline]
     pub fn from_code(code: u32) -> Option<ReqStatus> {
-        Self::ALL.get((code as usize).checked_sub(1)?).copied()
+        Some(match code {
+            1 => ReqStatus::Passed,
+            2 => ReqStatus::Delayed,
+            3 => ReqStatus::Rejected,
+            4 => ReqStatus::Blacklisted,
+            5 => ReqStatus::DryRunRejected,
+            6 => ReqStatus::FailOpen,
+            _ => return None,
+        })
     }
 
     pub fn as_str(self) -> &'static str {
