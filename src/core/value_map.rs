@@ -14,14 +14,15 @@
 //! client chooses only what it looks up, and with the table at most half
 //! full a lookup stops at the first empty slot.
 
-/// A key type the map can hold.
+use std::borrow::Borrow;
+
+/// A key type the map can hold: hashed and compared in its borrowed form,
+/// stored owned.
 pub trait MapKey {
     /// How the map stores it.
-    type Owned;
+    type Owned: Borrow<Self>;
     fn hash(&self) -> u64;
-    /// The hash of a stored key: the same as of the key it was made from.
-    fn hash_owned(stored: &Self::Owned) -> u64;
-    fn matches(&self, stored: &Self::Owned) -> bool;
+    fn same(&self, other: &Self) -> bool;
     fn to_owned_key(&self) -> Self::Owned;
 }
 
@@ -33,13 +34,9 @@ impl MapKey for [u8] {
         hash_bytes(self)
     }
 
-    fn hash_owned(stored: &Box<[u8]>) -> u64 {
-        hash_bytes(stored)
-    }
-
     #[inline]
-    fn matches(&self, stored: &Box<[u8]>) -> bool {
-        bytes_eq(self, stored)
+    fn same(&self, other: &[u8]) -> bool {
+        bytes_eq(self, other)
     }
 
     fn to_owned_key(&self) -> Box<[u8]> {
@@ -57,13 +54,9 @@ impl MapKey for u128 {
         mix(mix(lo ^ SEED, K1) ^ hi, K2)
     }
 
-    fn hash_owned(stored: &u128) -> u64 {
-        MapKey::hash(stored)
-    }
-
     #[inline]
-    fn matches(&self, stored: &u128) -> bool {
-        self == stored
+    fn same(&self, other: &u128) -> bool {
+        self == other
     }
 
     fn to_owned_key(&self) -> u128 {
@@ -125,7 +118,7 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
             if st == 0 {
                 return None;
             }
-            if st == t && key.matches(&self.keys[e as usize]) {
+            if st == t && key.same(self.keys[e as usize].borrow()) {
                 return Some(e as usize);
             }
             i = (i + 1) & mask;
@@ -169,7 +162,7 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
         let n = (self.slots.len() * 2).max(8);
         self.slots = vec![(0, 0); n].into_boxed_slice();
         for e in 0..self.keys.len() {
-            let h = K::hash_owned(&self.keys[e]);
+            let h = self.keys[e].borrow().hash();
             self.place(h, e as u32);
         }
     }
