@@ -113,7 +113,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::core::model::{valid_dimension_name, MAX_VALUE_LEN};
+use crate::core::model::{parse_ip, valid_dimension_name, MAX_VALUE_LEN};
 use crate::core::region::Region;
 
 /// `b"RCBLKLS1"` as a little-endian u64.
@@ -282,10 +282,6 @@ impl Key {
         };
         (h ^ (h >> 32)) as u32
     }
-}
-
-fn parse_ip(value: &[u8]) -> Option<IpAddr> {
-    std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
 /// Multiplier for [`fastmod`] by `d` (Lemire, Kaser, Kurz: "Faster

@@ -261,13 +261,17 @@ pub fn valid_dimension_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
 }
 
+/// An IP address written as text (surrounding spaces ignored): what the
+/// model, the blacklist and the matcher read `ip` values with.
+pub fn parse_ip(value: &[u8]) -> Option<IpAddr> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
 /// The canonical text of an IP address value: IPv4 dotted quad, IPv6 in
-/// RFC 5952 form, IPv4-mapped IPv6 as IPv4. The module formats the client
-/// address the same way, so equal addresses compare equal as bytes.
+/// RFC 5952 form, IPv4-mapped IPv6 as IPv4, so that one address is stored
+/// one way.
 pub fn canonical_ip(value: &[u8]) -> Option<String> {
-    let s = std::str::from_utf8(value).ok()?;
-    let ip: IpAddr = s.trim().parse().ok()?;
-    Some(canonical_ip_addr(ip))
+    Some(canonical_ip_addr(parse_ip(value)?))
 }
 
 /// Is `value` an IP address in the form [`canonical_ip`] gives? No
