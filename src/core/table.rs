@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 use super::admit::{self, Decision, Hit, Verdict};
 use super::blacklist::Blacklist;
 use super::limiter::Limiter;
-use super::model::{Algorithm, Strategy};
+use super::model::{parse_ip, Algorithm, Strategy};
 use super::region::Region;
 use super::segment::{Decoded, MAX_TABLE_DIMENSIONS};
 use super::shm::Mapping;
@@ -233,11 +233,12 @@ impl Table {
             Some(dims.len() - 1)
         };
         let mut strategies: Vec<Compiled> = Vec::with_capacity(decoded.strategies.len());
-        // Per dimension: value → (interned id, anchored start, anchored len).
+        // Per dimension: value → its entry (interned id, anchored list);
+        // the `ip` dimension's values by address (see `ip_index`).
         let mut index: Vec<DimIndex> = Vec::new();
-        let mut counts: Vec<u32> = Vec::new(); // strategies per value id
-                                               // The `ip` dimension's values, by address (see `ip_index`).
         let mut ip_index: ValueMap<u128, ValueEntry> = ValueMap::default();
+        // Strategies per interned value id.
+        let mut counts: Vec<u32> = Vec::new();
         let mut published = decoded.strategies;
         published.sort_by_key(|p| p.strategy.id);
         published.dedup_by_key(|p| p.strategy.id);
@@ -488,9 +489,10 @@ impl Table {
         TableDecision { outcome, held }
     }
 
-    /// [`decide`](Self::decide), adding the concurrency strategies the
-    /// request holds to `held` (the request path keeps that list only when
-    /// it is not empty).
+    /// [`decide`](Self::decide) with the caller's working space (fitted to
+    /// this table by [`Scratch::fit`] beforehand, or on first use), adding
+    /// the concurrency strategies the request holds to `held` (the request
+    /// path keeps that list only when it is not empty).
     #[inline]
     pub fn decide_into<V: Values + ?Sized>(
         &self,
@@ -620,8 +622,7 @@ impl IpKey {
 
     /// Parses an address in text (`1.2.3.4`, `::1`, `::ffff:1.2.3.4`).
     pub fn parse(text: &[u8]) -> Option<IpKey> {
-        let ip = std::str::from_utf8(text).ok()?.parse::<IpAddr>().ok()?;
-        Some(IpKey::from(ip))
+        parse_ip(text).map(IpKey::from)
     }
 
     /// The address, v4-mapped IPv6 given back as IPv4.

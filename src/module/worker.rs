@@ -160,15 +160,18 @@ impl Worker {
             };
             ngx_log_error!(level.ngx_level(), log, "{}", change.message);
         }
-        // Map the table's dimensions to request sources, once per table.
-        let version = self.engine.table().map(|t| t.version());
+        // Once per table: map its dimensions to request sources and make
+        // room in the working space.
+        let table = self.engine.table();
+        let version = table.map(|t| t.version());
         if version != self.sources_version {
-            self.sources = self.engine.table().map_or_else(Vec::new, |t| {
-                t.dimensions().iter().map(|d| source_for(d, mc)).collect()
-            });
-            if let Some(t) = self.engine.table() {
-                self.scratch.fit(t);
-            }
+            self.sources = match table {
+                Some(t) => {
+                    self.scratch.fit(t);
+                    t.dimensions().iter().map(|d| source_for(d, mc)).collect()
+                }
+                None => Vec::new(),
+            };
             self.sources_version = version;
         }
     }
