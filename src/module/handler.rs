@@ -449,37 +449,43 @@ fn add_quota_headers(r: &mut Request, q: &Quota) {
     add_header_num(r, "RateLimit-Reset", reset);
 }
 
+/// `n` in decimal, copied into the request pool (formatted on the stack:
+/// no heap); `None` if the pool is out of memory.
+pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t> {
+    let mut buf = [0u8; 20];
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    write!(cur, "{n}").ok()?;
+    let len = cur.position() as usize;
+    // SAFETY: the request pool is live; we allocate `len` bytes from it.
+    let data = unsafe { ngx_pnalloc(r.pool().as_ptr(), len) }.cast::<u8>();
+    if data.is_null() {
+        return None;
+    }
+    // SAFETY: data has room for len bytes; buf holds them.
+    unsafe { ptr::copy_nonoverlapping(buf.as_ptr(), data, len) };
+    Some(ngx::ffi::ngx_str_t { len, data })
+}
+
 /// Adds `name: n` to the response headers; the name is static, the value
 /// is formatted into the request pool.
 fn add_header_num(r: &mut Request, name: &'static str, n: u64) {
-    let raw: &mut ngx_http_request_t = r.as_mut();
-    let mut buf = [0u8; 20];
-    let mut cur = std::io::Cursor::new(&mut buf[..]);
-    if write!(cur, "{n}").is_err() {
+    let Some(value) = number_in_pool(r, n) else {
         return;
-    }
-    let len = cur.position() as usize;
+    };
+    let raw: &mut ngx_http_request_t = r.as_mut();
     // SAFETY: headers_out.headers is the request's initialised header list;
     // a pushed element is zeroed (covering every nginx version's fields)
-    // and then filled with a static name and a pool-allocated value.
+    // and then filled with a static name and the pool-allocated value.
     unsafe {
         let h = ngx_list_push(&mut raw.headers_out.headers).cast::<ngx_table_elt_t>();
         if h.is_null() {
             return;
         }
-        let data = ngx_pnalloc(raw.pool, len).cast::<u8>();
-        if data.is_null() {
-            // Leave an entry nginx skips (hash 0) rather than a half-filled one.
-            ptr::write_bytes(h, 0, 1);
-            return;
-        }
-        ptr::copy_nonoverlapping(buf.as_ptr(), data, len);
         ptr::write_bytes(h, 0, 1);
         (*h).hash = 1;
         (*h).key.len = name.len();
         (*h).key.data = name.as_ptr().cast_mut();
-        (*h).value.len = len;
-        (*h).value.data = data;
+        (*h).value = value;
     }
 }
 

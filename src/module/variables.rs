@@ -13,18 +13,15 @@
 //! allocation and no pool cleanup per request (like `limit_req`, which
 //! keeps its status in three bits of the request). See [`record`].
 
-use std::io::Write as _;
-
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_conf_t, ngx_http_add_variable, ngx_http_get_variable_index, ngx_http_request_t,
-    ngx_http_variable_value_t, ngx_pnalloc, ngx_str_t, NGX_HTTP_VAR_NOCACHEABLE,
-    NGX_HTTP_VAR_NOHASH,
+    ngx_http_variable_value_t, ngx_str_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_HTTP_VAR_NOHASH,
 };
 use ngx::http::{HttpModuleMainConf, Request};
 use ngx::ngx_string;
 
-use super::handler::ReqStatus;
+use super::handler::{number_in_pool, ReqStatus};
 use super::RateCtlModule;
 
 type GetHandler =
@@ -200,22 +197,10 @@ unsafe extern "C" fn strategy_variable(
         not_found(v);
         return Status::NGX_OK.0;
     };
-    // Formatted on the stack, copied into the pool: no heap.
-    let mut buf = [0u8; 10];
-    let mut cur = std::io::Cursor::new(&mut buf[..]);
-    if write!(cur, "{id}").is_err() {
+    let Some(text) = number_in_pool(r, u64::from(id)) else {
         return Status::NGX_ERROR.0;
-    }
-    let len = cur.position() as usize;
-    let text = &buf[..len];
-    // SAFETY: the request pool is live; we copy `len` bytes into it.
-    let p = unsafe { ngx_pnalloc(r.pool().as_ptr(), text.len()) }.cast::<u8>();
-    if p.is_null() {
-        return Status::NGX_ERROR.0;
-    }
-    // SAFETY: p has room for text.len() bytes.
-    unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), p, text.len()) };
-    set_value(v, p, text.len());
+    };
+    set_value(v, text.data, text.len);
     Status::NGX_OK.0
 }
 
