@@ -263,18 +263,19 @@ impl StrategyRecord {
             self.burst = 1;
         }
         let mut core = self.to_core(self.rate, self.burst)?;
-        core.validate().map_err(|e| e.to_string())?;
-        if self.action == ActionKind::DryRun {
-            // What dry run keeps must be valid once dry run ends.
-            let mut enforcing = core.clone();
-            enforcing.action = self.core_action_as(self.enforcing_action())?;
-            enforcing.validate().map_err(|e| match e {
-                ModelError::DelayNeedsBucket(a) => format!(
-                    "max_delay_ms: delay after dry run needs token_bucket or leaky_bucket, not {a}"
-                ),
-                e => e.to_string(),
-            })?;
+        let dry_run = self.action == ActionKind::DryRun;
+        if dry_run {
+            // What dry run keeps must be valid once dry run ends: check the
+            // strategy with the action it goes back to (a dry run itself
+            // has nothing more to check).
+            core.action = self.core_action_as(self.enforcing_action())?;
         }
+        core.validate().map_err(|e| match e {
+            ModelError::DelayNeedsBucket(a) if dry_run => format!(
+                "max_delay_ms: delay after dry run needs token_bucket or leaky_bucket, not {a}"
+            ),
+            e => e.to_string(),
+        })?;
         self.conditions = core
             .conditions
             .into_iter()
