@@ -443,6 +443,17 @@ $('#s-add-condition').addEventListener('click', () => {
 // Only the buckets can delay a request (the API refuses a delay cap on others).
 const canDelay = (alg) => alg === 'token_bucket' || alg === 'leaky_bucket';
 
+// What a strategy saved in dry run keeps for when dry run ends: the edited
+// strategy's status, and its delay cap only while `alg` can still delay
+// (the cap's field is hidden in dry run, so it could not be cleared by hand).
+function keptAfterDryRun(alg) {
+  const kept = {};
+  const s = state.editing;
+  if (s && s.status) kept.status = s.status;
+  if (s && s.max_delay_ms && canDelay(alg)) kept.max_delay_ms = s.max_delay_ms;
+  return kept;
+}
+
 function updateFormHints() {
   const alg = $('#s-algorithm').value;
   $('#s-algorithm-hint').textContent = ALGORITHMS[alg] || '';
@@ -454,7 +465,7 @@ function updateFormHints() {
   $('#s-status-field').hidden = action !== 'reject';
   $('#s-delay-field').hidden = action !== 'delay';
   $('#s-action-hint').textContent = action === 'dry_run'
-    ? `Turning dry run off enforces: ${describeEnforcing(state.editing || { action: 'reject' })}.` : '';
+    ? `Turning dry run off enforces: ${describeEnforcing({ action: 'dry_run', ...keptAfterDryRun(alg) })}.` : '';
   $('#s-action-error').dataset.hint = action === 'delay' && !bucket ? 'Delay works with token bucket or leaky bucket.' : '';
   $('#s-scope-hint').textContent = $('#s-scope').value === 'cluster'
     ? 'Split between hosts by weight.' : 'Each host allows the full rate.';
@@ -540,14 +551,8 @@ function readForm() {
     if (md !== null) body.max_delay_ms = md;
   }
   // Saving is a full replace: keep what the strategy enforces again when
-  // dry run ends (its status or delay cap), as the dry-run toggle does; a
-  // delay cap only while the algorithm can still delay (the field is hidden
-  // in dry run, so it could not be cleared by hand).
-  const kept = state.editing;
-  if (body.action === 'dry_run' && kept) {
-    if (kept.status) body.status = kept.status;
-    if (kept.max_delay_ms && canDelay(body.algorithm)) body.max_delay_ms = kept.max_delay_ms;
-  }
+  // dry run ends, as the dry-run toggle does.
+  if (body.action === 'dry_run') Object.assign(body, keptAfterDryRun(body.algorithm));
   body.enabled = $('#s-enabled').checked;
   return body;
 }
