@@ -731,7 +731,8 @@ fn dry_run_round_trips_the_enforcing_action() {
         }
         // Dry run on a strategy already in dry run keeps what it restores.
         let v = patch(&s, delay, json!({"dry_run": true}));
-        assert_eq!(v["action"], "dry_run", "{v}");
+        let kept = ("dry_run".to_string(), Value::Null, json!(500));
+        assert_eq!(enforcement(&v), kept, "{v}");
         // A stale version is refused even when the change is a no-op.
         let stale = json!({"version": v["version"].as_u64().unwrap() - 1, "dry_run": true});
         let before = census(store);
