@@ -233,7 +233,10 @@ fn commands_through_the_api_match_the_store() {
     ] {
         let e_api = fails(&b.api(&args), 1);
         // The CLI names its ID argument once ("ID: no strategy 999").
-        assert!(e_api.contains("ID: no ") && e_api.contains("999"), "{e_api}");
+        assert!(
+            e_api.contains("ID: no ") && e_api.contains("999"),
+            "{e_api}"
+        );
         assert_eq!(e_api, fails(&b.store(&args), 1), "{args:?}");
     }
     assert_eq!(version(store), before);

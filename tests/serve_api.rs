@@ -664,6 +664,17 @@ fn crud_errors_tokens_audit() {
             (total - 100.0).abs() < 1e-6 && (lim - 10.0).abs() < 1e-6,
             "{total} {lim}: {pts:?}"
         );
+
+        // ---- Import of a JSON array: items are numbered like lines; a bad
+        // one is named and nothing is written.
+        let before = census(store);
+        let bad = json!([strategy("arr-1"), {"name": "arr-2", "rate": "fast"}]);
+        let (c, e) = s.req("POST", "/api/v1/strategies/import", Some(&bad.to_string()));
+        assert_eq!((c, e["error"]["line"].as_u64()), (400, Some(2)), "{e}");
+        assert_eq!(census(store), before, "a refused import writes nothing");
+        let good = json!([strategy("arr-1"), strategy("arr-2")]);
+        let (c, v) = s.req("POST", "/api/v1/strategies/import", Some(&good.to_string()));
+        assert_eq!((c, v["imported"].as_u64()), (200, Some(2)), "{v}");
         eprintln!("serve_api {}: ok", st.label);
     }
 }

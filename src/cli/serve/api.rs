@@ -14,8 +14,8 @@ use serde_json::{json, Map, Value};
 use super::auth::Kind;
 use super::Shared;
 use crate::cli::record::{
-    blacklist_api_json, parse_strategy_line, parse_strategy_lines, strategy_api_json, ActionKind,
-    BlacklistRecord, HostRecord, StrategyRecord,
+    blacklist_api_json, parse_strategy_lines, strategy_api_json, ActionKind, BlacklistRecord,
+    HostRecord, StrategyRecord,
 };
 use crate::cli::store::{now_ms, CounterSample, StoreError};
 use rate_ctl::core::model::{canonical_ip, Algorithm, Unit};
@@ -489,15 +489,9 @@ fn import_records(body: &[u8]) -> Result<Vec<(usize, StrategyRecord)>, ApiError>
     let records = if text.trim_start().starts_with('[') {
         let items: Vec<Value> = serde_json::from_str(text)
             .map_err(|e| ApiError::bad_request(None, format!("malformed JSON: {e}")))?;
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| {
-                parse_strategy_line(&item.to_string())
-                    .map(|r| (i + 1, r))
-                    .map_err(|e| (i + 1, e))
-            })
-            .collect()
+        // One item a line: numbered like JSON lines, by the same rule.
+        let lines: Vec<String> = items.iter().map(Value::to_string).collect();
+        parse_strategy_lines(&lines.join("\n"))
     } else {
         parse_strategy_lines(text)
     };
