@@ -90,14 +90,14 @@ CONF
 
 # run CASE N -> total instructions of a worker that served N requests
 run() {
-    local path=$1 n=$2
-    local out="$dir/callgrind.$path.$n"
+    local case=$1 n=$2
+    local out="$dir/callgrind.$case.$n"
     valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
         >/dev/null 2>&1 &
     vpid=$!
-    python3 - "$port" /bench "$n" <<'PY'
+    python3 - "$port" "$n" <<'PY'
 import http.client, socket, sys, time
-port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+port, n = int(sys.argv[1]), int(sys.argv[2])
 for _ in range(300):
     try:
         socket.create_connection(("127.0.0.1", port), 0.2).close()
@@ -106,7 +106,7 @@ for _ in range(300):
         time.sleep(0.1)
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 for _ in range(n):
-    c.request("GET", path)
+    c.request("GET", "/bench")
     c.getresponse().read()
 PY
     kill -TERM "$vpid"

@@ -17,7 +17,7 @@ cd "$root"
 # shellcheck source=lib/bench-table.sh
 . "$root/scripts/lib/bench-table.sh"
 DURATION="${DURATION:-6}"
-# The accuracy runs last as long as the issue's bar says (10 s of overload).
+# Each accuracy run overloads the limiter for this long (10 s).
 ACC_DURATION="${ACC_DURATION:-10}"
 ROUNDS="${ROUNDS:-5}"
 CONNS="${CONNS:-32}"
@@ -93,7 +93,6 @@ cpu_ns() { local s=0 w; for w in $workers; do s=$((s + $(cut -d' ' -f1 "/proc/$w
 # run PATH [SECONDS] -> "requests non2xx seconds cpu_ns"
 run() {
     local path=$1 duration=${2:-$DURATION} before after out
-    curl -s -o /dev/null "http://127.0.0.1:$port$path" # warm up the connection path
     before=$(cpu_ns)
     out=$(wrk -t1 -c"$CONNS" -d"${duration}s" --latency "http://127.0.0.1:$port$path" 2>&1)
     after=$(cpu_ns)

@@ -27,10 +27,11 @@ for_each_target(sub {
     while (time < $deadline) {
         %loaded = map { $_ => 1 }
             $n->error_log =~ /\[notice\] (\d+)#\d+: rate_ctl: .*: enforcing 1 strategies/g;
-        last if keys %loaded >= 2;
+        last if keys %loaded >= $n->{workers};
         sleep 0.05;
     }
-    is_deeply([sort keys %loaded], [sort $n->worker_pids], 'both workers loaded the table at start, before any request');
+    is(scalar keys %loaded, $n->{workers}, 'every worker logged its table at start');
+    is_deeply([sort keys %loaded], [sort $n->worker_pids], 'the workers running are the ones that loaded it, before any request');
     is_deeply([$n->codes('/a', 5)], [(200) x 5], 'generous limit: all pass');
 
     # Tighten while nginx runs; no reload.

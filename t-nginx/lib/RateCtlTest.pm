@@ -20,7 +20,7 @@ use POSIX qw(:sys_wait_h fmod);
 use Time::HiRes qw(sleep time clock_gettime CLOCK_MONOTONIC);
 use Test::More;
 
-our @EXPORT = qw(targets for_each_target root tool publish curl_codes window_ahead);
+our @EXPORT = qw(targets for_each_target root tool publish window_ahead);
 
 my $ROOT = abs_path(dirname(__FILE__) . '/../..');
 sub root { $ROOT }
@@ -269,13 +269,10 @@ sub codes {
 # the next window if fewer are. Windows are multiples of the period on
 # nginx's clock (ngx_current_msec, CLOCK_MONOTONIC in both builds), so an
 # exact count is not split by a window boundary in the middle of a burst.
-# Returns the seconds slept.
 sub window_ahead {
     my ($period, $need) = @_;
     my $left = $period - fmod(clock_gettime(CLOCK_MONOTONIC), $period);
-    return 0 if $left >= $need;
-    sleep($left + 0.05);
-    return $left + 0.05;
+    sleep($left + 0.05) if $left < $need;
 }
 
 sub count_of {
