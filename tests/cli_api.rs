@@ -54,21 +54,12 @@ impl<'a> Both<'a> {
     }
 }
 
-fn start(store: &str, dir: &std::path::Path, extra: &[&str]) -> Serve {
-    Serve::start(
-        store,
-        &dir.join("admin.token"),
-        &dir.join("serve.log"),
-        extra,
-    )
-}
-
 #[test]
 fn commands_through_the_api_match_the_store() {
     let st = sqlite_store();
     let store = st.url.as_str();
     let dir = tempfile::tempdir().unwrap();
-    let s = start(store, dir.path(), &[]);
+    let s = Serve::start_in(store, dir.path(), &[]);
     let url = s.url();
     let b = Both::new(&s, &url, store);
 
@@ -344,7 +335,7 @@ fn a_refused_token_is_a_clear_error_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
     let read_file = dir.path().join("read.token");
-    let s = start(
+    let s = Serve::start_in(
         store,
         dir.path(),
         &["--read-token-file", read_file.to_str().unwrap()],
@@ -418,7 +409,7 @@ fn import_through_the_api_is_all_or_nothing() {
     let st = sqlite_store();
     let store = st.url.as_str();
     let dir = tempfile::tempdir().unwrap();
-    let s = start(store, dir.path(), &[]);
+    let s = Serve::start_in(store, dir.path(), &[]);
     let url = s.url();
     let b = Both::new(&s, &url, store);
     ok(&b.api(&[

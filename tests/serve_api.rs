@@ -74,13 +74,11 @@ fn crud_errors_tokens_audit() {
     for st in stores("serve_api") {
         let store = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();
-        let tf = dir.path().join("admin.token");
         std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
         std::fs::write(dir.path().join("agent.token"), "agent-secret\n").unwrap();
-        let s = Serve::start(
+        let s = Serve::start_in(
             store,
-            &tf,
-            &dir.path().join("serve.log"),
+            dir.path(),
             &[
                 "--read-token-file",
                 dir.path().join("read.token").to_str().unwrap(),
@@ -88,6 +86,7 @@ fn crud_errors_tokens_audit() {
                 dir.path().join("agent.token").to_str().unwrap(),
             ],
         );
+        let tf = dir.path().join("admin.token");
         // The admin token was generated, mode 0600.
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
@@ -708,9 +707,7 @@ fn dry_run_round_trips_the_enforcing_action() {
     for st in stores("serve_dry_run") {
         let store = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();
-        let tf = dir.path().join("admin.token");
-        let log = dir.path().join("serve.log");
-        let s = Serve::start(store, &tf, &log, &[]);
+        let s = Serve::start_in(store, dir.path(), &[]);
         let create = |body: Value| -> u64 {
             let (c, v) = s.req("POST", "/api/v1/strategies", Some(&body.to_string()));
             assert_eq!(c, 201, "{v}");
@@ -769,7 +766,7 @@ fn dry_run_round_trips_the_enforcing_action() {
 
         // The enforcing action is in the store, not in serve's memory.
         drop(s);
-        let s = Serve::start(store, &tf, &log, &[]);
+        let s = Serve::start_in(store, dir.path(), &[]);
         for id in [delay, reject, plain] {
             assert_eq!(get(&s, id)["action"], "dry_run");
         }
@@ -885,12 +882,7 @@ fn validate(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), Stri
 fn openapi_matches_the_router() {
     let st = common::sqlite_store();
     let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start(
-        &st.url,
-        &dir.path().join("admin.token"),
-        &dir.path().join("serve.log"),
-        &[],
-    );
+    let s = Serve::start_in(&st.url, dir.path(), &[]);
     let (c, doc) = http(&s.addr, "GET", "/api/v1/openapi.json", None, None);
     assert_eq!(c, 200);
     assert_eq!(doc["openapi"], "3.1.0");

@@ -19,6 +19,17 @@ pub struct Serve {
 }
 
 impl Serve {
+    /// [`start`](Self::start) with the admin token and the log in `dir`
+    /// (`admin.token`, `serve.log`): one instance per directory.
+    pub fn start_in(store: &str, dir: &Path, extra: &[&str]) -> Serve {
+        Serve::start(
+            store,
+            &dir.join("admin.token"),
+            &dir.join("serve.log"),
+            extra,
+        )
+    }
+
     /// Starts an instance on a free loopback port with the admin token in
     /// `token_file` (created by the first instance), plus `extra` arguments.
     pub fn start(store: &str, token_file: &Path, log: &Path, extra: &[&str]) -> Serve {
