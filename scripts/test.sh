@@ -21,6 +21,7 @@ scripts/deps.sh --with-test
 
 step "format and lint"
 cargo fmt --all -- --check
+scripts/unused-deps.sh
 cargo clippy --all-targets -- -D warnings
 
 step "cargo test (SQLite, and MariaDB on a private loopback server)"

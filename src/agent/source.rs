@@ -9,9 +9,10 @@
 //! `POST /api/v1/hosts/{id}/report`, whose answer carries the hosts (for
 //! the cluster-rate split).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -103,8 +104,8 @@ impl Source {
                     .map_err(StoreError::Http)?;
                 let snap = snapshot_from(&ok_body(first, "snapshot")?)?;
                 let after = snap.version;
-                *self.latest.snapshot.lock().expect("not poisoned") = Some(snap);
-                *self.latest.error.lock().expect("not poisoned") = None;
+                *self.latest.snapshot.lock() = Some(snap);
+                *self.latest.error.lock() = None;
                 self.poller = Some(tokio::spawn(long_poll(
                     client.clone(),
                     self.latest.clone(),
@@ -175,13 +176,12 @@ impl Source {
         match self.backend()? {
             Backend::Store(store) => store.version().await,
             Backend::Api(_) => {
-                if let Some(e) = self.latest.error.lock().expect("not poisoned").clone() {
+                if let Some(e) = self.latest.error.lock().clone() {
                     return Err(StoreError::Http(e));
                 }
                 self.latest
                     .snapshot
                     .lock()
-                    .expect("not poisoned")
                     .as_ref()
                     .map(|s| s.version)
                     .ok_or_else(|| StoreError::Http("no snapshot yet".into()))
@@ -197,7 +197,6 @@ impl Source {
                 .latest
                 .snapshot
                 .lock()
-                .expect("not poisoned")
                 .clone()
                 .ok_or_else(|| StoreError::Http("no snapshot yet".into())),
         }
@@ -286,15 +285,15 @@ async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
             });
         match r {
             Ok(s) => {
-                *latest.error.lock().expect("not poisoned") = None;
+                *latest.error.lock() = None;
                 if let Some(s) = s {
                     after = s.version;
-                    *latest.snapshot.lock().expect("not poisoned") = Some(s);
+                    *latest.snapshot.lock() = Some(s);
                     latest.notify.notify_one();
                 }
             }
             Err(e) => {
-                *latest.error.lock().expect("not poisoned") = Some(e.to_string());
+                *latest.error.lock() = Some(e.to_string());
                 latest.notify.notify_one();
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
