@@ -10,25 +10,16 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent::{wait_for, AgentProc, Reader};
-use cli::{ok, sql, sqlite_store, stores, version, MYSQL_ENV};
+use cli::{add_strategy, ok, sql, sqlite_store, stores, version, MYSQL_ENV};
 
 fn add(s: &str, name: &str, rate: u64) -> u32 {
-    ok(&[
-        "strategy",
-        "add",
-        "--store",
+    add_strategy(
         s,
-        "--name",
         name,
-        "--match",
-        &format!("api=/{name}"),
-        "--algorithm",
         "token_bucket",
-        "--rate",
         &rate.to_string(),
-        "--scope",
-        "host",
-    ])
+        &["--match", &format!("api=/{name}"), "--scope", "host"],
+    )
     .trim()
     .parse()
     .unwrap()

@@ -491,6 +491,26 @@ async fn open(target: &Target) -> Result<Backend, Failure> {
     })
 }
 
+/// What `add` prints: the new id, or with --json the id and version.
+fn out_added(json: bool, id: impl Into<u64>, version: u64) {
+    let id = id.into();
+    if json {
+        out(json!({"id": id, "version": version}).to_string());
+    } else {
+        out(id.to_string());
+    }
+}
+
+/// What `rm` prints for each id removed.
+fn out_removed(json: bool, what: &str, id: impl Into<u64>, version: u64) {
+    let id = id.into();
+    if json {
+        out(json!({"id": id, "version": version}).to_string());
+    } else {
+        out(format!("removed {what} {id} (config version {version})"));
+    }
+}
+
 fn out(line: impl AsRef<str>) {
     let mut o = std::io::stdout().lock();
     let _ = writeln!(o, "{}", line.as_ref());
@@ -521,11 +541,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             rec.validate().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.add_strategy(&rec).await?;
-            if json {
-                out(json!({"id": id, "version": version}).to_string());
-            } else {
-                out(id.to_string());
-            }
+            out_added(json, id, version);
         }
         StrategyCmd::Update(u) => {
             let store = open(target).await?;
@@ -600,23 +616,12 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             let store = open(target).await?;
             for id in ids {
                 let version = store.delete_strategy(id).await?;
-                if json {
-                    out(json!({"id": id, "version": version}).to_string());
-                } else {
-                    out(format!("removed strategy {id} (config version {version})"));
-                }
+                out_removed(json, "strategy", id, version);
             }
         }
         StrategyCmd::List { name, matches } => {
             let filter = conditions_from_args(&matches).map_err(Failure::invalid)?;
-            let store = open(target).await?;
-            let (recs, bad) = store.list_strategies().await?;
-            for b in &bad {
-                eprintln!(
-                    "rate-ctl: warning: strategy row {} is invalid and not published: {}",
-                    b.id, b.reason
-                );
-            }
+            let recs = valid_strategies(target, "published").await?;
             let recs: Vec<_> = recs
                 .into_iter()
                 .filter(|r| name.as_ref().is_none_or(|n| r.name.contains(n.as_str())))
@@ -631,14 +636,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
         }
         StrategyCmd::Export { file } => {
-            let store = open(target).await?;
-            let (recs, bad) = store.list_strategies().await?;
-            for b in &bad {
-                eprintln!(
-                    "rate-ctl: warning: strategy row {} is invalid and not exported: {}",
-                    b.id, b.reason
-                );
-            }
+            let recs = valid_strategies(target, "exported").await?;
             let mut text = String::with_capacity(recs.len() * 200);
             for r in &recs {
                 text.push_str(&serde_json::to_string(r).expect("serialisable"));
@@ -678,6 +676,19 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
         }
     }
     Ok(())
+}
+
+/// Every valid strategy; each invalid row is warned about on stderr as
+/// "invalid and not {what}".
+async fn valid_strategies(target: &Target, what: &str) -> Result<Vec<StrategyRecord>, Failure> {
+    let (recs, bad) = open(target).await?.list_strategies().await?;
+    for b in &bad {
+        eprintln!(
+            "rate-ctl: warning: strategy row {} is invalid and not {what}: {}",
+            b.id, b.reason
+        );
+    }
+    Ok(recs)
 }
 
 /// Reads and parses JSON lines (see [`parse_strategy_lines`]); the first
@@ -757,23 +768,13 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
             rec.validate().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.blacklist_add(&rec).await?;
-            if json {
-                out(json!({"id": id, "version": version}).to_string());
-            } else {
-                out(id.to_string());
-            }
+            out_added(json, id, version);
         }
         BlacklistCmd::Rm { ids } => {
             let store = open(target).await?;
             for id in ids {
                 let version = store.blacklist_rm(id).await?;
-                if json {
-                    out(json!({"id": id, "version": version}).to_string());
-                } else {
-                    out(format!(
-                        "removed blacklist entry {id} (config version {version})"
-                    ));
-                }
+                out_removed(json, "blacklist entry", id, version);
             }
         }
         BlacklistCmd::List => {

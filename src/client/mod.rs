@@ -128,9 +128,8 @@ impl Backend {
         match self {
             Backend::Store(s) => s.delete_strategy(id, CLI).await,
             Backend::Api(a) => {
-                a.call("DELETE", &format!("/api/v1/strategies/{id}"), None)
-                    .await?;
-                a.version().await
+                a.change("DELETE", &format!("/api/v1/strategies/{id}"), None)
+                    .await
             }
         }
     }
@@ -206,9 +205,8 @@ impl Backend {
         match self {
             Backend::Store(s) => s.blacklist_rm(id, CLI).await,
             Backend::Api(a) => {
-                a.call("DELETE", &format!("/api/v1/blacklist/{id}"), None)
-                    .await?;
-                a.version().await
+                a.change("DELETE", &format!("/api/v1/blacklist/{id}"), None)
+                    .await
             }
         }
     }
@@ -254,9 +252,8 @@ impl Backend {
             Backend::Store(s) => s.set_weight(host_id, weight, CLI).await,
             Backend::Api(a) => {
                 let path = format!("/api/v1/hosts/{}", percent_encode(host_id));
-                a.call("PUT", &path, Some(&json!({ "weight": weight })))
-                    .await?;
-                a.version().await
+                a.change("PUT", &path, Some(&json!({ "weight": weight })))
+                    .await
             }
         }
     }
@@ -320,6 +317,13 @@ impl Api {
 
     fn strategy(&self, v: &Value) -> Result<StrategyRecord> {
         strategy_from_api_json(v).map_err(|e| self.odd(&e))
+    }
+
+    /// A change whose answer does not carry the version: the call, then
+    /// the config version after it.
+    async fn change(&self, method: &str, path: &str, body: Option<&Value>) -> Result<u64> {
+        self.call(method, path, body).await?;
+        self.version().await
     }
 
     /// The current config version.

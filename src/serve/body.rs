@@ -1,7 +1,8 @@
 //! Request bodies (a JSON object of known keys, typed field access) and
 //! JSON answers, shared by the resource handlers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -116,4 +117,24 @@ pub fn parse_id(s: &str, what: &str) -> Result<u64, ApiError> {
         .ok()
         .filter(|i| *i > 0)
         .ok_or_else(|| ApiError::not_found(format!("no {what} with id {s:?}")))
+}
+
+/// Query parameter `name` as a `T` that `valid` accepts; `None` when it is
+/// absent, 400 naming it with `problem` ("limit: must be 1 to 1000") when
+/// it is not such a value.
+pub fn query_param<T: FromStr>(
+    q: &HashMap<String, String>,
+    name: &str,
+    valid: impl Fn(&T) -> bool,
+    problem: &str,
+) -> Result<Option<T>, ApiError> {
+    match q.get(name) {
+        None => Ok(None),
+        Some(s) => s
+            .parse::<T>()
+            .ok()
+            .filter(valid)
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_request(Some(name), problem)),
+    }
 }

@@ -464,29 +464,21 @@ impl Store {
         let (with_id, without_id): (Vec<_>, Vec<_>) =
             records.iter().map(|(_, r)| r).partition(|r| r.id != 0);
         const ROWS: usize = 300;
-        for chunk in with_id.chunks(ROWS) {
-            let sql = format!(
-                "INSERT INTO strategies (id, {}) VALUES {}",
-                INSERT_COLUMNS,
-                vec![format!("(?, {})", placeholders(14)); chunk.len()].join(", ")
-            );
-            let mut q = sqlx::query(&sql);
-            for r in chunk {
-                q = bind_strategy(q.bind(r.id as i64), r);
+        // Rows that keep their id bind it first; the others get a new one.
+        for (keep_id, rows) in [(true, &with_id), (false, &without_id)] {
+            let (id_column, id_mark) = if keep_id { ("id, ", "?, ") } else { ("", "") };
+            for chunk in rows.chunks(ROWS) {
+                let sql = format!(
+                    "INSERT INTO strategies ({id_column}{}) VALUES {}",
+                    INSERT_COLUMNS,
+                    vec![format!("({id_mark}{})", placeholders(14)); chunk.len()].join(", ")
+                );
+                let mut q = sqlx::query(&sql);
+                for r in chunk {
+                    q = bind_strategy(if keep_id { q.bind(r.id as i64) } else { q }, r);
+                }
+                q.execute(&mut *tx).await?;
             }
-            q.execute(&mut *tx).await?;
-        }
-        for chunk in without_id.chunks(ROWS) {
-            let sql = format!(
-                "INSERT INTO strategies ({}) VALUES {}",
-                INSERT_COLUMNS,
-                vec![format!("({})", placeholders(14)); chunk.len()].join(", ")
-            );
-            let mut q = sqlx::query(&sql);
-            for r in chunk {
-                q = bind_strategy(q, r);
-            }
-            q.execute(&mut *tx).await?;
         }
         audit(
             &mut tx,
