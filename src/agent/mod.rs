@@ -7,7 +7,7 @@
 //! in one read transaction, computes local rates ([`super::rates`]) and
 //! publishes through the core writer ([`Sink`]).
 //!
-//! The store is reached through a [`Source`]: the database itself or
+//! The store is reached through a [`ConfigSource`]: the database itself or
 //! `rate-ctl serve` over HTTP (`--store http://…`); everything else
 //! (rates, faults, logging, publishing) is this one implementation.
 //! Each heartbeat also reports the file's slot counters that moved since
@@ -33,9 +33,10 @@ use rate_ctl::core::model::Strategy;
 use tracing::{error, info, warn};
 
 use crate::store::record::{BlacklistRecord, HostRecord};
-use crate::store::{now_ms, redact_url, BadRow, CounterSample, StoreError};
+use crate::store::{redact_url, BadRow, CounterSample, StoreError};
+use rate_ctl::core::shm::unix_ms;
 use rates::{local_strategy, share, Share};
-pub use source::Source;
+pub use source::ConfigSource;
 
 /// Where published tables go: the core writer in production, a recorder in
 /// unit tests.
@@ -79,7 +80,7 @@ struct Applied {
 pub struct Agent<S: Sink> {
     opts: AgentOptions,
     sink: S,
-    source: Source,
+    source: ConfigSource,
     healthy: Option<bool>,
     applied: Option<Applied>,
     /// Version and share a publish was refused for: not retried until they change.
@@ -96,7 +97,7 @@ pub struct Agent<S: Sink> {
 }
 
 impl<S: Sink> Agent<S> {
-    pub fn new(opts: AgentOptions, sink: S, source: Source) -> Agent<S> {
+    pub fn new(opts: AgentOptions, sink: S, source: ConfigSource) -> Agent<S> {
         Agent {
             my_weight: opts.weight.unwrap_or(1),
             opts,
@@ -166,7 +167,7 @@ impl<S: Sink> Agent<S> {
 
     /// One poll: heartbeat, version check, publish if needed.
     pub async fn tick(&mut self) -> Result<(), StoreError> {
-        let now = now_ms();
+        let now = unix_ms();
         self.sink.heartbeat(now);
         if !self.source.connected() {
             self.my_weight = self
@@ -229,7 +230,7 @@ impl<S: Sink> Agent<S> {
         let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
             Ok(summary) => {
-                let at = now_ms();
+                let at = unix_ms();
                 info!(
                     version = snap.version,
                     took_us = started.elapsed().as_micros() as u64,
@@ -368,7 +369,7 @@ mod tests {
         let mut agent = Agent::new(
             opts(&url, "h1"),
             Recorder::default(),
-            Source::new(Target::Store(url.clone()), Duration::from_secs(1)).unwrap(),
+            ConfigSource::new(Target::Store(url.clone()), Duration::from_secs(1)).unwrap(),
         );
         agent.tick().await.unwrap();
         assert_eq!(agent.sink().published.len(), 1);
@@ -378,7 +379,7 @@ mod tests {
         assert_eq!(agent.sink().published.len(), 1);
 
         // A second fresh host with weight 3 takes 3/4 of the rate.
-        store.heartbeat("h2", 3, now_ms(), None).await.unwrap();
+        store.heartbeat("h2", 3, unix_ms(), None).await.unwrap();
         agent.tick().await.unwrap();
         let (_, last) = agent.sink().published.last().unwrap();
         assert_eq!(last[0].rate, 100);

@@ -14,14 +14,6 @@ use rate_ctl::core::shm::{Capacities, Mapping};
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::writer::{Opened, Writer};
 
-/// File capacities chosen on the command line.
-#[derive(Debug, Clone, Copy)]
-pub struct Caps {
-    pub max_strategies: u32,
-    pub segment_bytes: u64,
-    pub blacklist_entries: u32,
-}
-
 /// The core writer as the agent's [`Sink`].
 pub struct ShmSink {
     writer: Writer,
@@ -80,17 +72,8 @@ impl Sink for ShmSink {
 
 /// Creates or adopts the file at `path` (an adopted file keeps its slots
 /// and counters).
-pub fn open(path: &Path, caps: Caps, mode: u32) -> Result<ShmSink, String> {
-    let writer = Writer::create_or_adopt(
-        path,
-        Capacities {
-            max_strategies: caps.max_strategies,
-            segment_bytes: caps.segment_bytes,
-            blacklist_entries: caps.blacklist_entries,
-        },
-        mode,
-    )
-    .map_err(|e| e.to_string())?;
+pub fn open(path: &Path, caps: Capacities, mode: u32) -> Result<ShmSink, String> {
+    let writer = Writer::create_or_adopt(path, caps, mode).map_err(|e| e.to_string())?;
     match writer.opened() {
         Opened::Created => info!(path = %path.display(), "created the shared-memory file"),
         Opened::Adopted {

@@ -4,7 +4,7 @@
 //! an nginx host needs no database driver or credentials).
 //!
 //! Over HTTP a background task long-polls `GET /api/v1/snapshot?after=V`
-//! and keeps the newest snapshot; [`Source::changed`] wakes the agent as
+//! and keeps the newest snapshot; [`ConfigSource::changed`] wakes the agent as
 //! soon as one arrives. Heartbeats, applied versions and counters go to
 //! `POST /api/v1/hosts/{id}/report`, whose answer carries the hosts (for
 //! the cluster-rate split).
@@ -21,7 +21,8 @@ use crate::client::http::{percent_encode, Answer, Client};
 use crate::client::wire::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
 use crate::client::{Backend, Target};
 use crate::store::record::HostRecord;
-use crate::store::{now_ms, BadRow, CounterSample, Snapshot, Store, StoreError};
+use crate::store::{BadRow, CounterSample, Snapshot, Store, StoreError};
+use rate_ctl::core::shm::unix_ms;
 
 /// Longest a long-poll may take before the client gives up on it (the
 /// server answers within 30 s).
@@ -38,8 +39,8 @@ struct Latest {
 }
 
 /// The agent's connection to its [`Target`]; connects lazily and again
-/// after [`Source::disconnect`].
-pub struct Source {
+/// after [`ConfigSource::disconnect`].
+pub struct ConfigSource {
     target: Target,
     /// How long the store may take to hand out a connection.
     timeout: Duration,
@@ -48,14 +49,14 @@ pub struct Source {
     poller: Option<JoinHandle<()>>,
 }
 
-impl Source {
+impl ConfigSource {
     /// A source for `target`; an API URL that cannot be used is refused
     /// here (`StoreError::Url`), before anything is sent.
-    pub fn new(target: Target, timeout: Duration) -> Result<Source, StoreError> {
+    pub fn new(target: Target, timeout: Duration) -> Result<ConfigSource, StoreError> {
         if let Target::Api { url, token } = &target {
             Client::new(url, token.clone()).map_err(StoreError::Url)?;
         }
-        Ok(Source {
+        Ok(ConfigSource {
             target,
             timeout,
             backend: None,
@@ -223,7 +224,7 @@ impl Source {
     }
 }
 
-impl Drop for Source {
+impl Drop for ConfigSource {
     fn drop(&mut self) {
         if let Some(p) = self.poller.take() {
             p.abort();
@@ -231,7 +232,7 @@ impl Drop for Source {
     }
 }
 
-/// Registers `host_id` in the store (see [`Source::connect`]).
+/// Registers `host_id` in the store (see [`ConfigSource::connect`]).
 async fn register(
     store: &Store,
     host_id: &str,
@@ -248,7 +249,7 @@ async fn register(
         (Some(_), Some(w)) => w,
         (None, w) => {
             let w = w.unwrap_or(default_weight);
-            store.heartbeat(host_id, w, now_ms(), None).await?;
+            store.heartbeat(host_id, w, unix_ms(), None).await?;
             w
         }
     };

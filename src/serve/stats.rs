@@ -11,7 +11,8 @@ use super::auth::ReadToken;
 use super::body::{ok, query_param};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
-use crate::store::{now_ms, StoredSample};
+use crate::store::StoredSample;
+use rate_ctl::core::shm::unix_ms;
 
 pub fn router() -> Routes {
     Routes::default().add("/api/v1/stats", &["GET"], get(stats))
@@ -80,7 +81,7 @@ pub async fn stats(
         "seconds: must be 1 to 300",
     )?
     .unwrap_or(120);
-    let now = now_ms();
+    let now = unix_ms();
     // The last complete second is the newest point.
     let to = now.saturating_sub(1000);
     let from = to.saturating_sub((seconds - 1) * 1000);

@@ -10,7 +10,9 @@ pub mod schema;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use rate_ctl::core::shm::unix_ms;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Row, Transaction};
@@ -43,13 +45,6 @@ pub enum StoreError {
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// A stored strategy row that could not be read as a valid strategy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,7 +170,7 @@ impl Store {
             )
             .bind(m.version)
             .bind(m.description)
-            .bind(now_ms() as i64)
+            .bind(unix_ms() as i64)
             .execute(&self.pool)
             .await;
             if let Err(e) = r {
@@ -203,7 +198,7 @@ impl Store {
     async fn begin_change(&self) -> Result<(Transaction<'static, Any>, u64)> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("UPDATE config_version SET version = version + 1, changed_ms = ? WHERE id = 1")
-            .bind(now_ms() as i64)
+            .bind(unix_ms() as i64)
             .execute(&mut *tx)
             .await?;
         let v: i64 = sqlx::query("SELECT version FROM config_version WHERE id = 1")
@@ -233,7 +228,7 @@ impl Store {
         rec.validate().map_err(StoreError::Invalid)?;
         let (mut tx, version) = self.begin_change().await?;
         ensure_name_free(&mut tx, &rec.name, None).await?;
-        let now = now_ms();
+        let now = unix_ms();
         rec.created_ms = now;
         rec.updated_ms = now;
         rec.version = version;
@@ -307,7 +302,7 @@ impl Store {
         if let Some(b) = &before {
             rec.created_ms = b["created_at"].as_u64().unwrap_or(0);
         }
-        rec.updated_ms = now_ms();
+        rec.updated_ms = unix_ms();
         rec.version = version;
         let res = bind_content(
             sqlx::query(
@@ -455,7 +450,7 @@ impl Store {
                 q.execute(&mut *tx).await?;
             }
         }
-        let now = now_ms();
+        let now = unix_ms();
         for r in records.iter_mut() {
             r.1.created_ms = now;
             r.1.updated_ms = now;
@@ -521,7 +516,7 @@ impl Store {
         .await?
         .map(|r| decode_blacklist(&r))
         .transpose()?;
-        rec.created_ms = now_ms();
+        rec.created_ms = unix_ms();
         sqlx::query("DELETE FROM blacklist WHERE dimension = ? AND value = ?")
             .bind(&rec.dimension)
             .bind(&rec.value)
@@ -644,7 +639,7 @@ impl Store {
             sqlx::query("INSERT INTO hosts (host_id, weight, registered_ms) VALUES (?, ?, ?)")
                 .bind(host_id)
                 .bind(weight as i64)
-                .bind(now_ms() as i64)
+                .bind(unix_ms() as i64)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -752,7 +747,7 @@ impl Store {
         counters: &[CounterSample],
         who: &str,
     ) -> Result<()> {
-        let now = now_ms();
+        let now = unix_ms();
         validate_host(host_id, weight.unwrap_or(1))?;
         let known = sqlx::query("SELECT weight FROM hosts WHERE host_id = ?")
             .bind(host_id)
@@ -928,7 +923,7 @@ async fn audit(
     sqlx::query(
         "INSERT INTO audit_log (at_ms, token, action, target, before_json, after_json)          VALUES (?, ?, ?, ?, ?, ?)",
     )
-    .bind(now_ms() as i64)
+    .bind(unix_ms() as i64)
     .bind(who.to_string())
     .bind(action.to_string())
     .bind(target.to_string())
