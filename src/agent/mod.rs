@@ -281,9 +281,9 @@ impl<S: Sink> Agent<S> {
 
 /// Logs each invalid row once while it stays invalid.
 fn log_bad_rows(logged: &mut HashSet<(i64, String)>, bad: &[BadRow]) {
-    let now: HashSet<(i64, String)> = bad.iter().map(|b| (b.id, b.reason.clone())).collect();
+    let now: HashSet<(i64, String)> = bad.iter().map(|b| (b.id, b.reason.to_string())).collect();
     for b in bad {
-        if !logged.contains(&(b.id, b.reason.clone())) {
+        if !logged.contains(&(b.id, b.reason.to_string())) {
             warn!(id = b.id, reason = %b.reason, "skipping invalid strategy row");
         }
     }

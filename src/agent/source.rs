@@ -21,7 +21,7 @@ use crate::client::http::{percent_encode, Answer, Client};
 use crate::client::wire::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
 use crate::client::{Backend, Target};
 use crate::store::record::HostRecord;
-use crate::store::{BadRow, CounterSample, Snapshot, Store, StoreError};
+use crate::store::{BadRow, CounterSample, Invalid, Snapshot, Store, StoreError};
 use rate_ctl::core::shm::unix_ms;
 
 /// Longest a long-poll may take before the client gives up on it (the
@@ -334,7 +334,8 @@ fn snapshot_from(v: &Value) -> Result<Snapshot, StoreError> {
     let mut bad_rows = Vec::new();
     for s in v["strategies"].as_array().into_iter().flatten() {
         let id = s["id"].as_i64().unwrap_or(-1);
-        match strategy_from_api_json(s).and_then(|mut r| r.validate().map(|()| r)) {
+        let rec = strategy_from_api_json(s).map_err(|e| Invalid::whole(None, e));
+        match rec.and_then(|mut r| r.validate().map(|()| r)) {
             Ok(r) => strategies.push(r),
             Err(reason) => bad_rows.push(BadRow { id, reason }),
         }

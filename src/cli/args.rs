@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand};
 
 use super::flags::parse_duration_ms;
 use crate::store::record::{ActionKind, Scope};
-use rate_ctl::core::model::{Algorithm, Unit};
+use crate::store::Invalid;
+use rate_ctl::core::model::{Algorithm, ModelError, Unit};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -276,18 +277,16 @@ pub struct StrategyUpdate {
     pub disable: bool,
 }
 
-pub fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    s.parse()
-        .map_err(|e: rate_ctl::core::model::ModelError| e.to_string())
-}
-pub fn parse_unit(s: &str) -> Result<Unit, String> {
-    s.parse()
-        .map_err(|e: rate_ctl::core::model::ModelError| e.to_string())
-}
-pub fn parse_action(s: &str) -> Result<ActionKind, String> {
+pub fn parse_algorithm(s: &str) -> Result<Algorithm, ModelError> {
     s.parse()
 }
-pub fn parse_scope(s: &str) -> Result<Scope, String> {
+pub fn parse_unit(s: &str) -> Result<Unit, ModelError> {
+    s.parse()
+}
+pub fn parse_action(s: &str) -> Result<ActionKind, Invalid> {
+    s.parse()
+}
+pub fn parse_scope(s: &str) -> Result<Scope, Invalid> {
     s.parse()
 }
 

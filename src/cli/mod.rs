@@ -17,9 +17,9 @@ use crate::client::wire::parse_strategy_lines;
 use crate::client::{Backend, Target};
 use crate::serve;
 use crate::store::record::{ActionKind, BlacklistRecord, StrategyRecord};
-use crate::store::{self, StoreError, DEFAULT_STORE};
+use crate::store::{self, Invalid, StoreError, DEFAULT_STORE};
 use args::{AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyCmd};
-use flags::{conditions_from_args, flag_for_field};
+use flags::{conditions_from_args, flag};
 use rate_ctl::core::shm::unix_ms;
 
 /// A failed command: message and exit code (2 = bad arguments, 1 = other).
@@ -42,16 +42,17 @@ impl Failure {
             message: message.into(),
         }
     }
-    /// A validation message ("rate: must be …") with the CLI flag named.
-    fn invalid(message: String) -> Failure {
-        Failure::usage(format!("invalid {}: {message}", flag_for_field(&message)))
+    /// An invalid field, with the argument that carries it named.
+    fn invalid(e: Invalid) -> Failure {
+        Failure::usage(format!("invalid {}: {e}", flag(e.field)))
     }
 }
 
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
         match e {
-            StoreError::Invalid(m) => Failure::invalid(m),
+            StoreError::Invalid(e) => Failure::invalid(e),
+            e @ StoreError::Import { .. } => Failure::usage(format!("invalid arguments: {e}")),
             // Every id the store finds absent is the ID argument.
             StoreError::NotFound(m) => Failure::other(format!("ID: {m}")),
             other => Failure::other(other.to_string()),
@@ -331,8 +332,8 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                     .import(&text, records, replace)
                     .await
                     .map_err(|e| match e {
-                        StoreError::Invalid(m) => {
-                            Failure::usage(format!("{}: {m}", file.display()))
+                        StoreError::Invalid(_) | StoreError::Import { .. } => {
+                            Failure::usage(format!("{}: {e}", file.display()))
                         }
                         e => e.into(),
                     })?;

@@ -14,11 +14,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
+use crate::store::Invalid;
 use crate::store::{BadRow, Store, StoreError};
 use http::{percent_encode, Answer, Client};
 use wire::{
-    blacklist_api_json, blacklist_from_api_json, host_from_api_json, strategy_api_json,
-    strategy_from_api_json,
+    blacklist_api_json, blacklist_from_api_json, field_of_api_name, host_from_api_json,
+    strategy_api_json, strategy_from_api_json,
 };
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -284,7 +285,10 @@ impl Api {
         }
         let m = a.error_message();
         Err(match a.status {
-            400 | 422 => StoreError::Invalid(m),
+            400 | 422 => {
+                let field = a.body["error"]["field"].as_str().and_then(field_of_api_name);
+                StoreError::Invalid(Invalid::whole(field, m))
+            }
             // An absent strategy or entry, as the store says it; any other
             // 404 (e.g. a URL that is not `rate-ctl serve`) is not about an id.
             404 if m.starts_with("no strategy") || m.starts_with("no blacklist") => {
@@ -346,6 +350,7 @@ fn strip(v: &mut Value, keys: &[&str]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Field;
 
     fn api() -> Api {
         Api {
@@ -368,7 +373,8 @@ mod tests {
             .check(answer(422, "rate", "rate: must be greater than 0"))
             .unwrap_err();
         assert!(
-            matches!(&e, StoreError::Invalid(m) if m == "rate: must be greater than 0"),
+            matches!(&e, StoreError::Invalid(i)
+                if i.to_string() == "rate: must be greater than 0" && i.field == Some(Field::Rate)),
             "{e:?}"
         );
         let e = a

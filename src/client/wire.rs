@@ -4,6 +4,7 @@
 //! `POST /api/v1/strategies/import` alike.
 
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
+use crate::store::Field;
 
 /// The REST API's JSON for a strategy (docs/API.md): the record's fields
 /// with `created_at`/`updated_at` and explicit nulls for absent parameters.
@@ -112,6 +113,62 @@ pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, String> {
         last_heartbeat_ms: v["last_heartbeat"].as_u64(),
         applied_version: v["applied_version"].as_u64(),
         applied_ms: v["applied_at"].as_u64(),
+    })
+}
+
+/// A field's name in the API (docs/API.md): the one place it is decided.
+/// A condition is `match.<dimension>` when the record is at hand.
+pub fn api_name(field: Field, rec: Option<&StrategyRecord>) -> String {
+    match field {
+        Field::Id => "id".into(),
+        Field::Name => "name".into(),
+        Field::Conditions => "match".into(),
+        Field::Condition(i) => rec
+            .and_then(|r| r.conditions.keys().nth(i))
+            .map(|d| format!("match.{d}"))
+            .unwrap_or_else(|| "match".into()),
+        Field::Algorithm => "algorithm".into(),
+        Field::Rate => "rate".into(),
+        Field::Per => "per".into(),
+        Field::Burst => "burst".into(),
+        Field::Action => "action".into(),
+        Field::Status => "status".into(),
+        Field::MaxDelayMs => "max_delay_ms".into(),
+        Field::Enabled => "enabled".into(),
+        Field::Scope => "scope".into(),
+        Field::Dimension => "dimension".into(),
+        Field::Value => "value".into(),
+        Field::Expires => "expires".into(),
+        Field::Reason => "reason".into(),
+        Field::HostId => "host_id".into(),
+        Field::Weight => "weight".into(),
+        Field::Column(c) => c.into(),
+    }
+}
+
+/// The field an API name stands for (the inverse of [`api_name`]), for
+/// the client reading an error answer; `None` for a name of no field.
+pub fn field_of_api_name(name: &str) -> Option<Field> {
+    Some(match name {
+        "id" => Field::Id,
+        "name" => Field::Name,
+        n if n == "match" || n.starts_with("match.") => Field::Conditions,
+        "algorithm" => Field::Algorithm,
+        "rate" => Field::Rate,
+        "per" => Field::Per,
+        "burst" => Field::Burst,
+        "action" => Field::Action,
+        "status" => Field::Status,
+        "max_delay_ms" => Field::MaxDelayMs,
+        "enabled" => Field::Enabled,
+        "scope" => Field::Scope,
+        "dimension" => Field::Dimension,
+        "value" => Field::Value,
+        "expires" => Field::Expires,
+        "reason" => Field::Reason,
+        "host_id" => Field::HostId,
+        "weight" => Field::Weight,
+        _ => return None,
     })
 }
 

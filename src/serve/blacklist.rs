@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::auth::{AdminToken, ReadToken, Token};
 use super::body::{json_response, object, ok, parse_id, Fields};
-use super::error::{validation, ApiError, ApiResult};
+use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
 use crate::client::wire::blacklist_api_json;
 use crate::store::record::BlacklistRecord;
@@ -70,7 +70,8 @@ pub async fn add_blacklist(
         reason: f.str("reason")?.unwrap_or_default(),
         created_ms: 0,
     };
-    rec.validate().map_err(|m| validation(&m, None))?;
+    rec.validate()
+        .map_err(|e| ApiError::from_invalid(&e, None))?;
     let (stored, v) = st.store.blacklist_add_full(&rec, who.name()).await?;
     st.announce(v);
     Ok(json_response(

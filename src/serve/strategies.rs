@@ -13,11 +13,10 @@ use serde_json::{json, Map, Value};
 
 use super::auth::{AdminToken, ReadToken, Token};
 use super::body::{json_response, object, ok, parse_id, Fields};
-use super::error::{validation, ApiError, ApiResult};
+use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared, IMPORT_BODY_LIMIT};
 use crate::client::wire::{parse_strategy_lines, strategy_api_json};
 use crate::store::record::{ActionKind, Scope, StrategyRecord};
-use crate::store::StoreError;
 use rate_ctl::core::model::{canonical_ip, Algorithm, Unit};
 
 pub fn router() -> Routes {
@@ -82,7 +81,8 @@ fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError
         updated_ms: 0,
         version: 0,
     };
-    rec.validate().map_err(|m| validation(&m, Some(&rec)))?;
+    rec.validate()
+        .map_err(|e| ApiError::from_invalid(&e, Some(&rec)))?;
     Ok(rec)
 }
 
@@ -229,25 +229,6 @@ pub async fn delete_strategy(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// An import error about line (or array item) `line`: the message is the
-/// store's ("line 3: rate: must be greater than 0", as `rate-ctl strategy
-/// import` prints it), `field` the API name of the field when one is named.
-fn import_error(status: StatusCode, line: usize, message: String) -> ApiError {
-    let rest = message
-        .strip_prefix(&format!("line {line}: "))
-        .unwrap_or(&message);
-    let field = match status {
-        StatusCode::UNPROCESSABLE_ENTITY => validation(rest, None).field,
-        _ => None,
-    };
-    ApiError {
-        status,
-        field,
-        message,
-        line: Some(line),
-    }
-}
-
 /// The strategies of an import body with their 1-based line numbers: a JSON
 /// array (numbered by item) or JSON lines (blank lines skipped). Each is in
 /// the export format or the API's strategy JSON; a line that is not a
@@ -264,8 +245,11 @@ fn import_records(body: &[u8]) -> Result<Vec<(usize, StrategyRecord)>, ApiError>
     } else {
         parse_strategy_lines(text)
     };
-    records.map_err(|(line, e)| {
-        import_error(StatusCode::BAD_REQUEST, line, format!("line {line}: {e}"))
+    records.map_err(|(line, e)| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        field: None,
+        message: format!("line {line}: {e}"),
+        line: Some(line),
     })
 }
 
@@ -292,19 +276,7 @@ pub async fn import_strategies(
         .store
         .import(records, replace, who.name())
         .await
-        .map_err(|e| match e {
-            StoreError::Invalid(m) => {
-                let line = m
-                    .strip_prefix("line ")
-                    .and_then(|r| r.split(':').next())
-                    .and_then(|n| n.parse().ok());
-                match line {
-                    Some(line) => import_error(StatusCode::UNPROCESSABLE_ENTITY, line, m),
-                    None => validation(&m, None),
-                }
-            }
-            e => ApiError::from(e),
-        })?;
+        .map_err(ApiError::from)?;
     st.announce(v);
     ok(json!({"imported": n, "version": v}))
 }

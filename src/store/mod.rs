@@ -5,6 +5,7 @@
 //! `config_version` row, so agents detect any change by polling that row,
 //! and (on SQLite) the write lock is taken before anything is read.
 
+pub mod error;
 pub mod record;
 pub mod schema;
 
@@ -19,38 +20,19 @@ use sqlx::{Any, AnyPool, Row, Transaction};
 
 // The audit log records entries in the API's JSON.
 use crate::client::wire::{blacklist_api_json, strategy_api_json};
+pub use error::{Field, Invalid, Result, StoreError};
+use rate_ctl::core::model::ModelError;
 use record::{BlacklistRecord, HostRecord, StrategyRecord};
 use schema::{Dialect, CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 
 /// Default store when `--store` is not given.
 pub const DEFAULT_STORE: &str = "sqlite:/var/lib/rate-ctl/rate-ctl.db";
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("store: {0}")]
-    Db(#[from] sqlx::Error),
-    #[error("{0}")]
-    NotFound(String),
-    /// A field is invalid or conflicts with stored data; the text names it.
-    #[error("{0}")]
-    Invalid(String),
-    #[error("store: {0}")]
-    Url(String),
-    /// An update based on a version that is no longer current.
-    #[error("{0}")]
-    Conflict(String),
-    /// The HTTP store (`--store http://…`) failed or refused.
-    #[error("{0}")]
-    Http(String),
-}
-
-pub type Result<T, E = StoreError> = std::result::Result<T, E>;
-
 /// A stored strategy row that could not be read as a valid strategy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadRow {
     pub id: i64,
-    pub reason: String,
+    pub reason: Invalid,
 }
 
 /// One audit log entry.
@@ -246,7 +228,7 @@ impl Store {
             .await?
             .try_get(0)?;
         let id = u32::try_from(id)
-            .map_err(|_| StoreError::Invalid(format!("id: {id} exceeds {}", u32::MAX)))?;
+            .map_err(|_| Invalid::new(Field::Id, "id", format!("{id} exceeds {}", u32::MAX)))?;
         rec.id = id;
         audit(
             &mut tx,
@@ -398,19 +380,21 @@ impl Store {
         let mut names: HashMap<String, usize> = HashMap::new();
         let mut ids: HashMap<u32, usize> = HashMap::new();
         for (line, rec) in records.iter_mut() {
-            rec.validate()
-                .map_err(|e| StoreError::Invalid(format!("line {line}: {e}")))?;
+            let at = |cause| StoreError::Import { line: *line, cause };
+            rec.validate().map_err(at)?;
             if let Some(first) = names.insert(rec.name.clone(), *line) {
-                return Err(StoreError::Invalid(format!(
-                    "line {line}: name: {:?} already used on line {first}",
-                    rec.name
+                return Err(at(Invalid::new(
+                    Field::Name,
+                    "name",
+                    format!("{:?} already used on line {first}", rec.name),
                 )));
             }
             if rec.id != 0 {
                 if let Some(first) = ids.insert(rec.id, *line) {
-                    return Err(StoreError::Invalid(format!(
-                        "line {line}: id: {} already used on line {first}",
-                        rec.id
+                    return Err(at(Invalid::new(
+                        Field::Id,
+                        "id",
+                        format!("{} already used on line {first}", rec.id),
                     )));
                 }
             }
@@ -431,9 +415,14 @@ impl Store {
                 if let Some(line) = names.get(&name) {
                     let rec = &records.iter().find(|(l, _)| l == line).expect("indexed").1;
                     if rec.id as i64 != id && !ids.contains_key(&(id as u32)) {
-                        return Err(StoreError::Invalid(format!(
-                            "line {line}: name: {name:?} already exists (id {id})"
-                        )));
+                        return Err(StoreError::Import {
+                            line: *line,
+                            cause: Invalid::new(
+                                Field::Name,
+                                "name",
+                                format!("{name:?} already exists (id {id})"),
+                            ),
+                        });
                     }
                 }
             }
@@ -894,7 +883,7 @@ async fn strategy_in_tx(
         Ok(r) => strategy_api_json(&r),
         Err(b) => serde_json::json!({
             "id": id,
-            "invalid": b.reason,
+            "invalid": b.reason.to_string(),
             "version": row.try_get::<i64, _>("version").unwrap_or(0),
             "created_at": row.try_get::<i64, _>("created_ms").unwrap_or(0),
         }),
@@ -936,14 +925,20 @@ async fn audit(
 
 pub fn validate_host(host_id: &str, weight: u32) -> Result<()> {
     if host_id.is_empty() || host_id.len() > 255 || host_id.chars().any(char::is_control) {
-        return Err(StoreError::Invalid(
-            "host-id: must be 1 to 255 bytes without control characters".into(),
-        ));
+        return Err(Invalid::new(
+            Field::HostId,
+            "host-id",
+            "must be 1 to 255 bytes without control characters",
+        )
+        .into());
     }
     if weight == 0 || weight > 1_000_000 {
-        return Err(StoreError::Invalid(format!(
-            "weight: must be between 1 and 1000000, got {weight}"
-        )));
+        return Err(Invalid::new(
+            Field::Weight,
+            "weight",
+            format!("must be between 1 and 1000000, got {weight}"),
+        )
+        .into());
     }
     Ok(())
 }
@@ -960,9 +955,12 @@ async fn ensure_name_free(
     if let Some(row) = row {
         let id: i64 = row.try_get(0)?;
         if Some(id) != own_id.map(|i| i as i64) {
-            return Err(StoreError::Invalid(format!(
-                "name: {name:?} already exists (id {id})"
-            )));
+            return Err(Invalid::new(
+                Field::Name,
+                "name",
+                format!("{name:?} already exists (id {id})"),
+            )
+            .into());
         }
     }
     Ok(())
@@ -1021,42 +1019,54 @@ fn split_rows(rows: &[AnyRow]) -> (Vec<StrategyRecord>, Vec<BadRow>) {
 /// always valid; rows edited directly in the database may not be.
 fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
     let id: i64 = row.try_get("id").unwrap_or(-1);
-    let bad = |reason: String| BadRow { id, reason };
-    let get_i = |col: &str| -> Result<i64, BadRow> {
-        row.try_get::<i64, _>(col)
-            .map_err(|e| bad(format!("{col}: unreadable ({e})")))
+    let bad = |reason: Invalid| BadRow { id, reason };
+    let unreadable = |col: &'static str, e: sqlx::Error| {
+        bad(Invalid::new(column(col), col, format!("unreadable ({e})")))
     };
-    let get_oi = |col: &str| -> Result<Option<i64>, BadRow> {
+    let get_i = |col: &'static str| -> Result<i64, BadRow> {
+        row.try_get::<i64, _>(col).map_err(|e| unreadable(col, e))
+    };
+    let get_oi = |col: &'static str| -> Result<Option<i64>, BadRow> {
         row.try_get::<Option<i64>, _>(col)
-            .map_err(|e| bad(format!("{col}: unreadable ({e})")))
+            .map_err(|e| unreadable(col, e))
     };
-    let get_s = |col: &str| -> Result<String, BadRow> {
+    let get_s = |col: &'static str| -> Result<String, BadRow> {
         row.try_get::<String, _>(col)
-            .map_err(|e| bad(format!("{col}: unreadable ({e})")))
+            .map_err(|e| unreadable(col, e))
     };
-    let in_range = |col: &str, v: i64, max: u64| -> Result<u64, BadRow> {
+    let in_range = |col: &'static str, v: i64, max: u64| -> Result<u64, BadRow> {
         if v < 0 || v as u64 > max {
-            Err(bad(format!("{col}: {v} is out of range 0..={max}")))
+            Err(bad(Invalid::new(
+                column(col),
+                col,
+                format!("{v} is out of range 0..={max}"),
+            )))
         } else {
             Ok(v as u64)
         }
     };
-    let id_u32 = u32::try_from(id)
-        .ok()
-        .filter(|i| *i > 0)
-        .ok_or_else(|| bad(format!("id: {id} is not between 1 and {}", u32::MAX)))?;
+    let id_u32 = u32::try_from(id).ok().filter(|i| *i > 0).ok_or_else(|| {
+        bad(Invalid::new(
+            Field::Id,
+            "id",
+            format!("{id} is not between 1 and {}", u32::MAX),
+        ))
+    })?;
     let pairs: Vec<(String, String)> =
         serde_json::from_str(&get_s("conditions")?).map_err(|e| {
-            bad(format!(
-                "conditions: not a JSON list of [dimension, value] ({e})"
+            bad(Invalid::new(
+                Field::Conditions,
+                "conditions",
+                format!("not a JSON list of [dimension, value] ({e})"),
             ))
         })?;
     let mut conditions = BTreeMap::new();
     for (i, (d, v)) in pairs.into_iter().enumerate() {
         if conditions.insert(d.clone(), v).is_some() {
-            return Err(bad(format!(
-                "conditions[{i}].dimension: {d:?} appears twice in one strategy"
-            )));
+            return Err(bad(Invalid::from(ModelError::DuplicateDimension {
+                index: i,
+                name: d,
+            })));
         }
     }
     let mut rec = StrategyRecord {
@@ -1065,11 +1075,11 @@ fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
         conditions,
         algorithm: get_s("algorithm")?
             .parse()
-            .map_err(|e: rate_ctl::core::model::ModelError| bad(e.to_string()))?,
+            .map_err(|e: ModelError| bad(e.into()))?,
         rate: in_range("rate", get_i("rate")?, u64::MAX)?,
         per: get_s("per")?
             .parse()
-            .map_err(|e: rate_ctl::core::model::ModelError| bad(e.to_string()))?,
+            .map_err(|e: ModelError| bad(e.into()))?,
         burst: in_range("burst", get_i("burst")?, u32::MAX as u64)? as u32,
         action: get_s("action")?.parse().map_err(bad)?,
         status: match get_oi("status")? {
@@ -1083,7 +1093,13 @@ fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
         enabled: match get_i("enabled")? {
             0 => false,
             1 => true,
-            v => return Err(bad(format!("enabled: {v} is neither 0 nor 1"))),
+            v => {
+                return Err(bad(Invalid::new(
+                    Field::Enabled,
+                    "enabled",
+                    format!("{v} is neither 0 nor 1"),
+                )))
+            }
         },
         scope: get_s("scope")?.parse().map_err(bad)?,
         created_ms: get_i("created_ms")?.max(0) as u64,
@@ -1092,6 +1108,21 @@ fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
     };
     rec.validate().map_err(bad)?;
     Ok(rec)
+}
+
+/// The record field a strategies column holds.
+fn column(col: &'static str) -> Field {
+    match col {
+        "id" => Field::Id,
+        "name" => Field::Name,
+        "conditions" => Field::Conditions,
+        "rate" => Field::Rate,
+        "burst" => Field::Burst,
+        "status" => Field::Status,
+        "max_delay_ms" => Field::MaxDelayMs,
+        "enabled" => Field::Enabled,
+        other => Field::Column(other),
+    }
 }
 
 fn decode_blacklist(r: &AnyRow) -> Result<BlacklistRecord, sqlx::Error> {
