@@ -15,12 +15,11 @@ set -euo pipefail
 target="${1:-debian}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-# shellcheck source=lib/bench-table.sh
+# shellcheck source=scripts/lib/bench-table.sh
 . "$root/scripts/lib/bench-table.sh"
-command -v valgrind >/dev/null || {
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -q && $sudo apt-get install -y -q valgrind
-}
+# shellcheck source=scripts/lib/packages.sh
+. "$root/scripts/lib/packages.sh"
+command -v valgrind >/dev/null || need_packages bench-instructions valgrind
 [ -n "${SKIP_BUILD:-}" ] || scripts/build-module.sh "$target" >&2
 cargo build -q --example rate-ctl-test-tool
 tool="$root/target/debug/examples/rate-ctl-test-tool"
@@ -32,9 +31,9 @@ chmod 0755 "$dir"
 mkdir -p "$dir/logs"
 vpid=""
 cleanup() {
-    [ -n "$vpid" ] && kill "$vpid" 2>/dev/null || true
-    if [ -n "${KEEP_PROFILES:-}" ]; then
-        mkdir -p "$KEEP_PROFILES" && cp "$dir"/callgrind.* "$KEEP_PROFILES"/ 2>/dev/null || true
+    if [ -n "$vpid" ]; then kill "$vpid" 2>/dev/null || true; fi
+    if [ -n "${KEEP_PROFILES:-}" ] && mkdir -p "$KEEP_PROFILES"; then
+        cp "$dir"/callgrind.* "$KEEP_PROFILES"/ 2>/dev/null || true
     fi
     rm -rf "$dir"
 }
@@ -92,7 +91,9 @@ CONF
 run() {
     local case=$1 n=$2
     local out="$dir/callgrind.$case.$n"
-    valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
+    local cg_args=()
+    read -ra cg_args <<<"${CALLGRIND_ARGS:-}"
+    valgrind --tool=callgrind "${cg_args[@]}" --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
         >/dev/null 2>&1 &
     vpid=$!
     python3 - "$port" "$n" <<'PY'
@@ -116,7 +117,7 @@ PY
 }
 
 declare -A per
-cases=(${CASES:-plain limitreq ratectl reject})
+read -ra cases <<<"${CASES:-plain limitreq ratectl reject}"
 for c in "${cases[@]}"; do
     config "$c"
     a=$(run "$c" 500)
