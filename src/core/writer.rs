@@ -31,6 +31,20 @@ use super::slot::Slot;
 /// How long a freed slot waits before it may be given to another strategy.
 pub const SLOT_QUARANTINE_MS: u64 = 2_000;
 
+/// What a publish will write, decided before anything is written.
+struct Plan {
+    /// The strategies with their slots, by id.
+    published: Vec<Published>,
+    /// Indexes into `published` of the strategies that get a new slot.
+    fresh: Vec<usize>,
+    /// The blacklist's dimensions, in table order.
+    bl_dims: Vec<String>,
+    /// The encoded segment payload.
+    payload: Vec<u8>,
+    /// The wall clock the plan was made at (slot quarantine, timestamps).
+    now_ms: u64,
+}
+
 /// What a publish did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PublishReport {
@@ -289,9 +303,19 @@ impl Writer {
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
+        let plan = self.plan(strategies, blacklist)?;
+        self.apply(plan, blacklist, config_version)
+    }
+
+    /// Step 1 of a publish: validates the strategies, checks every
+    /// capacity, assigns slots and encodes the payload. No side effects.
+    fn plan(
+        &self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistEntry],
+    ) -> Result<Plan, ShmError> {
         let g = self.map.geometry;
         let now_ms = shm::unix_ms();
-        // 1. Validate and check capacities: no side effects yet.
         let mut list: Vec<Strategy> = Vec::with_capacity(strategies.len());
         for s in strategies {
             let mut s = s.clone();
@@ -399,6 +423,31 @@ impl Writer {
                 needed: payload.len() as u64,
             });
         }
+        Ok(Plan {
+            published: plan,
+            fresh,
+            bl_dims,
+            payload,
+            now_ms,
+        })
+    }
+
+    /// Steps 2 to 4 of a publish: writes what `plan` decided (blacklist,
+    /// slots, the inactive segment) and flips the sequence.
+    fn apply(
+        &mut self,
+        plan: Plan,
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let Plan {
+            published: plan,
+            fresh,
+            bl_dims,
+            payload,
+            now_ms,
+        } = plan;
+        let slots = self.map.slots();
         // 2. Blacklist: on error the previous list stays whole.
         let bl = Blacklist::open(self.map.blacklist())?;
         let bl_report = bl.rebuild(blacklist)?;
