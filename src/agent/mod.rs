@@ -30,6 +30,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use rate_ctl::core::model::Strategy;
+use rate_ctl::core::shm::ShmError;
 use tracing::{error, info, warn};
 
 use crate::store::record::{BlacklistRecord, HostRecord};
@@ -48,7 +49,7 @@ pub trait Sink {
         strategies: &[Strategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
-    ) -> Result<String, String>;
+    ) -> Result<String, ShmError>;
     /// Writes the agent heartbeat (unix ms) into the file header.
     fn heartbeat(&self, unix_ms: u64);
     /// The slot counters of the published strategies.
@@ -327,10 +328,14 @@ mod tests {
             strategies: &[Strategy],
             _blacklist: &[BlacklistRecord],
             v: u64,
-        ) -> Result<String, String> {
+        ) -> Result<String, ShmError> {
             if let Some(l) = self.limit {
                 if strategies.len() > l {
-                    return Err(format!("capacity: max strategies ({l}) exceeded"));
+                    return Err(ShmError::Capacity {
+                        what: "max strategies",
+                        limit: l as u64,
+                        needed: strategies.len() as u64,
+                    });
                 }
             }
             self.published.push((v, strategies.to_vec()));

@@ -10,7 +10,7 @@ use crate::store::CounterSample;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::Strategy;
 use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
-use rate_ctl::core::shm::{Capacities, Mapping};
+use rate_ctl::core::shm::{Capacities, Mapping, ShmError};
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::writer::{Opened, Writer};
 
@@ -25,7 +25,7 @@ impl Sink for ShmSink {
         strategies: &[Strategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
-    ) -> Result<String, String> {
+    ) -> Result<String, ShmError> {
         let entries: Vec<BlacklistEntry> = blacklist
             .iter()
             .map(|b| BlacklistEntry {
@@ -34,10 +34,7 @@ impl Sink for ShmSink {
                 expires_unix_ms: b.expires_ms,
             })
             .collect();
-        let r = self
-            .writer
-            .publish(strategies, &entries, config_version)
-            .map_err(|e| e.to_string())?;
+        let r = self.writer.publish(strategies, &entries, config_version)?;
         Ok(format!(
             "sequence {}, {} strategies ({} new slots, {} freed), {} blacklist entries, {} bytes",
             r.seq, r.strategies, r.new_slots, r.freed_slots, r.blacklist_entries, r.payload_bytes
@@ -72,8 +69,8 @@ impl Sink for ShmSink {
 
 /// Creates or adopts the file at `path` (an adopted file keeps its slots
 /// and counters).
-pub fn open(path: &Path, caps: Capacities, mode: u32) -> Result<ShmSink, String> {
-    let writer = Writer::create_or_adopt(path, caps, mode).map_err(|e| e.to_string())?;
+pub fn open(path: &Path, caps: Capacities, mode: u32) -> Result<ShmSink, ShmError> {
+    let writer = Writer::create_or_adopt(path, caps, mode)?;
     match writer.opened() {
         Opened::Created => info!(path = %path.display(), "created the shared-memory file"),
         Opened::Adopted {
@@ -90,8 +87,17 @@ pub fn open(path: &Path, caps: Capacities, mode: u32) -> Result<ShmSink, String>
     Ok(ShmSink { writer })
 }
 
+/// Why the active table could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("active segment (sequence {seq}): {source}")]
+    Segment { seq: u64, source: SegmentError },
+    #[error("the writer kept publishing; try again")]
+    Busy,
+}
+
 /// Reads the active segment, retrying while the writer is mid-publish.
-pub fn read_active(map: &Mapping) -> Result<Option<Decoded>, String> {
+pub fn read_active(map: &Mapping) -> Result<Option<Decoded>, ReadError> {
     let mut buf = Vec::new();
     for _ in 0..10_000 {
         let seq = map.seq();
@@ -102,8 +108,8 @@ pub fn read_active(map: &Mapping) -> Result<Option<Decoded>, String> {
             Ok(d) => return Ok(Some(d)),
             Err(SegmentError::Busy) => std::thread::yield_now(),
             Err(SegmentError::Sequence { .. }) if map.seq() != seq => {}
-            Err(e) => return Err(format!("active segment (sequence {seq}): {e}")),
+            Err(source) => return Err(ReadError::Segment { seq, source }),
         }
     }
-    Err("the writer kept publishing; try again".into())
+    Err(ReadError::Busy)
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::flags::parse_duration_ms;
+use super::flags::{parse_duration_ms, BadValue};
 use crate::store::record::{ActionKind, Scope};
 use crate::store::Invalid;
 use rate_ctl::core::model::{Algorithm, ModelError, Unit};
@@ -136,11 +136,11 @@ pub struct AgentArgs {
 }
 
 /// A group name or number → gid.
-pub fn parse_group(s: &str) -> Result<u32, String> {
+pub fn parse_group(s: &str) -> Result<u32, BadValue> {
     if let Ok(gid) = s.parse::<u32>() {
         return Ok(gid);
     }
-    let name = std::ffi::CString::new(s).map_err(|_| format!("{s:?}: not a group name"))?;
+    let name = std::ffi::CString::new(s).map_err(|_| BadValue::NotAGroup(s.into()))?;
     // SAFETY: libc::group is plain data (integers and pointers); all-zero is
     // a valid value that getgrnam_r overwrites.
     let mut grp: libc::group = unsafe { std::mem::zeroed() };
@@ -158,16 +158,16 @@ pub fn parse_group(s: &str) -> Result<u32, String> {
         )
     };
     if rc != 0 || out.is_null() {
-        return Err(format!("{s:?}: no such group"));
+        return Err(BadValue::NoSuchGroup(s.into()));
     }
     Ok(grp.gr_gid)
 }
 
-pub fn parse_mode(s: &str) -> Result<u32, String> {
+pub fn parse_mode(s: &str) -> Result<u32, BadValue> {
     u32::from_str_radix(s.trim_start_matches("0o"), 8)
         .ok()
         .filter(|m| *m <= 0o777)
-        .ok_or_else(|| format!("{s:?} is not an octal mode like 0660"))
+        .ok_or_else(|| BadValue::NotAMode(s.into()))
 }
 
 #[derive(Subcommand, Debug)]

@@ -55,24 +55,38 @@ pub fn conditions_from_args(args: &[String]) -> Result<BTreeMap<String, String>,
     Ok(map)
 }
 
+/// A command-line value that is not what its argument takes (clap shows
+/// the message after the argument's name).
+#[derive(Debug, thiserror::Error)]
+pub enum BadValue {
+    #[error("{0:?}: not a group name")]
+    NotAGroup(String),
+    #[error("{0:?}: no such group")]
+    NoSuchGroup(String),
+    #[error("{0:?} is not an octal mode like 0660")]
+    NotAMode(String),
+    #[error("{0:?} is not a duration like 30s, 10m, 2h, 1d")]
+    NotADuration(String),
+    #[error("{0:?} is too long")]
+    TooLong(String),
+}
+
 /// Parses a duration such as `30s`, `10m`, `2h`, `1d` or `500ms`.
-pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+pub fn parse_duration_ms(s: &str) -> Result<u64, BadValue> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s, 10m, 2h, 1d"))?;
+    let n: u64 = num.parse().map_err(|_| BadValue::NotADuration(s.into()))?;
     let mul = match unit {
         "ms" => 1,
         "" | "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("{s:?} is not a duration like 30s, 10m, 2h, 1d")),
+        _ => return Err(BadValue::NotADuration(s.into())),
     };
     n.checked_mul(mul)
-        .ok_or_else(|| format!("{s:?} is too long"))
+        .ok_or_else(|| BadValue::TooLong(s.into()))
 }
 
 #[cfg(test)]

@@ -127,9 +127,7 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
         Command::Strategy(c) => strategy(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Blacklist(c) => blacklist(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Host(c) => host(&target(cli.store, api, cli.token)?, cli.json, c).await,
-        Command::Shm(ShmCmd::Inspect { path }) => {
-            shm::inspect(&path, cli.json).map_err(Failure::other)
-        }
+        Command::Shm(ShmCmd::Inspect { path }) => shm::inspect(&path, cli.json),
     }
 }
 

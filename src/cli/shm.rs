@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde_json::json;
 
+use super::Failure;
 use crate::agent::publish::read_active;
 use rate_ctl::core::blacklist::Blacklist;
 use rate_ctl::core::model::Action;
@@ -22,15 +23,15 @@ macro_rules! outln {
 }
 
 /// `rate-ctl shm inspect`.
-pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
-    let map = Mapping::open(path).map_err(|e| e.to_string())?;
+pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
+    let map = Mapping::open(path).map_err(|e| Failure::other(e.to_string()))?;
     let g = map.geometry;
     let header = map.header();
     let seq = map.seq();
     let heartbeat = map.heartbeat_unix_ms();
     let now = unix_ms();
     let heartbeat_age_ms = (heartbeat > 0).then(|| now.saturating_sub(heartbeat));
-    let decoded = read_active(&map)?;
+    let decoded = read_active(&map).map_err(|e| Failure::other(e.to_string()))?;
     let slots = map.slots();
     let mut rows = Vec::new();
     if let Some(d) = &decoded {
@@ -70,7 +71,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
     }
     let blacklist_entries = Blacklist::open(map.blacklist())
         .map(|b| b.len() as u64)
-        .map_err(|e| format!("blacklist region: {e}"))?;
+        .map_err(|e| Failure::other(format!("blacklist region: {e}")))?;
     let used_slots: u32 = (0..g.bitmap_len as usize / 8)
         .map(|i| map.bitmap().load(i * 8).count_ones())
         .sum();
