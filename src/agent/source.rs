@@ -54,7 +54,7 @@ impl ConfigSource {
     /// here (`StoreError::Url`), before anything is sent.
     pub fn new(target: Target, timeout: Duration) -> Result<ConfigSource, StoreError> {
         if let Target::Api { url, token } = &target {
-            Client::new(url, token.clone()).map_err(StoreError::Url)?;
+            Client::new(url, token.clone()).map_err(|e| StoreError::Url(e.to_string()))?;
         }
         Ok(ConfigSource {
             target,
@@ -102,7 +102,7 @@ impl ConfigSource {
                 let first = client
                     .request("GET", "/api/v1/snapshot?after=0", None, REQUEST_TIMEOUT)
                     .await
-                    .map_err(StoreError::Http)?;
+                    .map_err(|e| StoreError::Http(e.to_string()))?;
                 let snap = snapshot_from(&ok_body(first, "snapshot")?)?;
                 let after = snap.version;
                 *self.latest.snapshot.lock() = Some(snap);
@@ -262,7 +262,7 @@ async fn report(client: &Client, host_id: &str, body: Value) -> Result<Value, St
     let a = client
         .request("POST", &path, Some(&body), REQUEST_TIMEOUT)
         .await
-        .map_err(StoreError::Http)?;
+        .map_err(|e| StoreError::Http(e.to_string()))?;
     ok_body(a, "report")
 }
 
@@ -274,7 +274,7 @@ async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
         let r = client
             .request("GET", &path, None, LONG_POLL_TIMEOUT)
             .await
-            .map_err(StoreError::Http)
+            .map_err(|e| StoreError::Http(e.to_string()))
             .and_then(|a| ok_body(a, "snapshot"))
             .and_then(|v| {
                 let changed = v["changed"].as_bool().unwrap_or(true);
@@ -334,7 +334,7 @@ fn snapshot_from(v: &Value) -> Result<Snapshot, StoreError> {
     let mut bad_rows = Vec::new();
     for s in v["strategies"].as_array().into_iter().flatten() {
         let id = s["id"].as_i64().unwrap_or(-1);
-        let rec = strategy_from_api_json(s).map_err(|e| Invalid::whole(None, e));
+        let rec = strategy_from_api_json(s).map_err(|e| Invalid::whole(None, e.to_string()));
         match rec.and_then(|mut r| r.validate().map(|()| r)) {
             Ok(r) => strategies.push(r),
             Err(reason) => bad_rows.push(BadRow { id, reason }),

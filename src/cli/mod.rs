@@ -122,7 +122,9 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
                 agent_token_file: a.agent_token_file,
                 freshness_ms: a.freshness,
             };
-            serve::run(&url, opts).await.map_err(Failure::other)
+            serve::run(&url, opts)
+                .await
+                .map_err(|e| Failure::other(e.to_string()))
         }
         Command::Strategy(c) => strategy(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Blacklist(c) => blacklist(&target(cli.store, api, cli.token)?, cli.json, c).await,

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::Invalid;
 use crate::store::{BadRow, Store, StoreError};
-use http::{percent_encode, Answer, Client};
+use http::{percent_encode, Answer, Client, HttpError};
 use wire::{
     blacklist_api_json, blacklist_from_api_json, field_of_api_name, host_from_api_json,
     strategy_api_json, strategy_from_api_json,
@@ -66,7 +66,8 @@ impl Backend {
                 .await
                 .map(Backend::Store),
             Target::Api { url, token } => {
-                let client = Client::new(url, token.clone()).map_err(StoreError::Url)?;
+                let client =
+                    Client::new(url, token.clone()).map_err(|e| StoreError::Url(e.to_string()))?;
                 Ok(Backend::Api(Api {
                     client,
                     url: url.trim_end_matches('/').to_string(),
@@ -307,7 +308,7 @@ impl Api {
         })
     }
 
-    fn unreachable(&self, e: String) -> StoreError {
+    fn unreachable(&self, e: HttpError) -> StoreError {
         StoreError::Http(format!(
             "cannot reach rate-ctl serve (--api {}): {e}",
             self.url
@@ -315,7 +316,7 @@ impl Api {
     }
 
     /// An answer that is not what docs/API.md describes.
-    fn odd(&self, what: &str) -> StoreError {
+    fn odd(&self, what: impl std::fmt::Display) -> StoreError {
         StoreError::Http(format!("--api {}: unexpected answer: {what}", self.url))
     }
 
