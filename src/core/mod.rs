@@ -12,6 +12,7 @@ pub mod region;
 pub mod segment;
 pub mod shm;
 pub mod slot;
+pub mod stats;
 pub mod table;
 pub mod value_map;
 pub mod writer;
