@@ -15,7 +15,7 @@ use rate_ctl::core::shm::{
     unix_ms, Capacities, Mapping, H_CONFIG_VERSION, H_CREATED, H_WRITER_PID, LAYOUT_VERSION,
 };
 use rate_ctl::core::slot::Slot;
-use rate_ctl::core::writer::{Opened, Writer};
+use rate_ctl::core::writer::{FileAccess, Opened, Writer};
 
 /// println! that ignores a closed stdout (e.g. `| head`).
 macro_rules! outln {
@@ -91,15 +91,20 @@ impl Sink for ShmSink {
 
 /// Creates or adopts the file at `path` (an adopted file keeps its slots
 /// and counters).
-pub fn open(path: &Path, caps: Caps, mode: u32) -> Result<ShmSink, String> {
-    let writer = Writer::create_or_adopt(
+pub fn open(path: &Path, caps: Caps, mode: u32, group: Option<u32>) -> Result<ShmSink, String> {
+    // The SIGBUS guard before the first mapping: a file truncated under
+    // the agent becomes an error, not a crash.
+    if let Err(e) = rate_ctl::core::sigbus::install() {
+        warn!(error = %e, "cannot install the SIGBUS guard");
+    }
+    let writer = Writer::open(
         path,
         Capacities {
             max_strategies: caps.max_strategies,
             segment_bytes: caps.segment_bytes,
             blacklist_entries: caps.blacklist_entries,
         },
-        mode,
+        FileAccess { mode, group },
     )
     .map_err(|e| e.to_string())?;
     match writer.opened() {

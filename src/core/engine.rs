@@ -9,6 +9,12 @@
 //! file the agent recreated is mapped afresh. Without a usable file the
 //! engine fails open: [`Engine::table`] is `None` and requests pass.
 //!
+//! A truncation inside that second raises SIGBUS; where the
+//! [`sigbus`](super::sigbus) guard is installed (nginx workers, the agent)
+//! the mapping then reads as zeros, so the sequence appears to change and
+//! the next refresh drops the mapping and fails open until the file is
+//! whole again.
+//!
 //! Every change of state is reported once by [`Engine::refresh`], never per
 //! request.
 
@@ -104,6 +110,17 @@ impl Engine {
     pub fn refresh(&mut self, now_ns: u64) -> Option<StateChange> {
         if self.is_current(now_ns) {
             return None;
+        }
+        if let Some(e) = self
+            .map
+            .as_ref()
+            .filter(|m| m.faulted())
+            .map(|m| m.fault_error())
+        {
+            // Truncated under us (a zeroed mapping reads as a new sequence):
+            // fail open now, look for a whole file again in a second.
+            self.next_check_ns = now_ns.saturating_add(RECHECK_NS);
+            return self.fail_open(&e);
         }
         let mut change = None;
         if now_ns >= self.next_check_ns {

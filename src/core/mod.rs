@@ -11,6 +11,7 @@ pub mod model;
 pub mod region;
 pub mod segment;
 pub mod shm;
+pub mod sigbus;
 pub mod slot;
 pub mod table;
 pub mod value_map;

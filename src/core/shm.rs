@@ -101,6 +101,14 @@ pub enum ShmError {
         size: u64,
         expected: u64,
     },
+    #[error(
+        "{0}: file truncated or rewritten in place while mapped (SIGBUS caught; the mapping now reads as zeros)"
+    )]
+    Faulted(PathBuf),
+    #[error("{path}: another writer holds it (pid {holder}); one agent per file")]
+    Locked { path: PathBuf, holder: u64 },
+    #[error("{path}: owned by {owner}, neither this user nor root, and cannot be replaced; remove it or run the agent as its owner")]
+    ForeignOwner { path: PathBuf, owner: String },
     #[error("capacity: {what} ({limit}) exceeded: {needed} needed")]
     Capacity {
         what: &'static str,
@@ -278,6 +286,9 @@ fn geometry_crc(h: &Region<'_>) -> u32 {
 
 /// A mapped rate_ctl file (shared, read-write: workers update slots).
 pub struct Mapping {
+    /// The SIGBUS guard of the range; declared first so that it is
+    /// unregistered before `map` unmaps the range.
+    guard: Option<super::sigbus::Guard>,
     map: MmapRaw,
     file: File,
     pub path: PathBuf,
@@ -360,12 +371,18 @@ impl Mapping {
         }
         let geometry = Geometry::read(&h, size, path)?;
         Ok(Mapping {
+            guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
             path: path.to_path_buf(),
             geometry,
             dev_ino: (meta.dev(), meta.ino()),
         })
+    }
+
+    /// The open file (its lock, for the writer).
+    pub(crate) fn file(&self) -> &File {
+        &self.file
     }
 
     /// The whole mapped file.
@@ -420,10 +437,26 @@ impl Mapping {
         self.header().load(H_HEARTBEAT)
     }
 
+    /// Whether a SIGBUS hit this mapping (the file was truncated under
+    /// it): its range now holds zero pages; drop it and map the file again
+    /// once it is whole. Always `false` where no guard is installed.
+    #[inline]
+    pub fn faulted(&self) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.faulted())
+    }
+
+    /// The error to report for a [`faulted`](Self::faulted) mapping.
+    pub fn fault_error(&self) -> ShmError {
+        ShmError::Faulted(self.path.clone())
+    }
+
     /// Is the file still the one mapped, whole? Checks the size of the open
     /// file (a truncated file would raise SIGBUS on access) and whether the
     /// path now names another file (the agent recreated it).
     pub fn still_valid(&self) -> Result<bool, ShmError> {
+        if self.faulted() {
+            return Err(self.fault_error());
+        }
         let size = self
             .file
             .metadata()

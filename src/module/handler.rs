@@ -439,14 +439,9 @@ fn ceil_secs(ns: u64) -> u64 {
 fn add_quota_headers(r: &mut Request, q: &Quota) {
     add_header_num(r, "RateLimit-Limit", q.limit);
     add_header_num(r, "RateLimit-Remaining", q.remaining);
-    let reset = ceil_secs(q.reset_ns);
-    // Never 0 while limited: a client told "reset in 0 s" would retry at once.
-    let reset = if q.remaining == 0 {
-        reset.max(1)
-    } else {
-        reset
-    };
-    add_header_num(r, "RateLimit-Reset", reset);
+    // Never 0: a client told "reset in 0 s" would retry at once, and a
+    // concurrency strategy has no time in its state at all (reset_ns 0).
+    add_header_num(r, "RateLimit-Reset", ceil_secs(q.reset_ns).max(1));
 }
 
 /// `n` in decimal, copied into the request pool (formatted on the stack:
