@@ -20,7 +20,8 @@ use super::slot::SLOT_SIZE;
 /// `"RATECTL\0"` read as a little-endian u64.
 pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// Version of the whole layout (header, segments, slots, blacklist).
-pub const LAYOUT_VERSION: u32 = 1;
+/// 2: the concurrency ledger region (`H_LEDGER_OFF`, `H_LEDGER_LEN`).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
@@ -48,6 +49,8 @@ pub const H_CREATED: usize = 136;
 pub const H_BOOT_ID: usize = 144; // 16 bytes
 pub const H_WRITER_PID: usize = 160;
 pub const H_CONFIG_VERSION: usize = 168;
+pub const H_LEDGER_OFF: usize = 176;
+pub const H_LEDGER_LEN: usize = 184;
 /// Geometry fields covered by the CRC at `H_GEOMETRY_CRC`.
 const GEOMETRY: std::ops::Range<usize> = H_FILE_SIZE..H_GEOMETRY_CRC;
 
@@ -152,6 +155,8 @@ pub struct Geometry {
     pub bl_off: u64,
     pub bl_len: u64,
     pub bl_capacity: u32,
+    pub ledger_off: u64,
+    pub ledger_len: u64,
 }
 
 fn page_up(n: u64) -> u64 {
@@ -180,8 +185,10 @@ impl Geometry {
         let slots_len = page_up(c.max_strategies as u64 * SLOT_SIZE as u64);
         let bl_off = slots_off + slots_len;
         let bl_len = page_up(super::blacklist::region_bytes(c.blacklist_entries));
+        let ledger_off = bl_off + bl_len;
+        let ledger_len = super::ledger::region_bytes();
         Ok(Geometry {
-            file_size: bl_off + bl_len,
+            file_size: ledger_off + ledger_len,
             slot_count: c.max_strategies,
             bitmap_off,
             bitmap_len,
@@ -192,6 +199,8 @@ impl Geometry {
             bl_off,
             bl_len,
             bl_capacity: c.blacklist_entries,
+            ledger_off,
+            ledger_len,
         })
     }
 
@@ -212,6 +221,8 @@ impl Geometry {
         h.store(H_BL_LEN, self.bl_len);
         h.store(H_BL_CAPACITY, self.bl_capacity as u64);
         h.store(H_GEOMETRY_CRC, geometry_crc(h) as u64);
+        h.store(H_LEDGER_OFF, self.ledger_off);
+        h.store(H_LEDGER_LEN, self.ledger_len);
     }
 
     /// Reads and validates the geometry of a mapped file of `actual_size`.
@@ -239,6 +250,8 @@ impl Geometry {
             bl_off: h.load(H_BL_OFF),
             bl_len: h.load(H_BL_LEN),
             bl_capacity: h.load(H_BL_CAPACITY).min(u32::MAX as u64) as u32,
+            ledger_off: h.load(H_LEDGER_OFF),
+            ledger_len: h.load(H_LEDGER_LEN),
         };
         if g.file_size > actual_size {
             return Err(ShmError::Truncated {
@@ -255,6 +268,7 @@ impl Geometry {
             (g.seg_off[1], g.seg_len),
             (g.slots_off, g.slots_len),
             (g.bl_off, g.bl_len),
+            (g.ledger_off, g.ledger_len),
         ];
         let mut end = HEADER_SIZE;
         for (off, len) in regions {
@@ -295,7 +309,12 @@ pub struct Mapping {
     pub geometry: Geometry,
     /// Device and inode of the mapped file, to notice a replaced file.
     pub dev_ino: (u64, u64),
+    /// This process's row in the concurrency ledger (claimed on first use).
+    ledger_row: std::sync::atomic::AtomicUsize,
 }
+
+const NO_ROW: usize = usize::MAX;
+const ROW_FULL: usize = usize::MAX - 1;
 
 /// Opens `path` without following symlinks; it must be a regular file.
 pub(crate) fn open_file(path: &Path, create: bool, mode: u32) -> Result<File, ShmError> {
@@ -377,6 +396,7 @@ impl Mapping {
             path: path.to_path_buf(),
             geometry,
             dev_ino: (meta.dev(), meta.ino()),
+            ledger_row: std::sync::atomic::AtomicUsize::new(NO_ROW),
         })
     }
 
@@ -420,6 +440,68 @@ impl Mapping {
     pub fn blacklist(&self) -> Region<'_> {
         let g = &self.geometry;
         self.region().sub(g.bl_off, g.bl_len).expect("validated")
+    }
+
+    /// The concurrency ledger (see [`super::ledger`]).
+    pub fn ledger(&self) -> super::ledger::Ledger<'_> {
+        let g = &self.geometry;
+        super::ledger::Ledger::new(
+            self.region()
+                .sub(g.ledger_off, g.ledger_len)
+                .expect("validated"),
+        )
+    }
+
+    /// This process's ledger row, claimed on first use; `None` when every
+    /// row is taken.
+    fn ledger_row(&self) -> Option<usize> {
+        match self.ledger_row.load(Ordering::Relaxed) {
+            ROW_FULL => None,
+            NO_ROW => {
+                let (pid, started) = super::ledger::me();
+                let row = self.ledger().claim(pid, started);
+                self.ledger_row
+                    .store(row.unwrap_or(ROW_FULL), Ordering::Relaxed);
+                row
+            }
+            row => Some(row),
+        }
+    }
+
+    /// Records that this process took one unit of the concurrency slot
+    /// `slot` at `generation` (after the slot's increment), so that it is
+    /// given back if the process dies holding it.
+    pub fn hold_unit(&self, slot: u32, generation: u64) {
+        let slots = self.slots();
+        let current = super::slot::Slot::at(&slots, slot)
+            .is_some_and(|s| s.generation().load(Ordering::Acquire) == generation);
+        if !current {
+            return; // a stale hit took nothing
+        }
+        if let Some(row) = self.ledger_row() {
+            self.ledger().add(row, slot, generation);
+        }
+    }
+
+    /// Gives back a unit taken with [`hold_unit`](Self::hold_unit): off
+    /// the ledger first, then off the slot, if the slot still has
+    /// `generation` (else it was reassigned and zeroed).
+    pub fn release_unit(&self, slot: u32, generation: u64) {
+        if let Some(row) = self.ledger_row() {
+            self.ledger().remove(row, slot, generation);
+        }
+        let slots = self.slots();
+        if let Some(s) = super::slot::Slot::at(&slots, slot) {
+            if s.generation().load(Ordering::Acquire) == generation {
+                super::ledger::release_units(&s, 1);
+            }
+        }
+    }
+
+    /// Gives back the units of processes that died holding them; returns
+    /// how many.
+    pub fn reclaim_dead(&self) -> u64 {
+        self.ledger().reclaim(&self.slots(), super::ledger::me())
     }
 
     /// The published sequence (Acquire): changes on every publish; its low
@@ -493,6 +575,16 @@ impl Mapping {
                 LAYOUT_VERSION as u64 | (INIT_DONE as u64) << 32,
                 Ordering::Release,
             );
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // Holds keep their mapping alive, so nothing is held any more.
+        let row = *self.ledger_row.get_mut();
+        if row != NO_ROW && row != ROW_FULL && !self.faulted() {
+            self.ledger().free(row, std::process::id() as u64);
         }
     }
 }

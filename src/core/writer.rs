@@ -428,6 +428,11 @@ impl Writer {
                 }
             }
             header.write_bytes(shm::H_BOOT_ID, &boot);
+            // Pids of another boot mean nothing; the counts were zeroed above.
+            let ledger = map.ledger();
+            for row in 0..super::ledger::ROWS as usize {
+                ledger.free_any(row);
+            }
         }
         header.store(shm::H_WRITER_PID, std::process::id() as u64);
         let w = Writer {

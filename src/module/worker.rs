@@ -153,7 +153,8 @@ impl Worker {
 
     #[cold]
     fn refresh_slow(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
-        if let Some(change) = self.engine.refresh(now_ns) {
+        let change = self.engine.refresh(now_ns);
+        for change in change.into_iter().chain(self.engine.take_notice()) {
             let level = match change.level {
                 engine::LogLevel::Error => LogLevel::Error,
                 engine::LogLevel::Notice => LogLevel::Notice,
