@@ -4,10 +4,10 @@
 //! by these tests.
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/agent.rs"]
+#[path = "support/agent.rs"]
 mod agent;
-#[path = "agent_common/mod.rs"]
-mod common;
+#[path = "support/cli.rs"]
+mod cli;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use agent::{wait_for, AgentProc, Reader};
-use common::{ok, sqlite_store, version};
+use cli::{ok, sqlite_store, version};
 
 const NOBODY: u32 = 65534;
 
