@@ -210,3 +210,47 @@ fn a_file_planted_by_another_user_is_not_adopted() {
     assert!(ok_mode.is_some(), "--mode applied on adoption");
     drop(b);
 }
+
+#[test]
+fn a_publish_refused_by_the_slot_quarantine_is_retried_without_another_change() {
+    let st = sqlite_store();
+    let s = st.url.as_str();
+    for i in 0..4 {
+        add(s, &format!("q{i}"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("rc.shm");
+    let a = AgentProc::start(
+        s,
+        &shm,
+        "h",
+        &dir.path().join("a.log"),
+        &["--max-strategies", "4"],
+    );
+    published(s, &shm);
+    // At capacity: remove one and add another within the 2 s quarantine of
+    // the freed slot. The publish is refused (no free slot yet) ...
+    ok(&["strategy", "rm", "--store", s, "1"]);
+    add(s, "fresh");
+    let t0 = std::time::Instant::now();
+    let v = version(s) as u64;
+    let refused = wait_for(Duration::from_secs(5), || {
+        a.log_text().contains("publish refused").then_some(())
+    });
+    assert!(refused.is_some(), "refused first:\n{}", a.log_text());
+    // ... and applied by a retry once the slot is free, with no other change.
+    let mut r = Reader::open(&shm);
+    let t = r.wait_version(v, Duration::from_secs(5));
+    let took = t0.elapsed();
+    let t = t.unwrap_or_else(|| panic!("never applied:\n{}", a.log_text()));
+    assert!(
+        t.strategies().iter().any(|c| c.strategy.id == 5),
+        "the new strategy is published"
+    );
+    assert!(took < Duration::from_secs(3), "applied after {took:?}");
+    assert_eq!(
+        a.log_text().matches("publish refused").count(),
+        1,
+        "the refusal is logged once, not per retry"
+    );
+}

@@ -530,7 +530,11 @@ impl Writer {
     /// Publishes `strategies` (rates already local to this host) and the
     /// full blacklist. Nothing in the file changes unless the whole publish
     /// fits: invalid strategies, duplicate ids and exceeded capacities are
-    /// errors and the previous table stays active.
+    /// errors and the previous table stays active. One exception: when new
+    /// strategies lack free slots only because the slots of strategies this
+    /// publish removes are not free yet, the removals are published first
+    /// (under the previous config version) so that their quarantine starts,
+    /// and the call is refused; the same publish fits once it ends.
     pub fn publish(
         &mut self,
         strategies: &[Strategy],
@@ -625,6 +629,21 @@ impl Writer {
             candidate += 1;
         }
         if free.len() < fresh.len() {
+            // At capacity, strategies removed by this publish hold slots
+            // that the new ones need, but a freed slot waits out its
+            // quarantine first. Publish the removals now (the kept
+            // strategies, under the previous config version) so that the
+            // quarantine starts; the caller's retry then fits.
+            let ids: std::collections::HashSet<u32> = plan.iter().map(|p| p.strategy.id).collect();
+            if self.assigned.keys().any(|id| !ids.contains(id)) {
+                let kept: Vec<Strategy> = plan
+                    .iter()
+                    .filter(|p| p.slot != u32::MAX)
+                    .map(|p| p.strategy.clone())
+                    .collect();
+                let previous = self.map.header().load(H_CONFIG_VERSION);
+                self.publish(&kept, blacklist, previous)?;
+            }
             return Err(ShmError::Capacity {
                 what: "free stat slots (freed slots wait 2 s before reuse)",
                 limit: g.slot_count as u64,
