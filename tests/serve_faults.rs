@@ -4,6 +4,8 @@
 //! make the service hold its body in memory.
 #![cfg(feature = "cli")]
 
+#[path = "support/agent.rs"]
+mod agent;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "support/serve.rs"]
@@ -13,6 +15,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use agent::{wait_for, AgentProc};
 use cli::sqlite_store;
 use serve::Serve;
 
@@ -94,4 +97,55 @@ fn unauthenticated_60_mb_bodies_are_refused_without_being_held() {
     // The service still answers.
     let (code, _) = s.req("GET", "/api/v1/strategies", None);
     assert_eq!(code, 200);
+}
+
+/// Issue 11 #13: a refused token is a configuration error, not an outage.
+#[test]
+fn an_agent_whose_token_is_refused_exits_with_a_configuration_error() {
+    let st = sqlite_store();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    for (n, extra) in [vec!["--token", "wrong"], vec![]].into_iter().enumerate() {
+        let shm = dir.path().join(format!("rc{n}.shm"));
+        let log = dir.path().join(format!("a{n}.log"));
+        let mut a = AgentProc::start(&s.url(), &shm, "h", &log, &extra);
+        let status = wait_for(Duration::from_secs(10), || a.child.try_wait().unwrap());
+        let text = a.log_text();
+        let st = status.unwrap_or_else(|| panic!("{extra:?}: agent still retrying:\n{text}"));
+        assert!(
+            st.code().is_some_and(|c| c != 0),
+            "{extra:?}: exits non-zero: {st:?}"
+        );
+        assert!(
+            text.contains("ERROR")
+                && text.contains("refused the agent's credentials")
+                && text.contains("HTTP 401"),
+            "{extra:?}: says so at error level: {text}"
+        );
+    }
+}
+
+/// Issue 11 #13: a mode that leaves nginx's workers without write access is
+/// warned about at start.
+#[test]
+fn a_mode_workers_cannot_write_is_warned_about() {
+    let st = sqlite_store();
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, warned) in [("0640", true), ("0600", true), ("0666", false)] {
+        let shm = dir.path().join(format!("rc{mode}.shm"));
+        let log = dir.path().join(format!("a{mode}.log"));
+        let a = AgentProc::start(&st.url, &shm, "h", &log, &["--mode", mode]);
+        let started = wait_for(Duration::from_secs(10), || {
+            a.log_text()
+                .contains("registered with the store")
+                .then_some(())
+        });
+        assert!(started.is_some(), "{mode}: {}", a.log_text());
+        let text = a.log_text();
+        assert_eq!(
+            text.contains("WARN") && text.contains("nginx workers can write the file only if"),
+            warned,
+            "{mode}: {text}"
+        );
+    }
 }

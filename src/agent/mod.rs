@@ -143,7 +143,11 @@ impl<S: Sink> Agent<S> {
     }
 
     /// Runs until `shutdown` resolves; a publish in progress completes first.
-    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) {
+    /// A store that refuses the agent's token at first contact is a
+    /// configuration error: `Err` (the agent exits non-zero) instead of
+    /// retrying forever with no table. Refused later (a token revoked),
+    /// the agent keeps its table and retries, logging at error level.
+    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         tokio::pin!(shutdown);
         let mut delay = Duration::ZERO;
         loop {
@@ -170,7 +174,20 @@ impl<S: Sink> Agent<S> {
                     }
                     delay = self.opts.poll;
                 }
+                Err(StoreError::Auth(m)) if self.healthy.is_none() => {
+                    error!(store = %redact_url(&self.opts.store_url), error = %m,
+                           "the store refused the agent's credentials: a configuration error; exiting");
+                    self.source.disconnect();
+                    return Err(format!("--store {}: {m}", redact_url(&self.opts.store_url)));
+                }
                 Err(e) => {
+                    if let StoreError::Auth(m) = &e {
+                        if self.healthy != Some(false) {
+                            error!(store = %redact_url(&self.opts.store_url), error = %m,
+                                   "the store refused the agent's credentials; the file keeps the last table, retrying");
+                            self.healthy = Some(false);
+                        }
+                    }
                     if self.healthy != Some(false) {
                         warn!(store = %redact_url(&self.opts.store_url), error = %e,
                               "store unreachable; the file keeps the last table, retrying with backoff");
@@ -186,6 +203,7 @@ impl<S: Sink> Agent<S> {
             }
         }
         self.source.disconnect();
+        Ok(())
     }
 
     /// One poll: heartbeat, version check, publish if needed.

@@ -86,6 +86,20 @@ pub fn open(path: &Path, caps: Caps, mode: u32, group: Option<u32>) -> Result<Sh
     if let Err(e) = rate_ctl::core::sigbus::install() {
         warn!(error = %e, "cannot install the SIGBUS guard");
     }
+    // Workers (nginx's user, not the agent's) write the stat slots.
+    let others_write = mode & 0o002 != 0;
+    let group_write = mode & 0o020 != 0;
+    let workers_write = others_write || (group_write && group.is_some());
+    if !workers_write {
+        warn!(
+            path = %path.display(),
+            mode = format!("{mode:04o}"),
+            group = group.map(|g| g.to_string()).unwrap_or_else(|| "(the agent's)".into()),
+            "nginx workers can write the file only if they run as the agent's user{}; \
+             otherwise limits do not count (use --mode 0660 --group <workers' group>)",
+            if group_write { " or group" } else { "" }
+        );
+    }
     let writer = Writer::open(
         path,
         Capacities {

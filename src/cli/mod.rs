@@ -923,6 +923,8 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         StoreError::Url(m) => Failure::usage(format!("--store: {m}")),
         e => Failure::other(e.to_string()),
     })?;
-    agent::Agent::new(opts, sink, source).run(shutdown).await;
-    Ok(())
+    agent::Agent::new(opts, sink, source)
+        .run(shutdown)
+        .await
+        .map_err(Failure::other)
 }

@@ -40,6 +40,10 @@ pub enum StoreError {
     /// The HTTP store (`--store http://…`) failed or refused.
     #[error("{0}")]
     Http(String),
+    /// The HTTP store refused our token (401/403): a configuration error,
+    /// not an outage.
+    #[error("{0}")]
+    Auth(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
