@@ -254,3 +254,36 @@ fn a_publish_refused_by_the_slot_quarantine_is_retried_without_another_change() 
         "the refusal is logged once, not per retry"
     );
 }
+
+#[test]
+fn a_file_truncated_under_the_agent_is_replaced_and_republished() {
+    let st = sqlite_store();
+    let s = st.url.as_str();
+    add(s, "one");
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("rc.shm");
+    let mut a = AgentProc::start(s, &shm, "h", &dir.path().join("a.log"), &[]);
+    published(s, &shm);
+    // Truncated in place (the agent's next heartbeat write faults on it).
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shm)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let mut r = Reader::open(&shm);
+    let back = r.wait_version(version(s) as u64, Duration::from_secs(8));
+    assert!(a.alive(), "the agent is alive:\n{}", a.log_text());
+    assert!(back.is_some(), "republished:\n{}", a.log_text());
+    assert!(
+        std::fs::metadata(&shm).unwrap().len() > 4096,
+        "a whole file again"
+    );
+    let text = a.log_text();
+    assert!(
+        text.contains("replaced the shared-memory file"),
+        "logged: {text}"
+    );
+    println!("republished {:?} after the truncation", t0.elapsed());
+}

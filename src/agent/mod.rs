@@ -56,6 +56,11 @@ pub trait Sink {
     fn counters(&self) -> Vec<CounterSample> {
         Vec::new()
     }
+    /// Replaces a file truncated or rewritten under the agent; `Ok(Some)`
+    /// (the reason) when it did, and the table must be published again.
+    fn check_file(&mut self) -> Result<Option<String>, String> {
+        Ok(None)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -209,6 +214,17 @@ impl<S: Sink> Agent<S> {
     /// One poll: heartbeat, version check, publish if needed.
     pub async fn tick(&mut self) -> Result<(), StoreError> {
         let now = now_ms();
+        match self.sink.check_file() {
+            Ok(None) => {}
+            Ok(Some(reason)) => {
+                warn!(%reason, "replaced the shared-memory file; publishing the table again");
+                self.applied = None;
+                self.refused = None;
+            }
+            Err(e) => {
+                error!(error = %e, "the shared-memory file is damaged and cannot be replaced")
+            }
+        }
         self.sink.heartbeat(now);
         if !self.source.connected() {
             self.my_weight = self
