@@ -247,6 +247,7 @@ fn a_publish_refused_by_the_slot_quarantine_is_retried_without_another_change() 
         t.strategies().iter().any(|c| c.strategy.id == 5),
         "the new strategy is published"
     );
+    println!("applied {took:?} after the change");
     assert!(took < Duration::from_secs(3), "applied after {took:?}");
     assert_eq!(
         a.log_text().matches("publish refused").count(),
