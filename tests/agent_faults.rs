@@ -120,7 +120,7 @@ fn sigterm_and_sigint_exit_zero_and_restart_adopts_the_file() {
     let s = st.url.as_str();
     let dir = tempfile::tempdir().unwrap();
     let shm = dir.path().join("f.shm");
-    let id = add(s, "keep", 1_000_000);
+    let id = add(s, "keep", 1_000);
     for (n, sig) in [libc::SIGTERM, libc::SIGINT].into_iter().enumerate() {
         let mut a = AgentProc::start(s, &shm, "h", &dir.path().join("a.log"), &[]);
         // Signal a running agent (before its handlers exist, a signal is fatal).
@@ -235,7 +235,7 @@ fn store_down_for_10s_agent_keeps_enforcing_then_catches_up() {
     }
     let url = server("start");
     let _stop = Stop(&server);
-    let id = add(&url, "steady", 1_000_000);
+    let id = add(&url, "steady", 1_000);
     let shm = dir.path().join("f.shm");
     let mut a = AgentProc::start(
         &url,

@@ -171,6 +171,42 @@ fn commands_through_the_api_match_the_store() {
     // --store, nothing written.
     let id_s = id.to_string();
     let bad: Vec<(Vec<&str>, &str)> = vec![
+        // Faster than nginx's millisecond clock can enforce (issue 11 #4):
+        // refused with the smallest burst that works.
+        (
+            vec![
+                "strategy",
+                "add",
+                "--name",
+                "fast",
+                "--algorithm",
+                "token_bucket",
+                "--rate",
+                "5000",
+                "--burst",
+                "1",
+            ],
+            "the smallest burst that works is 5",
+        ),
+        (
+            vec![
+                "strategy",
+                "add",
+                "--name",
+                "faster",
+                "--algorithm",
+                "token_bucket",
+                "--rate",
+                "1000000",
+                "--burst",
+                "1",
+            ],
+            "the smallest burst that works is 1000",
+        ),
+        (
+            vec!["strategy", "update", &id_s, "--rate", "1000000", "--burst", "1"],
+            "invalid --burst: burst: 1 at 1000000 per second is shorter than nginx's 1 ms clock tick",
+        ),
         (
             vec![
                 "strategy",

@@ -336,7 +336,7 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
         for i in 0..10_000 {
             text.push_str(&format!(
                 "{{\"name\":\"s{i}\",\"match\":{{\"userid\":\"u{i}\",\"api\":\"/pay\"}},\
-                 \"algorithm\":\"token_bucket\",\"rate\":{},\"burst\":10}}\n",
+                 \"algorithm\":\"token_bucket\",\"rate\":{},\"burst\":20}}\n",
                 100 + i
             ));
         }

@@ -16,8 +16,10 @@
 //! Faults: an unreachable store keeps the last table in the file and is
 //! retried with exponential backoff (up to `max_backoff`), logging once per
 //! change of state; an invalid row is skipped and named; a publish the
-//! writer refuses (capacity) keeps the previous table and is not retried
-//! until the version or the share changes; SIGTERM/SIGINT stop the agent
+//! writer refuses (capacity, or freed slots still in their 2 s quarantine)
+//! keeps the previous table, is logged once and retried with backoff (250 ms,
+//! then every 500 ms) until it succeeds or the version or share changes;
+//! SIGTERM/SIGINT stop the agent
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
@@ -31,7 +33,7 @@ use std::time::Duration;
 
 use rate_ctl::core::model::Strategy;
 use rate_ctl::core::shm::ShmError;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::store::record::{BlacklistRecord, HostRecord};
 use crate::store::{redact_url, BadRow, CounterSample, StoreError};
@@ -56,6 +58,11 @@ pub trait Sink {
     fn counters(&self) -> Vec<CounterSample> {
         Vec::new()
     }
+    /// Replaces a file truncated or rewritten under the agent; `Ok(Some)`
+    /// (the reason) when it did, and the table must be published again.
+    fn check_file(&mut self) -> Result<Option<String>, String> {
+        Ok(None)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -78,14 +85,36 @@ struct Applied {
     at_ms: u64,
 }
 
+/// A refused publish and when to try it again.
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    version: u64,
+    share: Share,
+    retry_at_ms: u64,
+    delay_ms: u64,
+}
+
+/// First wait before retrying a refused publish; doubles up to
+/// [`REFUSED_MAX_DELAY_MS`] (and `max_backoff`).
+const REFUSED_FIRST_DELAY_MS: u64 = 250;
+const REFUSED_MAX_DELAY_MS: u64 = 500;
+
+impl Refused {
+    /// Whether `(version, share)` was refused and its retry is not due.
+    fn waiting(this: &Option<Refused>, version: u64, share: Share, now_ms: u64) -> bool {
+        this.is_some_and(|r| r.version == version && r.share == share && now_ms < r.retry_at_ms)
+    }
+}
+
 pub struct Agent<S: Sink> {
     opts: AgentOptions,
     sink: S,
     source: ConfigSource,
     healthy: Option<bool>,
     applied: Option<Applied>,
-    /// Version and share a publish was refused for: not retried until they change.
-    refused: Option<(u64, Share)>,
+    /// The last refused publish: retried with backoff (a refusal may be
+    /// transient, e.g. freed slots still in their 2 s quarantine).
+    refused: Option<Refused>,
     hosts: Vec<HostRecord>,
     my_weight: u32,
     next_heartbeat_ms: u64,
@@ -121,7 +150,11 @@ impl<S: Sink> Agent<S> {
     }
 
     /// Runs until `shutdown` resolves; a publish in progress completes first.
-    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) {
+    /// A store that refuses the agent's token at first contact is a
+    /// configuration error: `Err` (the agent exits non-zero) instead of
+    /// retrying forever with no table. Refused later (a token revoked),
+    /// the agent keeps its table and retries, logging at error level.
+    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         tokio::pin!(shutdown);
         let mut delay = Duration::ZERO;
         loop {
@@ -148,7 +181,20 @@ impl<S: Sink> Agent<S> {
                     }
                     delay = self.opts.poll;
                 }
+                Err(StoreError::Auth(m)) if self.healthy.is_none() => {
+                    error!(store = %redact_url(&self.opts.store_url), error = %m,
+                           "the store refused the agent's credentials: a configuration error; exiting");
+                    self.source.disconnect();
+                    return Err(format!("--store {}: {m}", redact_url(&self.opts.store_url)));
+                }
                 Err(e) => {
+                    if let StoreError::Auth(m) = &e {
+                        if self.healthy != Some(false) {
+                            error!(store = %redact_url(&self.opts.store_url), error = %m,
+                                   "the store refused the agent's credentials; the file keeps the last table, retrying");
+                            self.healthy = Some(false);
+                        }
+                    }
                     if self.healthy != Some(false) {
                         warn!(store = %redact_url(&self.opts.store_url), error = %e,
                               "store unreachable; the file keeps the last table, retrying with backoff");
@@ -164,11 +210,23 @@ impl<S: Sink> Agent<S> {
             }
         }
         self.source.disconnect();
+        Ok(())
     }
 
     /// One poll: heartbeat, version check, publish if needed.
     pub async fn tick(&mut self) -> Result<(), StoreError> {
         let now = unix_ms();
+        match self.sink.check_file() {
+            Ok(None) => {}
+            Ok(Some(reason)) => {
+                warn!(%reason, "replaced the shared-memory file; publishing the table again");
+                self.applied = None;
+                self.refused = None;
+            }
+            Err(e) => {
+                error!(error = %e, "the shared-memory file is damaged and cannot be replaced")
+            }
+        }
         self.sink.heartbeat(now);
         if !self.source.connected() {
             self.my_weight = self
@@ -208,11 +266,12 @@ impl<S: Sink> Agent<S> {
             self.opts.freshness_ms,
         );
         let current = self.applied.map(|a| (a.version, a.share));
-        if current == Some((version, share)) || self.refused == Some((version, share)) {
+        if current == Some((version, share)) || Refused::waiting(&self.refused, version, share, now)
+        {
             return Ok(());
         }
         let snap = self.source.snapshot().await?;
-        if self.refused == Some((snap.version, share)) {
+        if Refused::waiting(&self.refused, snap.version, share, now) {
             return Ok(());
         }
         log_bad_rows(&mut self.logged_bad, &snap.bad_rows);
@@ -253,9 +312,28 @@ impl<S: Sink> Agent<S> {
                     .await?;
             }
             Err(e) => {
-                error!(version = snap.version, error = %e,
-                       "publish refused; the previous table stays active");
-                self.refused = Some((snap.version, share));
+                let again = self
+                    .refused
+                    .filter(|r| r.version == snap.version && r.share == share);
+                let cap = REFUSED_MAX_DELAY_MS.min(self.opts.max_backoff.as_millis() as u64);
+                let delay_ms = match again {
+                    // Logged once per version; retries are quiet.
+                    Some(r) => {
+                        debug!(version = snap.version, error = %e, "publish refused again");
+                        (r.delay_ms * 2).min(cap)
+                    }
+                    None => {
+                        error!(version = snap.version, error = %e,
+                               "publish refused; the previous table stays active, retrying with backoff");
+                        REFUSED_FIRST_DELAY_MS.min(cap)
+                    }
+                };
+                self.refused = Some(Refused {
+                    version: snap.version,
+                    share,
+                    retry_at_ms: unix_ms() + delay_ms,
+                    delay_ms,
+                });
             }
         }
         Ok(())

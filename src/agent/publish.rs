@@ -12,7 +12,7 @@ use rate_ctl::core::model::Strategy;
 use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
 use rate_ctl::core::shm::{Capacities, Mapping, ShmError};
 use rate_ctl::core::slot::Slot;
-use rate_ctl::core::writer::{Opened, Writer};
+use rate_ctl::core::writer::{FileAccess, Opened, Writer};
 
 /// The core writer as the agent's [`Sink`].
 pub struct ShmSink {
@@ -20,6 +20,17 @@ pub struct ShmSink {
 }
 
 impl Sink for ShmSink {
+    fn check_file(&mut self) -> Result<Option<String>, String> {
+        match self.writer.ensure_whole() {
+            Ok(true) => Ok(Some(match self.writer.opened() {
+                Opened::Recreated { reason } => reason.clone(),
+                _ => "damaged".into(),
+            })),
+            Ok(false) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     fn publish(
         &mut self,
         strategies: &[Strategy],
@@ -69,8 +80,32 @@ impl Sink for ShmSink {
 
 /// Creates or adopts the file at `path` (an adopted file keeps its slots
 /// and counters).
-pub fn open(path: &Path, caps: Capacities, mode: u32) -> Result<ShmSink, ShmError> {
-    let writer = Writer::create_or_adopt(path, caps, mode)?;
+pub fn open(
+    path: &Path,
+    caps: Capacities,
+    mode: u32,
+    group: Option<u32>,
+) -> Result<ShmSink, ShmError> {
+    // The SIGBUS guard before the first mapping: a file truncated under
+    // the agent becomes an error, not a crash.
+    if let Err(e) = rate_ctl::core::sigbus::install() {
+        warn!(error = %e, "cannot install the SIGBUS guard");
+    }
+    // Workers (nginx's user, not the agent's) write the stat slots.
+    let others_write = mode & 0o002 != 0;
+    let group_write = mode & 0o020 != 0;
+    let workers_write = others_write || (group_write && group.is_some());
+    if !workers_write {
+        warn!(
+            path = %path.display(),
+            mode = format!("{mode:04o}"),
+            group = group.map(|g| g.to_string()).unwrap_or_else(|| "(the agent's)".into()),
+            "nginx workers can write the file only if they run as the agent's user{}; \
+             otherwise limits do not count (use --mode 0660 --group <workers' group>)",
+            if group_write { " or group" } else { "" }
+        );
+    }
+    let writer = Writer::open(path, caps, FileAccess { mode, group })?;
     match writer.opened() {
         Opened::Created => info!(path = %path.display(), "created the shared-memory file"),
         Opened::Adopted {

@@ -305,6 +305,12 @@ async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
 fn ok_body(a: Answer, what: &str) -> Result<Value, StoreError> {
     if (200..300).contains(&a.status) {
         Ok(a.body)
+    } else if a.status == 401 || a.status == 403 {
+        Err(StoreError::Auth(format!(
+            "{what}: HTTP {}: {} (check --token / RATE_CTL_TOKEN: the agent token of rate-ctl serve)",
+            a.status,
+            a.error_message()
+        )))
     } else {
         Err(StoreError::Http(format!(
             "{what}: HTTP {}: {}",

@@ -566,12 +566,9 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         segment_bytes: a.segment_bytes,
         blacklist_entries: a.blacklist_entries,
     };
-    let sink = publish::open(&a.shm, caps, a.mode)
+    // Mode and group are applied on the open file, never through the path.
+    let sink = publish::open(&a.shm, caps, a.mode, a.group)
         .map_err(|e| Failure::other(format!("--shm {}: {e}", a.shm.display())))?;
-    if let Some(gid) = a.group {
-        std::os::unix::fs::chown(&a.shm, None, Some(gid))
-            .map_err(|e| Failure::other(format!("--group: chown {}: {e}", a.shm.display())))?;
-    }
     let opts = agent::AgentOptions {
         store_url: url.to_string(),
         host_id,
@@ -598,6 +595,8 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         StoreError::Url(m) => Failure::usage(format!("--store: {m}")),
         e => Failure::other(e.to_string()),
     })?;
-    agent::Agent::new(opts, sink, source).run(shutdown).await;
-    Ok(())
+    agent::Agent::new(opts, sink, source)
+        .run(shutdown)
+        .await
+        .map_err(Failure::other)
 }

@@ -521,10 +521,11 @@ impl Table {
                 admit::admit_with(std::slice::from_ref(&hit), r.now_ns, r.dry_run, r.quota);
             if holds(&hit, &decision) {
                 held.push(si);
+                map.hold_unit(hit_slot(&self.strategies[si as usize]), hit.generation);
             }
             return Outcome::Limited(decision);
         }
-        Outcome::Limited(self.admit_matched(matched, &slots, r, held))
+        Outcome::Limited(self.admit_matched(matched, map, &slots, r, held))
     }
 
     /// Admission of a request that matched several strategies (out of the
@@ -533,6 +534,7 @@ impl Table {
     fn admit_matched<V: Values + ?Sized>(
         &self,
         matched: &[u32],
+        map: &Mapping,
         slots: &Region<'_>,
         r: &Request<'_, V>,
         held: &mut SmallVec<[u32; 2]>,
@@ -549,6 +551,7 @@ impl Table {
         for (h, &si) in hits.iter().zip(&hit_index) {
             if holds(h, &decision) {
                 held.push(si);
+                map.hold_unit(hit_slot(&self.strategies[si as usize]), h.generation);
             }
         }
         decision
@@ -581,20 +584,51 @@ impl Table {
     /// Releases the concurrency slots a finished request held
     /// ([`TableDecision::held`]).
     pub fn release(&self, held: &[u32]) {
-        let Some(map) = &self.map else { return };
-        let slots = map.slots();
-        let mut hits: SmallVec<[Hit<'_>; 2]> = SmallVec::new();
-        for &si in held {
-            if let Some(hit) = self.strategies.get(si as usize).and_then(|s| s.hit(&slots)) {
-                hits.push(hit);
-            }
+        if let Some(u) = self.units(held) {
+            u.release();
         }
-        admit::release(&hits);
+    }
+
+    /// What a request that holds `held` needs to give its units back when
+    /// it ends: the mapping and each unit's slot and generation, not the
+    /// table (a request may outlive many tables).
+    pub fn units(&self, held: &[u32]) -> Option<Units> {
+        let map = self.map.as_ref()?;
+        let units = held
+            .iter()
+            .filter_map(|&si| self.strategies.get(si as usize))
+            .map(|c| (c.slot, c.generation))
+            .collect();
+        Some(Units {
+            map: map.clone(),
+            units,
+        })
     }
 
     fn blacklist(&self) -> Option<Blacklist<'_>> {
         let map = self.map.as_ref()?;
         Blacklist::open(map.blacklist()).ok()
+    }
+}
+
+#[inline]
+fn hit_slot(c: &Compiled) -> u32 {
+    c.slot
+}
+
+/// Concurrency units a request holds: `(slot, generation)` in one mapping.
+pub struct Units {
+    map: Arc<Mapping>,
+    units: SmallVec<[(u32, u64); 2]>,
+}
+
+impl Units {
+    /// The request ended: each unit off this process's ledger and off its
+    /// slot (if the slot still has the generation).
+    pub fn release(self) {
+        for &(slot, generation) in &self.units {
+            self.map.release_unit(slot, generation);
+        }
     }
 }
 

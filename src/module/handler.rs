@@ -21,7 +21,6 @@ use ngx::http::{
 use ngx::ngx_log_error;
 
 use smallvec::SmallVec;
-use std::sync::Arc;
 
 use super::conf::{LocConf, MainConf};
 use super::variables::{self, Decided};
@@ -29,7 +28,7 @@ use super::worker::{with_worker, Event, EventLog, Source, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
 use crate::core::limiter::Quota;
-use crate::core::table::{IpKey, Outcome, Request as TableRequest, Table, Values};
+use crate::core::table::{IpKey, Outcome, Request as TableRequest, Values};
 
 /// `$rate_ctl_status` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,20 +80,12 @@ impl ReqStatus {
     }
 }
 
-/// Concurrency units a request holds until it ends, against the table that
-/// granted them (released there even if a newer table was loaded since).
-/// Kept in a cleanup of the request pool, so they are released however the
-/// request ends (finished, aborted, errored).
-pub struct Hold {
-    table: Arc<Table>,
-    held: SmallVec<[u32; 2]>,
-}
-
-impl Hold {
-    fn release(self) {
-        self.table.release(&self.held);
-    }
-}
+/// Concurrency units a request holds until it ends: their slots and
+/// generations in the mapping that granted them (released there even if a
+/// newer table or file was loaded since), never the table itself. Kept in a
+/// cleanup of the request pool, so they are released however the request
+/// ends (finished, aborted, errored).
+pub type Hold = crate::core::table::Units;
 
 extern "C" fn hold_cleanup(data: *mut c_void) {
     // SAFETY: `data` is the Hold written by `keep_hold`; nginx runs each
@@ -311,10 +302,11 @@ fn decide(
         &mut held,
         scratch,
     );
-    let hold = (!held.is_empty()).then(|| Hold {
-        table: table.clone(),
-        held,
-    });
+    let hold = if held.is_empty() {
+        None
+    } else {
+        table.units(&held)
+    };
     (Some(outcome), hold)
 }
 
@@ -439,14 +431,9 @@ fn ceil_secs(ns: u64) -> u64 {
 fn add_quota_headers(r: &mut Request, q: &Quota) {
     add_header_num(r, "RateLimit-Limit", q.limit);
     add_header_num(r, "RateLimit-Remaining", q.remaining);
-    let reset = ceil_secs(q.reset_ns);
-    // Never 0 while limited: a client told "reset in 0 s" would retry at once.
-    let reset = if q.remaining == 0 {
-        reset.max(1)
-    } else {
-        reset
-    };
-    add_header_num(r, "RateLimit-Reset", reset);
+    // Never 0: a client told "reset in 0 s" would retry at once, and a
+    // concurrency strategy has no time in its state at all (reset_ns 0).
+    add_header_num(r, "RateLimit-Reset", ceil_secs(q.reset_ns).max(1));
 }
 
 /// `n` in decimal, copied into the request pool (formatted on the stack:

@@ -153,7 +153,8 @@ impl Worker {
 
     #[cold]
     fn refresh_slow(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
-        if let Some(change) = self.engine.refresh(now_ns) {
+        let change = self.engine.refresh(now_ns);
+        for change in change.into_iter().chain(self.engine.take_notice()) {
             let level = match change.level {
                 engine::LogLevel::Error => LogLevel::Error,
                 engine::LogLevel::Notice => LogLevel::Notice,
@@ -190,6 +191,15 @@ fn source_for(name: &str, mc: &MainConf) -> Source {
 
 /// Worker start: load the table now (and log its state once).
 pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
+    // Before the file is first mapped: a truncation under a worker then
+    // fails open instead of killing it (see core::sigbus).
+    if let Err(e) = crate::core::sigbus::install() {
+        ngx_log_error!(
+            LogLevel::Error.ngx_level(),
+            log,
+            "rate_ctl: cannot install the SIGBUS guard: {e}; a file truncated under a worker will crash it"
+        );
+    }
     let now_ns = super::handler::monotonic_ns();
     with_worker(mc, |w| w.refresh(mc, now_ns, log));
 }

@@ -117,7 +117,9 @@ impl From<ModelError> for Invalid {
             E::ZeroRate | E::RateTooHigh { .. } | E::CountTooHigh { .. } => {
                 (Field::Rate, "rate".to_string())
             }
-            E::BadBurst { .. } | E::BurstOverflow { .. } => (Field::Burst, "burst".to_string()),
+            E::BadBurst { .. } | E::BurstOverflow { .. } | E::BelowClockTick { .. } => {
+                (Field::Burst, "burst".to_string())
+            }
             E::BadStatus(_) => (Field::Status, "action.status".to_string()),
             E::BadMaxDelay(_) => (Field::MaxDelayMs, "action.max_delay_ms".to_string()),
             E::DelayNeedsBucket(_) => (Field::Action, "action".to_string()),
@@ -153,6 +155,10 @@ pub enum StoreError {
     /// The HTTP store (`--store http://…`, `--api`) failed or refused.
     #[error("{0}")]
     Http(String),
+    /// The HTTP store refused our token (401/403): a configuration error,
+    /// not an outage.
+    #[error("{0}")]
+    Auth(String),
 }
 
 impl From<Invalid> for StoreError {
