@@ -133,8 +133,25 @@ fn record(
     strategy: u32,
     hold: Option<Hold>,
 ) -> bool {
+    record_as(r, mc, status, strategy, hold, true)
+}
+
+/// [`record`], saying whether a strategy or the blacklist applied.
+fn record_as(
+    r: &mut Request,
+    mc: &MainConf,
+    status: ReqStatus,
+    strategy: u32,
+    hold: Option<Hold>,
+    applied: bool,
+) -> bool {
     let raw: &mut ngx_http_request_t = r.as_mut();
-    if !variables::record(raw, mc.decision_index, Decided { status, strategy }) {
+    let d = Decided {
+        status,
+        strategy,
+        applied,
+    };
+    if !variables::record(raw, mc.decision_index, d) {
         if let Some(h) = hold {
             h.release();
         }
@@ -211,11 +228,6 @@ pub extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
 }
 
 fn handle(r: &mut Request) -> Status {
-    let raw: *mut ngx_http_request_t = r.as_mut();
-    // SAFETY: raw is the live request.
-    if unsafe { (*raw).main } != raw {
-        return Status::NGX_DECLINED; // subrequests follow their main request
-    }
     let Some(lc) = RateCtlModule::location_conf(r) else {
         return Status::NGX_DECLINED;
     };
@@ -225,9 +237,10 @@ fn handle(r: &mut Request) -> Status {
     let Some(mc) = RateCtlModule::main_conf(r) else {
         return Status::NGX_DECLINED;
     };
-    if variables::decided(r.as_ref(), mc.decision_index).is_some() {
-        // Decided already (resumed after a delay, or an internal
-        // redirect): never count a request twice.
+    // Decided already (resumed after a delay, an internal redirect after a
+    // strategy applied, or a subrequest of a decided request, which shares
+    // its main request's variables): never count a request twice.
+    if variables::decided(r.as_ref(), mc.decision_index).is_some_and(|d| d.applied) {
         return Status::NGX_DECLINED;
     }
     let now_ns = monotonic_ns();
@@ -345,7 +358,9 @@ fn act(
                 None => (ReqStatus::FailOpen, Status::NGX_DECLINED, false),
                 _ => (ReqStatus::Passed, Status::NGX_DECLINED, false),
             };
-            if !record(r, mc, status, 0, hold) {
+            // Matching nothing (or no table) leaves the request open to
+            // the next location's strategies.
+            if !record_as(r, mc, status, 0, hold, blacklisted) {
                 return error;
             }
             if blacklisted {
@@ -397,7 +412,7 @@ fn act(
             let level = lc.log_level().lower();
             log_event(r, events, id, Event::Delayed, level, now_ms);
             let ms = wait_ns.div_ceil(1_000_000);
-            if ms == 0 {
+            if ms == 0 || background(r) {
                 return Status::NGX_DECLINED;
             }
             start_delay(r, ms)
@@ -487,6 +502,14 @@ fn add_header_num(r: &mut Request, name: &'static str, n: u64) {
         (*h).key.data = name.as_ptr().cast_mut();
         (*h).value = value;
     }
+}
+
+/// A background subrequest (`mirror`, cache updates): the connection's
+/// events go to the main request, so a timer could never resume it; its
+/// wait is charged but not served.
+fn background(r: &Request) -> bool {
+    let raw: &ngx_http_request_t = r.as_ref();
+    raw.background() != 0
 }
 
 /// Delays the request by `ms` like limit_req: a timer on the write event,

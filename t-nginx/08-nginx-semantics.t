@@ -1,0 +1,121 @@
+# Behaving like nginx's own limiters where nginx users rely on it: the
+# phase order after realip and limit_req, internal redirects, subrequests
+# (auth_request, mirror, SSI).
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use JSON::PP;
+use Time::HiRes qw(sleep);
+use RateCtlTest;
+
+sub stats_of {
+    my ($n) = @_;
+    my $j = decode_json($n->get('/rate_ctl')->{body});
+    return { map { $_->{id} => $_ } @{ $j->{strategies} } };
+}
+
+for_each_target(sub {
+    my ($t) = @_;
+    my $n = RateCtlTest->new($t,
+        http   => q{
+            rate_ctl_dimension userid $cookie_uid;
+            limit_req_zone $uri zone=lr:1m rate=1r/m;
+        },
+        server => q{
+            rate_ctl on;
+            location / { empty_gif; }
+            location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
+            # realip in a location registers a PREACCESS handler.
+            location /rip/ {
+                set_real_ip_from 127.0.0.1;
+                real_ip_header X-Real-IP;
+                empty_gif;
+            }
+            location /lr/ { limit_req zone=lr nodelay; empty_gif; }
+            # internal redirects
+            location /tf2/ { try_files /nonexistent /x; }
+            location = /x { empty_gif; }
+            location /tf3/ { try_files /nonexistent /y; }
+            location = /y { empty_gif; }
+            location /ix/ { index index.html; }
+            # subrequests
+            location /ar/ { auth_request /auth; empty_gif; }
+            location = /auth { internal; empty_gif; }
+            location /ar2/ { auth_request /auth2; empty_gif; }
+            location = /auth2 { internal; empty_gif; }
+            location /mr/ { mirror /mirror; empty_gif; }
+            location = /mirror { internal; empty_gif; }
+            location /ssi/ { ssi on; }
+            location = /inc { internal; }
+        });
+    my $html = $n->dir . '/html';
+    mkdir "$html/$_" for qw(ix ssi);
+    for (["$html/ix/index.html", "index\n"], ["$html/ssi/page.html", "a<!--# include virtual=\"/inc\" -->b\n"],
+        ["$html/inc", "INC"]) {
+        open my $fh, '>', $_->[0] or die $!;
+        print $fh $_->[1];
+        close $fh;
+    }
+    publish($n->shm, <<'T');
+blacklist ip 10.9.9.9
+strategy id=1 algorithm=fixed_window rate=1 per=day when ip=10.1.2.3 api=/rip/a
+strategy id=2 algorithm=fixed_window rate=2 per=day when api=/x
+strategy id=3 algorithm=fixed_window rate=1 per=day when api=/ix/index.html
+strategy id=4 algorithm=fixed_window rate=3 per=day when userid=u9
+strategy id=5 algorithm=fixed_window rate=2 per=day when api=/auth
+strategy id=6 algorithm=fixed_window rate=100 per=day when api=/ar2/x
+strategy id=7 algorithm=fixed_window rate=1 per=day when api=/auth2
+strategy id=8 algorithm=fixed_window rate=2 per=day when api=/mirror
+strategy id=9 algorithm=fixed_window rate=1 per=day when api=/inc
+strategy id=10 algorithm=fixed_window rate=100 per=day when api=/lr/a
+T
+    $n->start;
+
+    # 1. Phase order: after realip's location handler and after limit_req.
+    is($n->get('/rip/a', '-H "X-Real-IP: 10.9.9.9"')->{code}, 403,
+        'realip in a location: the blacklisted real address is refused');
+    is_deeply([$n->codes('/rip/a', 2, '-H "X-Real-IP: 10.1.2.3"')], [200, 503],
+        'realip in a location: an ip strategy limits the real address');
+    is($n->get('/rip/a', '-H "X-Real-IP: 10.1.2.4"')->{code}, 200, 'another real address is not limited');
+    is_deeply([$n->codes('/lr/a', 2)], [200, 503], 'limit_req in the same location rejects the second request');
+
+    # 2. Internal redirects: a location that matched nothing does not decide.
+    is_deeply([map { $n->get("/tf2/$_")->{code} } qw(a b c)], [200, 200, 503],
+        'try_files onto a limited URI is limited (rate 2)');
+    is_deeply([$n->codes('/ix/', 2)], [200, 503], 'index onto a limited URI is limited (rate 1)');
+    is_deeply([$n->codes('/tf3/q', 4, '-b uid=u9')], [200, 200, 200, 503],
+        'a strategy applied before a redirect is charged once per request (rate 3)');
+
+    # 3. Subrequests, limit_req's rule: evaluated unless the main request is decided.
+    is_deeply([$n->codes('/ar/x', 3)], [200, 200, 500],
+        'auth_request subrequest limited (rate 2); auth_request answers 500 for its 503');
+    is_deeply([$n->codes('/ar2/x', 3)], [200, 200, 200],
+        'auth_request of a request a strategy already decided is not evaluated');
+    is_deeply([$n->codes('/mr/x', 3)], [200, 200, 200], 'mirror: the main request is not affected');
+    my $ssi1 = $n->get('/ssi/page.html');
+    my $ssi2 = $n->get('/ssi/page.html');
+    like($ssi1->{body}, qr/^aINCb/, 'SSI include served under its limit');
+    like($ssi2->{body}, qr/^a.*503 Service Temporarily Unavailable.*b$/s,
+        'SSI include refused over its limit (rate 1): its error page in its place');
+    my $s;
+    for (1 .. 40) {    # mirror subrequests finish in the background
+        $s = stats_of($n);
+        last if ($s->{8}{passed} // 0) + ($s->{8}{limited} // 0) >= 3;
+        sleep 0.05;
+    }
+    is($s->{8}{passed},  2, 'mirror subrequests: 2 passed');
+    is($s->{8}{limited}, 1, 'mirror subrequests: 1 limited');
+    is($s->{7}{passed} + $s->{7}{limited}, 0, 'auth2 never evaluated');
+    is($s->{10}{passed}, 1, 'limit_req ran first: rate_ctl counted only the request it let through');
+
+    my @log = $n->access_log;
+    ok((grep { m{^503 - - /lr/a$} } @log), 'a request limit_req rejected has no $rate_ctl_status')
+        or diag join "\n", grep {m{/lr/}} @log;
+    ok((grep { m{^200 PASSED 2 /x$} } @log), 'the redirected request reports the strategy of its new location');
+    $n->stop;
+    $n->no_alerts;
+});
+
+done_testing;
