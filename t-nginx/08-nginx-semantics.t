@@ -7,7 +7,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use JSON::PP;
-use Time::HiRes qw(sleep);
+use Time::HiRes qw(sleep time);
 use RateCtlTest;
 
 sub stats_of {
@@ -49,6 +49,7 @@ for_each_target(sub {
             location = /mirror { internal; empty_gif; }
             location /ssi/ { ssi on; }
             location = /inc { internal; }
+            location /dryloc/ { rate_ctl_dry_run on; empty_gif; }
         });
     my $html = $n->dir . '/html';
     mkdir "$html/$_" for qw(ix ssi);
@@ -70,6 +71,8 @@ strategy id=7 algorithm=fixed_window rate=1 per=day when api=/auth2
 strategy id=8 algorithm=fixed_window rate=2 per=day when api=/mirror
 strategy id=9 algorithm=fixed_window rate=1 per=day when api=/inc
 strategy id=10 algorithm=fixed_window rate=100 per=day when api=/lr/a
+strategy id=11 algorithm=leaky_bucket rate=1 per=second action=dry_run max_delay_ms=2000 when api=/dd
+strategy id=12 algorithm=leaky_bucket rate=1 per=second action=delay max_delay_ms=2000 when api=/dryloc/d
 T
     $n->start;
 
@@ -99,6 +102,12 @@ T
     like($ssi1->{body}, qr/^aINCb/, 'SSI include served under its limit');
     like($ssi2->{body}, qr/^a.*503 Service Temporarily Unavailable.*b$/s,
         'SSI include refused over its limit (rate 1): its error page in its place');
+    # 4. A dry run of a delay predicts it: charged, counted delayed, never waited.
+    my $t0 = time;
+    is_deeply([$n->codes('/dd', 2)], [200, 200], 'dry-run delay strategy: both served');
+    is_deeply([$n->codes('/dryloc/d', 2)], [200, 200], 'delay strategy in a dry-run location: both served');
+    ok(time - $t0 < 0.9, sprintf('nobody waited (%.3f s for 4 requests; enforcement would wait ~1 s each)', time - $t0));
+
     my $s;
     for (1 .. 40) {    # mirror subrequests finish in the background
         $s = stats_of($n);
@@ -109,11 +118,21 @@ T
     is($s->{8}{limited}, 1, 'mirror subrequests: 1 limited');
     is($s->{7}{passed} + $s->{7}{limited}, 0, 'auth2 never evaluated');
     is($s->{10}{passed}, 1, 'limit_req ran first: rate_ctl counted only the request it let through');
+    for my $id (11, 12) {
+        is_deeply([@{ $s->{$id} }{qw(passed limited delayed)}], [2, 0, 1],
+            "strategy $id: passed/limited/delayed 2/0/1, as enforcement would count");
+    }
 
     my @log = $n->access_log;
     ok((grep { m{^503 - - /lr/a$} } @log), 'a request limit_req rejected has no $rate_ctl_status')
         or diag join "\n", grep {m{/lr/}} @log;
     ok((grep { m{^200 PASSED 2 /x$} } @log), 'the redirected request reports the strategy of its new location');
+    ok((grep { m{^200 DRY_RUN_DELAYED 11 /dd$} } @log), 'dry-run strategy: $rate_ctl_status DRY_RUN_DELAYED');
+    ok((grep { m{^200 DRY_RUN_DELAYED 12 /dryloc/d$} } @log), 'dry-run location: $rate_ctl_status DRY_RUN_DELAYED');
+    my $err = $n->error_log;
+    like($err, qr/would delay request by (9\d\d|1000) ms \(dry run\) by strategy 11/, 'would-be delay logged (strategy)');
+    like($err, qr/would delay request by (9\d\d|1000) ms \(dry run\) by strategy 12/, 'would-be delay logged (location)');
+    unlike($err, qr/would reject request \(dry run\) by strategy 1[12]/, 'no would-be rejection reported');
     $n->stop;
     $n->no_alerts;
 });

@@ -162,6 +162,9 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
                 Action::Reject { status } => json!({"reject": status}),
                 Action::Delay { max_delay_ms } => json!({"delay_max_ms": max_delay_ms}),
                 Action::DryRun => json!("dry_run"),
+                Action::DryRunDelay { max_delay_ms } => {
+                    json!({"dry_run_delay_max_ms": max_delay_ms})
+                }
             };
             rows.push(json!({
                 "id": s.id,

@@ -20,7 +20,9 @@
 //!   a wait. With `dry_run_all` such a wait is not served, but the
 //!   reservation is kept (the bucket moves as if the request had queued)
 //!   and it counts as `delayed`: the counters show what enforcement would
-//!   have done.
+//!   have done, and [`Decision::would_delay`] says by how long. The same
+//!   holds for a hit whose action is `dry_run` with a kept delay cap
+//!   ([`Action::DryRunDelay`]): it queues like the delay it stands for.
 //!
 //! # Concurrency hits
 //!
@@ -71,6 +73,10 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The first hit that rejected under a dry run (to log).
     pub dry_run_rejected: Option<u32>,
+    /// The longest wait a dry run did not serve, with its hit: a `dry_run`
+    /// hit with a kept delay cap, or any delaying hit under `dry_run_all`
+    /// (what enforcement would have delayed the request by).
+    pub would_delay: Option<(u32, u64)>,
     /// For `RateLimit-*` headers: on a rejection the rejecting hit; else
     /// the hit with the smallest `remaining` (first on ties) among the
     /// current hits whose action is not `dry_run`. `None` if there is none,
@@ -171,6 +177,7 @@ fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
     let mut d = Decision {
         verdict: Verdict::Pass,
         dry_run_rejected: None,
+        would_delay: None,
         tightest: None,
         passed_by: None,
     };
@@ -182,7 +189,9 @@ fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {
                 hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
-                if !dry_run_all {
+                if dry_run_all || hit.action.is_dry_run() {
+                    d.would_delay = Some((hit.id, r.wait_ns));
+                } else {
                     d.verdict = Verdict::Delay {
                         id: hit.id,
                         wait_ns: r.wait_ns,
@@ -192,7 +201,7 @@ fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
         }
         Outcome::Rejected { retry_after_ns } => {
             hit.slot.limited().fetch_add(1, Ordering::Relaxed);
-            if dry_run_all || hit.action == Action::DryRun {
+            if dry_run_all || hit.action.is_dry_run() {
                 d.dry_run_rejected = Some(hit.id);
                 // Concurrency: hold a unit anyway (see the module docs).
                 let _ = hit.limiter.force_acquire(&hit.slot);
@@ -210,7 +219,7 @@ fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
             }
         }
     }
-    if hit.action != Action::DryRun {
+    if !hit.action.is_dry_run() {
         d.passed_by = Some(hit.id);
         if quota {
             d.tightest = Some((hit.id, hit.limiter.quota(&hit.slot, now)));
@@ -252,7 +261,7 @@ fn admit_in(
             Outcome::Admitted(r) => entries[i] = Entry::Admitted(r),
             Outcome::Rejected { retry_after_ns } => {
                 hit.slot.limited().fetch_add(1, Ordering::Relaxed);
-                if dry_run_all || hit.action == Action::DryRun {
+                if dry_run_all || hit.action.is_dry_run() {
                     dry_run_rejected.get_or_insert(hit.id);
                     entries[i] = match hit.limiter.force_acquire(&hit.slot) {
                         Some(r) => Entry::Forced(r),
@@ -276,6 +285,7 @@ fn admit_in(
                         retry_after_ns,
                     },
                     dry_run_rejected,
+                    would_delay: None,
                     tightest: quota.then(|| (hit.id, hit.limiter.quota(&hit.slot, now))),
                     passed_by: None,
                 };
@@ -285,6 +295,7 @@ fn admit_in(
 
     let mut verdict = Verdict::Pass;
     let mut longest = 0;
+    let mut would_delay: Option<(u32, u64)> = None;
     let mut tightest: Option<(u32, Quota)> = None;
     let mut passed_by = None;
     for (entry, hit) in entries.iter().zip(hits) {
@@ -292,7 +303,11 @@ fn admit_in(
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {
                 hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
-                if !dry_run_all && r.wait_ns > longest {
+                if dry_run_all || hit.action.is_dry_run() {
+                    if would_delay.is_none_or(|(_, w)| r.wait_ns > w) {
+                        would_delay = Some((hit.id, r.wait_ns));
+                    }
+                } else if r.wait_ns > longest {
                     longest = r.wait_ns;
                     verdict = Verdict::Delay {
                         id: hit.id,
@@ -301,7 +316,7 @@ fn admit_in(
                 }
             }
         }
-        if matches!(entry, Entry::Stale) || hit.action == Action::DryRun {
+        if matches!(entry, Entry::Stale) || hit.action.is_dry_run() {
             continue;
         }
         passed_by.get_or_insert(hit.id);
@@ -317,6 +332,7 @@ fn admit_in(
     Decision {
         verdict,
         dry_run_rejected,
+        would_delay,
         tightest,
         passed_by,
     }
@@ -473,6 +489,34 @@ mod tests {
             release(&hits);
         }
         assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_dry_run_delay_queues_like_the_delay_and_reports_the_wait() {
+        let dry = Action::DryRunDelay { max_delay_ms: 1000 };
+        let specs = [(
+            limiter(Algorithm::LeakyBucket, 4, Unit::Second, 1, dry),
+            dry,
+        )];
+        let local = LocalSlots::new(1);
+        let region = local.region();
+        let hits = hits(&region, &specs);
+        let first = admit(&hits, S, false);
+        assert_eq!((first.verdict, first.would_delay), (Verdict::Pass, None));
+        // Single-hit and listed paths agree: served now, the wait reported.
+        let d = admit(&hits, S, false);
+        assert_eq!(d.verdict, Verdict::Pass);
+        assert_eq!(d.would_delay, Some((100, 250 * MS)));
+        assert_eq!(d.dry_run_rejected, None);
+        let d = admit_listed(&hits, S, false, false);
+        assert_eq!(d.would_delay, Some((100, 500 * MS)));
+        assert_eq!(counters(&hits[0]), (3, 0, 2));
+        // 750 ms, 1 s, then over the cap: a would-be rejection.
+        admit(&hits, S, false);
+        admit(&hits, S, false);
+        let d = admit(&hits, S, false);
+        assert_eq!((d.verdict, d.dry_run_rejected), (Verdict::Pass, Some(100)));
+        assert_eq!(counters(&hits[0]), (5, 1, 4));
     }
 
     #[test]

@@ -328,7 +328,7 @@ impl Limiter {
                 let interval = s.interval_ns().clamp(1, u64::MAX / 4);
                 let tau = interval.saturating_mul(burst).min(u64::MAX / 4);
                 let max_delay = match s.action {
-                    Action::Delay { max_delay_ms } => {
+                    Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
                         (max_delay_ms as u64).saturating_mul(1_000_000)
                     }
                     _ => 0,

@@ -206,6 +206,10 @@ pub enum Action {
     Delay { max_delay_ms: u32 },
     /// Count and log only.
     DryRun,
+    /// Dry run of a `delay` strategy (the cap it enforces when dry run
+    /// ends): the limiter queues as `Delay` would, so the counters and the
+    /// would-be delays predict enforcement, but nothing waits or is refused.
+    DryRunDelay { max_delay_ms: u32 },
 }
 
 impl Action {
@@ -213,8 +217,14 @@ impl Action {
         match self {
             Action::Reject { .. } => 1,
             Action::Delay { .. } => 2,
-            Action::DryRun => 3,
+            Action::DryRun | Action::DryRunDelay { .. } => 3,
         }
+    }
+
+    /// Counts and logs only (`dry_run`, with or without a kept delay cap).
+    #[inline]
+    pub fn is_dry_run(&self) -> bool {
+        matches!(self, Action::DryRun | Action::DryRunDelay { .. })
     }
 }
 
@@ -437,7 +447,7 @@ impl Strategy {
             Action::Reject { status: Some(s) } if !(400..=599).contains(&s) => {
                 return Err(ModelError::BadStatus(s))
             }
-            Action::Delay { max_delay_ms } => {
+            Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
                 if max_delay_ms == 0 || max_delay_ms > MAX_DELAY_MS {
                     return Err(ModelError::BadMaxDelay(max_delay_ms));
                 }

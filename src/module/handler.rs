@@ -40,10 +40,12 @@ pub enum ReqStatus {
     Blacklisted,
     DryRunRejected,
     FailOpen,
+    /// A dry run would have delayed the request (nginx: `DELAYED_DRY_RUN`).
+    DryRunDelayed,
 }
 
 impl ReqStatus {
-    /// 1..=6, as recorded per request (0 is "not decided").
+    /// 1..=7, as recorded per request (0 is "not decided").
     #[inline]
     pub fn code(self) -> u32 {
         match self {
@@ -53,6 +55,7 @@ impl ReqStatus {
             ReqStatus::Blacklisted => 4,
             ReqStatus::DryRunRejected => 5,
             ReqStatus::FailOpen => 6,
+            ReqStatus::DryRunDelayed => 7,
         }
     }
 
@@ -65,6 +68,7 @@ impl ReqStatus {
             4 => ReqStatus::Blacklisted,
             5 => ReqStatus::DryRunRejected,
             6 => ReqStatus::FailOpen,
+            7 => ReqStatus::DryRunDelayed,
             _ => return None,
         })
     }
@@ -77,6 +81,7 @@ impl ReqStatus {
             ReqStatus::Blacklisted => "BLACKLISTED",
             ReqStatus::DryRunRejected => "DRY_RUN_REJECTED",
             ReqStatus::FailOpen => "FAIL_OPEN",
+            ReqStatus::DryRunDelayed => "DRY_RUN_DELAYED",
         }
     }
 }
@@ -369,7 +374,9 @@ fn act(
             return answer;
         }
     };
-    if let (Admission::Pass, None, None) = (&d.verdict, d.dry_run_rejected, &d.tightest) {
+    if let (Admission::Pass, None, None, None) =
+        (&d.verdict, d.dry_run_rejected, &d.tightest, d.would_delay)
+    {
         // The plain pass: most requests.
         return if record(r, mc, ReqStatus::Passed, d.passed_by.unwrap_or(0), hold) {
             Status::NGX_DECLINED
@@ -379,7 +386,10 @@ fn act(
     }
     let (status, strategy) = match (d.verdict, d.dry_run_rejected) {
         (Admission::Pass, Some(id)) => (ReqStatus::DryRunRejected, id),
-        (Admission::Pass, None) => (ReqStatus::Passed, d.passed_by.unwrap_or(0)),
+        (Admission::Pass, None) => match d.would_delay {
+            Some((id, _)) => (ReqStatus::DryRunDelayed, id),
+            None => (ReqStatus::Passed, d.passed_by.unwrap_or(0)),
+        },
         (Admission::Delay { id, .. }, _) => (ReqStatus::Delayed, id),
         (Admission::Reject { id, .. }, _) => (ReqStatus::Rejected, id),
     };
@@ -394,6 +404,16 @@ fn act(
         Admission::Pass => {
             if let Some(id) = d.dry_run_rejected {
                 log_event(r, events, id, Event::DryRunRejected, lc.log_level(), now_ms);
+            } else if let Some((id, wait_ns)) = d.would_delay {
+                let level = lc.log_level().lower();
+                if events.record(id, Event::DryRunDelayed, level, now_ms) {
+                    let ms = wait_ns.div_ceil(1_000_000);
+                    ngx_log_error!(
+                        level.ngx_level(),
+                        r.log(),
+                        "rate_ctl: would delay request by {ms} ms (dry run) by strategy {id}"
+                    );
+                }
             }
             Status::NGX_DECLINED
         }
@@ -433,6 +453,7 @@ fn log_event(
             Event::Rejected => "rejecting request",
             Event::Delayed => "delaying request",
             Event::DryRunRejected => "would reject request (dry run)",
+            Event::DryRunDelayed => "would delay request (dry run)",
             Event::Blacklisted => "refusing blacklisted request",
         };
         if id == 0 {

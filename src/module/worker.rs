@@ -22,6 +22,7 @@ pub enum Event {
     Rejected,
     Delayed,
     DryRunRejected,
+    DryRunDelayed,
     Blacklisted,
 }
 
@@ -31,6 +32,7 @@ impl Event {
             Event::Rejected => "rejected",
             Event::Delayed => "delayed",
             Event::DryRunRejected => "would have rejected (dry run)",
+            Event::DryRunDelayed => "would have delayed (dry run)",
             Event::Blacklisted => "refused (blacklisted)",
         }
     }
