@@ -253,7 +253,8 @@ fn handle(r: &mut Request) -> Status {
     let log = r.log();
     with_worker(mc, |w| {
         if w.log.due(now_ms) {
-            w.log.flush(log, now_ms);
+            // The worker's context: the summary is not this request's.
+            w.log.flush(super::worker::cycle_log(), now_ms);
         }
         w.refresh(mc, now_ns, log);
         let (outcome, hold) = decide(w, mc, r, now_ns, now_ms, lc);

@@ -44,6 +44,7 @@ pub static mut ngx_http_rate_ctl_module: ngx_module_t = ngx_module_t {
     commands: unsafe { ptr::addr_of_mut!(conf::COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as ngx_uint_t,
     init_process: Some(init_process),
+    exit_process: Some(exit_process),
     ..ngx_module_t::default()
 };
 
@@ -58,6 +59,12 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
         }
     }
     Status::NGX_OK.0
+}
+
+/// A worker that exits (reload, shutdown) writes its pending rejection
+/// summaries first.
+extern "C" fn exit_process(_cycle: *mut ngx_cycle_t) {
+    worker::flush_now();
 }
 
 impl HttpModule for RateCtlModule {

@@ -7,8 +7,9 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::path::PathBuf;
+use std::ptr;
 
-use ngx::ffi::ngx_log_t;
+use ngx::ffi::{ngx_add_timer, ngx_cycle, ngx_event_t, ngx_log_t, ngx_msec_t};
 use ngx::ngx_log_error;
 
 use super::conf::MainConf;
@@ -47,8 +48,11 @@ struct Entry {
 
 /// Aggregated rejection logging: the first event per strategy and kind in a
 /// one-second window is logged with the request's context; the rest are
-/// counted and summarised in one line when the window closes. An attack
-/// therefore costs at most two lines per strategy per second per worker.
+/// counted and summarised in one line when the window closes — by a timer
+/// of the worker ([`arm_flush_timer`]), or when the worker exits — in the
+/// worker's own log context, never another request's. An attack therefore
+/// costs at most two lines per strategy per second per worker, and no count
+/// is lost to a reload.
 #[derive(Default)]
 pub struct EventLog {
     window_start_ms: u64,
@@ -63,6 +67,7 @@ impl EventLog {
     pub fn record(&mut self, id: u32, event: Event, level: LogLevel, now_ms: u64) -> bool {
         if self.entries.is_empty() {
             self.window_start_ms = now_ms;
+            arm_flush_timer();
         }
         if let Some(e) = self
             .entries
@@ -108,6 +113,66 @@ impl EventLog {
             );
         }
     }
+}
+
+/// The worker's log, without any request's context.
+pub fn cycle_log() -> *mut ngx_log_t {
+    // SAFETY: ngx_cycle is set before any worker code runs and points to
+    // the live cycle for the worker's life; only its log pointer is read.
+    unsafe {
+        let cycle = ptr::addr_of!(ngx_cycle).read();
+        if cycle.is_null() {
+            ptr::null_mut()
+        } else {
+            (*cycle).log
+        }
+    }
+}
+
+/// The summary timer: one event per worker, armed when a window opens.
+struct FlushTimer(UnsafeCell<ngx_event_t>);
+
+// SAFETY: only nginx's worker thread touches it (see WorkerCell).
+unsafe impl Sync for FlushTimer {}
+
+// SAFETY: an all-zero ngx_event_t is nginx's own initial state for an
+// event (it allocates them with ngx_pcalloc).
+static FLUSH_TIMER: FlushTimer = FlushTimer(UnsafeCell::new(unsafe { std::mem::zeroed() }));
+
+/// Makes sure the open window is summarised when it closes, whether or not
+/// another request comes. Cancelable: it never holds up a worker that is
+/// shutting down (whose exit handler flushes instead).
+fn arm_flush_timer() {
+    let log = cycle_log();
+    if log.is_null() {
+        return;
+    }
+    let ev = FLUSH_TIMER.0.get();
+    // SAFETY: the static event is used on the worker thread only; nginx
+    // keeps it in its timer tree until it fires or is re-added.
+    unsafe {
+        if (*ev).timer_set() != 0 {
+            return;
+        }
+        (*ev).handler = Some(flush_timer_handler);
+        (*ev).log = log;
+        (*ev).set_cancelable(1);
+        ngx_add_timer(ev, LOG_WINDOW_MS as ngx_msec_t);
+    }
+}
+
+extern "C" fn flush_timer_handler(_ev: *mut ngx_event_t) {
+    flush_now();
+}
+
+/// Writes the pending summaries now (timer, worker exit).
+pub fn flush_now() {
+    let now_ms = super::handler::unix_ms();
+    let log = cycle_log();
+    if log.is_null() {
+        return;
+    }
+    with_existing_worker(|w| w.log.flush(log, now_ms));
 }
 
 /// Where a request value comes from, resolved once per table version.
@@ -229,4 +294,16 @@ pub fn with_worker<R>(mc: &MainConf, f: impl FnOnce(&mut Worker) -> R) -> Option
     let r = f(w);
     WORKER.busy.set(false);
     Some(r)
+}
+
+/// [`with_worker`] for a worker state that exists already (timers, exit).
+fn with_existing_worker(f: impl FnOnce(&mut Worker)) {
+    if WORKER.busy.replace(true) {
+        return;
+    }
+    // SAFETY: as in with_worker.
+    if let Some(w) = unsafe { &mut *WORKER.worker.get() } {
+        f(w);
+    }
+    WORKER.busy.set(false);
 }
