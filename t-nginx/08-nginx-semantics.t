@@ -73,6 +73,8 @@ strategy id=9 algorithm=fixed_window rate=1 per=day when api=/inc
 strategy id=10 algorithm=fixed_window rate=100 per=day when api=/lr/a
 strategy id=11 algorithm=leaky_bucket rate=1 per=second action=dry_run max_delay_ms=2000 when api=/dd
 strategy id=12 algorithm=leaky_bucket rate=1 per=second action=delay max_delay_ms=2000 when api=/dryloc/d
+strategy id=13 algorithm=fixed_window rate=1 per=day when usrid=u1
+strategy id=14 algorithm=fixed_window rate=1 per=day when userid=u1 api=/u
 T
     $n->start;
 
@@ -108,6 +110,19 @@ T
     is_deeply([$n->codes('/dryloc/d', 2)], [200, 200], 'delay strategy in a dry-run location: both served');
     ok(time - $t0 < 0.9, sprintf('nobody waited (%.3f s for 4 requests; enforcement would wait ~1 s each)', time - $t0));
 
+    # 6. A dimension this nginx does not define: logged once per table load
+    # (per worker), in the stats and in `rate-ctl shm inspect`.
+    $n->codes('/u', 3, '-b uid=u1');
+    my @workers = $n->worker_pids;
+    my @undef = grep {/dimension "usrid" is not defined in this nginx .*strategies 13 never match here/}
+        split /\n/, $n->error_log;
+    is(scalar @undef, scalar @workers, 'undefined dimension logged once per worker, not per request')
+        or diag join "\n", @undef;
+    my $inspect = decode_json(scalar `@{[root()]}/target/debug/rate-ctl shm inspect @{[$n->shm]} --json`);
+    my %row = map { $_->{id} => $_ } @{ $inspect->{strategies} };
+    ok($row{13}{dimension_undefined_in_nginx}, 'shm inspect: strategy 13 marked');
+    ok(!$row{14}{dimension_undefined_in_nginx}, 'shm inspect: strategy 14 (defined dimension) not marked');
+
     my $s;
     for (1 .. 40) {    # mirror subrequests finish in the background
         $s = stats_of($n);
@@ -118,6 +133,8 @@ T
     is($s->{8}{limited}, 1, 'mirror subrequests: 1 limited');
     is($s->{7}{passed} + $s->{7}{limited}, 0, 'auth2 never evaluated');
     is($s->{10}{passed}, 1, 'limit_req ran first: rate_ctl counted only the request it let through');
+    is_deeply(decode_json($n->get('/rate_ctl')->{body})->{undefined_dimensions}, { usrid => [13] },
+        'stats: undefined_dimensions');
     for my $id (11, 12) {
         is_deeply([@{ $s->{$id} }{qw(passed limited delayed)}], [2, 0, 1],
             "strategy $id: passed/limited/delayed 2/0/1, as enforcement would count");

@@ -9,5 +9,5 @@ for p in curl perl; do command -v "$p" >/dev/null || {
     $sudo apt-get update -q && $sudo apt-get install -y -q curl perl
 }; done
 scripts/build-module.sh "${RATE_CTL_BUILD:-both}"
-cargo build --example rate-ctl-test-tool
+cargo build --example rate-ctl-test-tool --bin rate-ctl
 exec prove -I t-nginx/lib "${@:-t-nginx/}"

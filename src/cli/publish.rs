@@ -151,12 +151,13 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
     if let Some(d) = &decoded {
         for p in &d.strategies {
             let s = &p.strategy;
-            let (counters, current) = match Slot::at(&slots, p.slot) {
+            let (counters, current, undefined) = match Slot::at(&slots, p.slot) {
                 Some(slot) => (
                     slot.counters(),
                     slot.generation().load(std::sync::atomic::Ordering::Relaxed) == p.generation,
+                    slot.undefined_dimension(),
                 ),
-                None => (Default::default(), false),
+                None => (Default::default(), false, false),
             };
             let action = match s.action {
                 Action::Reject { status } => json!({"reject": status}),
@@ -183,6 +184,9 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
                 "passed": counters.passed,
                 "limited": counters.limited,
                 "delayed": counters.delayed,
+                // Set by an nginx worker that does not define one of the
+                // match's dimensions: the strategy never matches there.
+                "dimension_undefined_in_nginx": current && undefined,
             }));
         }
     }
@@ -288,6 +292,17 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
                 } else {
                     m.join(" ")
                 }
+            );
+        }
+        let undefined: Vec<String> = rows
+            .iter()
+            .filter(|r| r["dimension_undefined_in_nginx"] == true)
+            .map(|r| r["id"].to_string())
+            .collect();
+        if !undefined.is_empty() {
+            outln!(
+                "never match: strategies {} use a dimension nginx does not define (see its error log)",
+                undefined.join(", ")
             );
         }
     }

@@ -15,7 +15,8 @@ use ngx::ngx_log_error;
 use super::conf::MainConf;
 use super::parse::LogLevel;
 use crate::core::engine::{self, Engine};
-use crate::core::table::Scratch;
+use crate::core::slot::Slot;
+use crate::core::table::{Scratch, Table};
 
 /// What a rejection log line is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +194,9 @@ pub struct Worker {
     pub engine: Engine,
     sources_version: Option<u64>,
     pub sources: Vec<Source>,
+    /// Dimensions of the current table this nginx does not define, with
+    /// the strategies that use them (they never match); for stats.
+    pub undefined: Vec<(String, Vec<u32>)>,
     pub log: EventLog,
     /// The matcher's working space, reused by every request.
     pub scratch: Scratch,
@@ -204,6 +208,7 @@ impl Worker {
             engine: Engine::new(path),
             sources_version: None,
             sources: Vec::new(),
+            undefined: Vec::new(),
             log: EventLog::default(),
             scratch: Scratch::default(),
         }
@@ -240,8 +245,59 @@ impl Worker {
                 None => Vec::new(),
             };
             self.sources_version = version;
+            self.undefined = match table {
+                Some(t) => undefined_dimensions(t, &self.sources, log),
+                None => Vec::new(),
+            };
         }
     }
+}
+
+/// Once per table load: the dimensions no source gives a value for, each
+/// with the strategies that use it, logged once and marked in their slots
+/// (cleared in the others) for `rate-ctl shm inspect`.
+fn undefined_dimensions(
+    t: &Table,
+    sources: &[Source],
+    log: *mut ngx_log_t,
+) -> Vec<(String, Vec<u32>)> {
+    let mut out: Vec<(String, Vec<u32>)> = sources
+        .iter()
+        .zip(t.dimensions())
+        .filter(|(s, _)| **s == Source::Unbound)
+        .map(|(_, name)| (name.clone(), Vec::new()))
+        .collect();
+    let slots = t.mapping().map(|m| m.slots());
+    for c in t.strategies() {
+        let mut undefined = false;
+        for cond in &c.strategy.conditions {
+            if let Some((_, ids)) = out.iter_mut().find(|(n, _)| *n == cond.dimension) {
+                if ids.last() != Some(&c.strategy.id) {
+                    ids.push(c.strategy.id);
+                }
+                undefined = true;
+            }
+        }
+        if let Some(slot) = slots.as_ref().and_then(|s| Slot::at(s, c.slot)) {
+            slot.mark_undefined_dimension(c.generation, undefined);
+        }
+    }
+    out.retain(|(_, ids)| !ids.is_empty());
+    for (name, ids) in &out {
+        let list = ids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        ngx_log_error!(
+            LogLevel::Warn.ngx_level(),
+            log,
+            "rate_ctl: dimension \"{name}\" is not defined in this nginx \
+             (built in: ip, api, method, host; others need rate_ctl_dimension): \
+             strategies {list} never match here"
+        );
+    }
+    out
 }
 
 /// Where the value of dimension `name` comes from.
