@@ -118,16 +118,49 @@ enum Entry {
     Forced(Reservation),
 }
 
-/// Admits or refuses one request at `now_ns` against `hits`, in order.
-pub fn admit(hits: &[Hit], now_ns: u64, dry_run_all: bool) -> Decision {
-    admit_with(hits, now_ns, dry_run_all, true)
+/// The time of a request, from both clocks: the buckets run on the
+/// monotonic one (nanoseconds; immune to clock steps), the fixed and sliding
+/// windows on the wall clock (Unix nanoseconds), so that their windows are
+/// UTC minutes, hours and days, the same on every host. A plain `u64` is
+/// both (tests, benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    pub mono_ns: u64,
+    pub wall_ns: u64,
+}
+
+impl From<u64> for Now {
+    #[inline]
+    fn from(ns: u64) -> Now {
+        Now {
+            mono_ns: ns,
+            wall_ns: ns,
+        }
+    }
+}
+
+impl Now {
+    /// The reading `limiter` runs on.
+    #[inline]
+    fn of(self, limiter: &Limiter) -> u64 {
+        match limiter.algorithm() {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.wall_ns,
+            _ => self.mono_ns,
+        }
+    }
+}
+
+/// Admits or refuses one request at `now` against `hits`, in order.
+pub fn admit(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool) -> Decision {
+    admit_with(hits, now, dry_run_all, true)
 }
 
 /// [`admit`], computing [`Decision::tightest`] only when `quota` is set
 /// (it is for `RateLimit-*` headers; reading every hit's quota is the
 /// most expensive part of a pass otherwise).
 #[inline]
-pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
+pub fn admit_with(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota: bool) -> Decision {
+    let now_ns = now.into();
     if let [hit] = hits {
         return admit_one(hit, now_ns, dry_run_all, quota);
     }
@@ -138,7 +171,8 @@ pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> 
 /// that a property test can hold [`admit_one`] to it.
 #[doc(hidden)]
 #[inline(never)]
-pub fn admit_listed(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
+pub fn admit_listed(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota: bool) -> Decision {
+    let now_ns = now.into();
     let n = hits.len();
     if n <= 4 {
         admit_in(
@@ -173,7 +207,8 @@ pub fn admit_listed(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -
 /// and the same effects on the slot, without the per-hit bookkeeping a
 /// list needs for refunds. Inlined into the request path.
 #[inline(always)]
-fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
+fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
+    let now = now.of(hit.limiter);
     let mut d = Decision {
         verdict: Verdict::Pass,
         dry_run_rejected: None,
@@ -246,7 +281,7 @@ fn current(hit: &Hit) -> bool {
 
 fn admit_in(
     hits: &[Hit],
-    now: u64,
+    now_both: Now,
     dry_run_all: bool,
     quota: bool,
     entries: &mut [Entry],
@@ -257,6 +292,7 @@ fn admit_in(
             entries[i] = Entry::Stale;
             continue;
         }
+        let now = now_both.of(hit.limiter);
         match hit.limiter.acquire(&hit.slot, now) {
             Outcome::Admitted(r) => entries[i] = Entry::Admitted(r),
             Outcome::Rejected { retry_after_ns } => {
@@ -323,7 +359,7 @@ fn admit_in(
         if !quota {
             continue;
         }
-        let q = hit.limiter.quota(&hit.slot, now);
+        let q = hit.limiter.quota(&hit.slot, now_both.of(hit.limiter));
         match tightest {
             Some((_, t)) if t.remaining <= q.remaining => {}
             _ => tightest = Some((hit.id, q)),
@@ -489,6 +525,44 @@ mod tests {
             release(&hits);
         }
         assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn windows_run_on_the_wall_clock_and_buckets_on_the_monotonic_one() {
+        let specs = [
+            (
+                limiter(Algorithm::FixedWindow, 1, Unit::Minute, 0, REJECT),
+                REJECT,
+            ),
+            (
+                limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1, REJECT),
+                REJECT,
+            ),
+        ];
+        let local = LocalSlots::new(2);
+        let region = local.region();
+        let hits = hits(&region, &specs);
+        let at = |mono_s: u64, wall_ms: u64| Now {
+            mono_ns: mono_s * S,
+            wall_ns: wall_ms * MS,
+        };
+        // 59.9 s into a UTC minute, 5 s after boot.
+        let w = 29_000_000 * 60_000 + 59_900;
+        let fixed = &hits[..1];
+        let bucket = &hits[1..];
+        assert_eq!(admit(fixed, at(5, w), false).verdict, Verdict::Pass);
+        assert!(matches!(
+            admit(fixed, at(5, w + 50), false).verdict,
+            Verdict::Reject { .. }
+        ));
+        // The UTC minute turns 0.2 s later; the monotonic one does not.
+        assert_eq!(admit(fixed, at(5, w + 200), false).verdict, Verdict::Pass);
+        // The bucket ignores the wall clock (a step forward refills nothing).
+        assert_eq!(admit(bucket, at(5, w), false).verdict, Verdict::Pass);
+        assert!(matches!(
+            admit(bucket, at(5, w + 3_600_000), false).verdict,
+            Verdict::Reject { .. }
+        ));
     }
 
     #[test]
