@@ -393,11 +393,13 @@ async function deleteStrategy(s) {
   const ok = await confirmDialog(`Delete strategy “${s.name}”? Requests it limits will pass again within a second. This cannot be undone.`, 'Delete strategy');
   if (!ok) return;
   try {
-    await api('DELETE', `/strategies/${s.id}`);
+    // The version shown: 409 if someone changed it since the list was read.
+    await api('DELETE', `/strategies/${s.id}?version=${s.version}`);
     toast(`Deleted “${s.name}”.`);
     if (state.chartId === s.id) closeChart();
   } catch (e) {
     if (e.status === 404) toast(`“${s.name}” was already deleted by someone else.`, 'error');
+    else if (e.status === 409) toast(`“${s.name}” was changed by someone else and was not deleted. The list is reloaded.`, 'error');
     else reportError(e, 'Delete failed');
   }
   await loadStrategies().catch((e) => reportError(e, 'Loading failed'));

@@ -41,6 +41,8 @@ pub enum ModelError {
     DuplicateDimension { index: usize, name: String },
     #[error("conditions[{index}].value: must be 1 to {MAX_VALUE_LEN} bytes, got {len}")]
     BadValueLength { index: usize, len: usize },
+    #[error("conditions[{index}].value: must not contain control characters (byte 0x{byte:02x})")]
+    ControlCharacter { index: usize, byte: u8 },
     #[error("conditions[{index}].value: {value:?} is not an IPv4 or IPv6 address")]
     BadIp { index: usize, value: String },
     #[error("rate: must be greater than 0")]
@@ -394,6 +396,11 @@ impl Strategy {
                     index,
                     len: c.value.len(),
                 });
+            }
+            // A newline would forge lines in listings and logs; no request
+            // value nginx hands over carries NUL.
+            if let Some(&byte) = c.value.iter().find(|b| b.is_ascii_control()) {
+                return Err(ModelError::ControlCharacter { index, byte });
             }
             if c.dimension == "ip" && !is_canonical_ip(&c.value) {
                 return Err(ModelError::BadIp {

@@ -323,6 +323,12 @@ impl BlacklistRecord {
                 self.value.len()
             ));
         }
+        if self.value.chars().any(char::is_control) {
+            return Err("value: must not contain control characters".into());
+        }
+        if self.reason.chars().any(char::is_control) {
+            return Err("reason: must not contain control characters".into());
+        }
         if self.dimension == "ip" {
             self.value = canonical_ip(self.value.as_bytes())
                 .ok_or_else(|| format!("value: {:?} is not an IPv4 or IPv6 address", self.value))?;
