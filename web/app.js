@@ -343,7 +343,10 @@ function strategyRow(s) {
   const spark = el('canvas', { class: 'spark', width: 140, height: 28, 'data-id': s.id, role: 'img',
     'aria-label': `Traffic of ${s.name}` });
   const tr = el('tr', { 'data-id': s.id, class: s.enabled ? '' : 'disabled-row' },
-    el('td', {}, el('strong', {}, s.name), el('div', { class: 'muted small' }, `#${s.id} · ${s.algorithm}`)),
+    // A long name is cut with an ellipsis (the whole name on hover), so the
+    // other columns stay on screen.
+    el('td', { class: 'name-cell' }, el('strong', { class: 'name', title: s.name }, s.name),
+      el('div', { class: 'muted small' }, `#${s.id} · ${s.algorithm}`)),
     el('td', {}, matchChips(s)),
     el('td', {}, describeLimit(s)),
     el('td', {}, describeAction(s),
