@@ -17,7 +17,9 @@
 //! retried with exponential backoff (up to `max_backoff`), logging once per
 //! change of state; an invalid row is skipped and named; a publish the
 //! writer refuses (capacity) keeps the previous table and is not retried
-//! until the version or the share changes; SIGTERM/SIGINT stop the agent
+//! until the version or the share changes, except a table that fits but
+//! needs slots still held by the strategies it replaces: it is published in
+//! stages (the writer's `publish_staged`), the rest 2 s later; SIGTERM/SIGINT stop the agent
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
@@ -54,7 +56,16 @@ pub trait Sink {
     fn counters(&self) -> Vec<CounterSample> {
         Vec::new()
     }
+    /// Strategies the last publish left for a later stage (slots still in
+    /// their quarantine); 0 when it was complete.
+    fn deferred(&self) -> usize {
+        0
+    }
 }
+
+/// How long after a staged publish the rest is published: the writer's
+/// slot quarantine and a margin.
+const STAGE_WAIT_MS: u64 = 2_100;
 
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -84,6 +95,8 @@ pub struct Agent<S: Sink> {
     applied: Option<Applied>,
     /// Version and share a publish was refused for: not retried until they change.
     refused: Option<(u64, Share)>,
+    /// A staged publish left strategies out: publish again from this time.
+    staged_until_ms: u64,
     hosts: Vec<HostRecord>,
     my_weight: u32,
     next_heartbeat_ms: u64,
@@ -105,6 +118,7 @@ impl<S: Sink> Agent<S> {
             healthy: None,
             applied: None,
             refused: None,
+            staged_until_ms: 0,
             hosts: Vec::new(),
             next_heartbeat_ms: 0,
             logged_bad: HashSet::new(),
@@ -209,6 +223,9 @@ impl<S: Sink> Agent<S> {
         if current == Some((version, share)) || self.refused == Some((version, share)) {
             return Ok(());
         }
+        if now < self.staged_until_ms {
+            return Ok(());
+        }
         let snap = self.source.snapshot().await?;
         if self.refused == Some((snap.version, share)) {
             return Ok(());
@@ -228,6 +245,16 @@ impl<S: Sink> Agent<S> {
             .collect();
         let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
+            Ok(summary) if self.sink.deferred() > 0 => {
+                warn!(
+                    version = snap.version,
+                    deferred = self.sink.deferred(),
+                    "published in stages: {summary}; the other strategies follow in 2 s, \
+                     once the slots this publish freed may be reused"
+                );
+                self.staged_until_ms = now_ms() + STAGE_WAIT_MS;
+                self.refused = None;
+            }
             Ok(summary) => {
                 let at = now_ms();
                 info!(

@@ -25,6 +25,8 @@ pub struct Caps {
 /// The core writer as the agent's [`Sink`].
 pub struct ShmSink {
     writer: Writer,
+    /// Strategies the last publish deferred (see `Writer::publish_staged`).
+    deferred: usize,
 }
 
 impl Sink for ShmSink {
@@ -44,8 +46,9 @@ impl Sink for ShmSink {
             .collect();
         let r = self
             .writer
-            .publish(strategies, &entries, config_version)
+            .publish_staged(strategies, &entries, config_version)
             .map_err(|e| e.to_string())?;
+        self.deferred = r.deferred;
         Ok(format!(
             "sequence {}, {} strategies ({} new slots, {} freed), {} blacklist entries, {} bytes",
             r.seq, r.strategies, r.new_slots, r.freed_slots, r.blacklist_entries, r.payload_bytes
@@ -54,6 +57,10 @@ impl Sink for ShmSink {
 
     fn heartbeat(&self, unix_ms: u64) {
         self.writer.heartbeat(unix_ms);
+    }
+
+    fn deferred(&self) -> usize {
+        self.deferred
     }
 
     fn counters(&self) -> Vec<CounterSample> {
@@ -104,7 +111,10 @@ pub fn open(path: &Path, caps: Caps, mode: u32) -> Result<ShmSink, String> {
             warn!(path = %path.display(), %reason, "recreated the shared-memory file")
         }
     }
-    Ok(ShmSink { writer })
+    Ok(ShmSink {
+        writer,
+        deferred: 0,
+    })
 }
 
 /// Reads the active segment, retrying while the writer is mid-publish.

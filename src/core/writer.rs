@@ -40,6 +40,9 @@ pub struct PublishReport {
     pub freed_slots: usize,
     pub blacklist_entries: usize,
     pub payload_bytes: usize,
+    /// Strategies left out of this publish by [`Writer::publish_staged`]
+    /// until the slots it freed may be reused; 0 for a complete publish.
+    pub deferred: usize,
 }
 
 /// How the writer came by its file.
@@ -283,6 +286,43 @@ impl Writer {
     /// full blacklist. Nothing in the file changes unless the whole publish
     /// fits: invalid strategies, duplicate ids and exceeded capacities are
     /// errors and the previous table stays active.
+    /// [`publish`](Self::publish), and when the table fits the capacity
+    /// but not the slots free right now (the slots of the strategies it
+    /// replaces are still in use or in their 2 s quarantine — e.g. a
+    /// replace-import of a full table), publish it in stages: now the
+    /// strategies that keep their slots plus as many new ones as slots are
+    /// free (which frees the replaced ones), the rest once the freed slots
+    /// may be reused. The report's `deferred` counts what is left for a
+    /// later call with the same table (2 s on); 0 when complete.
+    pub fn publish_staged(
+        &mut self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let free = match self.publish(strategies, blacklist, config_version) {
+            Err(ShmError::SlotsBusy { free, .. }) => free as usize,
+            other => return other,
+        };
+        let mut first: Vec<Strategy> = Vec::with_capacity(strategies.len());
+        let mut new = 0;
+        let mut by_id: Vec<&Strategy> = strategies.iter().collect();
+        by_id.sort_by_key(|s| s.id);
+        for s in by_id {
+            let keeps = self
+                .assigned
+                .get(&s.id)
+                .is_some_and(|a| a.algorithm == s.algorithm);
+            if keeps || new < free {
+                new += usize::from(!keeps);
+                first.push(s.clone());
+            }
+        }
+        let mut report = self.publish(&first, blacklist, config_version)?;
+        report.deferred = strategies.len() - first.len();
+        Ok(report)
+    }
+
     pub fn publish(
         &mut self,
         strategies: &[Strategy],
@@ -376,10 +416,28 @@ impl Writer {
             candidate += 1;
         }
         if free.len() < fresh.len() {
-            return Err(ShmError::Capacity {
-                what: "free stat slots (freed slots wait 2 s before reuse)",
+            // Count every free slot (not just the ones needed) and the ones
+            // that will be: freed by this publish or in quarantine.
+            let free_now = (0..g.slot_count)
+                .filter(|&c| {
+                    !keep.contains(&c)
+                        && !self.slot_in_use(c)
+                        && Slot::at(&slots, c).is_some_and(|s| {
+                            let freed = s.freed_at().load(Ordering::Relaxed);
+                            freed == 0 || now_ms.saturating_sub(freed) >= SLOT_QUARANTINE_MS
+                        })
+                })
+                .count() as u64;
+            // Every other slot is kept by this table, or in use by a
+            // strategy it drops, or in quarantine.
+            let waiting = (g.slot_count as u64)
+                .saturating_sub(free_now)
+                .saturating_sub(keep.len() as u64);
+            return Err(ShmError::SlotsBusy {
+                needed: fresh.len() as u64,
+                free: free_now,
+                waiting,
                 limit: g.slot_count as u64,
-                needed: (keep.len() + fresh.len()) as u64,
             });
         }
         for (&i, &slot) in fresh.iter().zip(&free) {
@@ -458,6 +516,7 @@ impl Writer {
             freed_slots: freed,
             blacklist_entries: bl_report.entries,
             payload_bytes: payload.len(),
+            deferred: 0,
         })
     }
 }
