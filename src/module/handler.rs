@@ -131,6 +131,7 @@ fn keep_hold(r: &mut Request, hold: Hold) -> bool {
 /// Records the decision (see [`variables`](super::variables)) and keeps
 /// the units it holds; `false` if either failed (the request then ends
 /// with 500, holding nothing).
+#[inline]
 fn record(
     r: &mut Request,
     mc: &MainConf,
@@ -142,6 +143,7 @@ fn record(
 }
 
 /// [`record`], saying whether a strategy or the blacklist applied.
+#[inline]
 fn record_as(
     r: &mut Request,
     mc: &MainConf,

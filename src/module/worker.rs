@@ -65,10 +65,10 @@ pub const LOG_WINDOW_MS: u64 = 1000;
 impl EventLog {
     /// Records one event; returns `true` when the caller should log it now
     /// (the first of its kind in the window).
+    #[inline]
     pub fn record(&mut self, id: u32, event: Event, level: LogLevel, now_ms: u64) -> bool {
         if self.entries.is_empty() {
-            self.window_start_ms = now_ms;
-            arm_flush_timer();
+            self.open_window(now_ms);
         }
         if let Some(e) = self
             .entries
@@ -85,6 +85,12 @@ impl EventLog {
             suppressed: 0,
         });
         true
+    }
+
+    #[cold]
+    fn open_window(&mut self, now_ms: u64) {
+        self.window_start_ms = now_ms;
+        arm_flush_timer();
     }
 
     /// Whether a summary is due; one compare per request.
