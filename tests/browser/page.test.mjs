@@ -495,12 +495,14 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await row.waitFor();
     const name = row.locator('td').first().locator('strong');
     assert.equal(await name.getAttribute('title'), long, 'the whole name on hover');
-    const cut = await name.evaluate((e) => e.scrollWidth > e.clientWidth && getComputedStyle(e).textOverflow === 'ellipsis');
-    assert.ok(cut, 'the name is cut with an ellipsis');
+    // The list re-renders on its own; evaluate until a rendered element answers.
+    await waitFor('the name cut with an ellipsis', () => name.evaluate(
+      (e) => e.isConnected && e.scrollWidth > e.clientWidth && getComputedStyle(e).textOverflow === 'ellipsis'), 5000);
     const vw = page.viewportSize().width;
     for (const label of [`Delete ${long}`, `Edit ${long}`]) {
-      const box = await row.getByRole('button', { name: label }).boundingBox();
-      assert.ok(box && box.x + box.width <= vw, `${label.split(' ')[0]} is on screen (right edge ${box && box.x + box.width} of ${vw})`);
+      const box = await waitFor(`the ${label.split(' ')[0]} button laid out`,
+        () => row.getByRole('button', { name: label }).boundingBox(), 5000);
+      assert.ok(box.x + box.width <= vw, `${label.split(' ')[0]} is on screen (right edge ${box.x + box.width} of ${vw})`);
     }
     const wrap = await page.locator('#strategies-table').evaluate((t) => {
       const w = t.closest('.table-wrap');
