@@ -208,6 +208,11 @@ fn strict_input() {
     assert_eq!(st, 413, "{v}");
     assert!(error_of(&v).1.contains("limit"), "{v}");
 
+    // An error axum words itself (a path it cannot decode) is JSON too.
+    let (st, v) = send(&s, "GET", "/api/v1/strategies/%FF", None, vec![]);
+    assert_eq!(st, 400, "{v}");
+    assert!(error_of(&v).1.contains("Invalid UTF-8"), "{v}");
+
     // DELETE with the version seen: 409 when someone changed it since.
     let listed = s.get("/api/v1/strategies");
     let a = listed["strategies"]

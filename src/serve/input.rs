@@ -1,7 +1,7 @@
 //! What every API request body must be, checked before any handler: JSON
-//! by its `Content-Type` (415 otherwise), and an over-long body answered
-//! with the API's JSON error like every other error (axum's own 413 is
-//! plain text).
+//! by its `Content-Type` (415 otherwise); and every API error answered in
+//! the API's JSON shape, also those axum writes itself in plain text (413
+//! for an over-long body, 400 for a path or query it cannot extract).
 
 use axum::extract::Request;
 use axum::http::{header, Method, StatusCode};
@@ -71,7 +71,10 @@ pub async fn check(req: Request, next: Next) -> Response {
         }
     }
     let res = next.run(req).await;
-    if api && res.status() == StatusCode::PAYLOAD_TOO_LARGE {
+    if !api || !res.status().is_client_error() && !res.status().is_server_error() {
+        return res;
+    }
+    if res.status() == StatusCode::PAYLOAD_TOO_LARGE {
         let limit = if is_import(&path) {
             IMPORT_BODY_LIMIT
         } else {
@@ -84,5 +87,26 @@ pub async fn check(req: Request, next: Next) -> Response {
         )
         .into_response();
     }
-    res
+    // Any other error axum answered in plain text (a path or query it could
+    // not extract, e.g. "Invalid URL: Invalid UTF-8 in `id`"): the same
+    // words in the API's JSON shape.
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return res;
+    }
+    let status = res.status();
+    let text = axum::body::to_bytes(res.into_body(), 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let text = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    ApiError::new(status, None, text).into_response()
 }
