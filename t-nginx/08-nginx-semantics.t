@@ -49,12 +49,16 @@ for_each_target(sub {
             location = /mirror { internal; empty_gif; }
             location /ssi/ { ssi on; }
             location = /inc { internal; }
+            location = /incd { internal; }
+            location /ard/ { auth_request /authd; empty_gif; }
+            location = /authd { internal; empty_gif; }
             location /dryloc/ { rate_ctl_dry_run on; empty_gif; }
         });
     my $html = $n->dir . '/html';
     mkdir "$html/$_" for qw(ix ssi);
     for (["$html/ix/index.html", "index\n"], ["$html/ssi/page.html", "a<!--# include virtual=\"/inc\" -->b\n"],
-        ["$html/inc", "INC"]) {
+        ["$html/inc", "INC"], ["$html/incd", "D"],
+        ["$html/ssi/delays.html", "a<!--# include virtual=\"/incd\" -->b<!--# include virtual=\"/incd\" -->c\n"]) {
         open my $fh, '>', $_->[0] or die $!;
         print $fh $_->[1];
         close $fh;
@@ -75,6 +79,8 @@ strategy id=11 algorithm=leaky_bucket rate=1 per=second action=dry_run max_delay
 strategy id=12 algorithm=leaky_bucket rate=1 per=second action=delay max_delay_ms=2000 when api=/dryloc/d
 strategy id=13 algorithm=fixed_window rate=1 per=day when usrid=u1
 strategy id=14 algorithm=fixed_window rate=1 per=day when userid=u1 api=/u
+strategy id=15 algorithm=leaky_bucket rate=4 per=second action=delay max_delay_ms=1000 when api=/incd
+strategy id=16 algorithm=leaky_bucket rate=4 per=second action=delay max_delay_ms=1000 when api=/authd
 T
     $n->start;
 
@@ -122,6 +128,20 @@ T
     my %row = map { $_->{id} => $_ } @{ $inspect->{strategies} };
     ok($row{13}{dimension_undefined_in_nginx}, 'shm inspect: strategy 13 marked');
     ok(!$row{14}{dimension_undefined_in_nginx}, 'shm inspect: strategy 14 (defined dimension) not marked');
+
+    # Delays in subrequests: an SSI include (evaluated once per page, as
+    # limit_req does: the first include decides the page) and an
+    # auth_request subrequest wait their turn and then complete.
+    is($n->get('/ssi/delays.html')->{body}, "aDbDc\n", 'SSI page: first include not delayed');
+    my $t1 = time;
+    my $d = $n->get('/ssi/delays.html');
+    my $el = time - $t1;
+    is($d->{body}, "aDbDc\n", 'SSI page with a delayed include completes');
+    ok($el >= 0.2 && $el < 2, sprintf('its include waited its 250 ms turn (%.3f s)', $el));
+    $t1 = time;
+    is_deeply([$n->codes('/ard/x', 2)], [200, 200], 'delayed auth_request subrequests complete');
+    $el = time - $t1;
+    ok($el >= 0.2 && $el < 2, sprintf('the second auth_request waited its turn (%.3f s)', $el));
 
     my $s;
     for (1 .. 40) {    # mirror subrequests finish in the background
