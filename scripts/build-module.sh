@@ -34,6 +34,9 @@ need_pkgs() { need_packages build-module "$@"; }
 common_pkgs=(build-essential libclang-dev libpcre2-dev libssl-dev zlib1g-dev)
 
 build_vendored() {
+    # auth_request is not in nginx-src's default set; Debian's nginx has it, and
+    # the subrequest tests (t-nginx/08-nginx-semantics.t) use it in both builds.
+    export NGX_CONFIGURE_ARGS="${NGX_CONFIGURE_ARGS:---with-http_auth_request_module}"
     need_pkgs "${common_pkgs[@]}"
     echo "== vendored nginx 1.28 ==" >&2
     CARGO_TARGET_DIR="$root/target-vendored" \

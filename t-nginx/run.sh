@@ -8,5 +8,5 @@ cd "$root"
 . "$root/scripts/lib/packages.sh"
 need_packages t-nginx curl perl
 scripts/build-module.sh "${RATE_CTL_BUILD:-both}"
-cargo build --example rate-ctl-test-tool
+cargo build --example rate-ctl-test-tool --bin rate-ctl
 exec prove -I t-nginx/lib "${@:-t-nginx/}"

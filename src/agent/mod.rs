@@ -18,8 +18,10 @@
 //! change of state; an invalid row is skipped and named; a publish the
 //! writer refuses (capacity, or freed slots still in their 2 s quarantine)
 //! keeps the previous table, is logged once and retried with backoff (250 ms,
-//! then every 500 ms) until it succeeds or the version or share changes;
-//! SIGTERM/SIGINT stop the agent
+//! then every 500 ms) until it succeeds or the version or share changes; a
+//! table that fits but needs slots still held by the strategies it replaces
+//! is published in stages (the writer's `publish_staged`), the rest 2 s
+//! later; SIGTERM/SIGINT stop the agent
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
@@ -63,7 +65,16 @@ pub trait Sink {
     fn check_file(&mut self) -> Result<Option<String>, String> {
         Ok(None)
     }
+    /// Strategies the last publish left for a later stage (slots still in
+    /// their quarantine); 0 when it was complete.
+    fn deferred(&self) -> usize {
+        0
+    }
 }
+
+/// How long after a staged publish the rest is published: the writer's
+/// slot quarantine and a margin.
+const STAGE_WAIT_MS: u64 = 2_100;
 
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -115,6 +126,8 @@ pub struct Agent<S: Sink> {
     /// The last refused publish: retried with backoff (a refusal may be
     /// transient, e.g. freed slots still in their 2 s quarantine).
     refused: Option<Refused>,
+    /// A staged publish left strategies out: publish again from this time.
+    staged_until_ms: u64,
     hosts: Vec<HostRecord>,
     my_weight: u32,
     next_heartbeat_ms: u64,
@@ -136,6 +149,7 @@ impl<S: Sink> Agent<S> {
             healthy: None,
             applied: None,
             refused: None,
+            staged_until_ms: 0,
             hosts: Vec::new(),
             next_heartbeat_ms: 0,
             logged_bad: HashSet::new(),
@@ -270,6 +284,9 @@ impl<S: Sink> Agent<S> {
         {
             return Ok(());
         }
+        if now < self.staged_until_ms {
+            return Ok(());
+        }
         let snap = self.source.snapshot().await?;
         if Refused::waiting(&self.refused, snap.version, share, now) {
             return Ok(());
@@ -289,6 +306,16 @@ impl<S: Sink> Agent<S> {
             .collect();
         let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
+            Ok(summary) if self.sink.deferred() > 0 => {
+                warn!(
+                    version = snap.version,
+                    deferred = self.sink.deferred(),
+                    "published in stages: {summary}; the other strategies follow in 2 s, \
+                     once the slots this publish freed may be reused"
+                );
+                self.staged_until_ms = unix_ms() + STAGE_WAIT_MS;
+                self.refused = None;
+            }
             Ok(summary) => {
                 let at = unix_ms();
                 info!(

@@ -17,6 +17,8 @@ use rate_ctl::core::writer::{FileAccess, Opened, Writer};
 /// The core writer as the agent's [`Sink`].
 pub struct ShmSink {
     writer: Writer,
+    /// Strategies the last publish deferred (see `Writer::publish_staged`).
+    deferred: usize,
 }
 
 impl Sink for ShmSink {
@@ -45,7 +47,10 @@ impl Sink for ShmSink {
                 expires_unix_ms: b.expires_ms,
             })
             .collect();
-        let r = self.writer.publish(strategies, &entries, config_version)?;
+        let r = self
+            .writer
+            .publish_staged(strategies, &entries, config_version)?;
+        self.deferred = r.deferred;
         Ok(format!(
             "sequence {}, {} strategies ({} new slots, {} freed), {} blacklist entries, {} bytes",
             r.seq, r.strategies, r.new_slots, r.freed_slots, r.blacklist_entries, r.payload_bytes
@@ -54,6 +59,10 @@ impl Sink for ShmSink {
 
     fn heartbeat(&self, unix_ms: u64) {
         self.writer.heartbeat(unix_ms);
+    }
+
+    fn deferred(&self) -> usize {
+        self.deferred
     }
 
     fn counters(&self) -> Vec<CounterSample> {
@@ -119,7 +128,10 @@ pub fn open(
             warn!(path = %path.display(), %reason, "recreated the shared-memory file")
         }
     }
-    Ok(ShmSink { writer })
+    Ok(ShmSink {
+        writer,
+        deferred: 0,
+    })
 }
 
 /// Why the active table could not be read.

@@ -37,17 +37,21 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
     if let Some(d) = &decoded {
         for p in &d.strategies {
             let s = &p.strategy;
-            let (counters, current) = match Slot::at(&slots, p.slot) {
+            let (counters, current, undefined) = match Slot::at(&slots, p.slot) {
                 Some(slot) => (
                     slot.counters(),
                     slot.generation().load(std::sync::atomic::Ordering::Relaxed) == p.generation,
+                    slot.undefined_dimension(),
                 ),
-                None => (Default::default(), false),
+                None => (Default::default(), false, false),
             };
             let action = match s.action {
                 Action::Reject { status } => json!({"reject": status}),
                 Action::Delay { max_delay_ms } => json!({"delay_max_ms": max_delay_ms}),
                 Action::DryRun => json!("dry_run"),
+                Action::DryRunDelay { max_delay_ms } => {
+                    json!({"dry_run_delay_max_ms": max_delay_ms})
+                }
             };
             rows.push(json!({
                 "id": s.id,
@@ -66,6 +70,9 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 "passed": counters.passed,
                 "limited": counters.limited,
                 "delayed": counters.delayed,
+                // Set by an nginx worker that does not define one of the
+                // match's dimensions: the strategy never matches there.
+                "dimension_undefined_in_nginx": current && undefined,
             }));
         }
     }
@@ -171,6 +178,17 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 } else {
                     m.join(" ")
                 }
+            );
+        }
+        let undefined: Vec<String> = rows
+            .iter()
+            .filter(|r| r["dimension_undefined_in_nginx"] == true)
+            .map(|r| r["id"].to_string())
+            .collect();
+        if !undefined.is_empty() {
+            outln!(
+                "never match: strategies {} use a dimension nginx does not define (see its error log)",
+                undefined.join(", ")
             );
         }
     }

@@ -130,7 +130,11 @@ impl Backend {
         match self {
             Backend::Store(s) => s.delete_strategy(id, CLI).await,
             Backend::Api(a) => {
-                a.change("DELETE", &format!("/api/v1/strategies/{id}"), None)
+                // Deletes the version just read: 409 if someone changes it
+                // in between, as for an update.
+                let path = format!("/api/v1/strategies/{id}");
+                let seen = a.strategy(&a.call("GET", &path, None).await?)?.version;
+                a.change("DELETE", &format!("{path}?version={seen}"), None)
                     .await
             }
         }

@@ -47,6 +47,8 @@ pub enum ModelError {
     DuplicateDimension { index: usize, name: String },
     #[error("conditions[{index}].value: must be 1 to {MAX_VALUE_LEN} bytes, got {len}")]
     BadValueLength { index: usize, len: usize },
+    #[error("conditions[{index}].value: must not contain control characters (byte 0x{byte:02x})")]
+    ControlCharacter { index: usize, byte: u8 },
     #[error("conditions[{index}].value: {value:?} is not an IPv4 or IPv6 address")]
     BadIp { index: usize, value: String },
     #[error("rate: must be greater than 0")]
@@ -221,6 +223,10 @@ pub enum Action {
     Delay { max_delay_ms: u32 },
     /// Count and log only.
     DryRun,
+    /// Dry run of a `delay` strategy (the cap it enforces when dry run
+    /// ends): the limiter queues as `Delay` would, so the counters and the
+    /// would-be delays predict enforcement, but nothing waits or is refused.
+    DryRunDelay { max_delay_ms: u32 },
 }
 
 impl Action {
@@ -228,8 +234,14 @@ impl Action {
         match self {
             Action::Reject { .. } => 1,
             Action::Delay { .. } => 2,
-            Action::DryRun => 3,
+            Action::DryRun | Action::DryRunDelay { .. } => 3,
         }
+    }
+
+    /// Counts and logs only (`dry_run`, with or without a kept delay cap).
+    #[inline]
+    pub fn is_dry_run(&self) -> bool {
+        matches!(self, Action::DryRun | Action::DryRunDelay { .. })
     }
 }
 
@@ -441,6 +453,11 @@ impl Strategy {
                     len: c.value.len(),
                 });
             }
+            // A newline would forge lines in listings and logs; no request
+            // value nginx hands over carries NUL.
+            if let Some(&byte) = c.value.iter().find(|b| b.is_ascii_control()) {
+                return Err(ModelError::ControlCharacter { index, byte });
+            }
             if c.dimension == "ip" && !is_canonical_ip(&c.value) {
                 return Err(ModelError::BadIp {
                     index,
@@ -493,7 +510,7 @@ impl Strategy {
             Action::Reject { status: Some(s) } if !(400..=599).contains(&s) => {
                 return Err(ModelError::BadStatus(s))
             }
-            Action::Delay { max_delay_ms } => {
+            Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
                 if max_delay_ms == 0 || max_delay_ms > MAX_DELAY_MS {
                     return Err(ModelError::BadMaxDelay(max_delay_ms));
                 }

@@ -118,6 +118,18 @@ pub enum ShmError {
         limit: u64,
         needed: u64,
     },
+    #[error(
+        "capacity: this table needs {needed} new stat slots; {free} are free now and \
+         {waiting} more become free within 2 s (the slots of removed strategies wait \
+         before reuse; max strategies {limit})"
+    )]
+    SlotsBusy {
+        needed: u64,
+        free: u64,
+        /// Slots this publish would free, or freed less than 2 s ago.
+        waiting: u64,
+        limit: u64,
+    },
     #[error("strategy {id}: {source}")]
     InvalidStrategy {
         id: u32,

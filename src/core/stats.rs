@@ -26,6 +26,9 @@ pub struct Stats {
     pub config_version: u64,
     pub heartbeat_unix_ms: u64,
     pub strategies: Vec<StrategyStats>,
+    /// Dimensions this nginx does not define, with the strategies using
+    /// them (which never match here).
+    pub undefined_dimensions: Vec<(String, Vec<u32>)>,
 }
 
 /// Reads the engine's mapping and the current table's slots.
@@ -41,6 +44,7 @@ pub fn snapshot(engine: &Engine) -> Stats {
         config_version: 0,
         heartbeat_unix_ms: map.heartbeat_unix_ms(),
         strategies: Vec::new(),
+        undefined_dimensions: Vec::new(),
     };
     if let Some(t) = engine.table() {
         s.config_version = t.config_version();
@@ -87,7 +91,15 @@ pub fn render_json(s: &Stats, now_unix_ms: u64) -> String {
             st.id, st.passed, st.limited, st.delayed
         );
     }
-    o.push_str("]}\n");
+    o.push_str("],\"undefined_dimensions\":{");
+    for (i, (name, ids)) in s.undefined_dimensions.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        // Dimension names are [a-z][a-z0-9_]*: nothing to escape.
+        let _ = write!(o, "\"{name}\":{ids:?}");
+    }
+    o.push_str("}}\n");
     o
 }
 
@@ -181,6 +193,7 @@ mod tests {
                 limited: 15,
                 delayed: 0,
             }],
+            undefined_dimensions: vec![("usrid".into(), vec![3, 7])],
         }
     }
 
@@ -189,7 +202,7 @@ mod tests {
         let j = render_json(&sample(), 1_500);
         assert_eq!(
             j,
-            "{\"enforcing\":true,\"sequence\":7,\"active_segment\":1,\"config_version\":3,\"heartbeat_age_ms\":500,\"strategies\":[{\"id\":12,\"passed\":5,\"limited\":15,\"delayed\":0}]}\n"
+            "{\"enforcing\":true,\"sequence\":7,\"active_segment\":1,\"config_version\":3,\"heartbeat_age_ms\":500,\"strategies\":[{\"id\":12,\"passed\":5,\"limited\":15,\"delayed\":0}],\"undefined_dimensions\":{\"usrid\":[3, 7]}}\n"
         );
     }
 

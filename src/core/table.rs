@@ -154,12 +154,27 @@ impl Values for Vec<Option<&[u8]>> {
 pub struct Request<'r, V: Values + ?Sized = [Option<&'r [u8]>]> {
     pub values: &'r V,
     pub ip: Option<IpKey>,
+    /// Monotonic time (buckets, concurrency).
     pub now_ns: u64,
+    /// Wall-clock time (blacklist expiry; fixed and sliding windows, which
+    /// are aligned to UTC).
     pub now_unix_ms: u64,
     /// Location-level dry run: count and report, never reject or delay.
     pub dry_run: bool,
     /// Compute the tightest quota (for `RateLimit-*` headers).
     pub quota: bool,
+}
+
+impl<V: Values + ?Sized> Request<'_, V> {
+    /// Both clocks for admission: buckets on `now_ns`, windows on the wall
+    /// clock (see [`admit::Now`]).
+    #[inline]
+    fn now(&self) -> admit::Now {
+        admit::Now {
+            mono_ns: self.now_ns,
+            wall_ns: self.now_unix_ms.saturating_mul(1_000_000),
+        }
+    }
 }
 
 /// The outcome for one request.
@@ -515,10 +530,10 @@ impl Table {
         if let [si] = *matched {
             // The common case, without the lists below.
             let Some(hit) = self.strategies[si as usize].hit(&slots) else {
-                return Outcome::Limited(admit::admit_with(&[], r.now_ns, r.dry_run, r.quota));
+                return Outcome::Limited(admit::admit_with(&[], r.now(), r.dry_run, r.quota));
             };
             let decision =
-                admit::admit_with(std::slice::from_ref(&hit), r.now_ns, r.dry_run, r.quota);
+                admit::admit_with(std::slice::from_ref(&hit), r.now(), r.dry_run, r.quota);
             if holds(&hit, &decision) {
                 held.push(si);
                 map.hold_unit(hit_slot(&self.strategies[si as usize]), hit.generation);
@@ -547,7 +562,7 @@ impl Table {
                 hit_index.push(si);
             }
         }
-        let decision = admit::admit_with(&hits, r.now_ns, r.dry_run, r.quota);
+        let decision = admit::admit_with(&hits, r.now(), r.dry_run, r.quota);
         for (h, &si) in hits.iter().zip(&hit_index) {
             if holds(h, &decision) {
                 held.push(si);

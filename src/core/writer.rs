@@ -46,24 +46,6 @@ struct Plan {
     now_ms: u64,
 }
 
-/// Why [`Writer::plan`] did not produce a plan.
-enum Refusal {
-    /// The publish cannot be made: the error says why.
-    Refused(ShmError),
-    /// It fits once the slots of the strategies it removes are free:
-    /// publish `kept` first, then refuse with `refused` (retried later).
-    RemovalsFirst {
-        kept: Vec<Strategy>,
-        refused: ShmError,
-    },
-}
-
-impl From<ShmError> for Refusal {
-    fn from(e: ShmError) -> Refusal {
-        Refusal::Refused(e)
-    }
-}
-
 /// What a publish did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PublishReport {
@@ -73,6 +55,9 @@ pub struct PublishReport {
     pub freed_slots: usize,
     pub blacklist_entries: usize,
     pub payload_bytes: usize,
+    /// Strategies left out of this publish by [`Writer::publish_staged`]
+    /// until the slots it freed may be reused; 0 for a complete publish.
+    pub deferred: usize,
 }
 
 /// How the writer came by its file.
@@ -562,11 +547,48 @@ impl Writer {
     /// Publishes `strategies` (rates already local to this host) and the
     /// full blacklist. Nothing in the file changes unless the whole publish
     /// fits: invalid strategies, duplicate ids and exceeded capacities are
-    /// errors and the previous table stays active. One exception: when new
-    /// strategies lack free slots only because the slots of strategies this
-    /// publish removes are not free yet, the removals are published first
-    /// (under the previous config version) so that their quarantine starts,
-    /// and the call is refused; the same publish fits once it ends.
+    /// errors and the previous table stays active.
+    /// [`publish`](Self::publish), and when the table fits the capacity
+    /// but not the slots free right now (the slots of the strategies it
+    /// replaces are still in use or in their 2 s quarantine — e.g. a
+    /// replace-import of a full table), publish it in stages: now the
+    /// strategies that keep their slots plus as many new ones as slots are
+    /// free (which frees the replaced ones), the rest once the freed slots
+    /// may be reused. The report's `deferred` counts what is left for a
+    /// later call with the same table (2 s on); 0 when complete.
+    pub fn publish_staged(
+        &mut self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let free = match self.publish(strategies, blacklist, config_version) {
+            Err(ShmError::SlotsBusy { free, .. }) => free as usize,
+            other => return other,
+        };
+        let mut first: Vec<Strategy> = Vec::with_capacity(strategies.len());
+        let mut new = 0;
+        let mut by_id: Vec<&Strategy> = strategies.iter().collect();
+        by_id.sort_by_key(|s| s.id);
+        for s in by_id {
+            let keeps = self
+                .assigned
+                .get(&s.id)
+                .is_some_and(|a| a.algorithm == s.algorithm);
+            if keeps || new < free {
+                new += usize::from(!keeps);
+                first.push(s.clone());
+            }
+        }
+        let mut report = self.publish(&first, blacklist, config_version)?;
+        report.deferred = strategies.len() - first.len();
+        Ok(report)
+    }
+
+    /// Publishes `strategies` (rates already local to this host) and the
+    /// full blacklist. Nothing in the file changes unless the whole publish
+    /// fits: invalid strategies, duplicate ids and exceeded capacities are
+    /// errors and the previous table stays active.
     pub fn publish(
         &mut self,
         strategies: &[Strategy],
@@ -574,23 +596,17 @@ impl Writer {
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
         self.ensure_whole()?;
-        match self.plan(strategies, blacklist) {
-            Ok(plan) => self.apply(plan, blacklist, config_version),
-            Err(Refusal::Refused(e)) => Err(e),
-            Err(Refusal::RemovalsFirst { kept, refused }) => {
-                // Publish the removals now (the kept strategies, under the
-                // previous config version) so that the quarantine of their
-                // slots starts; the caller's retry then fits.
-                let previous = self.map.header().load(H_CONFIG_VERSION);
-                self.publish(&kept, blacklist, previous)?;
-                Err(refused)
-            }
-        }
+        let plan = self.plan(strategies, blacklist)?;
+        self.apply(plan, blacklist, config_version)
     }
 
     /// Step 1 of a publish: validates the strategies, checks every
     /// capacity, assigns slots and encodes the payload. No side effects.
-    fn plan(&self, strategies: &[Strategy], blacklist: &[BlacklistEntry]) -> Result<Plan, Refusal> {
+    fn plan(
+        &self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistEntry],
+    ) -> Result<Plan, ShmError> {
         let g = self.map.geometry;
         let now_ms = shm::unix_ms();
         let mut list: Vec<Strategy> = Vec::with_capacity(strategies.len());
@@ -602,15 +618,14 @@ impl Writer {
         }
         list.sort_by_key(|s| s.id);
         if let Some(w) = list.windows(2).find(|w| w[0].id == w[1].id) {
-            return Err(ShmError::DuplicateId(w[0].id).into());
+            return Err(ShmError::DuplicateId(w[0].id));
         }
         if list.len() > g.slot_count as usize {
             return Err(ShmError::Capacity {
                 what: "max strategies",
                 limit: g.slot_count as u64,
                 needed: list.len() as u64,
-            }
-            .into());
+            });
         }
         let mut dims: Vec<&str> = Vec::new();
         let mut bl_dims: Vec<String> = Vec::new();
@@ -636,8 +651,7 @@ impl Writer {
                 what: "dimensions per table",
                 limit: MAX_TABLE_DIMENSIONS as u64,
                 needed: all_dims as u64,
-            }
-            .into());
+            });
         }
         // Slot plan.
         let slots = self.map.slots();
@@ -679,24 +693,29 @@ impl Writer {
             candidate += 1;
         }
         if free.len() < fresh.len() {
-            // At capacity, strategies removed by this publish hold slots
-            // that the new ones need, but a freed slot waits out its
-            // quarantine first: `publish` publishes the removals first.
-            let refused = ShmError::Capacity {
-                what: "free stat slots (freed slots wait 2 s before reuse)",
+            // Count every free slot (not just the ones needed) and the ones
+            // that will be: freed by this publish or in quarantine.
+            let free_now = (0..g.slot_count)
+                .filter(|&c| {
+                    !keep.contains(&c)
+                        && !self.slot_in_use(c)
+                        && Slot::at(&slots, c).is_some_and(|s| {
+                            let freed = s.freed_at().load(Ordering::Relaxed);
+                            freed == 0 || now_ms.saturating_sub(freed) >= SLOT_QUARANTINE_MS
+                        })
+                })
+                .count() as u64;
+            // Every other slot is kept by this table, or in use by a
+            // strategy it drops, or in quarantine.
+            let waiting = (g.slot_count as u64)
+                .saturating_sub(free_now)
+                .saturating_sub(keep.len() as u64);
+            return Err(ShmError::SlotsBusy {
+                needed: fresh.len() as u64,
+                free: free_now,
+                waiting,
                 limit: g.slot_count as u64,
-                needed: (keep.len() + fresh.len()) as u64,
-            };
-            let ids: std::collections::HashSet<u32> = plan.iter().map(|p| p.strategy.id).collect();
-            if self.assigned.keys().any(|id| !ids.contains(id)) {
-                let kept: Vec<Strategy> = plan
-                    .iter()
-                    .filter(|p| p.slot != u32::MAX)
-                    .map(|p| p.strategy.clone())
-                    .collect();
-                return Err(Refusal::RemovalsFirst { kept, refused });
-            }
-            return Err(refused.into());
+            });
         }
         for (&i, &slot) in fresh.iter().zip(&free) {
             let gen = Slot::at(&slots, slot)
@@ -713,8 +732,7 @@ impl Writer {
                 what: "segment bytes",
                 limit: segment::capacity_bytes(g.seg_len),
                 needed: payload.len() as u64,
-            }
-            .into());
+            });
         }
         Ok(Plan {
             published: plan,
@@ -800,6 +818,7 @@ impl Writer {
             freed_slots: freed,
             blacklist_entries: bl_report.entries,
             payload_bytes: payload.len(),
+            deferred: 0,
         })
     }
 }

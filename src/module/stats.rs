@@ -42,7 +42,9 @@ fn serve(r: &mut Request) -> Status {
     let log = r.log();
     let Some(stats) = with_worker(mc, |w| {
         w.refresh(mc, now_ns, log);
-        snapshot(&w.engine)
+        let mut s = snapshot(&w.engine);
+        s.undefined_dimensions = w.undefined.clone();
+        s
     }) else {
         return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     };

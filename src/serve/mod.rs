@@ -13,6 +13,7 @@ pub mod blacklist;
 pub mod body;
 pub mod error;
 pub mod hosts;
+mod input;
 pub mod openapi;
 pub mod snapshot;
 pub mod stats;
@@ -202,6 +203,7 @@ pub fn router(state: Shared) -> Router {
         .route("/{file}", get(page_asset))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(axum::middleware::from_fn(input::check))
         .with_state(state)
 }
 

@@ -110,7 +110,9 @@ impl From<ModelError> for Invalid {
                 Field::Condition(*index),
                 format!("conditions[{index}].dimension"),
             ),
-            E::BadValueLength { index, .. } | E::BadIp { index, .. } => (
+            E::BadValueLength { index, .. }
+            | E::BadIp { index, .. }
+            | E::ControlCharacter { index, .. } => (
                 Field::Condition(*index),
                 format!("conditions[{index}].value"),
             ),

@@ -231,7 +231,13 @@ impl StrategyRecord {
                          or max_delay_ms (delay after dry run), not both",
                     ));
                 }
-                Ok(Action::DryRun)
+                // A kept delay cap is published: a dry run then queues as
+                // the delay would (and reports DRY_RUN_DELAYED) instead of
+                // reporting rejections enforcement would not make.
+                Ok(match self.max_delay_ms {
+                    Some(max_delay_ms) => Action::DryRunDelay { max_delay_ms },
+                    None => Action::DryRun,
+                })
             }
         }
     }
@@ -354,6 +360,20 @@ impl BlacklistRecord {
                 ),
             ));
         }
+        if self.value.chars().any(char::is_control) {
+            return Err(Invalid::new(
+                Field::Value,
+                "value",
+                "must not contain control characters",
+            ));
+        }
+        if self.reason.chars().any(char::is_control) {
+            return Err(Invalid::new(
+                Field::Reason,
+                "reason",
+                "must not contain control characters",
+            ));
+        }
         if self.dimension == "ip" {
             self.value = canonical_ip(self.value.as_bytes()).ok_or_else(|| {
                 Invalid::new(
@@ -438,14 +458,17 @@ mod tests {
 
     #[test]
     fn dry_run_keeps_the_enforcing_action_and_publishes_as_dry_run() {
-        // A delay strategy in dry run keeps its cap; it publishes as DryRun
-        // and goes back to delay.
+        // A delay strategy in dry run keeps its cap; it publishes as a dry
+        // run of that delay and goes back to delay.
         let mut r = rec();
         r.algorithm = Algorithm::LeakyBucket;
         r.action = ActionKind::DryRun;
         r.max_delay_ms = Some(500);
         r.validate().unwrap();
-        assert_eq!(r.to_core(r.rate, r.burst).unwrap().action, Action::DryRun);
+        assert_eq!(
+            r.to_core(r.rate, r.burst).unwrap().action,
+            Action::DryRunDelay { max_delay_ms: 500 }
+        );
         assert_eq!(r.enforcing_action(), ActionKind::Delay);
         // A reject strategy in dry run keeps its status.
         let mut r = rec();

@@ -146,8 +146,28 @@ impl Store {
 
     /// Deletes a strategy; returns the new version.
     pub async fn delete_strategy(&self, id: u32, who: &str) -> Result<u64> {
+        self.delete_strategy_at(id, None, who).await
+    }
+
+    /// Deletes a strategy if its stored version is still `expected` (when
+    /// given, else `Conflict`: someone changed it since the caller read
+    /// it); returns the new version.
+    pub async fn delete_strategy_at(
+        &self,
+        id: u32,
+        expected: Option<u64>,
+        who: &str,
+    ) -> Result<u64> {
         let (mut tx, version) = self.begin_change().await?;
         let before = strategy_in_tx(&mut tx, id).await?;
+        if let (Some(exp), Some(b)) = (expected, &before) {
+            let cur = b["version"].as_u64().unwrap_or(0);
+            if cur != exp {
+                return Err(StoreError::Conflict(format!(
+                    "version: strategy {id} was changed at version {cur}; you deleted version {exp}"
+                )));
+            }
+        }
         let res = sqlx::query("DELETE FROM strategies WHERE id = ?")
             .bind(id as i64)
             .execute(&mut *tx)
