@@ -19,6 +19,8 @@ pub fn flag_for_field(message: &str) -> &'static str {
         "action" => "--action",
         "name" => "--name",
         "scope" => "--scope",
+        "warm_up_ms" => "--warm-up",
+        "cold_factor" => "--cold-factor",
         "id" => "ID",
         "dimension" => "--dimension",
         "value" => "--value",

@@ -243,6 +243,12 @@ struct StrategyAdd {
     /// Longest wait for delay, in ms.
     #[arg(long)]
     max_delay_ms: Option<u32>,
+    /// warm_up: time from cold to the full rate (1s … 1h), e.g. 30s.
+    #[arg(long = "warm-up", value_name = "DURATION", value_parser = parse_warm_up)]
+    warm_up: Option<u32>,
+    /// warm_up: the cold interval is this × 1/rate (2 … 10, default 3).
+    #[arg(long)]
+    cold_factor: Option<u8>,
     /// cluster: the rate is for the whole fleet; each host enforces
     /// ceil(rate × its weight / Σ weights of hosts with a fresh heartbeat),
     /// at least 1 (token-bucket burst split alike). host: per host as written.
@@ -279,6 +285,12 @@ struct StrategyUpdate {
     status: Option<u16>,
     #[arg(long)]
     max_delay_ms: Option<u32>,
+    /// warm_up: time from cold to the full rate (1s … 1h).
+    #[arg(long = "warm-up", value_name = "DURATION", value_parser = parse_warm_up)]
+    warm_up: Option<u32>,
+    /// warm_up: cold factor (2 … 10).
+    #[arg(long)]
+    cold_factor: Option<u8>,
     #[arg(long, value_parser = parse_scope)]
     scope: Option<Scope>,
     #[arg(long, conflicts_with = "disable")]
@@ -290,6 +302,11 @@ struct StrategyUpdate {
 fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     s.parse()
         .map_err(|e: rate_ctl::core::model::ModelError| e.to_string())
+}
+/// `--warm-up`: a duration in ms (the range is the model's check).
+fn parse_warm_up(s: &str) -> Result<u32, String> {
+    let ms = parse_duration_ms(s)?;
+    u32::try_from(ms).map_err(|_| format!("warm_up_ms: {ms} ms is more than 1 hour"))
 }
 fn parse_unit(s: &str) -> Result<Unit, String> {
     s.parse()
@@ -513,6 +530,8 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 max_delay_ms: a.max_delay_ms,
                 enabled: !a.disabled,
                 scope: a.scope,
+                warm_up_ms: a.warm_up,
+                cold_factor: a.cold_factor,
                 created_ms: 0,
                 updated_ms: 0,
                 version: 0,
@@ -546,7 +565,17 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 rec.conditions.clear();
             }
             if let Some(a) = u.algorithm {
+                if a != Algorithm::WarmUp {
+                    rec.warm_up_ms = None;
+                    rec.cold_factor = None;
+                }
                 rec.algorithm = a;
+            }
+            if let Some(w) = u.warm_up {
+                rec.warm_up_ms = Some(w);
+            }
+            if let Some(c) = u.cold_factor {
+                rec.cold_factor = Some(c);
             }
             if let Some(r) = u.rate {
                 rec.rate = r;

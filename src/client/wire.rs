@@ -21,6 +21,8 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
         "max_delay_ms": r.max_delay_ms,
         "enabled": r.enabled,
         "scope": r.scope.as_str(),
+        "warm_up_ms": r.warm_up_ms,
+        "cold_factor": r.cold_factor,
         "version": r.version,
         "created_at": r.created_ms,
         "updated_at": r.updated_ms,

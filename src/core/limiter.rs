@@ -105,6 +105,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::model::{Action, Algorithm, Strategy, MAX_WINDOW_COUNT};
 use super::slot::Slot;
+use super::warm_up::{self, WarmUpParams};
 
 /// How far beyond its legitimate horizon a state word may lie before it is
 /// taken as foreign (garbage, another clock) and replaced. See the module
@@ -143,6 +144,8 @@ enum Params {
     Concurrency {
         limit: u64,
     },
+    /// `warm_up` (src/core/warm_up.rs).
+    WarmUp(WarmUpParams),
 }
 
 /// Result of [`Limiter::acquire`].
@@ -189,7 +192,7 @@ pub struct Quota {
 }
 
 impl Quota {
-    fn new(limit: u64, remaining: u64, reset_ns: u64) -> Quota {
+    pub(crate) fn new(limit: u64, remaining: u64, reset_ns: u64) -> Quota {
         let remaining = remaining.min(limit);
         let reset_ns = if remaining == 0 {
             reset_ns.max(1)
@@ -201,6 +204,22 @@ impl Quota {
             remaining,
             reset_ns,
         }
+    }
+}
+
+impl Reservation {
+    /// A reservation from its words (limiters in other files).
+    pub(crate) fn raw(wait_ns: u64, token: u64, prev: u64) -> Reservation {
+        Reservation {
+            wait_ns,
+            token,
+            prev,
+        }
+    }
+
+    /// The word written and the word replaced.
+    pub(crate) fn raw_words(&self) -> (u64, u64) {
+        (self.token, self.prev)
     }
 }
 
@@ -327,12 +346,7 @@ impl Limiter {
                 };
                 let interval = s.interval_ns().clamp(1, u64::MAX / 4);
                 let tau = interval.saturating_mul(burst).min(u64::MAX / 4);
-                let max_delay = match s.action {
-                    Action::Delay { max_delay_ms } => {
-                        (max_delay_ms as u64).saturating_mul(1_000_000)
-                    }
-                    _ => 0,
-                };
+                let max_delay = max_delay_ns(s.action);
                 Params::Gcra {
                     interval,
                     tau,
@@ -346,6 +360,12 @@ impl Limiter {
             Algorithm::Concurrency => Params::Concurrency {
                 limit: s.rate.min(MAX_WINDOW_COUNT),
             },
+            Algorithm::WarmUp => Params::WarmUp(WarmUpParams::new(
+                s.interval_ns(),
+                s.warm_up.cold_factor,
+                s.warm_up.period_ms,
+                max_delay_ns(s.action),
+            )),
         };
         Limiter {
             algorithm: s.algorithm,
@@ -376,6 +396,7 @@ impl Limiter {
                 }
             }
             Params::Concurrency { limit } => concurrency_acquire(slot.state0(), limit),
+            Params::WarmUp(p) => warm_up::acquire(&p, slot, now_ns),
         }
     }
 
@@ -395,6 +416,7 @@ impl Limiter {
                 window_refund(word, r);
             }
             Params::Concurrency { .. } => concurrency_release(slot.state0()),
+            Params::WarmUp(p) => warm_up::refund(&p, slot, r),
         }
     }
 
@@ -471,7 +493,16 @@ impl Limiter {
                 };
                 Quota::new(limit, remaining, reset)
             }
+            Params::WarmUp(p) => warm_up::quota(&p, slot, now),
         }
+    }
+}
+
+/// The `delay` action's cap in ns (0 for other actions).
+fn max_delay_ns(action: Action) -> u64 {
+    match action {
+        Action::Delay { max_delay_ms } => (max_delay_ms as u64).saturating_mul(1_000_000),
+        _ => 0,
     }
 }
 

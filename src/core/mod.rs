@@ -14,4 +14,5 @@ pub mod shm;
 pub mod slot;
 pub mod table;
 pub mod value_map;
+pub mod warm_up;
 pub mod writer;

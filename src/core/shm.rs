@@ -20,7 +20,7 @@ use super::slot::SLOT_SIZE;
 /// `"RATECTL\0"` read as a little-endian u64.
 pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// Version of the whole layout (header, segments, slots, blacklist).
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;

@@ -112,7 +112,7 @@ pub struct Store {
 }
 
 const STRATEGY_COLUMNS: &str = "id, name, conditions, algorithm, rate, per, burst, action, \
-     status, max_delay_ms, enabled, scope, created_ms, updated_ms, version";
+     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
 
 impl Store {
     /// Connects to `url` (`sqlite:PATH` or `mysql://…`), creating an SQLite
@@ -168,7 +168,11 @@ impl Store {
             // Every statement is idempotent (IF NOT EXISTS / insert-ignore), so
             // two processes migrating one fresh MariaDB at once both succeed.
             for stmt in m.statements(self.dialect) {
-                sqlx::query(&stmt).execute(&self.pool).await?;
+                if let Err(e) = sqlx::query(&stmt).execute(&self.pool).await {
+                    if !schema::is_duplicate_column(&e.to_string()) {
+                        return Err(e.into());
+                    }
+                }
             }
             let r = sqlx::query(
                 "INSERT INTO schema_migrations (version, description, applied_ms) VALUES (?, ?, ?)",
@@ -239,7 +243,7 @@ impl Store {
         rec.version = version;
         let sql = format!(
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
-            placeholders(14)
+            placeholders(16)
         );
         bind_strategy(sqlx::query(&sql), &rec)
             .execute(&mut *tx)
@@ -313,7 +317,7 @@ impl Store {
             sqlx::query(
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
-                 updated_ms = ?, version = ? WHERE id = ?",
+                 warm_up_ms = ?, cold_factor = ?, updated_ms = ?, version = ? WHERE id = ?",
             ),
             &rec,
         )
@@ -468,7 +472,7 @@ impl Store {
             let sql = format!(
                 "INSERT INTO strategies (id, {}) VALUES {}",
                 INSERT_COLUMNS,
-                vec![format!("(?, {})", placeholders(14)); chunk.len()].join(", ")
+                vec![format!("(?, {})", placeholders(16)); chunk.len()].join(", ")
             );
             let mut q = sqlx::query(&sql);
             for r in chunk {
@@ -480,7 +484,7 @@ impl Store {
             let sql = format!(
                 "INSERT INTO strategies ({}) VALUES {}",
                 INSERT_COLUMNS,
-                vec![format!("({})", placeholders(14)); chunk.len()].join(", ")
+                vec![format!("({})", placeholders(16)); chunk.len()].join(", ")
             );
             let mut q = sqlx::query(&sql);
             for r in chunk {
@@ -982,7 +986,7 @@ async fn ensure_name_free(
 }
 
 const INSERT_COLUMNS: &str = "name, conditions, algorithm, rate, per, burst, action, status, \
-     max_delay_ms, enabled, scope, created_ms, updated_ms, version";
+     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
 
 fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -990,7 +994,7 @@ fn placeholders(n: usize) -> String {
 
 type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 14 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 16 columns of [`INSERT_COLUMNS`] in order.
 fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
@@ -998,7 +1002,7 @@ fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
         .bind(r.version as i64)
 }
 
-/// Binds the 11 columns `name` to `scope` of [`INSERT_COLUMNS`] in order.
+/// Binds the 13 columns `name` to `cold_factor` of [`INSERT_COLUMNS`] in order.
 fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     let conditions: Vec<[&str; 2]> = r
         .conditions
@@ -1016,6 +1020,8 @@ fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
         .bind(r.max_delay_ms.map(|m| m as i64))
         .bind(r.enabled as i64)
         .bind(r.scope.as_str())
+        .bind(r.warm_up_ms.map(|m| m as i64))
+        .bind(r.cold_factor.map(|c| c as i64))
 }
 
 fn split_rows(rows: &[AnyRow]) -> (Vec<StrategyRecord>, Vec<BadRow>) {
@@ -1099,6 +1105,14 @@ fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
             v => return Err(bad(format!("enabled: {v} is neither 0 nor 1"))),
         },
         scope: get_s("scope")?.parse().map_err(bad)?,
+        warm_up_ms: match get_oi("warm_up_ms")? {
+            Some(s) => Some(in_range("warm_up_ms", s, u32::MAX as u64)? as u32),
+            None => None,
+        },
+        cold_factor: match get_oi("cold_factor")? {
+            Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
+            None => None,
+        },
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
         version: get_i("version")?.max(0) as u64,

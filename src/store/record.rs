@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use rate_ctl::core::model::{
     canonical_ip, valid_dimension_name, Action, Algorithm, Condition, ModelError, Strategy, Unit,
-    MAX_VALUE_LEN,
+    WarmUp, DEFAULT_COLD_FACTOR, MAX_VALUE_LEN,
 };
 
 /// Longest strategy name, in bytes.
@@ -125,6 +125,13 @@ pub struct StrategyRecord {
     pub enabled: bool,
     #[serde(default = "default_scope")]
     pub scope: Scope,
+    /// `warm_up` only: time from cold to the full rate (1 s … 1 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_up_ms: Option<u32>,
+    /// `warm_up` only: cold interval = cold_factor × 1/rate (2 … 10;
+    /// validation fills in 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_factor: Option<u8>,
     /// Unix ms; set by the store.
     #[serde(default)]
     pub created_ms: u64,
@@ -244,6 +251,32 @@ impl StrategyRecord {
             burst,
             action: self.core_action()?,
             enabled: self.enabled,
+            warm_up: self.core_warm_up()?,
+        })
+    }
+
+    /// The core warm-up: required for `warm_up`, refused for the others.
+    fn core_warm_up(&self) -> Result<WarmUp, String> {
+        if self.algorithm != Algorithm::WarmUp {
+            if self.warm_up_ms.is_some() {
+                return Err(format!(
+                    "warm_up_ms: only for algorithm warm_up, not {}",
+                    self.algorithm
+                ));
+            }
+            if self.cold_factor.is_some() {
+                return Err(format!(
+                    "cold_factor: only for algorithm warm_up, not {}",
+                    self.algorithm
+                ));
+            }
+            return Ok(WarmUp::NONE);
+        }
+        Ok(WarmUp {
+            period_ms: self
+                .warm_up_ms
+                .ok_or_else(|| String::from("warm_up_ms: required for algorithm warm_up"))?,
+            cold_factor: self.cold_factor.unwrap_or(DEFAULT_COLD_FACTOR),
         })
     }
 
@@ -259,8 +292,11 @@ impl StrategyRecord {
             return Err("name: must not contain control characters".into());
         }
         self.name = name.to_string();
-        if self.algorithm == Algorithm::LeakyBucket {
+        if matches!(self.algorithm, Algorithm::LeakyBucket | Algorithm::WarmUp) {
             self.burst = 1;
+        }
+        if self.algorithm == Algorithm::WarmUp && self.cold_factor.is_none() {
+            self.cold_factor = Some(DEFAULT_COLD_FACTOR);
         }
         let mut core = self.to_core(self.rate, self.burst)?;
         let dry_run = self.action == ActionKind::DryRun;
@@ -272,7 +308,7 @@ impl StrategyRecord {
         }
         core.validate().map_err(|e| match e {
             ModelError::DelayNeedsBucket(a) if dry_run => format!(
-                "max_delay_ms: delay after dry run needs token_bucket or leaky_bucket, not {a}"
+                "max_delay_ms: delay after dry run needs token_bucket, leaky_bucket or warm_up, not {a}"
             ),
             e => e.to_string(),
         })?;
