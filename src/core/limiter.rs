@@ -189,6 +189,9 @@ pub struct Quota {
     /// fixed window: time until the window ends. Never 0 when `remaining`
     /// is 0.
     pub reset_ns: u64,
+    /// The period the limit is counted over (`RateLimit-Policy`'s `w`):
+    /// buckets: burst × interval; windows: the period; concurrency: 0.
+    pub window_ns: u64,
 }
 
 impl Quota {
@@ -203,6 +206,7 @@ impl Quota {
             limit,
             remaining,
             reset_ns,
+            window_ns: 0,
         }
     }
 }
@@ -450,6 +454,17 @@ impl Limiter {
 
     /// Quota as seen at `now_ns` (for `RateLimit-*` headers). Read-only.
     pub fn quota(&self, slot: &Slot, now_ns: u64) -> Quota {
+        let mut q = self.quota_now(slot, now_ns);
+        q.window_ns = match self.params {
+            Params::Gcra { tau, .. } => tau,
+            Params::Window { period, .. } => period,
+            Params::Concurrency { .. } => 0,
+            Params::WarmUp(p) => p.stable,
+        };
+        q
+    }
+
+    fn quota_now(&self, slot: &Slot, now_ns: u64) -> Quota {
         let now = now_ns;
         match self.params {
             Params::Gcra { interval, tau, .. } => {
@@ -739,6 +754,13 @@ mod tests {
         let region = local.region();
         let slot = Slot::at(&region, 0).unwrap();
         f(&slot)
+    }
+
+    impl Quota {
+        fn no_window(mut self) -> Quota {
+            self.window_ns = 0;
+            self
+        }
     }
 
     fn admitted(l: &Limiter, slot: &Slot, now: u64) -> bool {
@@ -1126,30 +1148,33 @@ mod tests {
             let l = limiter(Algorithm::TokenBucket, 10, Unit::Second, 3, REJECT);
             let now = 50 * S;
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 3,
                     remaining: 3,
-                    reset_ns: 0
+                    reset_ns: 0,
+                    window_ns: 0
                 }
             );
             assert!(admitted(&l, slot, now));
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 3,
                     remaining: 2,
-                    reset_ns: 100 * MS
+                    reset_ns: 100 * MS,
+                    window_ns: 0
                 }
             );
             assert!(admitted(&l, slot, now));
             assert!(admitted(&l, slot, now));
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 3,
                     remaining: 0,
-                    reset_ns: 300 * MS
+                    reset_ns: 300 * MS,
+                    window_ns: 0
                 }
             );
         });
@@ -1157,21 +1182,23 @@ mod tests {
             let l = limiter(Algorithm::FixedWindow, 2, Unit::Minute, 0, REJECT);
             let now = 60 * S + 10 * S;
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 2,
                     remaining: 2,
-                    reset_ns: 50 * S
+                    reset_ns: 50 * S,
+                    window_ns: 0
                 }
             );
             assert!(admitted(&l, slot, now));
             assert!(admitted(&l, slot, now));
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 2,
                     remaining: 0,
-                    reset_ns: 50 * S
+                    reset_ns: 50 * S,
+                    window_ns: 0
                 }
             );
         });
@@ -1186,7 +1213,8 @@ mod tests {
                 Quota {
                     limit: 4,
                     remaining: 0,
-                    reset_ns: 1_500 * MS
+                    reset_ns: 1_500 * MS,
+                    window_ns: S
                 }
             );
             // Next window at 6.5 s: floor(4 × 0.5) = 2 used.
@@ -1195,7 +1223,8 @@ mod tests {
                 Quota {
                     limit: 4,
                     remaining: 2,
-                    reset_ns: 500 * MS
+                    reset_ns: 500 * MS,
+                    window_ns: S
                 }
             );
         });
@@ -1206,7 +1235,8 @@ mod tests {
                 Quota {
                     limit: 1,
                     remaining: 1,
-                    reset_ns: 0
+                    reset_ns: 0,
+                    window_ns: 0
                 }
             );
             assert!(admitted(&l, slot, 0));
@@ -1215,7 +1245,8 @@ mod tests {
                 Quota {
                     limit: 1,
                     remaining: 0,
-                    reset_ns: CONCURRENCY_RETRY_NS
+                    reset_ns: CONCURRENCY_RETRY_NS,
+                    window_ns: 0
                 }
             );
         });

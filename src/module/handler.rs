@@ -28,7 +28,7 @@ use super::variables::{self, Decided};
 use super::worker::{with_worker, Event, EventLog, Source, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
-use crate::core::limiter::Quota;
+use crate::core::headers::{rate_limit_headers, HeaderStyle};
 use crate::core::table::{IpKey, Outcome, Request as TableRequest, Table, Values};
 
 /// `$rate_ctl_status` values.
@@ -306,7 +306,7 @@ fn decide(
             now_ns,
             now_unix_ms: now_ms,
             dry_run: lc.dry_run(),
-            quota: lc.headers(),
+            quota: lc.headers() != HeaderStyle::Off,
         },
         &mut held,
         scratch,
@@ -371,9 +371,17 @@ fn act(
     if !record(r, mc, status, strategy, hold) {
         return error;
     }
-    // Computed only when `rate_ctl_headers` is on.
-    if let Some((_, q)) = d.tightest {
-        add_quota_headers(r, &q);
+    // `rate_ctl_headers` (the quota is computed only when it is not off).
+    let style = lc.headers();
+    if style != HeaderStyle::Off {
+        let retry = match d.verdict {
+            Admission::Reject { retry_after_ns, .. } => Some(retry_after_ns),
+            _ => None,
+        };
+        let (headers, n) = rate_limit_headers(style, d.tightest, retry);
+        for h in headers[..n].iter().flatten() {
+            add_header(r, h.name, h.value());
+        }
     }
     match d.verdict {
         Admission::Pass => {
@@ -382,15 +390,9 @@ fn act(
             }
             Status::NGX_DECLINED
         }
-        Admission::Reject {
-            id,
-            status,
-            retry_after_ns,
-        } => {
+        Admission::Reject { id, status, .. } => {
+            // Retry-After went out with the headers above.
             log_event(r, events, id, Event::Rejected, lc.log_level(), now_ms);
-            if lc.headers() {
-                add_header_num(r, "Retry-After", ceil_secs(retry_after_ns).max(1));
-            }
             Status(status.unwrap_or(lc.status()) as ngx_int_t)
         }
         Admission::Delay { id, wait_ns } => {
@@ -432,23 +434,6 @@ fn log_event(
     }
 }
 
-fn ceil_secs(ns: u64) -> u64 {
-    ns.div_ceil(1_000_000_000)
-}
-
-fn add_quota_headers(r: &mut Request, q: &Quota) {
-    add_header_num(r, "RateLimit-Limit", q.limit);
-    add_header_num(r, "RateLimit-Remaining", q.remaining);
-    let reset = ceil_secs(q.reset_ns);
-    // Never 0 while limited: a client told "reset in 0 s" would retry at once.
-    let reset = if q.remaining == 0 {
-        reset.max(1)
-    } else {
-        reset
-    };
-    add_header_num(r, "RateLimit-Reset", reset);
-}
-
 /// `n` in decimal, copied into the request pool (formatted on the stack:
 /// no heap); `None` if the pool is out of memory.
 pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t> {
@@ -466,11 +451,19 @@ pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t>
     Some(ngx::ffi::ngx_str_t { len, data })
 }
 
-/// Adds `name: n` to the response headers; the name is static, the value
-/// is formatted into the request pool.
-fn add_header_num(r: &mut Request, name: &'static str, n: u64) {
-    let Some(value) = number_in_pool(r, n) else {
+/// Adds `name: value` to the response headers; the name is static, the
+/// value is copied into the request pool.
+fn add_header(r: &mut Request, name: &'static str, value: &[u8]) {
+    // SAFETY: the request pool is live; we allocate `len` bytes from it.
+    let data = unsafe { ngx_pnalloc(r.pool().as_ptr(), value.len()) }.cast::<u8>();
+    if data.is_null() {
         return;
+    }
+    // SAFETY: data has room for value.len() bytes.
+    unsafe { ptr::copy_nonoverlapping(value.as_ptr(), data, value.len()) };
+    let value = ngx::ffi::ngx_str_t {
+        len: value.len(),
+        data,
     };
     let raw: &mut ngx_http_request_t = r.as_mut();
     // SAFETY: headers_out.headers is the request's initialised header list;
