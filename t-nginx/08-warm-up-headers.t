@@ -75,6 +75,7 @@ strategy id=4 algorithm=fixed_window rate=2 per=day when api=/draft/x
 strategy id=5 algorithm=fixed_window rate=5 per=day when api=/draft/two
 strategy id=6 algorithm=fixed_window rate=3 per=day when method=GET api=/draft/two
 strategy id=7 algorithm=warm_up rate=10 per=second warm_up_ms=1000 cold_factor=3 when api=/draft/cold
+strategy id=8 algorithm=warm_up rate=10 per=second warm_up_ms=10000 cold_factor=3 action=delay max_delay_ms=1000 when api=/slowstart
 T
     $n->start;
 
@@ -93,6 +94,14 @@ T
     ok($second_s >= 35 && $second_s <= 42, "warm_up: $second_s admitted in the first second (39.2 expected)");
     my $warm = between(2.5, 3.5, @ok);
     ok($warm >= 88 && $warm <= 101, "warm_up after 2 s: $warm admitted in a second (88..101)");
+
+    # delay on warm_up: cold, requests are queued about 300 ms apart (the
+    # cold interval, 3 x 1/rate), none refused within the 1 s cap.
+    my $t0 = time;
+    my @d = $n->codes('/slowstart', 3);
+    my $took = time - $t0;
+    is_deeply(\@d, [200, 200, 200], 'warm_up + delay: three requests all pass');
+    ok($took >= 0.55 && $took < 0.9, sprintf('warm_up + delay: queued about 2 x 300 ms (took %.2f s)', $took));
 
     # rate_ctl_headers on: the older draft's triple.
     my $r = $n->get('/on/x');
