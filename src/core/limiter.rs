@@ -383,8 +383,9 @@ impl Limiter {
 
     /// Tries to admit one request at `now_ns`. Inlined into the request
     /// path with the token bucket (the common algorithm); the others are
-    /// calls.
-    #[inline]
+    /// calls (`inline(always)`: with the sixth algorithm the compiler
+    /// stopped inlining it, 25 instructions more per request).
+    #[inline(always)]
     pub fn acquire(&self, slot: &Slot, now_ns: u64) -> Outcome {
         match self.params {
             Params::Gcra {
@@ -521,7 +522,7 @@ fn max_delay_ns(action: Action) -> u64 {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn gcra_acquire(w: &AtomicU64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Outcome {
     let horizon = tau.saturating_add(max_delay);
     let foreign_above = now.saturating_add(horizon).saturating_add(MAX_STALENESS_NS);

@@ -70,17 +70,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::limiter::{Outcome, Quota, Reservation, MAX_STALENESS_NS};
 use super::slot::Slot;
 
-/// Compiled `warm_up` parameters (all ns).
+/// Compiled `warm_up` parameters. 24 bytes, like the GCRA parameters, so
+/// that the limiter enum (and every compiled table entry) does not grow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WarmUpParams {
-    /// Stable interval `s`.
+    /// Stable interval `s`, ns.
     pub stable: u64,
-    /// Cold interval `c = cold_factor × s`.
-    pub cold: u64,
-    /// Warm-up period `W` (also the largest `D`).
-    pub period: u64,
-    /// Longest wait of the `delay` action (0 otherwise).
+    /// Longest wait of the `delay` action (0 otherwise), ns.
     pub max_delay: u64,
+    /// Warm-up period `W`, ms.
+    period_ms: u32,
+    cold_factor: u8,
 }
 
 /// The derived quantities of [`WarmUpParams`], in D-space (ns of idle time).
@@ -98,19 +98,28 @@ struct Curve {
 
 impl WarmUpParams {
     pub fn new(stable: u64, cold_factor: u8, period_ms: u32, max_delay: u64) -> WarmUpParams {
-        let stable = stable.clamp(1, u64::MAX / 64);
         WarmUpParams {
-            stable,
-            cold: stable.saturating_mul(cold_factor.max(1) as u64),
-            period: (period_ms.max(1) as u64) * 1_000_000,
+            stable: stable.clamp(1, u64::MAX / 64),
             max_delay: max_delay.min(u64::MAX / 4),
+            period_ms: period_ms.max(1),
+            cold_factor: cold_factor.max(1),
         }
+    }
+
+    /// Cold interval `c = cold_factor × s`, ns.
+    pub fn cold(&self) -> u64 {
+        self.stable.saturating_mul(self.cold_factor as u64)
+    }
+
+    /// Warm-up period `W` (also the largest `D`), ns.
+    pub fn period(&self) -> u64 {
+        self.period_ms as u64 * 1_000_000
     }
 
     fn curve(&self) -> Curve {
         let s = self.stable as f64;
-        let c = (self.cold as f64).max(s);
-        let w = self.period as f64;
+        let c = (self.cold() as f64).max(s);
+        let w = self.period() as f64;
         let threshold = w / (2.0 * s);
         let max_permits = threshold + 2.0 * w / (s + c);
         let cool = w / max_permits;
@@ -132,7 +141,7 @@ impl WarmUpParams {
     }
 
     fn horizon(&self) -> u64 {
-        self.cold.saturating_add(self.max_delay)
+        self.cold().saturating_add(self.max_delay)
     }
 }
 
@@ -176,15 +185,15 @@ pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Outcome {
         words[1].load(Ordering::Acquire),
     ];
     loop {
-        let (mut nf, mut d) = (cur[0], cur[1].min(p.period));
+        let (mut nf, mut d) = (cur[0], cur[1].min(p.period()));
         if nf > foreign_above {
             // Not written by this clock: a full queue and a cold bucket.
             nf = now.saturating_add(p.max_delay);
-            d = p.period;
+            d = p.period();
         }
         if now >= nf.saturating_add(p.stable) {
             // Idle for at least one interval: store permits, start from now.
-            d = d.saturating_add(now - nf).min(p.period);
+            d = d.saturating_add(now - nf).min(p.period());
             nf = now;
         }
         // Less late than one interval: a coarse clock (nginx's moves in
@@ -228,7 +237,7 @@ pub fn refund(p: &WarmUpParams, slot: &Slot, r: Reservation) {
         } else {
             cur[0].saturating_sub(cost)
         };
-        let d = cur[1].saturating_add(permit).min(p.period);
+        let d = cur[1].saturating_add(permit).min(p.period());
         match cas128(words[0], cur, [nf, d]) {
             Ok(()) => return,
             Err(actual) => cur = actual,
@@ -247,9 +256,9 @@ pub fn quota(_p: &WarmUpParams, slot: &Slot, now: u64) -> Quota {
 /// of the next permit. For tests and `shm inspect`-like tools.
 pub fn current_interval(p: &WarmUpParams, slot: &Slot, now: u64) -> u64 {
     let nf = slot.state0().load(Ordering::Acquire);
-    let mut d = slot.state1().load(Ordering::Acquire).min(p.period);
+    let mut d = slot.state1().load(Ordering::Acquire).min(p.period());
     if now >= nf.saturating_add(p.stable) {
-        d = d.saturating_add(now - nf).min(p.period);
+        d = d.saturating_add(now - nf).min(p.period());
     }
     p.curve().cost(d).0
 }

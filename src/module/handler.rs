@@ -378,10 +378,7 @@ fn act(
             Admission::Reject { retry_after_ns, .. } => Some(retry_after_ns),
             _ => None,
         };
-        let (headers, n) = rate_limit_headers(style, d.tightest, retry);
-        for h in headers[..n].iter().flatten() {
-            add_header(r, h.name, h.value());
-        }
+        add_rate_limit_headers(r, style, d.tightest, retry);
     }
     match d.verdict {
         Admission::Pass => {
@@ -449,6 +446,21 @@ pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t>
     // SAFETY: data has room for len bytes; buf holds them.
     unsafe { ptr::copy_nonoverlapping(buf.as_ptr(), data, len) };
     Some(ngx::ffi::ngx_str_t { len, data })
+}
+
+/// The `rate_ctl_headers` of this request (formatted by core::headers).
+/// Out of line: its header buffers stay off the handler's stack frame.
+#[inline(never)]
+fn add_rate_limit_headers(
+    r: &mut Request,
+    style: HeaderStyle,
+    tightest: Option<(u32, crate::core::limiter::Quota)>,
+    retry_after_ns: Option<u64>,
+) {
+    let (headers, n) = rate_limit_headers(style, tightest, retry_after_ns);
+    for h in headers[..n].iter().flatten() {
+        add_header(r, h.name, h.value());
+    }
 }
 
 /// Adds `name: value` to the response headers; the name is static, the
