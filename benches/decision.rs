@@ -62,6 +62,7 @@ fn strategies(n: u32) -> Vec<Strategy> {
                 burst: 1_000_000,
                 action: Action::Reject { status: None },
                 enabled: true,
+                warm_up: Default::default(),
             }
         })
         .collect()

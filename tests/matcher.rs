@@ -50,6 +50,7 @@ proptest! {
                         burst: 1,
                         action: Action::Reject { status: None },
                         enabled: !disabled[i],
+                        warm_up: Default::default(),
                     },
                     slot: i as u32,
                     generation: 1,

@@ -233,6 +233,12 @@ pub struct StrategyAdd {
     /// Longest wait for delay, in ms.
     #[arg(long)]
     pub max_delay_ms: Option<u32>,
+    /// warm_up: time from cold to the full rate (1s … 1h), e.g. 30s.
+    #[arg(long = "warm-up", value_name = "DURATION", value_parser = parse_warm_up)]
+    pub warm_up: Option<u32>,
+    /// warm_up: the cold interval is this × 1/rate (2 … 10, default 3).
+    #[arg(long)]
+    pub cold_factor: Option<u8>,
     /// cluster: the rate is for the whole fleet; each host enforces
     /// ceil(rate × its weight / Σ weights of hosts with a fresh heartbeat),
     /// at least 1 (token-bucket burst split alike). host: per host as written.
@@ -269,12 +275,24 @@ pub struct StrategyUpdate {
     pub status: Option<u16>,
     #[arg(long)]
     pub max_delay_ms: Option<u32>,
+    /// warm_up: time from cold to the full rate (1s … 1h).
+    #[arg(long = "warm-up", value_name = "DURATION", value_parser = parse_warm_up)]
+    pub warm_up: Option<u32>,
+    /// warm_up: cold factor (2 … 10).
+    #[arg(long)]
+    pub cold_factor: Option<u8>,
     #[arg(long, value_parser = parse_scope)]
     pub scope: Option<Scope>,
     #[arg(long, conflicts_with = "disable")]
     pub enable: bool,
     #[arg(long)]
     pub disable: bool,
+}
+
+/// `--warm-up`: a duration in ms (the range is the model's check).
+pub fn parse_warm_up(s: &str) -> Result<u32, BadValue> {
+    let ms = parse_duration_ms(s)?;
+    u32::try_from(ms).map_err(|_| BadValue::WarmUpTooLong(ms))
 }
 
 pub fn parse_algorithm(s: &str) -> Result<Algorithm, ModelError> {

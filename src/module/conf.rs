@@ -18,7 +18,7 @@ use ngx::http::{
 };
 use ngx::{ngx_conf_log_error, ngx_string};
 
-use super::parse::{self, LogLevel, ParseError, DEFAULT_SHM_PATH};
+use super::parse::{self, HeaderStyle, LogLevel, ParseError, DEFAULT_SHM_PATH};
 
 /// A `rate_ctl_dimension NAME VALUE;`.
 pub struct CustomDimension {
@@ -59,7 +59,7 @@ pub struct LocConf {
     pub blacklist_status: Option<u16>,
     pub dry_run: Option<bool>,
     pub log_level: Option<LogLevel>,
-    pub headers: Option<bool>,
+    pub headers: Option<HeaderStyle>,
 }
 
 impl LocConf {
@@ -78,8 +78,8 @@ impl LocConf {
     pub fn log_level(&self) -> LogLevel {
         self.log_level.unwrap_or(LogLevel::Error)
     }
-    pub fn headers(&self) -> bool {
-        self.headers.unwrap_or(false)
+    pub fn headers(&self) -> HeaderStyle {
+        self.headers.unwrap_or(HeaderStyle::Off)
     }
 }
 
@@ -159,7 +159,7 @@ pub static mut COMMANDS: [ngx_command_t; 10] = [
     ),
     command(
         ngx_string!("rate_ctl_headers"),
-        ANY_LEVEL | NGX_CONF_FLAG,
+        ANY_LEVEL | NGX_CONF_TAKE1,
         set_headers,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
@@ -289,7 +289,7 @@ loc_setters! {
         |v| parse::parse_status("rate_ctl_blacklist_status", v);
     "rate_ctl_dry_run" => set_dry_run: dry_run, |v| parse::parse_flag("rate_ctl_dry_run", v);
     "rate_ctl_log_level" => set_log_level: log_level, parse::parse_log_level;
-    "rate_ctl_headers" => set_headers: headers, |v| parse::parse_flag("rate_ctl_headers", v);
+    "rate_ctl_headers" => set_headers: headers, parse::parse_header_style;
 }
 
 extern "C" fn set_shm(

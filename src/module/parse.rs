@@ -5,6 +5,7 @@
 //! so `nginx -t` says exactly what is wrong. `conf.rs` reports the error once
 //! through `ngx_conf_log_error` and returns `NGX_CONF_ERROR`.
 
+pub use crate::core::headers::HeaderStyle;
 use crate::core::model::valid_dimension_name;
 
 /// Built-in dimensions, filled from the request without a directive.
@@ -30,6 +31,8 @@ pub enum ParseError {
     },
     #[error("invalid level \"{value}\" in \"rate_ctl_log_level\" directive, it must be \"info\", \"notice\", \"warn\" or \"error\"")]
     BadLogLevel { value: String },
+    #[error("invalid value \"{value}\" in \"rate_ctl_headers\" directive, it must be \"off\", \"on\", \"legacy\" or \"draft\"")]
+    BadHeaderStyle { value: String },
     #[error("invalid dimension name \"{value}\" in \"rate_ctl_dimension\" directive, it must match [a-z][a-z0-9_]* and be at most 32 bytes")]
     BadDimensionName { value: String },
     #[error("dimension \"{value}\" in \"rate_ctl_dimension\" directive is built in (ip, api, method, host) and cannot be redefined")]
@@ -117,6 +120,11 @@ pub fn parse_log_level(v: &[u8]) -> Result<LogLevel, ParseError> {
         b"error" => Ok(LogLevel::Error),
         _ => Err(ParseError::BadLogLevel { value: lossy(v) }),
     }
+}
+
+/// `rate_ctl_headers off | on | legacy | draft` (see core::headers).
+pub fn parse_header_style(v: &[u8]) -> Result<HeaderStyle, ParseError> {
+    HeaderStyle::parse(v).ok_or_else(|| ParseError::BadHeaderStyle { value: lossy(v) })
 }
 
 /// The name of a `rate_ctl_dimension`: a valid dimension name that is not

@@ -145,7 +145,11 @@ impl Store {
             // Every statement is idempotent (IF NOT EXISTS / insert-ignore), so
             // two processes migrating one fresh MariaDB at once both succeed.
             for stmt in m.statements(self.dialect) {
-                sqlx::query(&stmt).execute(&self.pool).await?;
+                if let Err(e) = sqlx::query(&stmt).execute(&self.pool).await {
+                    if !schema::is_duplicate_column(&e.to_string()) {
+                        return Err(e.into());
+                    }
+                }
             }
             let r = sqlx::query(
                 "INSERT INTO schema_migrations (version, description, applied_ms) VALUES (?, ?, ?)",

@@ -27,6 +27,14 @@ enum Step {
     Table(Table),
     /// Creates the row unless it exists (`INSERT OR IGNORE` / `INSERT IGNORE`).
     InsertIgnore(&'static str),
+    /// `ALTER TABLE t ADD COLUMN …`; the migration runner ignores a
+    /// "duplicate column" error (another process added it first).
+    AddColumn(&'static str, &'static str),
+}
+
+/// Is this error the one an `AddColumn` step gives when the column exists?
+pub fn is_duplicate_column(e: &str) -> bool {
+    e.to_ascii_lowercase().contains("duplicate column")
 }
 
 /// `CREATE TABLE IF NOT EXISTS`: `columns` may start a column with `{id}`,
@@ -49,6 +57,9 @@ impl Migration {
                     Dialect::MySql => format!("INSERT IGNORE {rest}"),
                 }),
                 Step::Table(t) => t.render(d, &mut out),
+                Step::AddColumn(table, column) => {
+                    out.push(format!("ALTER TABLE {table} ADD COLUMN {column}"))
+                }
             }
         }
         out
@@ -175,6 +186,14 @@ pub const MIGRATIONS: &[Migration] = &[
                     ("counter_samples_at", "at_ms"),
                 ],
             }),
+        ],
+    },
+    Migration {
+        version: 3,
+        description: "warm_up strategies: warm-up period and cold factor",
+        steps: &[
+            Step::AddColumn("strategies", "warm_up_ms BIGINT NULL"),
+            Step::AddColumn("strategies", "cold_factor BIGINT NULL"),
         ],
     },
 ];
