@@ -13,5 +13,6 @@ pub mod segment;
 pub mod shm;
 pub mod slot;
 pub mod table;
+pub mod tuple_map;
 pub mod value_map;
 pub mod writer;

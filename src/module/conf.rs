@@ -9,8 +9,8 @@ use std::ptr;
 use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_str_t, ngx_uint_t, NGX_CONF_FLAG, NGX_CONF_NOARGS,
-    NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_str_t, ngx_uint_t, NGX_CONF_FLAG,
+    NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
 };
 use ngx::http::{
@@ -23,8 +23,19 @@ use super::parse::{self, LogLevel, ParseError, DEFAULT_SHM_PATH};
 /// A `rate_ctl_dimension NAME VALUE;`.
 pub struct CustomDimension {
     pub name: String,
-    /// Compiled complex value, allocated from the configuration pool.
-    pub value: *mut ngx_http_complex_value_t,
+    /// How a request's value is read (see [`super::variables::dimension_value`]).
+    pub value: DimensionValue,
+}
+
+/// The binding of a custom dimension.
+#[derive(Clone, Copy)]
+pub enum DimensionValue {
+    /// The value is one variable (`$arg_user`): read by its index, the way
+    /// nginx's own modules read a key variable (no template, no copy).
+    Variable(usize),
+    /// Any other template: a compiled complex value, allocated from the
+    /// configuration pool.
+    Complex(*mut ngx_http_complex_value_t),
 }
 
 /// `http`-level configuration.
@@ -335,6 +346,24 @@ extern "C" fn set_dimension(
     if let Err(e) = parse::check_dimension_value(&name, bytes(&a[2])) {
         return fail(cf, e);
     }
+    if let Some(var) = parse::single_variable(bytes(&a[2])) {
+        let mut var = ngx_str_t {
+            len: var.len(),
+            data: var.as_ptr().cast_mut(),
+        };
+        // SAFETY: cf is the parser state; nginx copies the name. An
+        // unknown variable fails the configuration at postconfiguration
+        // ("unknown variable"), as in a template.
+        let index = unsafe { ngx_http_get_variable_index(cf, &mut var) };
+        let Ok(index) = usize::try_from(index) else {
+            return NGX_CONF_ERROR;
+        };
+        mc.dimensions.push(CustomDimension {
+            name,
+            value: DimensionValue::Variable(index),
+        });
+        return NGX_CONF_OK;
+    }
     // SAFETY: cf->pool is the configuration pool; it outlives the configuration.
     let cv = unsafe {
         ngx::ffi::ngx_pcalloc((*cf).pool, std::mem::size_of::<ngx_http_complex_value_t>())
@@ -353,7 +382,10 @@ extern "C" fn set_dimension(
     if unsafe { ngx_http_compile_complex_value(&mut ccv) } != Status::NGX_OK.0 {
         return NGX_CONF_ERROR;
     }
-    mc.dimensions.push(CustomDimension { name, value: cv });
+    mc.dimensions.push(CustomDimension {
+        name,
+        value: DimensionValue::Complex(cv),
+    });
     NGX_CONF_OK
 }
 

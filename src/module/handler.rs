@@ -268,11 +268,7 @@ impl Values for RequestValues<'_> {
                 .mc
                 .dimensions
                 .get(i)
-                // SAFETY: the complex value was compiled at configuration
-                // time from the configuration pool, which outlives requests.
-                .and_then(|d| self.r.get_complex_value(unsafe { &*d.value }))
-                .map(|s| s.as_bytes())
-                .filter(|b| !b.is_empty()),
+                .and_then(|d| variables::dimension_value(self.r, d)),
         }
     }
 }

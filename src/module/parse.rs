@@ -154,6 +154,21 @@ pub fn check_dimension_value(name: &str, v: &[u8]) -> Result<(), ParseError> {
     }
 }
 
+/// The variable name when a `rate_ctl_dimension` value is exactly one
+/// variable (`$arg_user`, `${http_x_user}`): such a dimension is read by
+/// the variable's index, without evaluating a template. Regex captures
+/// (`$1`) and anything with text around the variable are templates.
+pub fn single_variable(v: &[u8]) -> Option<&[u8]> {
+    let rest = v.strip_prefix(b"$")?;
+    let name = match rest.strip_prefix(b"{") {
+        Some(braced) => braced.strip_suffix(b"}")?,
+        None => rest,
+    };
+    let word = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
+    let first = *name.first()?;
+    (!first.is_ascii_digit() && name.iter().all(word)).then_some(name)
+}
+
 /// `rate_ctl_shm PATH`: an absolute path.
 pub fn parse_shm_path(v: &[u8]) -> Result<String, ParseError> {
     let bad = || ParseError::BadShmPath { value: lossy(v) };
@@ -167,6 +182,35 @@ pub fn parse_shm_path(v: &[u8]) -> Result<String, ParseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn single_variable_bindings() {
+        assert_eq!(single_variable(b"$arg_a"), Some(&b"arg_a"[..]));
+        assert_eq!(
+            single_variable(b"${http_x_user}"),
+            Some(&b"http_x_user"[..])
+        );
+        assert_eq!(single_variable(b"$Host_2"), Some(&b"Host_2"[..]));
+        for template in [
+            &b"$arg_a$arg_b"[..],
+            b"u-$arg_a",
+            b"$arg_a-x",
+            b"${arg_a}x",
+            b"${arg_a",
+            b"$1",
+            b"$",
+            b"${}",
+            b"arg_a",
+            b"$arg-a",
+        ] {
+            assert_eq!(
+                single_variable(template),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(template)
+            );
+        }
+    }
 
     #[test]
     fn flags() {

@@ -15,12 +15,14 @@
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_conf_t, ngx_http_add_variable, ngx_http_get_variable_index, ngx_http_request_t,
-    ngx_http_variable_value_t, ngx_str_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_HTTP_VAR_NOHASH,
+    ngx_conf_t, ngx_http_add_variable, ngx_http_get_flushed_variable, ngx_http_get_variable_index,
+    ngx_http_request_t, ngx_http_variable_value_t, ngx_str_t, NGX_HTTP_VAR_NOCACHEABLE,
+    NGX_HTTP_VAR_NOHASH,
 };
 use ngx::http::{HttpModuleMainConf, Request};
 use ngx::ngx_string;
 
+use super::conf::{CustomDimension, DimensionValue};
 use super::handler::{number_in_pool, ReqStatus};
 use super::RateCtlModule;
 
@@ -92,6 +94,42 @@ pub unsafe fn index_decision(cf: *mut ngx_conf_t) -> Status {
     };
     mc.decision_index = index;
     Status::NGX_OK
+}
+
+/// The request's value of a custom dimension (`rate_ctl_dimension`), not
+/// empty; `None` when absent. A single-variable binding is read through
+/// the variable's index (flushed, as a template reads it: a cacheable
+/// value evaluated earlier in the request is reused, a non-cacheable one
+/// such as `$arg_*` is evaluated again), in the request's variable array:
+/// nothing is copied or allocated. Other templates are evaluated (in the
+/// request pool).
+#[inline]
+pub fn dimension_value<'r>(r: &'r Request, d: &CustomDimension) -> Option<&'r [u8]> {
+    let bytes = match d.value {
+        DimensionValue::Variable(index) => {
+            let raw: *const ngx_http_request_t = r.as_ref();
+            // SAFETY: r is the live request; `index` was given by
+            // ngx_http_get_variable_index at configuration time (nginx
+            // checked at postconfiguration that the variable exists).
+            let v = unsafe { ngx_http_get_flushed_variable(raw.cast_mut(), index) };
+            if v.is_null() {
+                return None;
+            }
+            // SAFETY: a non-null result is the request's value slot, live
+            // with the request.
+            let v = unsafe { &*v };
+            if v.not_found() != 0 || v.data.is_null() {
+                return None;
+            }
+            // SAFETY: a found value points to `len` bytes that live with
+            // the request (its buffers or pool).
+            unsafe { std::slice::from_raw_parts(v.data, v.len() as usize) }
+        }
+        // SAFETY: the complex value was compiled at configuration time
+        // from the configuration pool, which outlives requests.
+        DimensionValue::Complex(cv) => r.get_complex_value(unsafe { &*cv })?.as_bytes(),
+    };
+    (!bytes.is_empty()).then_some(bytes)
 }
 
 /// What rate_ctl decided for a request.
