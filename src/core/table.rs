@@ -502,14 +502,7 @@ impl Table {
         }
         for &(start, len) in &spans[..ns] {
             if len & HEAVY != 0 {
-                let end = start + (len & !HEAVY);
-                for &g in &self.group_lists[start as usize..end as usize] {
-                    let found = self.groups[g as usize].find(req);
-                    if !found.is_empty() {
-                        out.extend_from_slice(found);
-                        sources += 1;
-                    }
-                }
+                sources += self.probe_groups(start, len & !HEAVY, req, out);
                 continue;
             }
             sources += 1;
@@ -523,6 +516,23 @@ impl Table {
         if sources > 1 {
             out.sort_unstable();
         }
+    }
+
+    /// Probes the groups `group_lists[start..start + len]` with the
+    /// request's ids, adding what they hold to `out`; returns how many
+    /// groups matched (ascending lists to merge). Out of line: the usual
+    /// request (short lists) does not carry its code.
+    #[inline(never)]
+    fn probe_groups(&self, start: u32, len: u32, req: &[u32], out: &mut Vec<u32>) -> u32 {
+        let mut sources = 0;
+        for &g in &self.group_lists[start as usize..(start + len) as usize] {
+            let found = self.groups[g as usize].find(req);
+            if !found.is_empty() {
+                out.extend_from_slice(found);
+                sources += 1;
+            }
+        }
+        sources
     }
 
     /// Blacklist, match and admit one request.

@@ -3,6 +3,7 @@
 //! here each handler reports a [`ParseError`] once through nginx's conf
 //! error path, so `nginx -t` prints the directive, the value and the line.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_void};
 use std::ptr;
 
@@ -27,12 +28,28 @@ pub struct CustomDimension {
     pub value: DimensionValue,
 }
 
+/// What a `$arg_NAME` binding turned out to be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ArgKind {
+    Unchecked,
+    /// nginx's argument variable: the query string is read directly.
+    Builtin,
+    /// Defined otherwise (`map ... $arg_x`): read through nginx.
+    Other,
+}
+
 /// The binding of a custom dimension.
-#[derive(Clone, Copy)]
 pub enum DimensionValue {
-    /// The value is one variable (`$arg_user`): read by its index, the way
-    /// nginx's own modules read a key variable (no template, no copy).
+    /// The value is one variable (`$http_x_user`): read by its index, the
+    /// way nginx's own modules read a key variable (no template, no copy).
     Variable(usize),
+    /// `$arg_NAME`: read from the request's query string directly while
+    /// the variable is nginx's own argument variable (see
+    /// [`super::variables::dimension_value`]); the index, NAME in lower
+    /// case, and whether the variable was found to be nginx's own
+    /// (checked on first use in a worker: nginx resolves variables after
+    /// the directives are read).
+    Arg(usize, Box<[u8]>, Cell<ArgKind>),
     /// Any other template: a compiled complex value, allocated from the
     /// configuration pool.
     Complex(*mut ngx_http_complex_value_t),
@@ -347,21 +364,26 @@ extern "C" fn set_dimension(
         return fail(cf, e);
     }
     if let Some(var) = parse::single_variable(bytes(&a[2])) {
-        let mut var = ngx_str_t {
+        let mut var_str = ngx_str_t {
             len: var.len(),
             data: var.as_ptr().cast_mut(),
         };
         // SAFETY: cf is the parser state; nginx copies the name. An
         // unknown variable fails the configuration at postconfiguration
         // ("unknown variable"), as in a template.
-        let index = unsafe { ngx_http_get_variable_index(cf, &mut var) };
+        let index = unsafe { ngx_http_get_variable_index(cf, &mut var_str) };
         let Ok(index) = usize::try_from(index) else {
             return NGX_CONF_ERROR;
         };
-        mc.dimensions.push(CustomDimension {
-            name,
-            value: DimensionValue::Variable(index),
-        });
+        let value = match var.strip_prefix(b"arg_").filter(|n| !n.is_empty()) {
+            Some(arg) => DimensionValue::Arg(
+                index,
+                arg.to_ascii_lowercase().into(),
+                Cell::new(ArgKind::Unchecked),
+            ),
+            None => DimensionValue::Variable(index),
+        };
+        mc.dimensions.push(CustomDimension { name, value });
         return NGX_CONF_OK;
     }
     // SAFETY: cf->pool is the configuration pool; it outlives the configuration.

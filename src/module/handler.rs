@@ -126,6 +126,7 @@ fn keep_hold(r: &mut Request, hold: Hold) -> bool {
 /// Records the decision (see [`variables`](super::variables)) and keeps
 /// the units it holds; `false` if either failed (the request then ends
 /// with 500, holding nothing).
+#[inline(always)]
 fn record(
     r: &mut Request,
     mc: &MainConf,
