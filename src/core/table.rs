@@ -528,7 +528,10 @@ impl Table {
         for &g in &self.group_lists[start as usize..(start + len) as usize] {
             let found = self.groups[g as usize].find(req);
             if !found.is_empty() {
-                out.extend_from_slice(found);
+                // One by one: a cell holds one strategy or a few.
+                for &si in found {
+                    out.push(si);
+                }
                 sources += 1;
             }
         }

@@ -29,8 +29,12 @@ pub struct Group {
     /// `(hash tag, entry)`, tag 0 = empty; power of two in length, at most
     /// half full.
     slots: Box<[(u32, u32)]>,
-    /// Entry `e`'s tuple: `keys[e * k..(e + 1) * k]` (`k = dims.len()`).
+    /// Entry `e`'s tuple: `keys[e * k..(e + 1) * k]` (`k = dims.len()`),
+    /// for shapes of more than two dimensions.
     keys: Box<[u32]>,
+    /// Entry `e`'s tuple packed in one word ([`pack`]), for shapes of one
+    /// or two dimensions (most tables): one multiply to hash, one compare.
+    pairs: Box<[u64]>,
     /// Entry `e`'s strategies: `members[spans[e].0..spans[e].1]`, ascending.
     spans: Box<[(u32, u32)]>,
     members: Box<[u32]>,
@@ -49,6 +53,18 @@ fn hash_ids(ids: impl Iterator<Item = u32>) -> u64 {
         h = mix(h ^ u64::from(v), K1);
     }
     mix(h, K2)
+}
+
+/// A tuple of one or two ids in one word, the second id (or 0) high: all
+/// tuples of a group have the group's length, so the words are distinct.
+#[inline(always)]
+fn pack(tuple: &[u32]) -> u64 {
+    u64::from(tuple[0]) | tuple.get(1).map_or(0, |&b| u64::from(b) << 32)
+}
+
+#[inline(always)]
+fn hash_pair(key: u64) -> u64 {
+    mix(key ^ SEED, K1)
 }
 
 impl Group {
@@ -72,11 +88,22 @@ impl Group {
                 last.1 = members.len() as u32;
             }
         }
+        let pairs: Vec<u64> = if k <= 2 {
+            keys.chunks(k.max(1)).map(pack).collect()
+        } else {
+            Vec::new()
+        };
+        if k <= 2 {
+            keys.clear();
+        }
         let n = (spans.len() * 2).next_power_of_two().max(2);
         let mut slots = vec![(0u32, 0u32); n].into_boxed_slice();
         let mask = n - 1;
         for e in 0..spans.len() {
-            let h = hash_ids(keys[e * k..(e + 1) * k].iter().copied());
+            let h = match pairs.get(e) {
+                Some(&key) => hash_pair(key),
+                None => hash_ids(keys[e * k..(e + 1) * k].iter().copied()),
+            };
             let mut i = h as usize & mask;
             while slots[i].0 != 0 {
                 i = (i + 1) & mask;
@@ -87,6 +114,7 @@ impl Group {
             dims: dims.into_boxed_slice(),
             slots,
             keys: keys.into_boxed_slice(),
+            pairs: pairs.into_boxed_slice(),
             spans: spans.into_boxed_slice(),
             members: members.into_boxed_slice(),
         }
@@ -97,6 +125,9 @@ impl Group {
     #[inline]
     pub fn find(&self, req: &[u32]) -> &[u32] {
         let dims = &self.dims[..];
+        if dims.len() <= 2 {
+            return self.find_pair(req);
+        }
         let mut h = SEED;
         for &d in dims {
             let v = req[d as usize];
@@ -128,6 +159,37 @@ impl Group {
     }
 }
 
+impl Group {
+    /// [`find`](Self::find) for a shape of one or two dimensions.
+    #[inline]
+    fn find_pair(&self, req: &[u32]) -> &[u32] {
+        let a = req[self.dims[0] as usize];
+        let b = match self.dims.get(1) {
+            Some(&d) => req[d as usize],
+            None => 0,
+        };
+        if a == NONE || b == NONE {
+            return &[];
+        }
+        let key = u64::from(a) | u64::from(b) << 32;
+        let h = hash_pair(key);
+        let t = tag(h);
+        let mask = self.slots.len() - 1;
+        let mut i = h as usize & mask;
+        loop {
+            let (st, e) = self.slots[i];
+            if st == 0 {
+                return &[];
+            }
+            if st == t && self.pairs[e as usize] == key {
+                let (from, to) = self.spans[e as usize];
+                return &self.members[from as usize..to as usize];
+            }
+            i = (i + 1) & mask;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +215,23 @@ mod tests {
         assert!(g.find(&req).is_empty());
         req = [29, 0, 129];
         assert_eq!(g.find(&req), &[29 * 30 + 29]);
+    }
+
+    #[test]
+    fn one_and_three_dimension_shapes() {
+        let g = Group::build(vec![1], (0..50u32).map(|i| (vec![i], 1000 + i)).collect());
+        assert_eq!(g.find(&[NONE, 7]), &[1007]);
+        assert!(g.find(&[7, 50]).is_empty());
+        assert!(g.find(&[7, NONE]).is_empty());
+        let mut rows = Vec::new();
+        for i in 0..10u32 {
+            for j in 0..10u32 {
+                rows.push((vec![i, 100 + j, 200 + (i + j) % 3], i * 10 + j));
+            }
+        }
+        let g = Group::build(vec![0, 1, 3], rows);
+        assert_eq!(g.find(&[4, 105, NONE, 200]), &[45]);
+        assert!(g.find(&[4, 105, NONE, 201]).is_empty());
+        assert!(g.find(&[4, 105, 0, NONE]).is_empty());
     }
 }
