@@ -30,12 +30,11 @@ set -euo pipefail
 target="${1:-debian}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-# shellcheck source=lib/bench-table.sh
+# shellcheck source=scripts/lib/bench-table.sh
 . "$root/scripts/lib/bench-table.sh"
-command -v valgrind >/dev/null || {
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -q && $sudo apt-get install -y -q valgrind
-}
+# shellcheck source=scripts/lib/packages.sh
+. "$root/scripts/lib/packages.sh"
+command -v valgrind >/dev/null || need_packages bench-instructions valgrind
 [ -n "${SKIP_BUILD:-}" ] || scripts/build-module.sh "$target" >&2
 cargo build -q --example rate-ctl-test-tool
 tool="$root/target/debug/examples/rate-ctl-test-tool"
@@ -47,9 +46,9 @@ chmod 0755 "$dir"
 mkdir -p "$dir/logs"
 vpid=""
 cleanup() {
-    [ -n "$vpid" ] && kill "$vpid" 2>/dev/null || true
-    if [ -n "${KEEP_PROFILES:-}" ]; then
-        mkdir -p "$KEEP_PROFILES" && cp "$dir"/callgrind.* "$KEEP_PROFILES"/ 2>/dev/null || true
+    if [ -n "$vpid" ]; then kill "$vpid" 2>/dev/null || true; fi
+    if [ -n "${KEEP_PROFILES:-}" ] && mkdir -p "$KEEP_PROFILES"; then
+        cp "$dir"/callgrind.* "$KEEP_PROFILES"/ 2>/dev/null || true
     fi
     rm -rf "$dir"
 }
@@ -144,7 +143,9 @@ CONF
 run() {
     local case=$1 n=$2
     local out="$dir/callgrind.$case.$n"
-    valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
+    local cg_args=()
+    read -ra cg_args <<<"${CALLGRIND_ARGS:-}"
+    valgrind --tool=callgrind "${cg_args[@]}" --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
         >/dev/null 2>&1 &
     vpid=$!
     codes=$(python3 - "$port" "$n" <<'PY'
@@ -173,7 +174,7 @@ PY
     # the first one of the day through).
     local want="200x$n"
     [ "$case" != reject ] || want="503x$n"
-    if [ "$codes" != "$want" ] && [ "$codes" != "200x1 503x$((n - 1))" -o "$case" != reject ]; then
+    if [ "$codes" != "$want" ] && { [ "$case" != reject ] || [ "$codes" != "200x1 503x$((n - 1))" ]; }; then
         echo "$case: responses $codes, expected $want" >&2
         exit 1
     fi
@@ -181,7 +182,7 @@ PY
 }
 
 declare -A per
-cases=(${CASES:-plain limitreq limitreq2 ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg})
+read -ra cases <<<"${CASES:-plain limitreq limitreq2 ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg}"
 for c in "${cases[@]}"; do
     config "$c"
     a=$(run "$c" 500)

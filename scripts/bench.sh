@@ -14,7 +14,7 @@ set -euo pipefail
 target="${1:-debian}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-# shellcheck source=lib/bench-table.sh
+# shellcheck source=scripts/lib/bench-table.sh
 . "$root/scripts/lib/bench-table.sh"
 DURATION="${DURATION:-6}"
 # Each accuracy run overloads the limiter for this long (10 s).
@@ -22,10 +22,9 @@ ACC_DURATION="${ACC_DURATION:-10}"
 ROUNDS="${ROUNDS:-5}"
 CONNS="${CONNS:-32}"
 
-command -v wrk >/dev/null || {
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -q && $sudo apt-get install -y -q wrk
-}
+# shellcheck source=scripts/lib/packages.sh
+. "$root/scripts/lib/packages.sh"
+command -v wrk >/dev/null || need_packages bench wrk
 # SKIP_BUILD=1 uses the modules already in target/modules/.
 [ -n "${SKIP_BUILD:-}" ] || scripts/build-module.sh "$target" >&2
 tool="${RATE_CTL_TEST_TOOL:-$root/target/debug/examples/rate-ctl-test-tool}"
@@ -39,7 +38,7 @@ mkdir -p "$dir/logs"
 port=$((20000 + RANDOM % 20000))
 pid=""
 cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi
     rm -rf "$dir"
 }
 trap cleanup EXIT

@@ -14,21 +14,14 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-missing=()
-for p in chromium chromium-driver ca-certificates curl; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+# shellcheck source=scripts/lib/packages.sh
+. "$root/scripts/lib/packages.sh"
+pkgs=(chromium chromium-driver ca-certificates curl)
 # Any node >= 18 with npm will do (Debian 12 ships 18.19).
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-    missing+=(nodejs npm)
+    pkgs+=(nodejs npm)
 fi
-if ((${#missing[@]})); then
-    echo "browser-test: installing ${missing[*]}" >&2
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+need_packages browser-test "${pkgs[@]}"
 node_major="$(node -p 'process.versions.node.split(".")[0]')"
 if ((node_major < 18)); then
     echo "browser-test: node $(node --version) is too old (need >= 18)" >&2

@@ -27,23 +27,16 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 out="$root/target/modules"
 
-need_pkgs() {
-    local missing=()
-    for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    if ((${#missing[@]})); then
-        echo "installing: ${missing[*]}" >&2
-        local sudo=""
-        [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        $sudo apt-get update -q
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
-    fi
-}
+# shellcheck source=scripts/lib/packages.sh
+. "$root/scripts/lib/packages.sh"
+need_pkgs() { need_packages build-module "$@"; }
 
 common_pkgs=(build-essential libclang-dev libpcre2-dev libssl-dev zlib1g-dev)
 
 build_vendored() {
+    # auth_request is not in nginx-src's default set; Debian's nginx has it, and
+    # the subrequest tests (t-nginx/08-nginx-semantics.t) use it in both builds.
+    export NGX_CONFIGURE_ARGS="${NGX_CONFIGURE_ARGS:---with-http_auth_request_module}"
     need_pkgs "${common_pkgs[@]}"
     echo "== vendored nginx 1.28 ==" >&2
     CARGO_TARGET_DIR="$root/target-vendored" \
@@ -52,11 +45,8 @@ build_vendored() {
     install -m 0644 "$root/target-vendored/release/librate_ctl.so" "$out/vendored/ngx_http_rate_ctl_module.so"
     # The nginx binary built by nginx-sys; pick the newest if several builds exist.
     local bin
-    bin="$(ls -t "$root"/target-vendored/release/build/nginx-sys-*/out/objs/nginx 2>/dev/null | head -n1 || true)"
-    if [ -z "$bin" ]; then
-        bin="$(find "$root"/target-vendored/release/build -path '*nginx-sys-*/out/*' -name nginx -type f -perm -u+x -printf '%T@ %p\n' |
-            sort -nr | head -n1 | cut -d' ' -f2-)"
-    fi
+    bin="$(find "$root"/target-vendored/release/build -path '*nginx-sys-*/out/*' -name nginx -type f -perm -u+x -printf '%T@ %p\n' |
+        sort -nr | head -n1 | cut -d' ' -f2-)"
     if [ -z "$bin" ]; then
         echo "error: vendored nginx binary not found under target-vendored/release/build/nginx-sys-*/out/" >&2
         exit 1

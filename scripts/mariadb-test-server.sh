@@ -13,6 +13,8 @@
 # one server). Debian's `mariadb-server` is installed with apt-get if missing;
 # the package's own service is not started.
 set -euo pipefail
+# shellcheck source=scripts/lib/packages.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/packages.sh"
 
 cmd=${1:-}
 dir=${2:-${MARIADB_TEST_DIR:-/tmp/rate-ctl-mariadb}}
@@ -41,10 +43,7 @@ install_server() {
         created_policy=1
     fi
     local rc=0
-    if ! apt-get install -y -qq --no-install-recommends mariadb-server mariadb-client >&2; then
-        apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends mariadb-server mariadb-client >&2 || rc=$?
-    fi
+    need_packages mariadb-test-server mariadb-server mariadb-client || rc=$?
     [ "$created_policy" = 1 ] && rm -f "$policy"
     return $rc
 }
@@ -98,8 +97,7 @@ start() {
         --max-connections=500 --innodb-flush-log-at-trx-commit=2 \
         </dev/null >/dev/null 2>&1 &
     echo $! >"$dir/pid"
-    local i
-    for i in $(seq 1 300); do
+    for _ in $(seq 1 300); do
         if client -e 'SELECT 1' >/dev/null 2>&1; then break; fi
         if ! running; then
             log "server exited; see $dir/error.log"
@@ -132,10 +130,10 @@ stop() {
         rm -f "$dir/pid"
         return 0
     fi
-    local pid i
+    local pid
     pid=$(cat "$dir/pid")
     kill -TERM "$pid"
-    for i in $(seq 1 300); do
+    for _ in $(seq 1 300); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up and runs every test of rate_ctl on a fresh Debian 12 machine (as root):
 #   1. Debian packages (scripts/deps.sh --with-test), Rust from the machine's rustup
-#   2. cargo fmt --check, cargo clippy -D warnings (core + binary, and the module)
+#   2. cargo fmt --check, unused dependencies, shellcheck, cargo clippy -D warnings
+#      (core + binary, and the module)
 #   3. cargo test: core unit/property/multi-process tests, CLI/store/agent tests
 #      against SQLite and a throw-away MariaDB server on a loopback port
 #   4. the nginx module built for vendored nginx 1.28 and Debian's nginx 1.22,
@@ -21,6 +22,8 @@ scripts/deps.sh --with-test
 
 step "format and lint"
 cargo fmt --all -- --check
+scripts/unused-deps.sh
+shellcheck -x scripts/*.sh scripts/lib/*.sh t-nginx/*.sh
 cargo clippy --all-targets -- -D warnings
 
 step "cargo test (SQLite, and MariaDB on a private loopback server)"

@@ -1,9 +1,17 @@
 //! rate_ctl: dynamic, fine-grained rate control for nginx.
 //!
-//! * [`core`] — nginx-free: model, shared-memory layout, matcher, limiters,
-//!   blacklist. Used by the module and the agent.
-//! * `module` (feature `module`) — the nginx dynamic module glue; all FFI
-//!   `unsafe` lives there.
+//! This library is what the nginx module and the `rate-ctl` binary share:
+//!
+//! * [`core`] — nginx-free: strategy model, shared-memory layout, writer and
+//!   reader, matcher, limiters, blacklist, stats rendering. Used by the
+//!   module, the binary's agent, the tests, benches, fuzz targets and the
+//!   t-nginx table tool.
+//! * `module` (feature `module`) — the nginx dynamic module glue; all nginx
+//!   FFI lives there. Every `unsafe` block carries a `// SAFETY:` comment
+//!   (Cargo.toml's `[lints]` deny it otherwise).
+//!
+//! The binary's own modules (agent, store, serve, client, cli) are declared
+//! in `src/main.rs`; docs/ARCHITECTURE.md maps all of them.
 
 pub mod core;
 #[cfg(feature = "module")]

@@ -4,10 +4,9 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-for p in curl perl; do command -v "$p" >/dev/null || {
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -q && $sudo apt-get install -y -q curl perl
-}; done
+# shellcheck source=scripts/lib/packages.sh
+. "$root/scripts/lib/packages.sh"
+need_packages t-nginx curl perl
 scripts/build-module.sh "${RATE_CTL_BUILD:-both}"
-cargo build --example rate-ctl-test-tool
+cargo build --example rate-ctl-test-tool --bin rate-ctl
 exec prove -I t-nginx/lib "${@:-t-nginx/}"

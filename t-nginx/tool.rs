@@ -85,6 +85,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
     s.action = match action {
         "reject" => Action::Reject { status },
         "delay" => Action::Delay { max_delay_ms },
+        "dry_run" if max_delay_ms > 0 => Action::DryRunDelay { max_delay_ms },
         "dry_run" => Action::DryRun,
         other => return Err(format!("unknown action {other:?}")),
     };

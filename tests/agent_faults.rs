@@ -10,25 +10,16 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent::{wait_for, AgentProc, Reader};
-use cli::{ok, sql, sqlite_store, stores, version, MYSQL_ENV};
+use cli::{add_strategy, ok, sql, sqlite_store, stores, version, MYSQL_ENV};
 
 fn add(s: &str, name: &str, rate: u64) -> u32 {
-    ok(&[
-        "strategy",
-        "add",
-        "--store",
+    add_strategy(
         s,
-        "--name",
         name,
-        "--match",
-        &format!("api=/{name}"),
-        "--algorithm",
         "token_bucket",
-        "--rate",
         &rate.to_string(),
-        "--scope",
-        "host",
-    ])
+        &["--match", &format!("api=/{name}"), "--scope", "host"],
+    )
     .trim()
     .parse()
     .unwrap()
@@ -129,7 +120,7 @@ fn sigterm_and_sigint_exit_zero_and_restart_adopts_the_file() {
     let s = st.url.as_str();
     let dir = tempfile::tempdir().unwrap();
     let shm = dir.path().join("f.shm");
-    let id = add(s, "keep", 1_000_000);
+    let id = add(s, "keep", 1_000);
     for (n, sig) in [libc::SIGTERM, libc::SIGINT].into_iter().enumerate() {
         let mut a = AgentProc::start(s, &shm, "h", &dir.path().join("a.log"), &[]);
         // Signal a running agent (before its handlers exist, a signal is fatal).
@@ -209,6 +200,64 @@ fn capacity_exceeded_names_the_limit_and_keeps_the_previous_table() {
     assert_eq!(t.strategies().len(), 4);
 }
 
+#[test]
+fn replace_import_of_a_full_table_is_published_in_stages() {
+    let st = sqlite_store();
+    let s = st.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("f.shm");
+    for i in 0..4 {
+        add(s, &format!("old{i}"), 10);
+    }
+    let a = AgentProc::start(
+        s,
+        &shm,
+        "h",
+        &dir.path().join("a.log"),
+        &["--max-strategies", "4"],
+    );
+    let mut r = Reader::open(&shm);
+    let v = version(s) as u64;
+    r.wait_version(v, Duration::from_secs(10)).unwrap();
+    // Four new strategies replace the four: the table fits, but their slots
+    // are taken until this very publish frees them (and 2 s more).
+    let file = dir.path().join("new.jsonl");
+    let lines: Vec<String> = (0..4)
+        .map(|i| {
+            format!(
+                r#"{{"name":"new{i}","match":{{"api":"/new{i}"}},"algorithm":"token_bucket","rate":10,"scope":"host"}}"#
+            )
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    ok(&[
+        "strategy",
+        "import",
+        "--store",
+        s,
+        "--replace",
+        file.to_str().unwrap(),
+    ]);
+    let v2 = version(s) as u64;
+    let t0 = Instant::now();
+    let t = wait_for(Duration::from_secs(8), || {
+        r.table()
+            .filter(|t| t.config_version() == v2 && t.strategies().len() == 4)
+    })
+    .unwrap_or_else(|| panic!("the new table never arrived whole:\n{}", a.log_text()));
+    let names: Vec<String> = t
+        .strategies()
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c.strategy.conditions[0].value).into_owned())
+        .collect();
+    assert_eq!(names, ["/new0", "/new1", "/new2", "/new3"]);
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let log = a.log_text();
+    assert!(log.contains("published in stages"), "{log}");
+    assert!(!log.contains("publish refused"), "{log}");
+}
+
 /// Stops and restarts a private MariaDB server (its own data directory and
 /// port) under a running agent.
 #[test]
@@ -244,7 +293,7 @@ fn store_down_for_10s_agent_keeps_enforcing_then_catches_up() {
     }
     let url = server("start");
     let _stop = Stop(&server);
-    let id = add(&url, "steady", 1_000_000);
+    let id = add(&url, "steady", 1_000);
     let shm = dir.path().join("f.shm");
     let mut a = AgentProc::start(
         &url,

@@ -11,7 +11,7 @@ mod cli;
 use std::time::{Duration, Instant};
 
 use agent::{AgentProc, Reader};
-use cli::{ok, quantile, stores};
+use cli::{add_strategy, ok, quantile, stores};
 use serde_json::Value;
 
 #[test]
@@ -20,24 +20,13 @@ fn hundred_cli_changes_each_visible_within_500ms() {
         let s = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();
         let shm = dir.path().join("rate_ctl.shm");
-        let id = ok(&[
-            "strategy",
-            "add",
-            "--store",
+        let id = add_strategy(
             s,
-            "--name",
             "p",
-            "--match",
-            "api=/p",
-            "--algorithm",
             "token_bucket",
-            "--rate",
             "1000",
-            "--burst",
-            "5",
-            "--scope",
-            "host",
-        ]);
+            &["--match", "api=/p", "--burst", "5", "--scope", "host"],
+        );
         let id: u32 = id.trim().parse().unwrap();
         let mut a = AgentProc::start(s, &shm, "prop-host", &dir.path().join("agent.log"), &[]);
         let mut r = Reader::open(&shm);

@@ -11,7 +11,7 @@ mod cli;
 use std::time::{Duration, Instant};
 
 use agent::{wait_for, AgentProc, Reader};
-use cli::{ok, stores};
+use cli::{add_strategy, ok, stores};
 
 fn rate_of(r: &mut Reader, id: u32) -> Option<u64> {
     r.rates()
@@ -26,44 +26,22 @@ fn weights_1_1_2_split_400_and_resplit_when_a_host_goes_stale() {
     for st in stores("weights") {
         let s = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();
-        let cluster: u32 = ok(&[
-            "strategy",
-            "add",
-            "--store",
-            s,
-            "--name",
-            "fleet",
-            "--match",
-            "api=/pay",
-            "--algorithm",
-            "token_bucket",
-            "--rate",
-            "400",
-            "--burst",
-            "40",
-        ])
-        .trim()
-        .parse()
-        .unwrap();
-        let per_host: u32 = ok(&[
-            "strategy",
-            "add",
-            "--store",
-            s,
-            "--name",
-            "each",
-            "--match",
-            "api=/login",
-            "--algorithm",
-            "fixed_window",
-            "--rate",
-            "400",
-            "--scope",
-            "host",
-        ])
-        .trim()
-        .parse()
-        .unwrap();
+        let [cluster, per_host]: [u32; 2] = [
+            (
+                "fleet",
+                "token_bucket",
+                ["--match", "api=/pay", "--burst", "40"],
+            ),
+            (
+                "each",
+                "fixed_window",
+                ["--match", "api=/login", "--scope", "host"],
+            ),
+        ]
+        .map(|(name, algorithm, extra)| {
+            let id = add_strategy(s, name, algorithm, "400", &extra);
+            id.trim().parse().unwrap()
+        });
         let fresh = format!("{FRESH_MS}ms");
         let extra = ["--freshness", fresh.as_str(), "--heartbeat-ms", "200"];
         let hosts = [("a", "1"), ("b", "1"), ("c", "2")];

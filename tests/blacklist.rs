@@ -502,7 +502,11 @@ fn rebuilds_never_hide_a_kept_entry_processes() {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            let bl = Blacklist::open(region).unwrap_or_else(|_| unsafe { libc::_exit(3) });
+            let bl = Blacklist::open(region).unwrap_or_else(|_| {
+                // SAFETY: _exit ends the forked child without running
+                // destructors or the parent's test harness code.
+                unsafe { libc::_exit(3) }
+            });
             let (mut misses, mut seen, mut last) = (0u64, 0u64, 0u64);
             while all.u64_at(done).unwrap().load(Ordering::Acquire) == 0 {
                 misses += check_kept(&bl, &kept);

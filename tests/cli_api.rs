@@ -9,7 +9,7 @@ mod cli;
 #[path = "support/serve.rs"]
 mod serve;
 
-use cli::{json_lines, ok, rate_ctl, rate_ctl_env, sqlite_store, version};
+use cli::{json_lines, ok, rate_ctl, rate_ctl_env, sqlite_store, version, TestStore};
 use serde_json::Value;
 use serve::Serve;
 
@@ -24,6 +24,23 @@ fn fails(args: &[&str], code: i32) -> String {
         o.stdout
     );
     err
+}
+
+/// A fresh SQLite store and `rate-ctl serve` on it (token and log in a
+/// temporary directory); serve stops first when it is dropped.
+struct Setup {
+    s: Serve,
+    dir: tempfile::TempDir,
+    st: TestStore,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        let st = sqlite_store();
+        let dir = tempfile::tempdir().unwrap();
+        let s = Serve::start_in(&st.url, dir.path(), &[]);
+        Setup { s, dir, st }
+    }
 }
 
 /// `rate-ctl ARGS` through the API and through the store.
@@ -56,12 +73,9 @@ impl<'a> Both<'a> {
 
 #[test]
 fn commands_through_the_api_match_the_store() {
-    let st = sqlite_store();
-    let store = st.url.as_str();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(store, dir.path(), &[]);
-    let url = s.url();
-    let b = Both::new(&s, &url, store);
+    let x = Setup::start();
+    let (store, s, url) = (x.st.url.as_str(), &x.s, x.s.url());
+    let b = Both::new(s, &url, store);
 
     // add prints just the id, and the strategy is in the store.
     let v0 = version(store);
@@ -157,6 +171,42 @@ fn commands_through_the_api_match_the_store() {
     // --store, nothing written.
     let id_s = id.to_string();
     let bad: Vec<(Vec<&str>, &str)> = vec![
+        // Faster than nginx's millisecond clock can enforce (issue 11 #4):
+        // refused with the smallest burst that works.
+        (
+            vec![
+                "strategy",
+                "add",
+                "--name",
+                "fast",
+                "--algorithm",
+                "token_bucket",
+                "--rate",
+                "5000",
+                "--burst",
+                "1",
+            ],
+            "the smallest burst that works is 5",
+        ),
+        (
+            vec![
+                "strategy",
+                "add",
+                "--name",
+                "faster",
+                "--algorithm",
+                "token_bucket",
+                "--rate",
+                "1000000",
+                "--burst",
+                "1",
+            ],
+            "the smallest burst that works is 1000",
+        ),
+        (
+            vec!["strategy", "update", &id_s, "--rate", "1000000", "--burst", "1"],
+            "invalid --burst: burst: 1 at 1000000 per second is shorter than nginx's 1 ms clock tick",
+        ),
         (
             vec![
                 "strategy",
@@ -406,12 +456,10 @@ fn a_refused_token_is_a_clear_error_and_writes_nothing() {
 
 #[test]
 fn import_through_the_api_is_all_or_nothing() {
-    let st = sqlite_store();
-    let store = st.url.as_str();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(store, dir.path(), &[]);
-    let url = s.url();
-    let b = Both::new(&s, &url, store);
+    let x = Setup::start();
+    let (store, s, url) = (x.st.url.as_str(), &x.s, x.s.url());
+    let b = Both::new(s, &url, store);
+    let dir = &x.dir;
     ok(&b.api(&[
         "strategy",
         "add",

@@ -177,6 +177,57 @@ fn restart_adopts_the_file_and_keeps_counters() {
 }
 
 #[test]
+fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut caps = small_caps();
+    caps.max_strategies = 6;
+    let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
+    let make = |ids: std::ops::RangeInclusive<u32>| -> Vec<_> {
+        ids.map(|i| {
+            strategy(
+                i,
+                &[("api", "/a")],
+                Algorithm::TokenBucket,
+                10,
+                Unit::Second,
+            )
+        })
+        .collect()
+    };
+    w.publish(&make(1..=4), &[], 1).unwrap();
+    // Six new strategies for the four: 2 slots free now, 4 held until freed.
+    let six = make(11..=16);
+    let err = w.publish(&six, &[], 2).unwrap_err();
+    assert!(matches!(err, ShmError::SlotsBusy { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "capacity: this table needs 6 new stat slots; 2 are free now and 4 more become free \
+         within 2 s (the slots of removed strategies wait before reuse; max strategies 6)"
+    );
+    let first = w.publish_staged(&six, &[], 2).unwrap();
+    assert_eq!(
+        (first.strategies, first.deferred, first.freed_slots),
+        (2, 4, 4)
+    );
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    let ids: Vec<u32> = e
+        .table()
+        .unwrap()
+        .strategies()
+        .iter()
+        .map(|c| c.strategy.id)
+        .collect();
+    assert_eq!(ids, [11, 12], "the first stage: what fits now");
+    // Within the quarantine: nothing more yet.
+    assert_eq!(w.publish_staged(&six, &[], 2).unwrap().deferred, 4);
+    std::thread::sleep(std::time::Duration::from_millis(2_100));
+    let done = w.publish_staged(&six, &[], 2).unwrap();
+    assert_eq!((done.strategies, done.deferred), (6, 0));
+}
+
+#[test]
 fn capacity_and_invalid_input_leave_the_previous_table_active() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
@@ -204,6 +255,9 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
         .collect();
     let err = w.publish(&five, &[], 2).unwrap_err();
     assert!(matches!(err, ShmError::Capacity { .. }), "{err}");
+    assert!(err.to_string().contains("max strategies (4)"), "{err}");
+    // publish_staged does not split a table over the capacity.
+    let err = w.publish_staged(&five, &[], 2).unwrap_err();
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     let mut bad = one.clone();
     bad.rate = 0;

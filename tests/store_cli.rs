@@ -7,7 +7,7 @@ mod cli;
 
 use std::time::Instant;
 
-use cli::{json_lines, ok, rate_ctl, sql, stores, version};
+use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, version};
 use serde_json::Value;
 
 /// `rate-ctl KIND list --store STORE --json`, one value per row.
@@ -22,28 +22,24 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
         ok(&["strategy", "list", "--store", s]); // creates and migrates
         let v0 = version(s);
         // Plain `add` prints just the new id.
-        let id: u32 = ok(&[
-            "strategy",
-            "add",
-            "--store",
+        let id: u32 = add_strategy(
             s,
-            "--name",
             "pay-u1024",
-            "--match",
-            "ip=::ffff:1.2.3.4",
-            "--match",
-            "userid=u1024",
-            "--match",
-            "api=/pay",
-            "--algorithm",
             "token_bucket",
-            "--rate",
             "100",
-            "--per",
-            "second",
-            "--burst",
-            "20",
-        ])
+            &[
+                "--match",
+                "ip=::ffff:1.2.3.4",
+                "--match",
+                "userid=u1024",
+                "--match",
+                "api=/pay",
+                "--per",
+                "second",
+                "--burst",
+                "20",
+            ],
+        )
         .trim()
         .parse()
         .expect("add prints the id");
@@ -91,22 +87,13 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
         );
 
         // Filters.
-        let second = ok(&[
-            "strategy",
-            "add",
-            "--store",
+        let second = add_strategy(
             s,
-            "--name",
             "other",
-            "--match",
-            "api=/login",
-            "--algorithm",
             "fixed_window",
-            "--rate",
             "10",
-            "--per",
-            "minute",
-        ]);
+            &["--match", "api=/login", "--per", "minute"],
+        );
         assert_eq!(
             json_lines(&ok(&[
                 "strategy",
@@ -156,18 +143,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
 fn bad_arguments_name_the_argument_and_write_nothing() {
     for st in stores("bad_arguments") {
         let s = st.url.as_str();
-        ok(&[
-            "strategy",
-            "add",
-            "--store",
-            s,
-            "--name",
-            "taken",
-            "--algorithm",
-            "token_bucket",
-            "--rate",
-            "1",
-        ]);
+        add_strategy(s, "taken", "token_bucket", "1", &[]);
         let v = version(s);
         let cases: &[(&[&str], &str)] = &[
             (
@@ -360,7 +336,7 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
         for i in 0..10_000 {
             text.push_str(&format!(
                 "{{\"name\":\"s{i}\",\"match\":{{\"userid\":\"u{i}\",\"api\":\"/pay\"}},\
-                 \"algorithm\":\"token_bucket\",\"rate\":{},\"burst\":10}}\n",
+                 \"algorithm\":\"token_bucket\",\"rate\":{},\"burst\":20}}\n",
                 100 + i
             ));
         }
@@ -524,19 +500,7 @@ fn concurrent_writers_each_get_their_own_version() {
             .map(|i| {
                 let s = s.clone();
                 std::thread::spawn(move || {
-                    let out = ok(&[
-                        "strategy",
-                        "add",
-                        "--store",
-                        &s,
-                        "--name",
-                        &format!("c{i}"),
-                        "--algorithm",
-                        "token_bucket",
-                        "--rate",
-                        "7",
-                        "--json",
-                    ]);
+                    let out = add_strategy(&s, &format!("c{i}"), "token_bucket", "7", &["--json"]);
                     serde_json::from_str::<Value>(&out).unwrap()["version"]
                         .as_i64()
                         .unwrap()
@@ -560,30 +524,8 @@ fn concurrent_writers_each_get_their_own_version() {
 fn rows_broken_in_the_database_are_reported_not_fatal() {
     for st in stores("broken_rows") {
         let s = st.url.as_str();
-        ok(&[
-            "strategy",
-            "add",
-            "--store",
-            s,
-            "--name",
-            "good",
-            "--algorithm",
-            "token_bucket",
-            "--rate",
-            "9",
-        ]);
-        ok(&[
-            "strategy",
-            "add",
-            "--store",
-            s,
-            "--name",
-            "bad",
-            "--algorithm",
-            "token_bucket",
-            "--rate",
-            "9",
-        ]);
+        add_strategy(s, "good", "token_bucket", "9", &[]);
+        add_strategy(s, "bad", "token_bucket", "9", &[]);
         sql(s, "UPDATE strategies SET rate = 0 WHERE name = 'bad'");
         let o = rate_ctl(&["strategy", "list", "--store", s, "--json"]);
         assert!(o.status.success());

@@ -343,7 +343,10 @@ function strategyRow(s) {
   const spark = el('canvas', { class: 'spark', width: 140, height: 28, 'data-id': s.id, role: 'img',
     'aria-label': `Traffic of ${s.name}` });
   const tr = el('tr', { 'data-id': s.id, class: s.enabled ? '' : 'disabled-row' },
-    el('td', {}, el('strong', {}, s.name), el('div', { class: 'muted small' }, `#${s.id} · ${s.algorithm}`)),
+    // A long name is cut with an ellipsis (the whole name on hover), so the
+    // other columns stay on screen.
+    el('td', { class: 'name-cell' }, el('strong', { class: 'name', title: s.name }, s.name),
+      el('div', { class: 'muted small' }, `#${s.id} · ${s.algorithm}`)),
     el('td', {}, matchChips(s)),
     el('td', {}, describeLimit(s)),
     el('td', {}, describeAction(s),
@@ -393,11 +396,13 @@ async function deleteStrategy(s) {
   const ok = await confirmDialog(`Delete strategy “${s.name}”? Requests it limits will pass again within a second. This cannot be undone.`, 'Delete strategy');
   if (!ok) return;
   try {
-    await api('DELETE', `/strategies/${s.id}`);
+    // The version shown: 409 if someone changed it since the list was read.
+    await api('DELETE', `/strategies/${s.id}?version=${s.version}`);
     toast(`Deleted “${s.name}”.`);
     if (state.chartId === s.id) closeChart();
   } catch (e) {
     if (e.status === 404) toast(`“${s.name}” was already deleted by someone else.`, 'error');
+    else if (e.status === 409) toast(`“${s.name}” was changed by someone else and was not deleted. The list is reloaded.`, 'error');
     else reportError(e, 'Delete failed');
   }
   await loadStrategies().catch((e) => reportError(e, 'Loading failed'));

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/bench.sh and scripts/bench-instructions.sh: the 10,000
 # strategies both benchmarks load, on clients and URIs the benchmark never
 # sends (so they are indexed but never match), one per line in the test

@@ -7,7 +7,7 @@
 //! in one read transaction, computes local rates ([`super::rates`]) and
 //! publishes through the core writer ([`Sink`]).
 //!
-//! The store is reached through a [`Source`]: the database itself or
+//! The store is reached through a [`ConfigSource`]: the database itself or
 //! `rate-ctl serve` over HTTP (`--store http://…`); everything else
 //! (rates, faults, logging, publishing) is this one implementation.
 //! Each heartbeat also reports the file's slot counters that moved since
@@ -16,8 +16,12 @@
 //! Faults: an unreachable store keeps the last table in the file and is
 //! retried with exponential backoff (up to `max_backoff`), logging once per
 //! change of state; an invalid row is skipped and named; a publish the
-//! writer refuses (capacity) keeps the previous table and is not retried
-//! until the version or the share changes; SIGTERM/SIGINT stop the agent
+//! writer refuses (capacity, or freed slots still in their 2 s quarantine)
+//! keeps the previous table, is logged once and retried with backoff (250 ms,
+//! then every 500 ms) until it succeeds or the version or share changes; a
+//! table that fits but needs slots still held by the strategies it replaces
+//! is published in stages (the writer's `publish_staged`), the rest 2 s
+//! later; SIGTERM/SIGINT stop the agent
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
@@ -30,12 +34,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use rate_ctl::core::model::Strategy;
-use tracing::{error, info, warn};
+use rate_ctl::core::shm::ShmError;
+use tracing::{debug, error, info, warn};
 
 use crate::store::record::{BlacklistRecord, HostRecord};
-use crate::store::{now_ms, redact_url, BadRow, CounterSample, StoreError};
+use crate::store::{redact_url, BadRow, CounterSample, StoreError};
+use rate_ctl::core::shm::unix_ms;
 use rates::{local_strategy, share, Share};
-pub use source::Source;
+pub use source::ConfigSource;
 
 /// Where published tables go: the core writer in production, a recorder in
 /// unit tests.
@@ -47,14 +53,28 @@ pub trait Sink {
         strategies: &[Strategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
-    ) -> Result<String, String>;
+    ) -> Result<String, ShmError>;
     /// Writes the agent heartbeat (unix ms) into the file header.
     fn heartbeat(&self, unix_ms: u64);
     /// The slot counters of the published strategies.
     fn counters(&self) -> Vec<CounterSample> {
         Vec::new()
     }
+    /// Replaces a file truncated or rewritten under the agent; `Ok(Some)`
+    /// (the reason) when it did, and the table must be published again.
+    fn check_file(&mut self) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+    /// Strategies the last publish left for a later stage (slots still in
+    /// their quarantine); 0 when it was complete.
+    fn deferred(&self) -> usize {
+        0
+    }
 }
+
+/// How long after a staged publish the rest is published: the writer's
+/// slot quarantine and a margin.
+const STAGE_WAIT_MS: u64 = 2_100;
 
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -76,14 +96,38 @@ struct Applied {
     at_ms: u64,
 }
 
+/// A refused publish and when to try it again.
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    version: u64,
+    share: Share,
+    retry_at_ms: u64,
+    delay_ms: u64,
+}
+
+/// First wait before retrying a refused publish; doubles up to
+/// [`REFUSED_MAX_DELAY_MS`] (and `max_backoff`).
+const REFUSED_FIRST_DELAY_MS: u64 = 250;
+const REFUSED_MAX_DELAY_MS: u64 = 500;
+
+impl Refused {
+    /// Whether `(version, share)` was refused and its retry is not due.
+    fn waiting(this: &Option<Refused>, version: u64, share: Share, now_ms: u64) -> bool {
+        this.is_some_and(|r| r.version == version && r.share == share && now_ms < r.retry_at_ms)
+    }
+}
+
 pub struct Agent<S: Sink> {
     opts: AgentOptions,
     sink: S,
-    source: Source,
+    source: ConfigSource,
     healthy: Option<bool>,
     applied: Option<Applied>,
-    /// Version and share a publish was refused for: not retried until they change.
-    refused: Option<(u64, Share)>,
+    /// The last refused publish: retried with backoff (a refusal may be
+    /// transient, e.g. freed slots still in their 2 s quarantine).
+    refused: Option<Refused>,
+    /// A staged publish left strategies out: publish again from this time.
+    staged_until_ms: u64,
     hosts: Vec<HostRecord>,
     my_weight: u32,
     next_heartbeat_ms: u64,
@@ -96,7 +140,7 @@ pub struct Agent<S: Sink> {
 }
 
 impl<S: Sink> Agent<S> {
-    pub fn new(opts: AgentOptions, sink: S, source: Source) -> Agent<S> {
+    pub fn new(opts: AgentOptions, sink: S, source: ConfigSource) -> Agent<S> {
         Agent {
             my_weight: opts.weight.unwrap_or(1),
             opts,
@@ -105,6 +149,7 @@ impl<S: Sink> Agent<S> {
             healthy: None,
             applied: None,
             refused: None,
+            staged_until_ms: 0,
             hosts: Vec::new(),
             next_heartbeat_ms: 0,
             logged_bad: HashSet::new(),
@@ -119,7 +164,11 @@ impl<S: Sink> Agent<S> {
     }
 
     /// Runs until `shutdown` resolves; a publish in progress completes first.
-    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) {
+    /// A store that refuses the agent's token at first contact is a
+    /// configuration error: `Err` (the agent exits non-zero) instead of
+    /// retrying forever with no table. Refused later (a token revoked),
+    /// the agent keeps its table and retries, logging at error level.
+    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         tokio::pin!(shutdown);
         let mut delay = Duration::ZERO;
         loop {
@@ -146,7 +195,20 @@ impl<S: Sink> Agent<S> {
                     }
                     delay = self.opts.poll;
                 }
+                Err(StoreError::Auth(m)) if self.healthy.is_none() => {
+                    error!(store = %redact_url(&self.opts.store_url), error = %m,
+                           "the store refused the agent's credentials: a configuration error; exiting");
+                    self.source.disconnect();
+                    return Err(format!("--store {}: {m}", redact_url(&self.opts.store_url)));
+                }
                 Err(e) => {
+                    if let StoreError::Auth(m) = &e {
+                        if self.healthy != Some(false) {
+                            error!(store = %redact_url(&self.opts.store_url), error = %m,
+                                   "the store refused the agent's credentials; the file keeps the last table, retrying");
+                            self.healthy = Some(false);
+                        }
+                    }
                     if self.healthy != Some(false) {
                         warn!(store = %redact_url(&self.opts.store_url), error = %e,
                               "store unreachable; the file keeps the last table, retrying with backoff");
@@ -162,11 +224,23 @@ impl<S: Sink> Agent<S> {
             }
         }
         self.source.disconnect();
+        Ok(())
     }
 
     /// One poll: heartbeat, version check, publish if needed.
     pub async fn tick(&mut self) -> Result<(), StoreError> {
-        let now = now_ms();
+        let now = unix_ms();
+        match self.sink.check_file() {
+            Ok(None) => {}
+            Ok(Some(reason)) => {
+                warn!(%reason, "replaced the shared-memory file; publishing the table again");
+                self.applied = None;
+                self.refused = None;
+            }
+            Err(e) => {
+                error!(error = %e, "the shared-memory file is damaged and cannot be replaced")
+            }
+        }
         self.sink.heartbeat(now);
         if !self.source.connected() {
             self.my_weight = self
@@ -206,11 +280,15 @@ impl<S: Sink> Agent<S> {
             self.opts.freshness_ms,
         );
         let current = self.applied.map(|a| (a.version, a.share));
-        if current == Some((version, share)) || self.refused == Some((version, share)) {
+        if current == Some((version, share)) || Refused::waiting(&self.refused, version, share, now)
+        {
+            return Ok(());
+        }
+        if now < self.staged_until_ms {
             return Ok(());
         }
         let snap = self.source.snapshot().await?;
-        if self.refused == Some((snap.version, share)) {
+        if Refused::waiting(&self.refused, snap.version, share, now) {
             return Ok(());
         }
         log_bad_rows(&mut self.logged_bad, &snap.bad_rows);
@@ -228,8 +306,18 @@ impl<S: Sink> Agent<S> {
             .collect();
         let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
+            Ok(summary) if self.sink.deferred() > 0 => {
+                warn!(
+                    version = snap.version,
+                    deferred = self.sink.deferred(),
+                    "published in stages: {summary}; the other strategies follow in 2 s, \
+                     once the slots this publish freed may be reused"
+                );
+                self.staged_until_ms = unix_ms() + STAGE_WAIT_MS;
+                self.refused = None;
+            }
             Ok(summary) => {
-                let at = now_ms();
+                let at = unix_ms();
                 info!(
                     version = snap.version,
                     took_us = started.elapsed().as_micros() as u64,
@@ -251,9 +339,28 @@ impl<S: Sink> Agent<S> {
                     .await?;
             }
             Err(e) => {
-                error!(version = snap.version, error = %e,
-                       "publish refused; the previous table stays active");
-                self.refused = Some((snap.version, share));
+                let again = self
+                    .refused
+                    .filter(|r| r.version == snap.version && r.share == share);
+                let cap = REFUSED_MAX_DELAY_MS.min(self.opts.max_backoff.as_millis() as u64);
+                let delay_ms = match again {
+                    // Logged once per version; retries are quiet.
+                    Some(r) => {
+                        debug!(version = snap.version, error = %e, "publish refused again");
+                        (r.delay_ms * 2).min(cap)
+                    }
+                    None => {
+                        error!(version = snap.version, error = %e,
+                               "publish refused; the previous table stays active, retrying with backoff");
+                        REFUSED_FIRST_DELAY_MS.min(cap)
+                    }
+                };
+                self.refused = Some(Refused {
+                    version: snap.version,
+                    share,
+                    retry_at_ms: unix_ms() + delay_ms,
+                    delay_ms,
+                });
             }
         }
         Ok(())
@@ -280,9 +387,9 @@ impl<S: Sink> Agent<S> {
 
 /// Logs each invalid row once while it stays invalid.
 fn log_bad_rows(logged: &mut HashSet<(i64, String)>, bad: &[BadRow]) {
-    let now: HashSet<(i64, String)> = bad.iter().map(|b| (b.id, b.reason.clone())).collect();
+    let now: HashSet<(i64, String)> = bad.iter().map(|b| (b.id, b.reason.to_string())).collect();
     for b in bad {
-        if !logged.contains(&(b.id, b.reason.clone())) {
+        if !logged.contains(&(b.id, b.reason.to_string())) {
             warn!(id = b.id, reason = %b.reason, "skipping invalid strategy row");
         }
     }
@@ -326,10 +433,14 @@ mod tests {
             strategies: &[Strategy],
             _blacklist: &[BlacklistRecord],
             v: u64,
-        ) -> Result<String, String> {
+        ) -> Result<String, ShmError> {
             if let Some(l) = self.limit {
                 if strategies.len() > l {
-                    return Err(format!("capacity: max strategies ({l}) exceeded"));
+                    return Err(ShmError::Capacity {
+                        what: "max strategies",
+                        limit: l as u64,
+                        needed: strategies.len() as u64,
+                    });
                 }
             }
             self.published.push((v, strategies.to_vec()));
@@ -368,7 +479,7 @@ mod tests {
         let mut agent = Agent::new(
             opts(&url, "h1"),
             Recorder::default(),
-            Source::new(Target::Store(url.clone()), Duration::from_secs(1)).unwrap(),
+            ConfigSource::new(Target::Store(url.clone()), Duration::from_secs(1)).unwrap(),
         );
         agent.tick().await.unwrap();
         assert_eq!(agent.sink().published.len(), 1);
@@ -378,7 +489,7 @@ mod tests {
         assert_eq!(agent.sink().published.len(), 1);
 
         // A second fresh host with weight 3 takes 3/4 of the rate.
-        store.heartbeat("h2", 3, now_ms(), None).await.unwrap();
+        store.heartbeat("h2", 3, unix_ms(), None).await.unwrap();
         agent.tick().await.unwrap();
         let (_, last) = agent.sink().published.last().unwrap();
         assert_eq!(last[0].rate, 100);

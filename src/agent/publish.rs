@@ -10,30 +10,35 @@ use crate::store::CounterSample;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::Strategy;
 use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
-use rate_ctl::core::shm::{Capacities, Mapping};
+use rate_ctl::core::shm::{Capacities, Mapping, ShmError};
 use rate_ctl::core::slot::Slot;
-use rate_ctl::core::writer::{Opened, Writer};
-
-/// File capacities chosen on the command line.
-#[derive(Debug, Clone, Copy)]
-pub struct Caps {
-    pub max_strategies: u32,
-    pub segment_bytes: u64,
-    pub blacklist_entries: u32,
-}
+use rate_ctl::core::writer::{FileAccess, Opened, Writer};
 
 /// The core writer as the agent's [`Sink`].
 pub struct ShmSink {
     writer: Writer,
+    /// Strategies the last publish deferred (see `Writer::publish_staged`).
+    deferred: usize,
 }
 
 impl Sink for ShmSink {
+    fn check_file(&mut self) -> Result<Option<String>, String> {
+        match self.writer.ensure_whole() {
+            Ok(true) => Ok(Some(match self.writer.opened() {
+                Opened::Recreated { reason } => reason.clone(),
+                _ => "damaged".into(),
+            })),
+            Ok(false) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     fn publish(
         &mut self,
         strategies: &[Strategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
-    ) -> Result<String, String> {
+    ) -> Result<String, ShmError> {
         let entries: Vec<BlacklistEntry> = blacklist
             .iter()
             .map(|b| BlacklistEntry {
@@ -44,8 +49,8 @@ impl Sink for ShmSink {
             .collect();
         let r = self
             .writer
-            .publish(strategies, &entries, config_version)
-            .map_err(|e| e.to_string())?;
+            .publish_staged(strategies, &entries, config_version)?;
+        self.deferred = r.deferred;
         Ok(format!(
             "sequence {}, {} strategies ({} new slots, {} freed), {} blacklist entries, {} bytes",
             r.seq, r.strategies, r.new_slots, r.freed_slots, r.blacklist_entries, r.payload_bytes
@@ -54,6 +59,10 @@ impl Sink for ShmSink {
 
     fn heartbeat(&self, unix_ms: u64) {
         self.writer.heartbeat(unix_ms);
+    }
+
+    fn deferred(&self) -> usize {
+        self.deferred
     }
 
     fn counters(&self) -> Vec<CounterSample> {
@@ -80,17 +89,32 @@ impl Sink for ShmSink {
 
 /// Creates or adopts the file at `path` (an adopted file keeps its slots
 /// and counters).
-pub fn open(path: &Path, caps: Caps, mode: u32) -> Result<ShmSink, String> {
-    let writer = Writer::create_or_adopt(
-        path,
-        Capacities {
-            max_strategies: caps.max_strategies,
-            segment_bytes: caps.segment_bytes,
-            blacklist_entries: caps.blacklist_entries,
-        },
-        mode,
-    )
-    .map_err(|e| e.to_string())?;
+pub fn open(
+    path: &Path,
+    caps: Capacities,
+    mode: u32,
+    group: Option<u32>,
+) -> Result<ShmSink, ShmError> {
+    // The SIGBUS guard before the first mapping: a file truncated under
+    // the agent becomes an error, not a crash.
+    if let Err(e) = rate_ctl::core::sigbus::install() {
+        warn!(error = %e, "cannot install the SIGBUS guard");
+    }
+    // Workers (nginx's user, not the agent's) write the stat slots.
+    let others_write = mode & 0o002 != 0;
+    let group_write = mode & 0o020 != 0;
+    let workers_write = others_write || (group_write && group.is_some());
+    if !workers_write {
+        warn!(
+            path = %path.display(),
+            mode = format!("{mode:04o}"),
+            group = group.map(|g| g.to_string()).unwrap_or_else(|| "(the agent's)".into()),
+            "nginx workers can write the file only if they run as the agent's user{}; \
+             otherwise limits do not count (use --mode 0660 --group <workers' group>)",
+            if group_write { " or group" } else { "" }
+        );
+    }
+    let writer = Writer::open(path, caps, FileAccess { mode, group })?;
     match writer.opened() {
         Opened::Created => info!(path = %path.display(), "created the shared-memory file"),
         Opened::Adopted {
@@ -104,11 +128,23 @@ pub fn open(path: &Path, caps: Caps, mode: u32) -> Result<ShmSink, String> {
             warn!(path = %path.display(), %reason, "recreated the shared-memory file")
         }
     }
-    Ok(ShmSink { writer })
+    Ok(ShmSink {
+        writer,
+        deferred: 0,
+    })
+}
+
+/// Why the active table could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("active segment (sequence {seq}): {source}")]
+    Segment { seq: u64, source: SegmentError },
+    #[error("the writer kept publishing; try again")]
+    Busy,
 }
 
 /// Reads the active segment, retrying while the writer is mid-publish.
-pub fn read_active(map: &Mapping) -> Result<Option<Decoded>, String> {
+pub fn read_active(map: &Mapping) -> Result<Option<Decoded>, ReadError> {
     let mut buf = Vec::new();
     for _ in 0..10_000 {
         let seq = map.seq();
@@ -119,8 +155,8 @@ pub fn read_active(map: &Mapping) -> Result<Option<Decoded>, String> {
             Ok(d) => return Ok(Some(d)),
             Err(SegmentError::Busy) => std::thread::yield_now(),
             Err(SegmentError::Sequence { .. }) if map.seq() != seq => {}
-            Err(e) => return Err(format!("active segment (sequence {seq}): {e}")),
+            Err(source) => return Err(ReadError::Segment { seq, source }),
         }
     }
-    Err("the writer kept publishing; try again".into())
+    Err(ReadError::Busy)
 }

@@ -13,6 +13,7 @@
 use rate_ctl::core::model::{Algorithm, Strategy};
 
 use crate::store::record::{HostRecord, Scope, StrategyRecord};
+use crate::store::Invalid;
 
 /// This host's weight and the fleet's total (including this host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +62,7 @@ pub fn share(
 
 /// The strategy this host publishes for `rec`: rates local, validated by
 /// the core model. `Err` names the field at fault.
-pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, String> {
+pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, Invalid> {
     let (rate, burst) = match rec.scope {
         Scope::Host => (rec.rate, rec.burst),
         Scope::Cluster => {
@@ -74,7 +75,7 @@ pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, St
         }
     };
     let mut s = rec.to_core(rate, burst)?;
-    s.validate().map_err(|e| e.to_string())?;
+    s.validate()?;
     Ok(s)
 }
 

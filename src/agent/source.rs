@@ -4,14 +4,15 @@
 //! an nginx host needs no database driver or credentials).
 //!
 //! Over HTTP a background task long-polls `GET /api/v1/snapshot?after=V`
-//! and keeps the newest snapshot; [`Source::changed`] wakes the agent as
+//! and keeps the newest snapshot; [`ConfigSource::changed`] wakes the agent as
 //! soon as one arrives. Heartbeats, applied versions and counters go to
 //! `POST /api/v1/hosts/{id}/report`, whose answer carries the hosts (for
 //! the cluster-rate split).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -20,7 +21,8 @@ use crate::client::http::{percent_encode, Answer, Client};
 use crate::client::wire::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
 use crate::client::{Backend, Target};
 use crate::store::record::HostRecord;
-use crate::store::{now_ms, BadRow, CounterSample, Snapshot, Store, StoreError};
+use crate::store::{BadRow, CounterSample, Invalid, Snapshot, Store, StoreError};
+use rate_ctl::core::shm::unix_ms;
 
 /// Longest a long-poll may take before the client gives up on it (the
 /// server answers within 30 s).
@@ -37,8 +39,8 @@ struct Latest {
 }
 
 /// The agent's connection to its [`Target`]; connects lazily and again
-/// after [`Source::disconnect`].
-pub struct Source {
+/// after [`ConfigSource::disconnect`].
+pub struct ConfigSource {
     target: Target,
     /// How long the store may take to hand out a connection.
     timeout: Duration,
@@ -47,14 +49,14 @@ pub struct Source {
     poller: Option<JoinHandle<()>>,
 }
 
-impl Source {
+impl ConfigSource {
     /// A source for `target`; an API URL that cannot be used is refused
     /// here (`StoreError::Url`), before anything is sent.
-    pub fn new(target: Target, timeout: Duration) -> Result<Source, StoreError> {
+    pub fn new(target: Target, timeout: Duration) -> Result<ConfigSource, StoreError> {
         if let Target::Api { url, token } = &target {
-            Client::new(url, token.clone()).map_err(StoreError::Url)?;
+            Client::new(url, token.clone()).map_err(|e| StoreError::Url(e.to_string()))?;
         }
-        Ok(Source {
+        Ok(ConfigSource {
             target,
             timeout,
             backend: None,
@@ -100,11 +102,11 @@ impl Source {
                 let first = client
                     .request("GET", "/api/v1/snapshot?after=0", None, REQUEST_TIMEOUT)
                     .await
-                    .map_err(StoreError::Http)?;
+                    .map_err(|e| StoreError::Http(e.to_string()))?;
                 let snap = snapshot_from(&ok_body(first, "snapshot")?)?;
                 let after = snap.version;
-                *self.latest.snapshot.lock().expect("not poisoned") = Some(snap);
-                *self.latest.error.lock().expect("not poisoned") = None;
+                *self.latest.snapshot.lock() = Some(snap);
+                *self.latest.error.lock() = None;
                 self.poller = Some(tokio::spawn(long_poll(
                     client.clone(),
                     self.latest.clone(),
@@ -175,13 +177,12 @@ impl Source {
         match self.backend()? {
             Backend::Store(store) => store.version().await,
             Backend::Api(_) => {
-                if let Some(e) = self.latest.error.lock().expect("not poisoned").clone() {
+                if let Some(e) = self.latest.error.lock().clone() {
                     return Err(StoreError::Http(e));
                 }
                 self.latest
                     .snapshot
                     .lock()
-                    .expect("not poisoned")
                     .as_ref()
                     .map(|s| s.version)
                     .ok_or_else(|| StoreError::Http("no snapshot yet".into()))
@@ -197,7 +198,6 @@ impl Source {
                 .latest
                 .snapshot
                 .lock()
-                .expect("not poisoned")
                 .clone()
                 .ok_or_else(|| StoreError::Http("no snapshot yet".into())),
         }
@@ -224,7 +224,7 @@ impl Source {
     }
 }
 
-impl Drop for Source {
+impl Drop for ConfigSource {
     fn drop(&mut self) {
         if let Some(p) = self.poller.take() {
             p.abort();
@@ -232,7 +232,7 @@ impl Drop for Source {
     }
 }
 
-/// Registers `host_id` in the store (see [`Source::connect`]).
+/// Registers `host_id` in the store (see [`ConfigSource::connect`]).
 async fn register(
     store: &Store,
     host_id: &str,
@@ -249,7 +249,7 @@ async fn register(
         (Some(_), Some(w)) => w,
         (None, w) => {
             let w = w.unwrap_or(default_weight);
-            store.heartbeat(host_id, w, now_ms(), None).await?;
+            store.heartbeat(host_id, w, unix_ms(), None).await?;
             w
         }
     };
@@ -262,7 +262,7 @@ async fn report(client: &Client, host_id: &str, body: Value) -> Result<Value, St
     let a = client
         .request("POST", &path, Some(&body), REQUEST_TIMEOUT)
         .await
-        .map_err(StoreError::Http)?;
+        .map_err(|e| StoreError::Http(e.to_string()))?;
     ok_body(a, "report")
 }
 
@@ -274,7 +274,7 @@ async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
         let r = client
             .request("GET", &path, None, LONG_POLL_TIMEOUT)
             .await
-            .map_err(StoreError::Http)
+            .map_err(|e| StoreError::Http(e.to_string()))
             .and_then(|a| ok_body(a, "snapshot"))
             .and_then(|v| {
                 let changed = v["changed"].as_bool().unwrap_or(true);
@@ -286,15 +286,15 @@ async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
             });
         match r {
             Ok(s) => {
-                *latest.error.lock().expect("not poisoned") = None;
+                *latest.error.lock() = None;
                 if let Some(s) = s {
                     after = s.version;
-                    *latest.snapshot.lock().expect("not poisoned") = Some(s);
+                    *latest.snapshot.lock() = Some(s);
                     latest.notify.notify_one();
                 }
             }
             Err(e) => {
-                *latest.error.lock().expect("not poisoned") = Some(e.to_string());
+                *latest.error.lock() = Some(e.to_string());
                 latest.notify.notify_one();
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -305,6 +305,12 @@ async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
 fn ok_body(a: Answer, what: &str) -> Result<Value, StoreError> {
     if (200..300).contains(&a.status) {
         Ok(a.body)
+    } else if a.status == 401 || a.status == 403 {
+        Err(StoreError::Auth(format!(
+            "{what}: HTTP {}: {} (check --token / RATE_CTL_TOKEN: the agent token of rate-ctl serve)",
+            a.status,
+            a.error_message()
+        )))
     } else {
         Err(StoreError::Http(format!(
             "{what}: HTTP {}: {}",
@@ -334,7 +340,8 @@ fn snapshot_from(v: &Value) -> Result<Snapshot, StoreError> {
     let mut bad_rows = Vec::new();
     for s in v["strategies"].as_array().into_iter().flatten() {
         let id = s["id"].as_i64().unwrap_or(-1);
-        match strategy_from_api_json(s).and_then(|mut r| r.validate().map(|()| r)) {
+        let rec = strategy_from_api_json(s).map_err(|e| Invalid::whole(None, e.to_string()));
+        match rec.and_then(|mut r| r.validate().map(|()| r)) {
             Ok(r) => strategies.push(r),
             Err(reason) => bad_rows.push(BadRow { id, reason }),
         }

@@ -1,73 +1,92 @@
-//! Parsers of command-line values: `--match`, durations, and the flag that
-//! carries a model field (for error messages).
+//! Parsers of command-line values (`--match`, durations) and the flag that
+//! carries a field (for error messages).
 
 use std::collections::BTreeMap;
 
+use crate::store::{Field, Invalid};
 use rate_ctl::core::model::ModelError;
 
-/// The CLI argument that carries a model field, for error messages.
-pub fn flag_for_field(message: &str) -> &'static str {
-    let field = message.split(':').next().unwrap_or("");
+/// The command-line argument that carries a field, for error messages:
+/// the one place it is decided ("arguments" for a field no flag sets).
+pub fn flag(field: Option<Field>) -> &'static str {
     match field {
-        f if f.starts_with("conditions") => "--match",
-        "rate" => "--rate",
-        "burst" => "--burst",
-        "per" => "--per",
-        "algorithm" => "--algorithm",
-        "action.status" | "status" => "--status",
-        "action.max_delay_ms" | "max_delay_ms" => "--max-delay-ms",
-        "action" => "--action",
-        "name" => "--name",
-        "scope" => "--scope",
-        "id" => "ID",
-        "dimension" => "--dimension",
-        "value" => "--value",
-        "expires" => "--expires",
-        "reason" => "--reason",
-        "weight" => "--weight",
-        _ => "arguments",
+        Some(Field::Conditions | Field::Condition(_)) => "--match",
+        Some(Field::Rate) => "--rate",
+        Some(Field::Burst) => "--burst",
+        Some(Field::Per) => "--per",
+        Some(Field::Algorithm) => "--algorithm",
+        Some(Field::Status) => "--status",
+        Some(Field::MaxDelayMs) => "--max-delay-ms",
+        Some(Field::Action) => "--action",
+        Some(Field::Name) => "--name",
+        Some(Field::Scope) => "--scope",
+        Some(Field::Id) => "ID",
+        Some(Field::Dimension) => "--dimension",
+        Some(Field::Value) => "--value",
+        Some(Field::Expires) => "--expires",
+        Some(Field::Reason) => "--reason",
+        Some(Field::Weight) => "--weight",
+        Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }
 
 /// Parses a `--match dimension=value` argument.
-pub fn parse_match(arg: &str) -> Result<(String, String), String> {
-    let (d, v) = arg
-        .split_once('=')
-        .ok_or_else(|| format!("conditions: {arg:?} is not dimension=value"))?;
+pub fn parse_match(arg: &str) -> Result<(String, String), Invalid> {
+    let (d, v) = arg.split_once('=').ok_or_else(|| {
+        Invalid::new(
+            Field::Conditions,
+            "conditions",
+            format!("{arg:?} is not dimension=value"),
+        )
+    })?;
     Ok((d.trim().to_string(), v.to_string()))
 }
 
 /// Turns `--match` arguments into the condition map, refusing a dimension
 /// given twice (the map would silently keep one).
-pub fn conditions_from_args(args: &[String]) -> Result<BTreeMap<String, String>, String> {
+pub fn conditions_from_args(args: &[String]) -> Result<BTreeMap<String, String>, Invalid> {
     let mut map = BTreeMap::new();
     for (index, a) in args.iter().enumerate() {
         let (d, v) = parse_match(a)?;
         if map.insert(d.clone(), v).is_some() {
-            return Err(ModelError::DuplicateDimension { index, name: d }.to_string());
+            return Err(ModelError::DuplicateDimension { index, name: d }.into());
         }
     }
     Ok(map)
 }
 
+/// A command-line value that is not what its argument takes (clap shows
+/// the message after the argument's name).
+#[derive(Debug, thiserror::Error)]
+pub enum BadValue {
+    #[error("{0:?}: not a group name")]
+    NotAGroup(String),
+    #[error("{0:?}: no such group")]
+    NoSuchGroup(String),
+    #[error("{0:?} is not an octal mode like 0660")]
+    NotAMode(String),
+    #[error("{0:?} is not a duration like 30s, 10m, 2h, 1d")]
+    NotADuration(String),
+    #[error("{0:?} is too long")]
+    TooLong(String),
+}
+
 /// Parses a duration such as `30s`, `10m`, `2h`, `1d` or `500ms`.
-pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+pub fn parse_duration_ms(s: &str) -> Result<u64, BadValue> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s, 10m, 2h, 1d"))?;
+    let n: u64 = num.parse().map_err(|_| BadValue::NotADuration(s.into()))?;
     let mul = match unit {
         "ms" => 1,
         "" | "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("{s:?} is not a duration like 30s, 10m, 2h, 1d")),
+        _ => return Err(BadValue::NotADuration(s.into())),
     };
     n.checked_mul(mul)
-        .ok_or_else(|| format!("{s:?} is too long"))
+        .ok_or_else(|| BadValue::TooLong(s.into()))
 }
 
 #[cfg(test)]
@@ -79,7 +98,8 @@ mod tests {
         let m = conditions_from_args(&["ip=1.2.3.4".into(), "api=/a=b".into()]).unwrap();
         assert_eq!(m["api"], "/a=b");
         let e = conditions_from_args(&["ip=1".into(), "ip=2".into()]).unwrap_err();
-        assert!(e.starts_with("conditions[1].dimension"), "{e}");
+        assert!(e.to_string().starts_with("conditions[1].dimension"), "{e}");
+        assert_eq!(flag(e.field), "--match");
         assert!(parse_match("novalue").is_err());
     }
 

@@ -1,5 +1,6 @@
 //! The `rate-ctl` command line: agent, store client commands, shm inspection.
 
+pub mod args;
 pub mod flags;
 pub mod shm;
 
@@ -8,349 +9,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::parser::ValueSource;
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches};
 use serde_json::json;
 
 use crate::agent::{self, publish};
 use crate::client::wire::parse_strategy_lines;
 use crate::client::{Backend, Target};
 use crate::serve;
-use crate::store::record::{ActionKind, BlacklistRecord, Scope, StrategyRecord};
-use crate::store::{self, now_ms, StoreError, DEFAULT_STORE};
-use flags::{conditions_from_args, flag_for_field, parse_duration_ms};
-use rate_ctl::core::model::{Algorithm, Unit};
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "rate-ctl",
-    version,
-    args_override_self = true,
-    about = "Dynamic rate control for nginx: agent, config store and shared-memory tools"
-)]
-pub struct Cli {
-    /// Config store: sqlite:PATH (created on first use) or
-    /// mysql://USER:PASS@HOST:PORT/DB [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
-    #[arg(long, global = true, value_name = "URL")]
-    store: Option<String>,
-    /// Manage strategies, blacklist and hosts through a running
-    /// `rate-ctl serve` (http://HOST:PORT) instead of --store.
-    #[arg(long, global = true, env = "RATE_CTL_API", value_name = "URL")]
-    api: Option<String>,
-    /// Token of `rate-ctl serve` for --api (the admin token; a read token
-    /// can list) and for `agent --store http://…` (the agent token).
-    #[arg(
-        long,
-        global = true,
-        env = "RATE_CTL_TOKEN",
-        hide_env_values = true,
-        value_name = "T"
-    )]
-    token: Option<String>,
-    /// Machine-readable output (one JSON document, or JSON lines for lists).
-    #[arg(long, global = true)]
-    json: bool,
-    /// Log level for diagnostics on stderr: error, warn, info, debug, trace.
-    #[arg(long, global = true, default_value = "info", value_name = "LEVEL")]
-    log_level: tracing::Level,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Keep a shared-memory file in step with the store (or with
-    /// `rate-ctl serve`: --store http://HOST:PORT --token T).
-    Agent(AgentArgs),
-    /// REST API, admin page and agent long-poll over the store.
-    Serve(ServeArgs),
-    /// Manage strategies.
-    #[command(subcommand)]
-    Strategy(StrategyCmd),
-    /// Manage the blacklist.
-    #[command(subcommand)]
-    Blacklist(BlacklistCmd),
-    /// Hosts running agents: weights, heartbeats, applied versions.
-    #[command(subcommand)]
-    Host(HostCmd),
-    /// Look into a shared-memory file.
-    #[command(subcommand)]
-    Shm(ShmCmd),
-}
-
-#[derive(Args, Debug)]
-pub struct ServeArgs {
-    /// Address to listen on (port 0: any free port; the address is printed).
-    #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
-    listen: String,
-    /// File holding the admin token; created (mode 0600) with a random token
-    /// if missing. Default: admin.token next to an SQLite store, else
-    /// /var/lib/rate-ctl/admin.token. Env RATE_CTL_ADMIN_TOKEN overrides.
-    #[arg(long, value_name = "FILE")]
-    admin_token_file: Option<PathBuf>,
-    /// File holding a read-only token (GET endpoints). Env RATE_CTL_READ_TOKEN.
-    #[arg(long, value_name = "FILE")]
-    read_token_file: Option<PathBuf>,
-    /// File holding the agents' token (snapshot and report only).
-    /// Env RATE_CTL_AGENT_TOKEN.
-    #[arg(long, value_name = "FILE")]
-    agent_token_file: Option<PathBuf>,
-    /// A host counts as fresh while its heartbeat is at most this old.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration_ms)]
-    freshness: u64,
-    /// Print the API routes (METHOD PATH per line) and exit.
-    #[arg(long, hide = true)]
-    list_routes: bool,
-}
-
-#[derive(Args, Debug)]
-struct AgentArgs {
-    /// Shared-memory file to create or adopt.
-    #[arg(long, default_value = "/dev/shm/rate_ctl", value_name = "PATH")]
-    shm: PathBuf,
-    /// This host's id in the hosts table (default: the hostname).
-    #[arg(long, value_name = "ID")]
-    host_id: Option<String>,
-    /// This host's weight for cluster rates; set in the store at start
-    /// (default: keep the stored weight, 1 for a new host).
-    #[arg(long, value_name = "W", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    weight: Option<u32>,
-    /// How often to poll the config version, in ms.
-    #[arg(long, default_value_t = 200, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
-    poll_ms: u64,
-    /// How often to record the heartbeat and re-read hosts, in ms.
-    #[arg(long, default_value_t = 1_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
-    heartbeat_ms: u64,
-    /// A host counts for cluster rates while its heartbeat is at most this old.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration_ms)]
-    freshness: u64,
-    /// Longest wait between retries while the store is unreachable, in ms.
-    #[arg(long, default_value_t = 2_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=600_000))]
-    max_backoff_ms: u64,
-    /// Capacity of a new file: strategies (and stat slots).
-    #[arg(long, default_value_t = 65_536, value_name = "N")]
-    max_strategies: u32,
-    /// Capacity of a new file: bytes of each config segment.
-    #[arg(long, default_value_t = 16 << 20, value_name = "BYTES")]
-    segment_bytes: u64,
-    /// Capacity of a new file: blacklist entries.
-    #[arg(long, default_value_t = 65_536, value_name = "N")]
-    blacklist_entries: u32,
-    /// Permission bits of a new file (octal); nginx workers must be able to
-    /// read and write it. To keep other local users out, use 0660 with
-    /// --group set to the workers' group.
-    #[arg(long, default_value = "0666", value_name = "MODE", value_parser = parse_mode)]
-    mode: u32,
-    /// Give the file to this group (name or number), e.g. www-data.
-    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
-    group: Option<u32>,
-}
-
-/// A group name or number → gid.
-fn parse_group(s: &str) -> Result<u32, String> {
-    if let Ok(gid) = s.parse::<u32>() {
-        return Ok(gid);
-    }
-    let name = std::ffi::CString::new(s).map_err(|_| format!("{s:?}: not a group name"))?;
-    // SAFETY: libc::group is plain data (integers and pointers); all-zero is
-    // a valid value that getgrnam_r overwrites.
-    let mut grp: libc::group = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    let mut out: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer refers to live, writable memory of the length
-    // passed; getgrnam_r writes only into grp and buf and sets out.
-    let rc = unsafe {
-        libc::getgrnam_r(
-            name.as_ptr(),
-            &mut grp,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut out,
-        )
-    };
-    if rc != 0 || out.is_null() {
-        return Err(format!("{s:?}: no such group"));
-    }
-    Ok(grp.gr_gid)
-}
-
-fn parse_mode(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s.trim_start_matches("0o"), 8)
-        .ok()
-        .filter(|m| *m <= 0o777)
-        .ok_or_else(|| format!("{s:?} is not an octal mode like 0660"))
-}
-
-#[derive(Subcommand, Debug)]
-enum StrategyCmd {
-    /// Add a strategy; prints its id.
-    Add(StrategyAdd),
-    /// Change fields of a strategy; fields not given stay.
-    Update(StrategyUpdate),
-    /// Delete strategies.
-    Rm {
-        #[arg(required = true, value_name = "ID")]
-        ids: Vec<u32>,
-    },
-    /// List strategies.
-    List {
-        /// Only names containing this text.
-        #[arg(long, value_name = "TEXT")]
-        name: Option<String>,
-        /// Only strategies with this condition (dimension=value).
-        #[arg(long = "match", value_name = "DIM=VALUE")]
-        matches: Vec<String>,
-    },
-    /// Write all strategies as JSON lines (to FILE, or stdout for -).
-    Export {
-        #[arg(default_value = "-", value_name = "FILE")]
-        file: PathBuf,
-    },
-    /// Load strategies from JSON lines, all or nothing. A line with an id
-    /// replaces that strategy; one without gets a new id.
-    Import {
-        #[arg(value_name = "FILE")]
-        file: PathBuf,
-        /// Also delete every strategy not in the file.
-        #[arg(long)]
-        replace: bool,
-    },
-}
-
-#[derive(Args, Debug)]
-struct StrategyAdd {
-    /// Unique name.
-    #[arg(long)]
-    name: String,
-    /// A condition dimension=value; repeat for AND (none = every request).
-    #[arg(long = "match", value_name = "DIM=VALUE")]
-    matches: Vec<String>,
-    #[arg(long, value_parser = parse_algorithm)]
-    algorithm: Algorithm,
-    /// Requests per --per (for concurrency: requests in flight).
-    #[arg(long)]
-    rate: u64,
-    #[arg(long, default_value = "second", value_parser = parse_unit)]
-    per: Unit,
-    /// Bucket size for token_bucket.
-    #[arg(long, default_value_t = 1)]
-    burst: u32,
-    /// reject, delay or dry_run.
-    #[arg(long, default_value = "reject", value_parser = parse_action)]
-    action: ActionKind,
-    /// Status for reject (default: the location's rate_ctl_status, 503).
-    #[arg(long)]
-    status: Option<u16>,
-    /// Longest wait for delay, in ms.
-    #[arg(long)]
-    max_delay_ms: Option<u32>,
-    /// cluster: the rate is for the whole fleet; each host enforces
-    /// ceil(rate × its weight / Σ weights of hosts with a fresh heartbeat),
-    /// at least 1 (token-bucket burst split alike). host: per host as written.
-    #[arg(long, default_value = "cluster", value_parser = parse_scope)]
-    scope: Scope,
-    /// Store it disabled.
-    #[arg(long)]
-    disabled: bool,
-}
-
-#[derive(Args, Debug)]
-struct StrategyUpdate {
-    #[arg(value_name = "ID")]
-    id: u32,
-    #[arg(long)]
-    name: Option<String>,
-    /// Replaces all conditions when given.
-    #[arg(long = "match", value_name = "DIM=VALUE")]
-    matches: Vec<String>,
-    /// Remove all conditions (the strategy then matches every request).
-    #[arg(long, conflicts_with = "matches")]
-    no_match: bool,
-    #[arg(long, value_parser = parse_algorithm)]
-    algorithm: Option<Algorithm>,
-    #[arg(long)]
-    rate: Option<u64>,
-    #[arg(long, value_parser = parse_unit)]
-    per: Option<Unit>,
-    #[arg(long)]
-    burst: Option<u32>,
-    #[arg(long, value_parser = parse_action)]
-    action: Option<ActionKind>,
-    #[arg(long)]
-    status: Option<u16>,
-    #[arg(long)]
-    max_delay_ms: Option<u32>,
-    #[arg(long, value_parser = parse_scope)]
-    scope: Option<Scope>,
-    #[arg(long, conflicts_with = "disable")]
-    enable: bool,
-    #[arg(long)]
-    disable: bool,
-}
-
-fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    s.parse()
-        .map_err(|e: rate_ctl::core::model::ModelError| e.to_string())
-}
-fn parse_unit(s: &str) -> Result<Unit, String> {
-    s.parse()
-        .map_err(|e: rate_ctl::core::model::ModelError| e.to_string())
-}
-fn parse_action(s: &str) -> Result<ActionKind, String> {
-    s.parse()
-}
-fn parse_scope(s: &str) -> Result<Scope, String> {
-    s.parse()
-}
-
-#[derive(Subcommand, Debug)]
-enum BlacklistCmd {
-    /// Block every request whose DIMENSION equals VALUE; prints the entry id.
-    Add {
-        #[arg(long)]
-        dimension: String,
-        #[arg(long)]
-        value: String,
-        /// Lifetime such as 30m, 2h, 1d (default: until removed).
-        #[arg(long, value_parser = parse_duration_ms, value_name = "DURATION")]
-        expires: Option<u64>,
-        #[arg(long, default_value = "")]
-        reason: String,
-    },
-    /// Remove entries by id.
-    Rm {
-        #[arg(required = true, value_name = "ID")]
-        ids: Vec<u64>,
-    },
-    /// List entries.
-    List,
-}
-
-#[derive(Subcommand, Debug)]
-enum HostCmd {
-    /// Hosts with weight, heartbeat age, applied version and lag.
-    List {
-        /// Heartbeats older than this count as stale.
-        #[arg(long, default_value = "10s", value_parser = parse_duration_ms, value_name = "DURATION")]
-        freshness: u64,
-    },
-    /// Set a host's weight (registers the host if unknown).
-    SetWeight {
-        #[arg(value_name = "HOST_ID")]
-        host_id: String,
-        #[arg(value_name = "WEIGHT", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-        weight: u32,
-    },
-}
-
-#[derive(Subcommand, Debug)]
-enum ShmCmd {
-    /// Header, sequence, active segment, heartbeat age, strategies with
-    /// local rates and counters, blacklist size.
-    Inspect {
-        #[arg(value_name = "PATH")]
-        path: PathBuf,
-    },
-}
+use crate::store::record::{ActionKind, BlacklistRecord, StrategyRecord};
+use crate::store::{self, Invalid, StoreError, DEFAULT_STORE};
+use args::{AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyCmd};
+use flags::{conditions_from_args, flag};
+use rate_ctl::core::shm::unix_ms;
 
 /// A failed command: message and exit code (2 = bad arguments, 1 = other).
 #[derive(Debug)]
@@ -372,16 +42,17 @@ impl Failure {
             message: message.into(),
         }
     }
-    /// A validation message ("rate: must be …") with the CLI flag named.
-    fn invalid(message: String) -> Failure {
-        Failure::usage(format!("invalid {}: {message}", flag_for_field(&message)))
+    /// An invalid field, with the argument that carries it named.
+    fn invalid(e: Invalid) -> Failure {
+        Failure::usage(format!("invalid {}: {e}", flag(e.field)))
     }
 }
 
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
         match e {
-            StoreError::Invalid(m) => Failure::invalid(m),
+            StoreError::Invalid(e) => Failure::invalid(e),
+            e @ StoreError::Import { .. } => Failure::usage(format!("invalid arguments: {e}")),
             // Every id the store finds absent is the ID argument.
             StoreError::NotFound(m) => Failure::other(format!("ID: {m}")),
             other => Failure::other(other.to_string()),
@@ -451,14 +122,14 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
                 agent_token_file: a.agent_token_file,
                 freshness_ms: a.freshness,
             };
-            serve::run(&url, opts).await.map_err(Failure::other)
+            serve::run(&url, opts)
+                .await
+                .map_err(|e| Failure::other(e.to_string()))
         }
         Command::Strategy(c) => strategy(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Blacklist(c) => blacklist(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Host(c) => host(&target(cli.store, api, cli.token)?, cli.json, c).await,
-        Command::Shm(ShmCmd::Inspect { path }) => {
-            shm::inspect(&path, cli.json).map_err(Failure::other)
-        }
+        Command::Shm(ShmCmd::Inspect { path }) => shm::inspect(&path, cli.json),
     }
 }
 
@@ -491,6 +162,26 @@ async fn open(target: &Target) -> Result<Backend, Failure> {
     })
 }
 
+/// What `add` prints: the new id, or with --json the id and version.
+fn out_added(json: bool, id: impl Into<u64>, version: u64) {
+    let id = id.into();
+    if json {
+        out(json!({"id": id, "version": version}).to_string());
+    } else {
+        out(id.to_string());
+    }
+}
+
+/// What `rm` prints for each id removed.
+fn out_removed(json: bool, what: &str, id: impl Into<u64>, version: u64) {
+    let id = id.into();
+    if json {
+        out(json!({"id": id, "version": version}).to_string());
+    } else {
+        out(format!("removed {what} {id} (config version {version})"));
+    }
+}
+
 fn out(line: impl AsRef<str>) {
     let mut o = std::io::stdout().lock();
     let _ = writeln!(o, "{}", line.as_ref());
@@ -521,11 +212,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             rec.validate().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.add_strategy(&rec).await?;
-            if json {
-                out(json!({"id": id, "version": version}).to_string());
-            } else {
-                out(id.to_string());
-            }
+            out_added(json, id, version);
         }
         StrategyCmd::Update(u) => {
             let store = open(target).await?;
@@ -600,23 +287,12 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             let store = open(target).await?;
             for id in ids {
                 let version = store.delete_strategy(id).await?;
-                if json {
-                    out(json!({"id": id, "version": version}).to_string());
-                } else {
-                    out(format!("removed strategy {id} (config version {version})"));
-                }
+                out_removed(json, "strategy", id, version);
             }
         }
         StrategyCmd::List { name, matches } => {
             let filter = conditions_from_args(&matches).map_err(Failure::invalid)?;
-            let store = open(target).await?;
-            let (recs, bad) = store.list_strategies().await?;
-            for b in &bad {
-                eprintln!(
-                    "rate-ctl: warning: strategy row {} is invalid and not published: {}",
-                    b.id, b.reason
-                );
-            }
+            let recs = valid_strategies(target, "published").await?;
             let recs: Vec<_> = recs
                 .into_iter()
                 .filter(|r| name.as_ref().is_none_or(|n| r.name.contains(n.as_str())))
@@ -631,14 +307,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
         }
         StrategyCmd::Export { file } => {
-            let store = open(target).await?;
-            let (recs, bad) = store.list_strategies().await?;
-            for b in &bad {
-                eprintln!(
-                    "rate-ctl: warning: strategy row {} is invalid and not exported: {}",
-                    b.id, b.reason
-                );
-            }
+            let recs = valid_strategies(target, "exported").await?;
             let mut text = String::with_capacity(recs.len() * 200);
             for r in &recs {
                 text.push_str(&serde_json::to_string(r).expect("serialisable"));
@@ -663,8 +332,8 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                     .import(&text, records, replace)
                     .await
                     .map_err(|e| match e {
-                        StoreError::Invalid(m) => {
-                            Failure::usage(format!("{}: {m}", file.display()))
+                        StoreError::Invalid(_) | StoreError::Import { .. } => {
+                            Failure::usage(format!("{}: {e}", file.display()))
                         }
                         e => e.into(),
                     })?;
@@ -678,6 +347,19 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
         }
     }
     Ok(())
+}
+
+/// Every valid strategy; each invalid row is warned about on stderr as
+/// "invalid and not {what}".
+async fn valid_strategies(target: &Target, what: &str) -> Result<Vec<StrategyRecord>, Failure> {
+    let (recs, bad) = open(target).await?.list_strategies().await?;
+    for b in &bad {
+        eprintln!(
+            "rate-ctl: warning: strategy row {} is invalid and not {what}: {}",
+            b.id, b.reason
+        );
+    }
+    Ok(recs)
 }
 
 /// Reads and parses JSON lines (see [`parse_strategy_lines`]); the first
@@ -750,35 +432,25 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
                 id: 0,
                 dimension,
                 value,
-                expires_ms: expires.map(|e| now_ms() + e),
+                expires_ms: expires.map(|e| unix_ms() + e),
                 reason,
                 created_ms: 0,
             };
             rec.validate().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.blacklist_add(&rec).await?;
-            if json {
-                out(json!({"id": id, "version": version}).to_string());
-            } else {
-                out(id.to_string());
-            }
+            out_added(json, id, version);
         }
         BlacklistCmd::Rm { ids } => {
             let store = open(target).await?;
             for id in ids {
                 let version = store.blacklist_rm(id).await?;
-                if json {
-                    out(json!({"id": id, "version": version}).to_string());
-                } else {
-                    out(format!(
-                        "removed blacklist entry {id} (config version {version})"
-                    ));
-                }
+                out_removed(json, "blacklist entry", id, version);
             }
         }
         BlacklistCmd::List => {
             let store = open(target).await?;
-            let now = now_ms();
+            let now = unix_ms();
             let list = store.blacklist_list().await?;
             if json {
                 for b in &list {
@@ -811,7 +483,7 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
         HostCmd::List { freshness } => {
             let store = open(target).await?;
             let (version, hosts) = store.hosts().await?;
-            let now = now_ms();
+            let now = unix_ms();
             if !json {
                 out(format!(
                     "{:<32} {:>7} {:>14} {:<6} {:>8} {:>5}",
@@ -889,17 +561,14 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
             "invalid --host-id: {host_id:?} must be 1 to 255 bytes without control characters"
         )));
     }
-    let caps = publish::Caps {
+    let caps = rate_ctl::core::shm::Capacities {
         max_strategies: a.max_strategies,
         segment_bytes: a.segment_bytes,
         blacklist_entries: a.blacklist_entries,
     };
-    let sink = publish::open(&a.shm, caps, a.mode)
+    // Mode and group are applied on the open file, never through the path.
+    let sink = publish::open(&a.shm, caps, a.mode, a.group)
         .map_err(|e| Failure::other(format!("--shm {}: {e}", a.shm.display())))?;
-    if let Some(gid) = a.group {
-        std::os::unix::fs::chown(&a.shm, None, Some(gid))
-            .map_err(|e| Failure::other(format!("--group: chown {}: {e}", a.shm.display())))?;
-    }
     let opts = agent::AgentOptions {
         store_url: url.to_string(),
         host_id,
@@ -922,10 +591,12 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         Target::Store(url.to_string())
     };
     let timeout = opts.max_backoff.max(std::time::Duration::from_secs(1));
-    let source = agent::Source::new(target, timeout).map_err(|e| match e {
+    let source = agent::ConfigSource::new(target, timeout).map_err(|e| match e {
         StoreError::Url(m) => Failure::usage(format!("--store: {m}")),
         e => Failure::other(e.to_string()),
     })?;
-    agent::Agent::new(opts, sink, source).run(shutdown).await;
-    Ok(())
+    agent::Agent::new(opts, sink, source)
+        .run(shutdown)
+        .await
+        .map_err(Failure::other)
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde_json::json;
 
+use super::Failure;
 use crate::agent::publish::read_active;
 use rate_ctl::core::blacklist::Blacklist;
 use rate_ctl::core::model::Action;
@@ -22,31 +23,35 @@ macro_rules! outln {
 }
 
 /// `rate-ctl shm inspect`.
-pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
-    let map = Mapping::open(path).map_err(|e| e.to_string())?;
+pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
+    let map = Mapping::open(path).map_err(|e| Failure::other(e.to_string()))?;
     let g = map.geometry;
     let header = map.header();
     let seq = map.seq();
     let heartbeat = map.heartbeat_unix_ms();
     let now = unix_ms();
     let heartbeat_age_ms = (heartbeat > 0).then(|| now.saturating_sub(heartbeat));
-    let decoded = read_active(&map)?;
+    let decoded = read_active(&map).map_err(|e| Failure::other(e.to_string()))?;
     let slots = map.slots();
     let mut rows = Vec::new();
     if let Some(d) = &decoded {
         for p in &d.strategies {
             let s = &p.strategy;
-            let (counters, current) = match Slot::at(&slots, p.slot) {
+            let (counters, current, undefined) = match Slot::at(&slots, p.slot) {
                 Some(slot) => (
                     slot.counters(),
                     slot.generation().load(std::sync::atomic::Ordering::Relaxed) == p.generation,
+                    slot.undefined_dimension(),
                 ),
-                None => (Default::default(), false),
+                None => (Default::default(), false, false),
             };
             let action = match s.action {
                 Action::Reject { status } => json!({"reject": status}),
                 Action::Delay { max_delay_ms } => json!({"delay_max_ms": max_delay_ms}),
                 Action::DryRun => json!("dry_run"),
+                Action::DryRunDelay { max_delay_ms } => {
+                    json!({"dry_run_delay_max_ms": max_delay_ms})
+                }
             };
             rows.push(json!({
                 "id": s.id,
@@ -65,12 +70,15 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
                 "passed": counters.passed,
                 "limited": counters.limited,
                 "delayed": counters.delayed,
+                // Set by an nginx worker that does not define one of the
+                // match's dimensions: the strategy never matches there.
+                "dimension_undefined_in_nginx": current && undefined,
             }));
         }
     }
     let blacklist_entries = Blacklist::open(map.blacklist())
         .map(|b| b.len() as u64)
-        .map_err(|e| format!("blacklist region: {e}"))?;
+        .map_err(|e| Failure::other(format!("blacklist region: {e}")))?;
     let used_slots: u32 = (0..g.bitmap_len as usize / 8)
         .map(|i| map.bitmap().load(i * 8).count_ones())
         .sum();
@@ -170,6 +178,17 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), String> {
                 } else {
                     m.join(" ")
                 }
+            );
+        }
+        let undefined: Vec<String> = rows
+            .iter()
+            .filter(|r| r["dimension_undefined_in_nginx"] == true)
+            .map(|r| r["id"].to_string())
+            .collect();
+        if !undefined.is_empty() {
+            outln!(
+                "never match: strategies {} use a dimension nginx does not define (see its error log)",
+                undefined.join(", ")
             );
         }
     }

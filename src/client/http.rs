@@ -11,6 +11,29 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
+/// Why a request got no answer, or a URL cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("{0:?}: only http://HOST:PORT URLs are supported (no TLS)")]
+    NotHttp(String),
+    #[error("{0:?}: no host")]
+    NoHost(String),
+    #[error("{method} {path}: no answer within {timeout:?}")]
+    Timeout {
+        method: String,
+        path: String,
+        timeout: Duration,
+    },
+    /// Connecting, sending or reading failed, or the answer is not JSON.
+    #[error("{method} http://{authority}{path}: {reason}")]
+    Exchange {
+        method: String,
+        authority: String,
+        path: String,
+        reason: String,
+    },
+}
+
 /// An answer: status and JSON body (`Null` for an empty one).
 #[derive(Debug)]
 pub struct Answer {
@@ -53,16 +76,16 @@ pub struct Client {
 
 impl Client {
     /// `http://HOST:PORT[/prefix]`.
-    pub fn new(url: &str, token: Option<String>) -> Result<Client, String> {
+    pub fn new(url: &str, token: Option<String>) -> Result<Client, HttpError> {
         let rest = url
             .strip_prefix("http://")
-            .ok_or_else(|| format!("{url:?}: only http://HOST:PORT URLs are supported (no TLS)"))?;
+            .ok_or_else(|| HttpError::NotHttp(url.into()))?;
         let (authority, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
         };
         if authority.is_empty() {
-            return Err(format!("{url:?}: no host"));
+            return Err(HttpError::NoHost(url.into()));
         }
         let authority = if authority.contains(':') && !authority.ends_with(']') {
             authority.to_string()
@@ -84,7 +107,7 @@ impl Client {
         path: &str,
         body: Option<&Value>,
         timeout: Duration,
-    ) -> Result<Answer, String> {
+    ) -> Result<Answer, HttpError> {
         let body = body.map(|b| ("application/json", Bytes::from(b.to_string())));
         self.send(method, path, body, timeout).await
     }
@@ -98,7 +121,7 @@ impl Client {
         content_type: &'static str,
         body: String,
         timeout: Duration,
-    ) -> Result<Answer, String> {
+    ) -> Result<Answer, HttpError> {
         self.send(
             method,
             path,
@@ -114,10 +137,14 @@ impl Client {
         path: &str,
         body: Option<(&'static str, Bytes)>,
         timeout: Duration,
-    ) -> Result<Answer, String> {
+    ) -> Result<Answer, HttpError> {
         tokio::time::timeout(timeout, self.request_inner(method, path, body))
             .await
-            .map_err(|_| format!("{method} {path}: no answer within {timeout:?}"))?
+            .map_err(|_| HttpError::Timeout {
+                method: method.into(),
+                path: path.into(),
+                timeout,
+            })?
     }
 
     async fn request_inner(
@@ -125,9 +152,13 @@ impl Client {
         method: &str,
         path: &str,
         body: Option<(&'static str, Bytes)>,
-    ) -> Result<Answer, String> {
-        let what =
-            |e: &dyn std::fmt::Display| format!("{method} http://{}{path}: {e}", self.authority);
+    ) -> Result<Answer, HttpError> {
+        let what = |e: &dyn std::fmt::Display| HttpError::Exchange {
+            method: method.into(),
+            authority: self.authority.clone(),
+            path: path.into(),
+            reason: e.to_string(),
+        };
         let stream = tokio::net::TcpStream::connect(&self.authority)
             .await
             .map_err(|e| what(&e))?;

@@ -14,11 +14,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
+use crate::store::Invalid;
 use crate::store::{BadRow, Store, StoreError};
-use http::{percent_encode, Answer, Client};
+use http::{percent_encode, Answer, Client, HttpError};
 use wire::{
-    blacklist_api_json, blacklist_from_api_json, host_from_api_json, strategy_api_json,
-    strategy_from_api_json,
+    blacklist_api_json, blacklist_from_api_json, field_of_api_name, host_from_api_json,
+    strategy_api_json, strategy_from_api_json,
 };
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -65,7 +66,8 @@ impl Backend {
                 .await
                 .map(Backend::Store),
             Target::Api { url, token } => {
-                let client = Client::new(url, token.clone()).map_err(StoreError::Url)?;
+                let client =
+                    Client::new(url, token.clone()).map_err(|e| StoreError::Url(e.to_string()))?;
                 Ok(Backend::Api(Api {
                     client,
                     url: url.trim_end_matches('/').to_string(),
@@ -128,9 +130,12 @@ impl Backend {
         match self {
             Backend::Store(s) => s.delete_strategy(id, CLI).await,
             Backend::Api(a) => {
-                a.call("DELETE", &format!("/api/v1/strategies/{id}"), None)
-                    .await?;
-                a.version().await
+                // Deletes the version just read: 409 if someone changes it
+                // in between, as for an update.
+                let path = format!("/api/v1/strategies/{id}");
+                let seen = a.strategy(&a.call("GET", &path, None).await?)?.version;
+                a.change("DELETE", &format!("{path}?version={seen}"), None)
+                    .await
             }
         }
     }
@@ -206,9 +211,8 @@ impl Backend {
         match self {
             Backend::Store(s) => s.blacklist_rm(id, CLI).await,
             Backend::Api(a) => {
-                a.call("DELETE", &format!("/api/v1/blacklist/{id}"), None)
-                    .await?;
-                a.version().await
+                a.change("DELETE", &format!("/api/v1/blacklist/{id}"), None)
+                    .await
             }
         }
     }
@@ -254,9 +258,8 @@ impl Backend {
             Backend::Store(s) => s.set_weight(host_id, weight, CLI).await,
             Backend::Api(a) => {
                 let path = format!("/api/v1/hosts/{}", percent_encode(host_id));
-                a.call("PUT", &path, Some(&json!({ "weight": weight })))
-                    .await?;
-                a.version().await
+                a.change("PUT", &path, Some(&json!({ "weight": weight })))
+                    .await
             }
         }
     }
@@ -287,7 +290,10 @@ impl Api {
         }
         let m = a.error_message();
         Err(match a.status {
-            400 | 422 => StoreError::Invalid(m),
+            400 | 422 => {
+                let field = a.body["error"]["field"].as_str().and_then(field_of_api_name);
+                StoreError::Invalid(Invalid::whole(field, m))
+            }
             // An absent strategy or entry, as the store says it; any other
             // 404 (e.g. a URL that is not `rate-ctl serve`) is not about an id.
             404 if m.starts_with("no strategy") || m.starts_with("no blacklist") => {
@@ -306,7 +312,7 @@ impl Api {
         })
     }
 
-    fn unreachable(&self, e: String) -> StoreError {
+    fn unreachable(&self, e: HttpError) -> StoreError {
         StoreError::Http(format!(
             "cannot reach rate-ctl serve (--api {}): {e}",
             self.url
@@ -314,12 +320,19 @@ impl Api {
     }
 
     /// An answer that is not what docs/API.md describes.
-    fn odd(&self, what: &str) -> StoreError {
+    fn odd(&self, what: impl std::fmt::Display) -> StoreError {
         StoreError::Http(format!("--api {}: unexpected answer: {what}", self.url))
     }
 
     fn strategy(&self, v: &Value) -> Result<StrategyRecord> {
         strategy_from_api_json(v).map_err(|e| self.odd(&e))
+    }
+
+    /// A change whose answer does not carry the version: the call, then
+    /// the config version after it.
+    async fn change(&self, method: &str, path: &str, body: Option<&Value>) -> Result<u64> {
+        self.call(method, path, body).await?;
+        self.version().await
     }
 
     /// The current config version.
@@ -342,6 +355,7 @@ fn strip(v: &mut Value, keys: &[&str]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Field;
 
     fn api() -> Api {
         Api {
@@ -364,7 +378,8 @@ mod tests {
             .check(answer(422, "rate", "rate: must be greater than 0"))
             .unwrap_err();
         assert!(
-            matches!(&e, StoreError::Invalid(m) if m == "rate: must be greater than 0"),
+            matches!(&e, StoreError::Invalid(i)
+                if i.to_string() == "rate: must be greater than 0" && i.field == Some(Field::Rate)),
             "{e:?}"
         );
         let e = a

@@ -4,6 +4,7 @@
 //! `POST /api/v1/strategies/import` alike.
 
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
+use crate::store::Field;
 
 /// The REST API's JSON for a strategy (docs/API.md): the record's fields
 /// with `created_at`/`updated_at` and explicit nulls for absent parameters.
@@ -27,32 +28,53 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
     })
 }
 
+/// JSON that is not what docs/API.md describes.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// An item of an answer (a strategy, blacklist entry or host).
+    #[error("{what}: {problem}")]
+    Item { what: &'static str, problem: String },
+    /// A line of an import that is not a strategy; serde's message names
+    /// the field.
+    #[error("{0}")]
+    Line(serde_json::Error),
+}
+
+impl WireError {
+    fn item(what: &'static str, problem: impl std::fmt::Display) -> WireError {
+        WireError::Item {
+            what,
+            problem: problem.to_string(),
+        }
+    }
+}
+
 /// The inverse of [`strategy_api_json`] (not validated).
-pub fn strategy_from_api_json(v: &serde_json::Value) -> Result<StrategyRecord, String> {
+pub fn strategy_from_api_json(v: &serde_json::Value) -> Result<StrategyRecord, WireError> {
     let mut v = v.clone();
     let o = v
         .as_object_mut()
-        .ok_or_else(|| "strategy: not a JSON object".to_string())?;
+        .ok_or_else(|| WireError::item("strategy", "not a JSON object"))?;
     for (from, to) in [("created_at", "created_ms"), ("updated_at", "updated_ms")] {
         if let Some(x) = o.remove(from) {
             o.insert(to.into(), x);
         }
     }
     o.retain(|_, x| !x.is_null());
-    serde_json::from_value(v).map_err(|e| format!("strategy: {e}"))
+    serde_json::from_value(v).map_err(|e| WireError::item("strategy", e))
 }
 
 /// Parses one line of an import: the export format (a [`StrategyRecord`]
 /// as `--json` prints it) or the API's strategy JSON (`created_at`,
 /// explicit nulls), so that `GET /api/v1/strategies` items load too. The
 /// error is the export format's (it names the field).
-pub fn parse_strategy_line(line: &str) -> Result<StrategyRecord, String> {
+pub fn parse_strategy_line(line: &str) -> Result<StrategyRecord, WireError> {
     match serde_json::from_str::<StrategyRecord>(line) {
         Ok(r) => Ok(r),
         Err(e) => serde_json::from_str::<serde_json::Value>(line)
             .ok()
             .and_then(|v| strategy_from_api_json(&v).ok())
-            .ok_or_else(|| e.to_string()),
+            .ok_or(WireError::Line(e)),
     }
 }
 
@@ -60,7 +82,9 @@ pub fn parse_strategy_line(line: &str) -> Result<StrategyRecord, String> {
 /// number (blank lines skipped, but counted); the first line that is not a
 /// strategy is `Err((line, message))`. One rule for `rate-ctl strategy
 /// import` and `POST /api/v1/strategies/import`, so both name the same line.
-pub fn parse_strategy_lines(text: &str) -> Result<Vec<(usize, StrategyRecord)>, (usize, String)> {
+pub fn parse_strategy_lines(
+    text: &str,
+) -> Result<Vec<(usize, StrategyRecord)>, (usize, WireError)> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -85,12 +109,13 @@ pub fn blacklist_api_json(b: &BlacklistRecord) -> serde_json::Value {
 }
 
 /// The inverse of [`blacklist_api_json`] (not validated).
-pub fn blacklist_from_api_json(v: &serde_json::Value) -> Result<BlacklistRecord, String> {
+pub fn blacklist_from_api_json(v: &serde_json::Value) -> Result<BlacklistRecord, WireError> {
     let s = |k: &str| v[k].as_str().map(str::to_string);
+    let missing = |k: &str| WireError::item("blacklist entry", format!("{k} missing"));
     Ok(BlacklistRecord {
-        id: v["id"].as_u64().ok_or("blacklist entry: id missing")?,
-        dimension: s("dimension").ok_or("blacklist entry: dimension missing")?,
-        value: s("value").ok_or("blacklist entry: value missing")?,
+        id: v["id"].as_u64().ok_or_else(|| missing("id"))?,
+        dimension: s("dimension").ok_or_else(|| missing("dimension"))?,
+        value: s("value").ok_or_else(|| missing("value"))?,
         expires_ms: v["expires_at"].as_u64(),
         reason: s("reason").unwrap_or_default(),
         created_ms: v["created_at"].as_u64().unwrap_or(0),
@@ -99,19 +124,76 @@ pub fn blacklist_from_api_json(v: &serde_json::Value) -> Result<BlacklistRecord,
 
 /// A host of the REST API's host JSON (`GET /api/v1/hosts`, the answer of
 /// a host report): the fields a [`HostRecord`] holds (not validated).
-pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, String> {
+pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, WireError> {
+    let missing = |k: &str| WireError::item("host", format!("{k} missing"));
     Ok(HostRecord {
         host_id: v["host_id"]
             .as_str()
-            .ok_or("host: host_id missing")?
+            .ok_or_else(|| missing("host_id"))?
             .to_string(),
         weight: v["weight"]
             .as_u64()
             .and_then(|w| u32::try_from(w).ok())
-            .ok_or("host: weight missing")?,
+            .ok_or_else(|| missing("weight"))?,
         last_heartbeat_ms: v["last_heartbeat"].as_u64(),
         applied_version: v["applied_version"].as_u64(),
         applied_ms: v["applied_at"].as_u64(),
+    })
+}
+
+/// A field's name in the API (docs/API.md): the one place it is decided.
+/// A condition is `match.<dimension>` when the record is at hand.
+pub fn api_name(field: Field, rec: Option<&StrategyRecord>) -> String {
+    match field {
+        Field::Id => "id".into(),
+        Field::Name => "name".into(),
+        Field::Conditions => "match".into(),
+        Field::Condition(i) => rec
+            .and_then(|r| r.conditions.keys().nth(i))
+            .map(|d| format!("match.{d}"))
+            .unwrap_or_else(|| "match".into()),
+        Field::Algorithm => "algorithm".into(),
+        Field::Rate => "rate".into(),
+        Field::Per => "per".into(),
+        Field::Burst => "burst".into(),
+        Field::Action => "action".into(),
+        Field::Status => "status".into(),
+        Field::MaxDelayMs => "max_delay_ms".into(),
+        Field::Enabled => "enabled".into(),
+        Field::Scope => "scope".into(),
+        Field::Dimension => "dimension".into(),
+        Field::Value => "value".into(),
+        Field::Expires => "expires".into(),
+        Field::Reason => "reason".into(),
+        Field::HostId => "host_id".into(),
+        Field::Weight => "weight".into(),
+        Field::Column(c) => c.into(),
+    }
+}
+
+/// The field an API name stands for (the inverse of [`api_name`]), for
+/// the client reading an error answer; `None` for a name of no field.
+pub fn field_of_api_name(name: &str) -> Option<Field> {
+    Some(match name {
+        "id" => Field::Id,
+        "name" => Field::Name,
+        n if n == "match" || n.starts_with("match.") => Field::Conditions,
+        "algorithm" => Field::Algorithm,
+        "rate" => Field::Rate,
+        "per" => Field::Per,
+        "burst" => Field::Burst,
+        "action" => Field::Action,
+        "status" => Field::Status,
+        "max_delay_ms" => Field::MaxDelayMs,
+        "enabled" => Field::Enabled,
+        "scope" => Field::Scope,
+        "dimension" => Field::Dimension,
+        "value" => Field::Value,
+        "expires" => Field::Expires,
+        "reason" => Field::Reason,
+        "host_id" => Field::HostId,
+        "weight" => Field::Weight,
+        _ => return None,
     })
 }
 
@@ -149,9 +231,9 @@ mod tests {
             }
         );
         let e = host_from_api_json(&serde_json::json!({"weight": 3})).unwrap_err();
-        assert!(e.contains("host_id"), "{e}");
+        assert!(e.to_string().contains("host_id"), "{e}");
         let e = host_from_api_json(&serde_json::json!({"host_id": "a", "weight": 1u64 << 32}))
             .unwrap_err();
-        assert!(e.contains("weight"), "{e}");
+        assert!(e.to_string().contains("weight"), "{e}");
     }
 }

@@ -20,7 +20,9 @@
 //!   a wait. With `dry_run_all` such a wait is not served, but the
 //!   reservation is kept (the bucket moves as if the request had queued)
 //!   and it counts as `delayed`: the counters show what enforcement would
-//!   have done.
+//!   have done, and [`Decision::would_delay`] says by how long. The same
+//!   holds for a hit whose action is `dry_run` with a kept delay cap
+//!   ([`Action::DryRunDelay`]): it queues like the delay it stands for.
 //!
 //! # Concurrency hits
 //!
@@ -71,6 +73,10 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The first hit that rejected under a dry run (to log).
     pub dry_run_rejected: Option<u32>,
+    /// The longest wait a dry run did not serve, with its hit: a `dry_run`
+    /// hit with a kept delay cap, or any delaying hit under `dry_run_all`
+    /// (what enforcement would have delayed the request by).
+    pub would_delay: Option<(u32, u64)>,
     /// For `RateLimit-*` headers: on a rejection the rejecting hit; else
     /// the hit with the smallest `remaining` (first on ties) among the
     /// current hits whose action is not `dry_run`. `None` if there is none,
@@ -112,16 +118,49 @@ enum Entry {
     Forced(Reservation),
 }
 
-/// Admits or refuses one request at `now_ns` against `hits`, in order.
-pub fn admit(hits: &[Hit], now_ns: u64, dry_run_all: bool) -> Decision {
-    admit_with(hits, now_ns, dry_run_all, true)
+/// The time of a request, from both clocks: the buckets run on the
+/// monotonic one (nanoseconds; immune to clock steps), the fixed and sliding
+/// windows on the wall clock (Unix nanoseconds), so that their windows are
+/// UTC minutes, hours and days, the same on every host. A plain `u64` is
+/// both (tests, benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    pub mono_ns: u64,
+    pub wall_ns: u64,
+}
+
+impl From<u64> for Now {
+    #[inline]
+    fn from(ns: u64) -> Now {
+        Now {
+            mono_ns: ns,
+            wall_ns: ns,
+        }
+    }
+}
+
+impl Now {
+    /// The reading `limiter` runs on.
+    #[inline]
+    fn of(self, limiter: &Limiter) -> u64 {
+        match limiter.algorithm() {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.wall_ns,
+            _ => self.mono_ns,
+        }
+    }
+}
+
+/// Admits or refuses one request at `now` against `hits`, in order.
+pub fn admit(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool) -> Decision {
+    admit_with(hits, now, dry_run_all, true)
 }
 
 /// [`admit`], computing [`Decision::tightest`] only when `quota` is set
 /// (it is for `RateLimit-*` headers; reading every hit's quota is the
 /// most expensive part of a pass otherwise).
 #[inline]
-pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
+pub fn admit_with(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota: bool) -> Decision {
+    let now_ns = now.into();
     if let [hit] = hits {
         return admit_one(hit, now_ns, dry_run_all, quota);
     }
@@ -132,7 +171,8 @@ pub fn admit_with(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> 
 /// that a property test can hold [`admit_one`] to it.
 #[doc(hidden)]
 #[inline(never)]
-pub fn admit_listed(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -> Decision {
+pub fn admit_listed(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota: bool) -> Decision {
+    let now_ns = now.into();
     let n = hits.len();
     if n <= 4 {
         admit_in(
@@ -167,10 +207,12 @@ pub fn admit_listed(hits: &[Hit], now_ns: u64, dry_run_all: bool, quota: bool) -
 /// and the same effects on the slot, without the per-hit bookkeeping a
 /// list needs for refunds. Inlined into the request path.
 #[inline(always)]
-fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
+fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
+    let now = now.of(hit.limiter);
     let mut d = Decision {
         verdict: Verdict::Pass,
         dry_run_rejected: None,
+        would_delay: None,
         tightest: None,
         passed_by: None,
     };
@@ -182,7 +224,9 @@ fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {
                 hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
-                if !dry_run_all {
+                if dry_run_all || hit.action.is_dry_run() {
+                    d.would_delay = Some((hit.id, r.wait_ns));
+                } else {
                     d.verdict = Verdict::Delay {
                         id: hit.id,
                         wait_ns: r.wait_ns,
@@ -192,7 +236,7 @@ fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
         }
         Outcome::Rejected { retry_after_ns } => {
             hit.slot.limited().fetch_add(1, Ordering::Relaxed);
-            if dry_run_all || hit.action == Action::DryRun {
+            if dry_run_all || hit.action.is_dry_run() {
                 d.dry_run_rejected = Some(hit.id);
                 // Concurrency: hold a unit anyway (see the module docs).
                 let _ = hit.limiter.force_acquire(&hit.slot);
@@ -210,7 +254,7 @@ fn admit_one(hit: &Hit, now: u64, dry_run_all: bool, quota: bool) -> Decision {
             }
         }
     }
-    if hit.action != Action::DryRun {
+    if !hit.action.is_dry_run() {
         d.passed_by = Some(hit.id);
         if quota {
             d.tightest = Some((hit.id, hit.limiter.quota(&hit.slot, now)));
@@ -237,7 +281,7 @@ fn current(hit: &Hit) -> bool {
 
 fn admit_in(
     hits: &[Hit],
-    now: u64,
+    now_both: Now,
     dry_run_all: bool,
     quota: bool,
     entries: &mut [Entry],
@@ -248,11 +292,12 @@ fn admit_in(
             entries[i] = Entry::Stale;
             continue;
         }
+        let now = now_both.of(hit.limiter);
         match hit.limiter.acquire(&hit.slot, now) {
             Outcome::Admitted(r) => entries[i] = Entry::Admitted(r),
             Outcome::Rejected { retry_after_ns } => {
                 hit.slot.limited().fetch_add(1, Ordering::Relaxed);
-                if dry_run_all || hit.action == Action::DryRun {
+                if dry_run_all || hit.action.is_dry_run() {
                     dry_run_rejected.get_or_insert(hit.id);
                     entries[i] = match hit.limiter.force_acquire(&hit.slot) {
                         Some(r) => Entry::Forced(r),
@@ -276,6 +321,7 @@ fn admit_in(
                         retry_after_ns,
                     },
                     dry_run_rejected,
+                    would_delay: None,
                     tightest: quota.then(|| (hit.id, hit.limiter.quota(&hit.slot, now))),
                     passed_by: None,
                 };
@@ -285,6 +331,7 @@ fn admit_in(
 
     let mut verdict = Verdict::Pass;
     let mut longest = 0;
+    let mut would_delay: Option<(u32, u64)> = None;
     let mut tightest: Option<(u32, Quota)> = None;
     let mut passed_by = None;
     for (entry, hit) in entries.iter().zip(hits) {
@@ -292,7 +339,11 @@ fn admit_in(
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {
                 hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
-                if !dry_run_all && r.wait_ns > longest {
+                if dry_run_all || hit.action.is_dry_run() {
+                    if would_delay.is_none_or(|(_, w)| r.wait_ns > w) {
+                        would_delay = Some((hit.id, r.wait_ns));
+                    }
+                } else if r.wait_ns > longest {
                     longest = r.wait_ns;
                     verdict = Verdict::Delay {
                         id: hit.id,
@@ -301,14 +352,14 @@ fn admit_in(
                 }
             }
         }
-        if matches!(entry, Entry::Stale) || hit.action == Action::DryRun {
+        if matches!(entry, Entry::Stale) || hit.action.is_dry_run() {
             continue;
         }
         passed_by.get_or_insert(hit.id);
         if !quota {
             continue;
         }
-        let q = hit.limiter.quota(&hit.slot, now);
+        let q = hit.limiter.quota(&hit.slot, now_both.of(hit.limiter));
         match tightest {
             Some((_, t)) if t.remaining <= q.remaining => {}
             _ => tightest = Some((hit.id, q)),
@@ -317,6 +368,7 @@ fn admit_in(
     Decision {
         verdict,
         dry_run_rejected,
+        would_delay,
         tightest,
         passed_by,
     }
@@ -473,6 +525,72 @@ mod tests {
             release(&hits);
         }
         assert_eq!(hits[2].slot.state0().load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn windows_run_on_the_wall_clock_and_buckets_on_the_monotonic_one() {
+        let specs = [
+            (
+                limiter(Algorithm::FixedWindow, 1, Unit::Minute, 0, REJECT),
+                REJECT,
+            ),
+            (
+                limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1, REJECT),
+                REJECT,
+            ),
+        ];
+        let local = LocalSlots::new(2);
+        let region = local.region();
+        let hits = hits(&region, &specs);
+        let at = |mono_s: u64, wall_ms: u64| Now {
+            mono_ns: mono_s * S,
+            wall_ns: wall_ms * MS,
+        };
+        // 59.9 s into a UTC minute, 5 s after boot.
+        let w = 29_000_000 * 60_000 + 59_900;
+        let fixed = &hits[..1];
+        let bucket = &hits[1..];
+        assert_eq!(admit(fixed, at(5, w), false).verdict, Verdict::Pass);
+        assert!(matches!(
+            admit(fixed, at(5, w + 50), false).verdict,
+            Verdict::Reject { .. }
+        ));
+        // The UTC minute turns 0.2 s later; the monotonic one does not.
+        assert_eq!(admit(fixed, at(5, w + 200), false).verdict, Verdict::Pass);
+        // The bucket ignores the wall clock (a step forward refills nothing).
+        assert_eq!(admit(bucket, at(5, w), false).verdict, Verdict::Pass);
+        assert!(matches!(
+            admit(bucket, at(5, w + 3_600_000), false).verdict,
+            Verdict::Reject { .. }
+        ));
+    }
+
+    #[test]
+    fn a_dry_run_delay_queues_like_the_delay_and_reports_the_wait() {
+        let dry = Action::DryRunDelay { max_delay_ms: 1000 };
+        let specs = [(
+            limiter(Algorithm::LeakyBucket, 4, Unit::Second, 1, dry),
+            dry,
+        )];
+        let local = LocalSlots::new(1);
+        let region = local.region();
+        let hits = hits(&region, &specs);
+        let first = admit(&hits, S, false);
+        assert_eq!((first.verdict, first.would_delay), (Verdict::Pass, None));
+        // Single-hit and listed paths agree: served now, the wait reported.
+        let d = admit(&hits, S, false);
+        assert_eq!(d.verdict, Verdict::Pass);
+        assert_eq!(d.would_delay, Some((100, 250 * MS)));
+        assert_eq!(d.dry_run_rejected, None);
+        let d = admit_listed(&hits, S, false, false);
+        assert_eq!(d.would_delay, Some((100, 500 * MS)));
+        assert_eq!(counters(&hits[0]), (3, 0, 2));
+        // 750 ms, 1 s, then over the cap: a would-be rejection.
+        admit(&hits, S, false);
+        admit(&hits, S, false);
+        let d = admit(&hits, S, false);
+        assert_eq!((d.verdict, d.dry_run_rejected), (Verdict::Pass, Some(100)));
+        assert_eq!(counters(&hits[0]), (5, 1, 4));
     }
 
     #[test]

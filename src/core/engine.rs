@@ -9,6 +9,12 @@
 //! file the agent recreated is mapped afresh. Without a usable file the
 //! engine fails open: [`Engine::table`] is `None` and requests pass.
 //!
+//! A truncation inside that second raises SIGBUS; where the
+//! [`sigbus`](super::sigbus) guard is installed (nginx workers, the agent)
+//! the mapping then reads as zeros, so the sequence appears to change and
+//! the next refresh drops the mapping and fails open until the file is
+//! whole again.
+//!
 //! Every change of state is reported once by [`Engine::refresh`], never per
 //! request.
 
@@ -58,6 +64,7 @@ pub struct Engine {
     busy_until_ns: u64,
     state: State,
     buf: Vec<u8>,
+    notice: Option<StateChange>,
 }
 
 impl Engine {
@@ -72,6 +79,7 @@ impl Engine {
             busy_until_ns: 0,
             state: State::Start,
             buf: Vec::new(),
+            notice: None,
         }
     }
 
@@ -104,6 +112,17 @@ impl Engine {
     pub fn refresh(&mut self, now_ns: u64) -> Option<StateChange> {
         if self.is_current(now_ns) {
             return None;
+        }
+        if let Some(e) = self
+            .map
+            .as_ref()
+            .filter(|m| m.faulted())
+            .map(|m| m.fault_error())
+        {
+            // Truncated under us (a zeroed mapping reads as a new sequence):
+            // fail open now, look for a whole file again in a second.
+            self.next_check_ns = now_ns.saturating_add(RECHECK_NS);
+            return self.fail_open(&e);
         }
         let mut change = None;
         if now_ns >= self.next_check_ns {
@@ -141,7 +160,7 @@ impl Engine {
     fn check_file(&mut self) -> Option<StateChange> {
         if let Some(map) = &self.map {
             match map.still_valid() {
-                Ok(true) => return None,
+                Ok(true) => return self.reclaim(),
                 Ok(false) => {} // replaced or removed: reopen below
                 Err(e) => return self.fail_open(&e),
             }
@@ -151,10 +170,33 @@ impl Engine {
                 self.map = Some(Arc::new(m));
                 self.seen_seq = u64::MAX; // force a reload
                 self.state = State::Start;
-                None
+                self.reclaim()
             }
             Err(e) => self.fail_open(&e),
         }
+    }
+
+    /// Gives back the concurrency units of processes that died holding
+    /// them (see [`super::ledger`]); at most once a second, with the file
+    /// check.
+    fn reclaim(&mut self) -> Option<StateChange> {
+        let n = self.map.as_ref()?.reclaim_dead();
+        if n > 0 {
+            self.notice = Some(StateChange {
+                level: LogLevel::Notice,
+                message: format!(
+                    "rate_ctl: {}: gave back {n} concurrency units held by a process that died",
+                    self.path.display()
+                ),
+            });
+        }
+        None
+    }
+
+    /// An event to log besides the state changes [`refresh`](Self::refresh)
+    /// reports (units given back); taken once.
+    pub fn take_notice(&mut self) -> Option<StateChange> {
+        self.notice.take()
     }
 
     fn reload(&mut self, map: &Arc<Mapping>, now_ns: u64) -> Option<StateChange> {

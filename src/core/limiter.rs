@@ -21,9 +21,12 @@
 //! | `sliding_window` | `window << 32 \| count`, even windows | same, odd windows | empty windows |
 //! | `concurrency` | requests in flight | — | nothing in flight |
 //!
-//! `window` is `now / period`, saturated at `u32::MAX` (with a period of at
-//! least one second that is 136 years of uptime; past it every request
-//! falls in the last window, which can only reject more, never admit more).
+//! `window` is `now / period`, saturated at `u32::MAX`. Admission
+//! ([`super::admit::Now`]) gives the windows wall-clock time (Unix
+//! nanoseconds), so windows are UTC minutes, hours and days on every host;
+//! with a period of one second the index saturates in 2106, after which
+//! every request falls in the last window, which can only reject more,
+//! never admit more. The buckets get monotonic time.
 //!
 //! ## GCRA (token and leaky bucket)
 //! `T` = period / rate rounded **up** (so rounding never admits more than
@@ -328,7 +331,7 @@ impl Limiter {
                 let interval = s.interval_ns().clamp(1, u64::MAX / 4);
                 let tau = interval.saturating_mul(burst).min(u64::MAX / 4);
                 let max_delay = match s.action {
-                    Action::Delay { max_delay_ms } => {
+                    Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
                         (max_delay_ms as u64).saturating_mul(1_000_000)
                     }
                     _ => 0,

@@ -24,6 +24,12 @@ pub const MAX_DELAY_MS: u32 = 3_600_000;
 /// second per strategy and host. Integer nanoseconds keep the error of the
 /// rounded-up interval under 0.1 % at this bound.
 pub const MIN_INTERVAL_NS: u64 = 1_000;
+/// nginx's cached clock (`ngx_current_msec`) moves in whole milliseconds:
+/// every request of one tick sees the same time. A bucket whose horizon
+/// (burst × interval, plus the longest delay) is shorter than a tick can
+/// therefore admit only `burst` requests per tick, well under its rate, so
+/// [`Strategy::validate`] refuses it.
+pub const CLOCK_TICK_NS: u64 = 1_000_000;
 /// Largest count per window for `fixed_window` and `sliding_window`, and the
 /// largest in-flight limit of `concurrency` (counts are 32-bit in the slot).
 pub const MAX_WINDOW_COUNT: u64 = u32::MAX as u64 - 1;
@@ -41,6 +47,8 @@ pub enum ModelError {
     DuplicateDimension { index: usize, name: String },
     #[error("conditions[{index}].value: must be 1 to {MAX_VALUE_LEN} bytes, got {len}")]
     BadValueLength { index: usize, len: usize },
+    #[error("conditions[{index}].value: must not contain control characters (byte 0x{byte:02x})")]
+    ControlCharacter { index: usize, byte: u8 },
     #[error("conditions[{index}].value: {value:?} is not an IPv4 or IPv6 address")]
     BadIp { index: usize, value: String },
     #[error("rate: must be greater than 0")]
@@ -57,6 +65,15 @@ pub enum ModelError {
     BadBurst { burst: u32, algorithm: Algorithm },
     #[error("burst: {burst} × interval of {interval_ns} ns does not fit the clock")]
     BurstOverflow { burst: u32, interval_ns: u64 },
+    #[error("burst: {burst} at {rate} per {per} is shorter than nginx's 1 ms clock tick (burst × interval = {horizon_ns} ns), so at most {burst} requests per millisecond could pass; the smallest burst that works is {min_burst}{hint}")]
+    BelowClockTick {
+        burst: u32,
+        rate: u64,
+        per: Unit,
+        horizon_ns: u64,
+        min_burst: u64,
+        hint: &'static str,
+    },
     #[error("action.status: must be between 400 and 599, got {0}")]
     BadStatus(u16),
     #[error("action.max_delay_ms: must be between 1 and {MAX_DELAY_MS}, got {0}")]
@@ -206,6 +223,10 @@ pub enum Action {
     Delay { max_delay_ms: u32 },
     /// Count and log only.
     DryRun,
+    /// Dry run of a `delay` strategy (the cap it enforces when dry run
+    /// ends): the limiter queues as `Delay` would, so the counters and the
+    /// would-be delays predict enforcement, but nothing waits or is refused.
+    DryRunDelay { max_delay_ms: u32 },
 }
 
 impl Action {
@@ -213,8 +234,14 @@ impl Action {
         match self {
             Action::Reject { .. } => 1,
             Action::Delay { .. } => 2,
-            Action::DryRun => 3,
+            Action::DryRun | Action::DryRunDelay { .. } => 3,
         }
+    }
+
+    /// Counts and logs only (`dry_run`, with or without a kept delay cap).
+    #[inline]
+    pub fn is_dry_run(&self) -> bool {
+        matches!(self, Action::DryRun | Action::DryRunDelay { .. })
     }
 }
 
@@ -315,7 +342,9 @@ pub fn canonical_ip_addr(ip: IpAddr) -> String {
 
 impl Strategy {
     /// A validated, enabled strategy with no conditions (id 1): a limit on
-    /// its own, as limiter tests and benchmarks build them.
+    /// its own, as limiter tests and benchmarks build them. The limiters
+    /// work in nanoseconds, so nginx's clock-tick rule
+    /// ([`check_clock_tick`](Self::check_clock_tick)) is not applied here.
     pub fn unconditioned(
         algorithm: Algorithm,
         rate: u64,
@@ -333,11 +362,20 @@ impl Strategy {
             action,
             enabled: true,
         };
-        s.validate()?;
+        if s.algorithm == Algorithm::LeakyBucket {
+            s.burst = 1;
+        }
+        s.check()?;
         Ok(s)
     }
 
     /// Checks every field and canonicalises `ip` values in place.
+    ///
+    /// Also refuses a bucket that nginx's millisecond clock cannot enforce
+    /// ([`CLOCK_TICK_NS`]). That rule is for what is written and published
+    /// (API, CLI, store, the agent after the fleet split, the writer), not
+    /// for [`check`](Self::check): a worker still reads a segment that an
+    /// older writer published with such a strategy.
     pub fn validate(&mut self) -> Result<(), ModelError> {
         for c in &mut self.conditions {
             if c.dimension == "ip" {
@@ -349,7 +387,37 @@ impl Strategy {
         if self.algorithm == Algorithm::LeakyBucket {
             self.burst = 1;
         }
-        self.check()
+        self.check()?;
+        self.check_clock_tick()
+    }
+
+    /// A bucket's horizon (burst × interval, plus the longest delay) must
+    /// be at least one clock tick; see [`CLOCK_TICK_NS`].
+    pub fn check_clock_tick(&self) -> Result<(), ModelError> {
+        if !self.algorithm.is_bucket() {
+            return Ok(());
+        }
+        let interval = self.interval_ns();
+        let delay_ns = match self.action {
+            Action::Delay { max_delay_ms } => max_delay_ms as u64 * 1_000_000,
+            _ => 0,
+        };
+        let horizon = interval.saturating_mul(self.burst as u64);
+        if horizon.saturating_add(delay_ns) >= CLOCK_TICK_NS {
+            return Ok(());
+        }
+        Err(ModelError::BelowClockTick {
+            burst: self.burst,
+            rate: self.rate,
+            per: self.per,
+            horizon_ns: horizon,
+            min_burst: CLOCK_TICK_NS.div_ceil(interval.max(1)),
+            hint: if self.algorithm == Algorithm::LeakyBucket {
+                " (leaky_bucket has burst 1: use token_bucket, or action delay)"
+            } else {
+                ""
+            },
+        })
     }
 
     /// Checks every field without changing anything: `ip` values must
@@ -384,6 +452,11 @@ impl Strategy {
                     index,
                     len: c.value.len(),
                 });
+            }
+            // A newline would forge lines in listings and logs; no request
+            // value nginx hands over carries NUL.
+            if let Some(&byte) = c.value.iter().find(|b| b.is_ascii_control()) {
+                return Err(ModelError::ControlCharacter { index, byte });
             }
             if c.dimension == "ip" && !is_canonical_ip(&c.value) {
                 return Err(ModelError::BadIp {
@@ -437,7 +510,7 @@ impl Strategy {
             Action::Reject { status: Some(s) } if !(400..=599).contains(&s) => {
                 return Err(ModelError::BadStatus(s))
             }
-            Action::Delay { max_delay_ms } => {
+            Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
                 if max_delay_ms == 0 || max_delay_ms > MAX_DELAY_MS {
                     return Err(ModelError::BadMaxDelay(max_delay_ms));
                 }
@@ -503,6 +576,50 @@ mod tests {
         assert!(!is_canonical_ip(b"10.0.0.01"));
         assert!(is_canonical_ip(b"2001:db8::1"));
         assert!(!is_canonical_ip(b"2001:DB8::1"));
+    }
+
+    #[test]
+    fn buckets_shorter_than_the_clock_tick_are_refused_with_the_smallest_burst() {
+        let mut s = base();
+        s.conditions.clear();
+        (s.rate, s.burst) = (5_000, 1);
+        let e = s.validate().unwrap_err();
+        assert!(
+            matches!(e, ModelError::BelowClockTick { min_burst: 5, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().starts_with("burst: "), "{e}");
+        assert!(
+            e.to_string().contains("smallest burst that works is 5"),
+            "{e}"
+        );
+        s.burst = 5;
+        s.validate().unwrap();
+        (s.rate, s.burst) = (1_000_000, 999);
+        assert!(matches!(
+            s.validate().unwrap_err(),
+            ModelError::BelowClockTick {
+                min_burst: 1000,
+                ..
+            }
+        ));
+        (s.rate, s.burst) = (1_000, 1);
+        s.validate().expect("1 ms interval is one tick");
+        s.algorithm = Algorithm::LeakyBucket;
+        s.rate = 1_001;
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("use token_bucket"));
+        s.action = Action::Delay { max_delay_ms: 1 };
+        s.validate().expect("a delay queue spans ticks");
+        // The reader's check accepts what an older writer published.
+        s.action = Action::Reject { status: None };
+        assert!(s.check().is_ok());
+        // Windows count per period (≥ 1 s): no tick rule.
+        (s.algorithm, s.rate) = (Algorithm::FixedWindow, 1_000_000);
+        s.validate().unwrap();
     }
 
     #[test]

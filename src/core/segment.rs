@@ -81,6 +81,8 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
             Action::Reject { status } => (1u8, status.unwrap_or(0), 0u32),
             Action::Delay { max_delay_ms } => (2, 0, max_delay_ms),
             Action::DryRun => (3, 0, 0),
+            // Readers that predate it see a plain dry run (they ignore the cap).
+            Action::DryRunDelay { max_delay_ms } => (3, 0, max_delay_ms),
         };
         out.extend_from_slice(&max_delay.to_le_bytes());
         out.push(s.algorithm as u8);
@@ -284,6 +286,7 @@ pub fn decode_payload(
                 status: (status != 0).then_some(status),
             },
             2 => Action::Delay { max_delay_ms },
+            3 if max_delay_ms != 0 => Action::DryRunDelay { max_delay_ms },
             3 => Action::DryRun,
             _ => return Err(bad("unknown action")),
         };

@@ -20,7 +20,8 @@ use super::slot::SLOT_SIZE;
 /// `"RATECTL\0"` read as a little-endian u64.
 pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// Version of the whole layout (header, segments, slots, blacklist).
-pub const LAYOUT_VERSION: u32 = 1;
+/// 2: the concurrency ledger region (`H_LEDGER_OFF`, `H_LEDGER_LEN`).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
@@ -48,6 +49,8 @@ pub const H_CREATED: usize = 136;
 pub const H_BOOT_ID: usize = 144; // 16 bytes
 pub const H_WRITER_PID: usize = 160;
 pub const H_CONFIG_VERSION: usize = 168;
+pub const H_LEDGER_OFF: usize = 176;
+pub const H_LEDGER_LEN: usize = 184;
 /// Geometry fields covered by the CRC at `H_GEOMETRY_CRC`.
 const GEOMETRY: std::ops::Range<usize> = H_FILE_SIZE..H_GEOMETRY_CRC;
 
@@ -101,11 +104,31 @@ pub enum ShmError {
         size: u64,
         expected: u64,
     },
+    #[error(
+        "{0}: file truncated or rewritten in place while mapped (SIGBUS caught; the mapping now reads as zeros)"
+    )]
+    Faulted(PathBuf),
+    #[error("{path}: another writer holds it (pid {holder}); one agent per file")]
+    Locked { path: PathBuf, holder: u64 },
+    #[error("{path}: owned by {owner}, neither this user nor root, and cannot be replaced; remove it or run the agent as its owner")]
+    ForeignOwner { path: PathBuf, owner: String },
     #[error("capacity: {what} ({limit}) exceeded: {needed} needed")]
     Capacity {
         what: &'static str,
         limit: u64,
         needed: u64,
+    },
+    #[error(
+        "capacity: this table needs {needed} new stat slots; {free} are free now and \
+         {waiting} more become free within 2 s (the slots of removed strategies wait \
+         before reuse; max strategies {limit})"
+    )]
+    SlotsBusy {
+        needed: u64,
+        free: u64,
+        /// Slots this publish would free, or freed less than 2 s ago.
+        waiting: u64,
+        limit: u64,
     },
     #[error("strategy {id}: {source}")]
     InvalidStrategy {
@@ -144,6 +167,8 @@ pub struct Geometry {
     pub bl_off: u64,
     pub bl_len: u64,
     pub bl_capacity: u32,
+    pub ledger_off: u64,
+    pub ledger_len: u64,
 }
 
 fn page_up(n: u64) -> u64 {
@@ -172,8 +197,10 @@ impl Geometry {
         let slots_len = page_up(c.max_strategies as u64 * SLOT_SIZE as u64);
         let bl_off = slots_off + slots_len;
         let bl_len = page_up(super::blacklist::region_bytes(c.blacklist_entries));
+        let ledger_off = bl_off + bl_len;
+        let ledger_len = super::ledger::region_bytes();
         Ok(Geometry {
-            file_size: bl_off + bl_len,
+            file_size: ledger_off + ledger_len,
             slot_count: c.max_strategies,
             bitmap_off,
             bitmap_len,
@@ -184,6 +211,8 @@ impl Geometry {
             bl_off,
             bl_len,
             bl_capacity: c.blacklist_entries,
+            ledger_off,
+            ledger_len,
         })
     }
 
@@ -204,6 +233,8 @@ impl Geometry {
         h.store(H_BL_LEN, self.bl_len);
         h.store(H_BL_CAPACITY, self.bl_capacity as u64);
         h.store(H_GEOMETRY_CRC, geometry_crc(h) as u64);
+        h.store(H_LEDGER_OFF, self.ledger_off);
+        h.store(H_LEDGER_LEN, self.ledger_len);
     }
 
     /// Reads and validates the geometry of a mapped file of `actual_size`.
@@ -231,6 +262,8 @@ impl Geometry {
             bl_off: h.load(H_BL_OFF),
             bl_len: h.load(H_BL_LEN),
             bl_capacity: h.load(H_BL_CAPACITY).min(u32::MAX as u64) as u32,
+            ledger_off: h.load(H_LEDGER_OFF),
+            ledger_len: h.load(H_LEDGER_LEN),
         };
         if g.file_size > actual_size {
             return Err(ShmError::Truncated {
@@ -247,6 +280,7 @@ impl Geometry {
             (g.seg_off[1], g.seg_len),
             (g.slots_off, g.slots_len),
             (g.bl_off, g.bl_len),
+            (g.ledger_off, g.ledger_len),
         ];
         let mut end = HEADER_SIZE;
         for (off, len) in regions {
@@ -278,13 +312,21 @@ fn geometry_crc(h: &Region<'_>) -> u32 {
 
 /// A mapped rate_ctl file (shared, read-write: workers update slots).
 pub struct Mapping {
+    /// The SIGBUS guard of the range; declared first so that it is
+    /// unregistered before `map` unmaps the range.
+    guard: Option<super::sigbus::Guard>,
     map: MmapRaw,
     file: File,
     pub path: PathBuf,
     pub geometry: Geometry,
     /// Device and inode of the mapped file, to notice a replaced file.
     pub dev_ino: (u64, u64),
+    /// This process's row in the concurrency ledger (claimed on first use).
+    ledger_row: std::sync::atomic::AtomicUsize,
 }
+
+const NO_ROW: usize = usize::MAX;
+const ROW_FULL: usize = usize::MAX - 1;
 
 /// Opens `path` without following symlinks; it must be a regular file.
 pub(crate) fn open_file(path: &Path, create: bool, mode: u32) -> Result<File, ShmError> {
@@ -360,12 +402,19 @@ impl Mapping {
         }
         let geometry = Geometry::read(&h, size, path)?;
         Ok(Mapping {
+            guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
             path: path.to_path_buf(),
             geometry,
             dev_ino: (meta.dev(), meta.ino()),
+            ledger_row: std::sync::atomic::AtomicUsize::new(NO_ROW),
         })
+    }
+
+    /// The open file (its lock, for the writer).
+    pub(crate) fn file(&self) -> &File {
+        &self.file
     }
 
     /// The whole mapped file.
@@ -405,6 +454,68 @@ impl Mapping {
         self.region().sub(g.bl_off, g.bl_len).expect("validated")
     }
 
+    /// The concurrency ledger (see [`super::ledger`]).
+    pub fn ledger(&self) -> super::ledger::Ledger<'_> {
+        let g = &self.geometry;
+        super::ledger::Ledger::new(
+            self.region()
+                .sub(g.ledger_off, g.ledger_len)
+                .expect("validated"),
+        )
+    }
+
+    /// This process's ledger row, claimed on first use; `None` when every
+    /// row is taken.
+    fn ledger_row(&self) -> Option<usize> {
+        match self.ledger_row.load(Ordering::Relaxed) {
+            ROW_FULL => None,
+            NO_ROW => {
+                let (pid, started) = super::ledger::me();
+                let row = self.ledger().claim(pid, started);
+                self.ledger_row
+                    .store(row.unwrap_or(ROW_FULL), Ordering::Relaxed);
+                row
+            }
+            row => Some(row),
+        }
+    }
+
+    /// Records that this process took one unit of the concurrency slot
+    /// `slot` at `generation` (after the slot's increment), so that it is
+    /// given back if the process dies holding it.
+    pub fn hold_unit(&self, slot: u32, generation: u64) {
+        let slots = self.slots();
+        let current = super::slot::Slot::at(&slots, slot)
+            .is_some_and(|s| s.generation().load(Ordering::Acquire) == generation);
+        if !current {
+            return; // a stale hit took nothing
+        }
+        if let Some(row) = self.ledger_row() {
+            self.ledger().add(row, slot, generation);
+        }
+    }
+
+    /// Gives back a unit taken with [`hold_unit`](Self::hold_unit): off
+    /// the ledger first, then off the slot, if the slot still has
+    /// `generation` (else it was reassigned and zeroed).
+    pub fn release_unit(&self, slot: u32, generation: u64) {
+        if let Some(row) = self.ledger_row() {
+            self.ledger().remove(row, slot, generation);
+        }
+        let slots = self.slots();
+        if let Some(s) = super::slot::Slot::at(&slots, slot) {
+            if s.generation().load(Ordering::Acquire) == generation {
+                super::ledger::release_units(&s, 1);
+            }
+        }
+    }
+
+    /// Gives back the units of processes that died holding them; returns
+    /// how many.
+    pub fn reclaim_dead(&self) -> u64 {
+        self.ledger().reclaim(&self.slots(), super::ledger::me())
+    }
+
     /// The published sequence (Acquire): changes on every publish; its low
     /// bit is the active segment. 0 = nothing published yet.
     #[inline]
@@ -420,10 +531,26 @@ impl Mapping {
         self.header().load(H_HEARTBEAT)
     }
 
+    /// Whether a SIGBUS hit this mapping (the file was truncated under
+    /// it): its range now holds zero pages; drop it and map the file again
+    /// once it is whole. Always `false` where no guard is installed.
+    #[inline]
+    pub fn faulted(&self) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.faulted())
+    }
+
+    /// The error to report for a [`faulted`](Self::faulted) mapping.
+    pub fn fault_error(&self) -> ShmError {
+        ShmError::Faulted(self.path.clone())
+    }
+
     /// Is the file still the one mapped, whole? Checks the size of the open
     /// file (a truncated file would raise SIGBUS on access) and whether the
     /// path now names another file (the agent recreated it).
     pub fn still_valid(&self) -> Result<bool, ShmError> {
+        if self.faulted() {
+            return Err(self.fault_error());
+        }
         let size = self
             .file
             .metadata()
@@ -460,6 +587,16 @@ impl Mapping {
                 LAYOUT_VERSION as u64 | (INIT_DONE as u64) << 32,
                 Ordering::Release,
             );
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // Holds keep their mapping alive, so nothing is held any more.
+        let row = *self.ledger_row.get_mut();
+        if row != NO_ROW && row != ROW_FULL && !self.faulted() {
+            self.ledger().free(row, std::process::id() as u64);
         }
     }
 }

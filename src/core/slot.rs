@@ -8,7 +8,7 @@
 //! | 24     | 8    | passed     | workers    | requests admitted (monotonic)                      |
 //! | 32     | 8    | limited    | workers    | requests rejected, or that a dry run would reject  |
 //! | 40     | 8    | delayed    | workers    | requests admitted after a delay                    |
-//! | 48     | 8    | owner      | agent      | strategy id (low 32 bits) the slot belongs to      |
+//! | 48     | 8    | owner      | agent      | strategy id (low 32 bits) the slot belongs to; bit 32 ([`OWNER_UNDEFINED_DIMENSION`], set by workers) |
 //! | 56     | 8    | freed_at   | agent      | unix ms when the slot was freed (0 = in use/never) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +24,12 @@ pub const OFF_LIMITED: usize = 32;
 pub const OFF_DELAYED: usize = 40;
 pub const OFF_OWNER: usize = 48;
 pub const OFF_FREED_AT: usize = 56;
+
+/// Bit of the owner word a worker sets when its nginx does not define a
+/// dimension the strategy's conditions use (so the strategy never matches
+/// there), and clears when it does; rewritten on every table load, cleared
+/// by the agent with the rest of the word when the slot is reassigned.
+pub const OWNER_UNDEFINED_DIMENSION: u64 = 1 << 32;
 
 /// One stat slot: a reference to its eight words in shared memory (one
 /// pointer, one bounds check when it is formed); the accessors name them.
@@ -94,6 +100,28 @@ impl<'a> Slot<'a> {
         }
     }
 
+    /// Worker side: records whether the strategy holding the slot at
+    /// `generation` uses a dimension this nginx does not define (see
+    /// [`OWNER_UNDEFINED_DIMENSION`]); nothing if the slot moved on.
+    pub fn mark_undefined_dimension(&self, generation: u64, undefined: bool) {
+        if self.generation().load(Ordering::Acquire) != generation {
+            return;
+        }
+        let set = self.owner().load(Ordering::Relaxed) & OWNER_UNDEFINED_DIMENSION != 0;
+        if undefined && !set {
+            self.owner()
+                .fetch_or(OWNER_UNDEFINED_DIMENSION, Ordering::Relaxed);
+        } else if !undefined && set {
+            self.owner()
+                .fetch_and(!OWNER_UNDEFINED_DIMENSION, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a worker found a dimension of the strategy undefined.
+    pub fn undefined_dimension(&self) -> bool {
+        self.owner().load(Ordering::Relaxed) & OWNER_UNDEFINED_DIMENSION != 0
+    }
+
     /// Agent side: give the slot to `owner` with a fresh generation; the
     /// limiter state and the counters start from zero (a new bucket is full,
     /// a new window empty).
@@ -144,5 +172,15 @@ mod tests {
         s.reset(9, 2);
         assert_eq!(s.counters(), Counters::default());
         assert_eq!(s.owner().load(Ordering::Relaxed), 9);
+        s.mark_undefined_dimension(2, true);
+        assert!(s.undefined_dimension());
+        assert_eq!(s.owner().load(Ordering::Relaxed) as u32, 9);
+        s.mark_undefined_dimension(1, false); // another generation: untouched
+        assert!(s.undefined_dimension());
+        s.mark_undefined_dimension(2, false);
+        assert!(!s.undefined_dimension());
+        s.mark_undefined_dimension(2, true);
+        s.reset(9, 3);
+        assert!(!s.undefined_dimension(), "a reassigned slot starts clear");
     }
 }

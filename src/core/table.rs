@@ -174,12 +174,27 @@ impl Values for Vec<Option<&[u8]>> {
 pub struct Request<'r, V: Values + ?Sized = [Option<&'r [u8]>]> {
     pub values: &'r V,
     pub ip: Option<IpKey>,
+    /// Monotonic time (buckets, concurrency).
     pub now_ns: u64,
+    /// Wall-clock time (blacklist expiry; fixed and sliding windows, which
+    /// are aligned to UTC).
     pub now_unix_ms: u64,
     /// Location-level dry run: count and report, never reject or delay.
     pub dry_run: bool,
     /// Compute the tightest quota (for `RateLimit-*` headers).
     pub quota: bool,
+}
+
+impl<V: Values + ?Sized> Request<'_, V> {
+    /// Both clocks for admission: buckets on `now_ns`, windows on the wall
+    /// clock (see [`admit::Now`]).
+    #[inline]
+    fn now(&self) -> admit::Now {
+        admit::Now {
+            mono_ns: self.now_ns,
+            wall_ns: self.now_unix_ms.saturating_mul(1_000_000),
+        }
+    }
 }
 
 /// The outcome for one request.
@@ -571,16 +586,17 @@ impl Table {
         if let [si] = *matched {
             // The common case, without the lists below.
             let Some(hit) = self.strategies[si as usize].hit(&slots) else {
-                return Outcome::Limited(admit::admit_with(&[], r.now_ns, r.dry_run, r.quota));
+                return Outcome::Limited(admit::admit_with(&[], r.now(), r.dry_run, r.quota));
             };
             let decision =
-                admit::admit_with(std::slice::from_ref(&hit), r.now_ns, r.dry_run, r.quota);
+                admit::admit_with(std::slice::from_ref(&hit), r.now(), r.dry_run, r.quota);
             if holds(&hit, &decision) {
                 held.push(si);
+                map.hold_unit(hit_slot(&self.strategies[si as usize]), hit.generation);
             }
             return Outcome::Limited(decision);
         }
-        Outcome::Limited(self.admit_matched(matched, &slots, r, held))
+        Outcome::Limited(self.admit_matched(matched, map, &slots, r, held))
     }
 
     /// Admission of a request that matched several strategies (out of the
@@ -589,6 +605,7 @@ impl Table {
     fn admit_matched<V: Values + ?Sized>(
         &self,
         matched: &[u32],
+        map: &Mapping,
         slots: &Region<'_>,
         r: &Request<'_, V>,
         held: &mut SmallVec<[u32; 2]>,
@@ -601,10 +618,11 @@ impl Table {
                 hit_index.push(si);
             }
         }
-        let decision = admit::admit_with(&hits, r.now_ns, r.dry_run, r.quota);
+        let decision = admit::admit_with(&hits, r.now(), r.dry_run, r.quota);
         for (h, &si) in hits.iter().zip(&hit_index) {
             if holds(h, &decision) {
                 held.push(si);
+                map.hold_unit(hit_slot(&self.strategies[si as usize]), h.generation);
             }
         }
         decision
@@ -637,15 +655,25 @@ impl Table {
     /// Releases the concurrency slots a finished request held
     /// ([`TableDecision::held`]).
     pub fn release(&self, held: &[u32]) {
-        let Some(map) = &self.map else { return };
-        let slots = map.slots();
-        let mut hits: SmallVec<[Hit<'_>; 2]> = SmallVec::new();
-        for &si in held {
-            if let Some(hit) = self.strategies.get(si as usize).and_then(|s| s.hit(&slots)) {
-                hits.push(hit);
-            }
+        if let Some(u) = self.units(held) {
+            u.release();
         }
-        admit::release(&hits);
+    }
+
+    /// What a request that holds `held` needs to give its units back when
+    /// it ends: the mapping and each unit's slot and generation, not the
+    /// table (a request may outlive many tables).
+    pub fn units(&self, held: &[u32]) -> Option<Units> {
+        let map = self.map.as_ref()?;
+        let units = held
+            .iter()
+            .filter_map(|&si| self.strategies.get(si as usize))
+            .map(|c| (c.slot, c.generation))
+            .collect();
+        Some(Units {
+            map: map.clone(),
+            units,
+        })
     }
 
     fn blacklist(&self) -> Option<Blacklist<'_>> {
@@ -729,6 +757,27 @@ fn group_heavy_values(
         .map(|(r, d)| Group::build(d, r))
         .collect();
     (groups, group_lists, spans)
+}
+
+#[inline]
+fn hit_slot(c: &Compiled) -> u32 {
+    c.slot
+}
+
+/// Concurrency units a request holds: `(slot, generation)` in one mapping.
+pub struct Units {
+    map: Arc<Mapping>,
+    units: SmallVec<[(u32, u64); 2]>,
+}
+
+impl Units {
+    /// The request ended: each unit off this process's ledger and off its
+    /// slot (if the slot still has the generation).
+    pub fn release(self) {
+        for &(slot, generation) in &self.units {
+            self.map.release_unit(slot, generation);
+        }
+    }
 }
 
 /// After a pass or a delay every concurrency hit holds one unit (a dry run

@@ -16,6 +16,7 @@
 //!   count into a slot that already belongs to someone else.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -31,6 +32,20 @@ use super::slot::Slot;
 /// How long a freed slot waits before it may be given to another strategy.
 pub const SLOT_QUARANTINE_MS: u64 = 2_000;
 
+/// What a publish will write, decided before anything is written.
+struct Plan {
+    /// The strategies with their slots, by id.
+    published: Vec<Published>,
+    /// Indexes into `published` of the strategies that get a new slot.
+    fresh: Vec<usize>,
+    /// The blacklist's dimensions, in table order.
+    bl_dims: Vec<String>,
+    /// The encoded segment payload.
+    payload: Vec<u8>,
+    /// The wall clock the plan was made at (slot quarantine, timestamps).
+    now_ms: u64,
+}
+
 /// What a publish did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PublishReport {
@@ -40,6 +55,9 @@ pub struct PublishReport {
     pub freed_slots: usize,
     pub blacklist_entries: usize,
     pub payload_bytes: usize,
+    /// Strategies left out of this publish by [`Writer::publish_staged`]
+    /// until the slots it freed may be reused; 0 for a complete publish.
+    pub deferred: usize,
 }
 
 /// How the writer came by its file.
@@ -55,6 +73,21 @@ pub enum Opened {
     },
 }
 
+/// An attempt to open: give up, or try again (the path changed under us).
+enum Retry {
+    Fail(ShmError),
+    Again(ShmError),
+}
+
+/// Whether the path still names the open `file`.
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Assigned {
     slot: u32,
@@ -67,6 +100,98 @@ pub struct Writer {
     assigned: HashMap<u32, Assigned>,
     seq: u64,
     opened: Opened,
+    access: FileAccess,
+}
+
+/// Who may use the file: its permission bits and, optionally, its group.
+/// Applied on the open descriptor (`fchmod`/`fchown`, never through the
+/// path, which another user could swap for a symlink) to a new file and to
+/// an adopted one alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileAccess {
+    pub mode: u32,
+    pub group: Option<u32>,
+}
+
+impl FileAccess {
+    pub fn mode(mode: u32) -> FileAccess {
+        FileAccess { mode, group: None }
+    }
+}
+
+/// Takes the one-writer lock on `file` (`flock`, released by the kernel
+/// when the process dies). `Locked` names the holder's pid as the file's
+/// header records it.
+fn lock(file: &File, path: &Path) -> Result<(), ShmError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(ShmError::io(path, err));
+    }
+    let mut pid = [0u8; 8];
+    use std::os::unix::fs::FileExt;
+    let holder = match file.read_exact_at(&mut pid, shm::H_WRITER_PID as u64) {
+        Ok(()) => u64::from_le_bytes(pid),
+        Err(_) => 0,
+    };
+    Err(ShmError::Locked {
+        path: path.to_path_buf(),
+        holder,
+    })
+}
+
+/// Applies `access` through the descriptor (only what differs, so that
+/// adopting a root-owned file that is already right needs no privilege).
+fn apply_access(file: &File, path: &Path, access: FileAccess) -> Result<(), ShmError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = file.metadata().map_err(|e| ShmError::io(path, e))?;
+    if access.group.is_none_or(|g| g == meta.gid()) && meta.mode() & 0o7777 == access.mode {
+        return Ok(());
+    }
+    if let Some(gid) = access.group.filter(|&g| g != meta.gid()) {
+        // SAFETY: fchown on a descriptor we own; -1 keeps the owner.
+        if unsafe { libc::fchown(file.as_raw_fd(), u32::MAX, gid) } != 0 {
+            return Err(ShmError::io(path, std::io::Error::last_os_error()));
+        }
+    }
+    // After fchown, which may clear set-id bits; set_permissions on a File
+    // is fchmod. open() applied the umask; the mode asked for is what
+    // workers need.
+    file.set_permissions(std::fs::Permissions::from_mode(access.mode))
+        .map_err(|e| ShmError::io(path, e))
+}
+
+/// Who owns an existing file, if it is not this process's user or root:
+/// such a file was planted (or left by another agent user) and is not
+/// adopted.
+fn foreign_owner(file: &File, path: &Path) -> Result<Option<u32>, ShmError> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = file.metadata().map_err(|e| ShmError::io(path, e))?.uid();
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    Ok((uid != me && uid != 0).then_some(uid))
+}
+
+/// A user name for log lines: `name (uid N)`, or `uid N`.
+pub fn user_name(uid: u32) -> String {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: a zeroed passwd is a valid out-parameter; buf outlives the call.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the call; buf.len() is its size.
+    let rc =
+        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
+    if rc == 0 && !out.is_null() && !pw.pw_name.is_null() {
+        // SAFETY: getpwuid_r filled pw_name with a NUL-terminated string in buf.
+        let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+        return format!("{} (uid {uid})", name.to_string_lossy());
+    }
+    format!("uid {uid}")
 }
 
 impl Writer {
@@ -75,45 +200,108 @@ impl Writer {
     /// permission bits `mode`. Refuses symlinks, non-regular files and files
     /// that are not rate_ctl files (it never overwrites a stranger's file).
     pub fn create_or_adopt(path: &Path, caps: Capacities, mode: u32) -> Result<Writer, ShmError> {
+        Writer::open(path, caps, FileAccess::mode(mode))
+    }
+
+    /// [`create_or_adopt`](Self::create_or_adopt), the agent's way:
+    ///
+    /// * **One writer per file**: the file is locked (`flock`) for as long
+    ///   as this writer lives; a second writer gets [`ShmError::Locked`]
+    ///   naming the holder's pid. A file is created under a temporary name
+    ///   and linked into place only if the path is still free, and a bad
+    ///   file is replaced only while its lock is held, so two writers never
+    ///   both believe they own the path.
+    /// * **Ownership**: a file owned by another user than this process's
+    ///   or root is not adopted; it is replaced (reason names the owner),
+    ///   or, where the directory does not allow that (sticky `/dev/shm`
+    ///   and no privilege), refused with [`ShmError::ForeignOwner`].
+    /// * `access` (mode and group) is applied on the descriptor to a new
+    ///   and to an adopted file.
+    /// * The file is allocated in full (`posix_fallocate`), so a full
+    ///   tmpfs is an error here, never a SIGBUS in a worker later.
+    pub fn open(path: &Path, caps: Capacities, access: FileAccess) -> Result<Writer, ShmError> {
         let geometry = Geometry::for_capacities(&caps)?;
-        match Mapping::open(path) {
-            Ok(m) if m.geometry == geometry => Writer::adopt(m),
-            Ok(m) => Writer::create(
-                path,
-                &geometry,
-                mode,
-                Opened::Recreated {
-                    reason: format!(
-                        "capacities changed (file has {} slots, {} segment bytes)",
-                        m.geometry.slot_count, m.geometry.seg_len
-                    ),
-                },
-            ),
+        // A few rounds: another writer may create or replace the file
+        // between our open and our lock.
+        let mut last = None;
+        for _ in 0..8 {
+            match Writer::try_open(path, &geometry, access) {
+                Err(Retry::Again(e)) => last = Some(e),
+                Err(Retry::Fail(e)) => return Err(e),
+                Ok(w) => return Ok(w),
+            }
+        }
+        Err(last.unwrap_or_else(|| ShmError::io(path, std::io::ErrorKind::WouldBlock.into())))
+    }
+
+    fn try_open(path: &Path, geometry: &Geometry, access: FileAccess) -> Result<Writer, Retry> {
+        let file = match shm::open_file(path, false, 0) {
+            Ok(f) => f,
             Err(ShmError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                Writer::create(path, &geometry, mode, Opened::Created)
+                return Writer::create(path, geometry, access, Opened::Created, None);
+            }
+            Err(e) => return Err(Retry::Fail(e)),
+        };
+        let recreate = |reason: String, file: File| {
+            Writer::create(
+                path,
+                geometry,
+                access,
+                Opened::Recreated { reason },
+                Some(file),
+            )
+        };
+        // Before the lock: a planted file's owner could hold it to keep us out.
+        if let Some(uid) = foreign_owner(&file, path).map_err(Retry::Fail)? {
+            let reason = format!(
+                "owned by {}, neither this user nor root: not adopted",
+                user_name(uid)
+            );
+            return recreate(reason, file).map_err(|e| match e {
+                Retry::Fail(ShmError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::PermissionDenied =>
+                {
+                    Retry::Fail(ShmError::ForeignOwner {
+                        path: path.to_path_buf(),
+                        owner: user_name(uid),
+                    })
+                }
+                other => other,
+            });
+        }
+        lock(&file, path).map_err(Retry::Fail)?;
+        // Locked: is it still the file at the path?
+        if !same_file(&file, path) {
+            return Err(Retry::Again(ShmError::io(
+                path,
+                std::io::Error::other("replaced while being opened"),
+            )));
+        }
+        let dup = file
+            .try_clone()
+            .map_err(|e| Retry::Fail(ShmError::io(path, e)))?;
+        match Mapping::from_file(dup, path, true) {
+            Ok(m) if m.geometry == *geometry => {
+                apply_access(&file, path, access).map_err(Retry::Fail)?;
+                drop(file); // the lock stays with the mapping's descriptor
+                Writer::adopt(m, access).map_err(Retry::Fail)
+            }
+            Ok(m) => {
+                let reason = format!(
+                    "capacities changed (file has {} slots, {} segment bytes)",
+                    m.geometry.slot_count, m.geometry.seg_len
+                );
+                drop(m);
+                recreate(reason, file)
             }
             Err(
                 e @ (ShmError::Version { .. }
                 | ShmError::Uninitialised(_)
                 | ShmError::Geometry { .. }
                 | ShmError::Truncated { .. }),
-            ) => Writer::create(
-                path,
-                &geometry,
-                mode,
-                Opened::Recreated {
-                    reason: e.to_string(),
-                },
-            ),
-            Err(ShmError::TooSmall { size: 0, .. }) => Writer::create(
-                path,
-                &geometry,
-                mode,
-                Opened::Recreated {
-                    reason: "empty file".into(),
-                },
-            ),
-            Err(e) => Err(e),
+            ) => recreate(e.to_string(), file),
+            Err(ShmError::TooSmall { size: 0, .. }) => recreate("empty file".into(), file),
+            Err(e) => Err(Retry::Fail(e)),
         }
     }
 
@@ -135,7 +323,16 @@ impl Writer {
         self.seq
     }
 
-    fn create(path: &Path, g: &Geometry, mode: u32, opened: Opened) -> Result<Writer, ShmError> {
+    /// Builds a new file under a temporary name and puts it at `path`:
+    /// renamed over `old` (whose lock we hold), or linked into a free path
+    /// (`Retry::Again` if another writer got there first).
+    fn create(
+        path: &Path,
+        g: &Geometry,
+        access: FileAccess,
+        opened: Opened,
+        old: Option<File>,
+    ) -> Result<Writer, Retry> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let name = path
             .file_name()
@@ -143,34 +340,62 @@ impl Writer {
             .unwrap_or_else(|| "rate_ctl".into());
         let tmp: PathBuf = dir.join(format!(".{name}.tmp.{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
-        let file = shm::open_file(&tmp, true, mode)?;
-        let cleanup = |e: ShmError| {
+        let fail = |e: ShmError| {
             let _ = std::fs::remove_file(&tmp);
-            e
+            Retry::Fail(e)
         };
-        // open() applies the umask; the mode asked for is what workers need.
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(|e| cleanup(ShmError::io(&tmp, e)))?;
-        file.set_len(g.file_size)
-            .map_err(|e| cleanup(ShmError::io(&tmp, e)))?;
+        let file = shm::open_file(&tmp, true, access.mode).map_err(Retry::Fail)?;
+        lock(&file, &tmp).map_err(fail)?;
+        apply_access(&file, &tmp, access).map_err(fail)?;
+        {
+            use std::os::fd::AsRawFd;
+            // Every page backed now: a full tmpfs is this error, not a
+            // SIGBUS when a page is first touched (by us or a worker).
+            // SAFETY: posix_fallocate on a descriptor we own.
+            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, g.file_size as i64) };
+            if rc != 0 {
+                let e = std::io::Error::from_raw_os_error(rc);
+                return Err(fail(ShmError::io(
+                    &tmp,
+                    std::io::Error::new(e.kind(), format!("allocating {} bytes: {e}", g.file_size)),
+                )));
+            }
+        }
         {
             // Format through a raw mapping: the header is not valid yet.
             let raw = memmap2::MmapOptions::new()
                 .len(g.file_size as usize)
                 .map_raw(&file)
-                .map_err(|e| cleanup(ShmError::io(&tmp, e)))?;
+                .map_err(|e| fail(ShmError::io(&tmp, e)))?;
             // SAFETY: fresh private file of this size, mapped shared; nobody
             // else has it open yet; accessed only through Region atomics.
             let whole = unsafe { super::region::Region::from_raw(raw.as_mut_ptr(), raw.len()) };
             let header = whole.sub(0, shm::HEADER_SIZE).expect("file sized above");
             Mapping::format_header(&header, g, shm::boot_id(), shm::unix_ms());
             let bl = whole.sub(g.bl_off, g.bl_len).expect("file sized above");
-            blacklist::init(bl, g.bl_capacity).map_err(|e| cleanup(e.into()))?;
+            blacklist::init(bl, g.bl_capacity).map_err(|e| fail(e.into()))?;
         }
-        let map = Mapping::from_file(file, &tmp, false).map_err(cleanup)?;
+        let map = Mapping::from_file(file, &tmp, false).map_err(fail)?;
         map.set_init_done();
-        std::fs::rename(&tmp, path).map_err(|e| cleanup(ShmError::io(path, e)))?;
+        match old {
+            // We hold the old file's lock: nobody else can be replacing it.
+            Some(old) => {
+                std::fs::rename(&tmp, path).map_err(|e| fail(ShmError::io(path, e)))?;
+                drop(old);
+            }
+            // No file: link ours in only if the path is still free.
+            None => {
+                let linked = std::fs::hard_link(&tmp, path);
+                let _ = std::fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        return Err(Retry::Again(ShmError::io(path, e)));
+                    }
+                    Err(e) => return Err(Retry::Fail(ShmError::io(path, e))),
+                }
+            }
+        }
         let mut map = map;
         map.path = path.to_path_buf();
         Ok(Writer {
@@ -178,10 +403,11 @@ impl Writer {
             assigned: HashMap::new(),
             seq: 0,
             opened,
+            access,
         })
     }
 
-    fn adopt(map: Mapping) -> Result<Writer, ShmError> {
+    fn adopt(map: Mapping, access: FileAccess) -> Result<Writer, ShmError> {
         let seq = map.seq();
         let mut assigned = HashMap::new();
         let mut count = 0;
@@ -219,6 +445,11 @@ impl Writer {
                 }
             }
             header.write_bytes(shm::H_BOOT_ID, &boot);
+            // Pids of another boot mean nothing; the counts were zeroed above.
+            let ledger = map.ledger();
+            for row in 0..super::ledger::ROWS as usize {
+                ledger.free_any(row);
+            }
         }
         header.store(shm::H_WRITER_PID, std::process::id() as u64);
         let w = Writer {
@@ -229,6 +460,7 @@ impl Writer {
                 strategies: count,
                 boot_changed,
             },
+            access,
         };
         w.reconcile_bitmap();
         Ok(w)
@@ -254,6 +486,39 @@ impl Writer {
                 self.set_slot_bit(slot, true);
             }
         }
+    }
+
+    /// A file truncated or rewritten in place under us (our mapping took a
+    /// SIGBUS, or the file is shorter than its layout) is replaced by a new
+    /// one before anything is written: every strategy then gets a fresh
+    /// slot. `Ok(true)` when it was replaced.
+    pub fn ensure_whole(&mut self) -> Result<bool, ShmError> {
+        let reason = if self.map.faulted() {
+            self.map.fault_error().to_string()
+        } else {
+            match self.map.still_valid() {
+                Err(e @ ShmError::Truncated { .. }) => e.to_string(),
+                _ => return Ok(false),
+            }
+        };
+        let old = self
+            .map
+            .file()
+            .try_clone()
+            .map_err(|e| ShmError::io(&self.map.path, e))?;
+        let path = self.map.path.clone();
+        let w = Writer::create(
+            &path,
+            &self.map.geometry,
+            self.access,
+            Opened::Recreated { reason },
+            Some(old),
+        )
+        .map_err(|r| match r {
+            Retry::Fail(e) | Retry::Again(e) => e,
+        })?;
+        *self = w;
+        Ok(true)
     }
 
     /// Records the agent's heartbeat (unix ms) in the header.
@@ -283,15 +548,67 @@ impl Writer {
     /// full blacklist. Nothing in the file changes unless the whole publish
     /// fits: invalid strategies, duplicate ids and exceeded capacities are
     /// errors and the previous table stays active.
+    /// [`publish`](Self::publish), and when the table fits the capacity
+    /// but not the slots free right now (the slots of the strategies it
+    /// replaces are still in use or in their 2 s quarantine — e.g. a
+    /// replace-import of a full table), publish it in stages: now the
+    /// strategies that keep their slots plus as many new ones as slots are
+    /// free (which frees the replaced ones), the rest once the freed slots
+    /// may be reused. The report's `deferred` counts what is left for a
+    /// later call with the same table (2 s on); 0 when complete.
+    pub fn publish_staged(
+        &mut self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let free = match self.publish(strategies, blacklist, config_version) {
+            Err(ShmError::SlotsBusy { free, .. }) => free as usize,
+            other => return other,
+        };
+        let mut first: Vec<Strategy> = Vec::with_capacity(strategies.len());
+        let mut new = 0;
+        let mut by_id: Vec<&Strategy> = strategies.iter().collect();
+        by_id.sort_by_key(|s| s.id);
+        for s in by_id {
+            let keeps = self
+                .assigned
+                .get(&s.id)
+                .is_some_and(|a| a.algorithm == s.algorithm);
+            if keeps || new < free {
+                new += usize::from(!keeps);
+                first.push(s.clone());
+            }
+        }
+        let mut report = self.publish(&first, blacklist, config_version)?;
+        report.deferred = strategies.len() - first.len();
+        Ok(report)
+    }
+
+    /// Publishes `strategies` (rates already local to this host) and the
+    /// full blacklist. Nothing in the file changes unless the whole publish
+    /// fits: invalid strategies, duplicate ids and exceeded capacities are
+    /// errors and the previous table stays active.
     pub fn publish(
         &mut self,
         strategies: &[Strategy],
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
+        self.ensure_whole()?;
+        let plan = self.plan(strategies, blacklist)?;
+        self.apply(plan, blacklist, config_version)
+    }
+
+    /// Step 1 of a publish: validates the strategies, checks every
+    /// capacity, assigns slots and encodes the payload. No side effects.
+    fn plan(
+        &self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistEntry],
+    ) -> Result<Plan, ShmError> {
         let g = self.map.geometry;
         let now_ms = shm::unix_ms();
-        // 1. Validate and check capacities: no side effects yet.
         let mut list: Vec<Strategy> = Vec::with_capacity(strategies.len());
         for s in strategies {
             let mut s = s.clone();
@@ -376,10 +693,28 @@ impl Writer {
             candidate += 1;
         }
         if free.len() < fresh.len() {
-            return Err(ShmError::Capacity {
-                what: "free stat slots (freed slots wait 2 s before reuse)",
+            // Count every free slot (not just the ones needed) and the ones
+            // that will be: freed by this publish or in quarantine.
+            let free_now = (0..g.slot_count)
+                .filter(|&c| {
+                    !keep.contains(&c)
+                        && !self.slot_in_use(c)
+                        && Slot::at(&slots, c).is_some_and(|s| {
+                            let freed = s.freed_at().load(Ordering::Relaxed);
+                            freed == 0 || now_ms.saturating_sub(freed) >= SLOT_QUARANTINE_MS
+                        })
+                })
+                .count() as u64;
+            // Every other slot is kept by this table, or in use by a
+            // strategy it drops, or in quarantine.
+            let waiting = (g.slot_count as u64)
+                .saturating_sub(free_now)
+                .saturating_sub(keep.len() as u64);
+            return Err(ShmError::SlotsBusy {
+                needed: fresh.len() as u64,
+                free: free_now,
+                waiting,
                 limit: g.slot_count as u64,
-                needed: (keep.len() + fresh.len()) as u64,
             });
         }
         for (&i, &slot) in fresh.iter().zip(&free) {
@@ -399,6 +734,31 @@ impl Writer {
                 needed: payload.len() as u64,
             });
         }
+        Ok(Plan {
+            published: plan,
+            fresh,
+            bl_dims,
+            payload,
+            now_ms,
+        })
+    }
+
+    /// Steps 2 to 4 of a publish: writes what `plan` decided (blacklist,
+    /// slots, the inactive segment) and flips the sequence.
+    fn apply(
+        &mut self,
+        plan: Plan,
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let Plan {
+            published: plan,
+            fresh,
+            bl_dims,
+            payload,
+            now_ms,
+        } = plan;
+        let slots = self.map.slots();
         // 2. Blacklist: on error the previous list stays whole.
         let bl = Blacklist::open(self.map.blacklist())?;
         let bl_report = bl.rebuild(blacklist)?;
@@ -458,6 +818,7 @@ impl Writer {
             freed_slots: freed,
             blacklist_entries: bl_report.entries,
             payload_bytes: payload.len(),
+            deferred: 0,
         })
     }
 }

@@ -21,7 +21,6 @@ use ngx::http::{
 use ngx::ngx_log_error;
 
 use smallvec::SmallVec;
-use std::sync::Arc;
 
 use super::conf::{LocConf, MainConf};
 use super::variables::{self, Decided};
@@ -29,7 +28,7 @@ use super::worker::{with_worker, Event, EventLog, Source, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
 use crate::core::limiter::Quota;
-use crate::core::table::{IpKey, Outcome, Request as TableRequest, Table, Values};
+use crate::core::table::{IpKey, Outcome, Request as TableRequest, Values};
 
 /// `$rate_ctl_status` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,10 +39,12 @@ pub enum ReqStatus {
     Blacklisted,
     DryRunRejected,
     FailOpen,
+    /// A dry run would have delayed the request (nginx: `DELAYED_DRY_RUN`).
+    DryRunDelayed,
 }
 
 impl ReqStatus {
-    /// 1..=6, as recorded per request (0 is "not decided").
+    /// 1..=7, as recorded per request (0 is "not decided").
     #[inline]
     pub fn code(self) -> u32 {
         match self {
@@ -53,6 +54,7 @@ impl ReqStatus {
             ReqStatus::Blacklisted => 4,
             ReqStatus::DryRunRejected => 5,
             ReqStatus::FailOpen => 6,
+            ReqStatus::DryRunDelayed => 7,
         }
     }
 
@@ -65,6 +67,7 @@ impl ReqStatus {
             4 => ReqStatus::Blacklisted,
             5 => ReqStatus::DryRunRejected,
             6 => ReqStatus::FailOpen,
+            7 => ReqStatus::DryRunDelayed,
             _ => return None,
         })
     }
@@ -77,24 +80,17 @@ impl ReqStatus {
             ReqStatus::Blacklisted => "BLACKLISTED",
             ReqStatus::DryRunRejected => "DRY_RUN_REJECTED",
             ReqStatus::FailOpen => "FAIL_OPEN",
+            ReqStatus::DryRunDelayed => "DRY_RUN_DELAYED",
         }
     }
 }
 
-/// Concurrency units a request holds until it ends, against the table that
-/// granted them (released there even if a newer table was loaded since).
-/// Kept in a cleanup of the request pool, so they are released however the
-/// request ends (finished, aborted, errored).
-pub struct Hold {
-    table: Arc<Table>,
-    held: SmallVec<[u32; 2]>,
-}
-
-impl Hold {
-    fn release(self) {
-        self.table.release(&self.held);
-    }
-}
+/// Concurrency units a request holds until it ends: their slots and
+/// generations in the mapping that granted them (released there even if a
+/// newer table or file was loaded since), never the table itself. Kept in a
+/// cleanup of the request pool, so they are released however the request
+/// ends (finished, aborted, errored).
+pub type Hold = crate::core::table::Units;
 
 extern "C" fn hold_cleanup(data: *mut c_void) {
     // SAFETY: `data` is the Hold written by `keep_hold`; nginx runs each
@@ -134,8 +130,26 @@ fn record(
     strategy: u32,
     hold: Option<Hold>,
 ) -> bool {
+    record_as(r, mc, status, strategy, hold, true)
+}
+
+/// [`record`], saying whether a strategy or the blacklist applied.
+#[inline]
+fn record_as(
+    r: &mut Request,
+    mc: &MainConf,
+    status: ReqStatus,
+    strategy: u32,
+    hold: Option<Hold>,
+    applied: bool,
+) -> bool {
     let raw: &mut ngx_http_request_t = r.as_mut();
-    if !variables::record(raw, mc.decision_index, Decided { status, strategy }) {
+    let d = Decided {
+        status,
+        strategy,
+        applied,
+    };
+    if !variables::record(raw, mc.decision_index, d) {
         if let Some(h) = hold {
             h.release();
         }
@@ -212,11 +226,6 @@ pub extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
 }
 
 fn handle(r: &mut Request) -> Status {
-    let raw: *mut ngx_http_request_t = r.as_mut();
-    // SAFETY: raw is the live request.
-    if unsafe { (*raw).main } != raw {
-        return Status::NGX_DECLINED; // subrequests follow their main request
-    }
     let Some(lc) = RateCtlModule::location_conf(r) else {
         return Status::NGX_DECLINED;
     };
@@ -226,9 +235,10 @@ fn handle(r: &mut Request) -> Status {
     let Some(mc) = RateCtlModule::main_conf(r) else {
         return Status::NGX_DECLINED;
     };
-    if variables::decided(r.as_ref(), mc.decision_index).is_some() {
-        // Decided already (resumed after a delay, or an internal
-        // redirect): never count a request twice.
+    // Decided already (resumed after a delay, an internal redirect after a
+    // strategy applied, or a subrequest of a decided request, which shares
+    // its main request's variables): never count a request twice.
+    if variables::decided(r.as_ref(), mc.decision_index).is_some_and(|d| d.applied) {
         return Status::NGX_DECLINED;
     }
     let now_ns = monotonic_ns();
@@ -236,7 +246,8 @@ fn handle(r: &mut Request) -> Status {
     let log = r.log();
     with_worker(mc, |w| {
         if w.log.due(now_ms) {
-            w.log.flush(log, now_ms);
+            // The worker's context: the summary is not this request's.
+            w.log.flush(super::worker::cycle_log(), now_ms);
         }
         w.refresh(mc, now_ns, log);
         let (outcome, hold) = decide(w, mc, r, now_ns, now_ms, lc);
@@ -308,10 +319,11 @@ fn decide(
         &mut held,
         scratch,
     );
-    let hold = (!held.is_empty()).then(|| Hold {
-        table: table.clone(),
-        held,
-    });
+    let hold = if held.is_empty() {
+        None
+    } else {
+        table.units(&held)
+    };
     (Some(outcome), hold)
 }
 
@@ -342,7 +354,9 @@ fn act(
                 None => (ReqStatus::FailOpen, Status::NGX_DECLINED, false),
                 _ => (ReqStatus::Passed, Status::NGX_DECLINED, false),
             };
-            if !record(r, mc, status, 0, hold) {
+            // Matching nothing (or no table) leaves the request open to
+            // the next location's strategies.
+            if !record_as(r, mc, status, 0, hold, blacklisted) {
                 return error;
             }
             if blacklisted {
@@ -351,7 +365,9 @@ fn act(
             return answer;
         }
     };
-    if let (Admission::Pass, None, None) = (&d.verdict, d.dry_run_rejected, &d.tightest) {
+    if let (Admission::Pass, None, None, None) =
+        (&d.verdict, d.dry_run_rejected, &d.tightest, d.would_delay)
+    {
         // The plain pass: most requests.
         return if record(r, mc, ReqStatus::Passed, d.passed_by.unwrap_or(0), hold) {
             Status::NGX_DECLINED
@@ -361,7 +377,10 @@ fn act(
     }
     let (status, strategy) = match (d.verdict, d.dry_run_rejected) {
         (Admission::Pass, Some(id)) => (ReqStatus::DryRunRejected, id),
-        (Admission::Pass, None) => (ReqStatus::Passed, d.passed_by.unwrap_or(0)),
+        (Admission::Pass, None) => match d.would_delay {
+            Some((id, _)) => (ReqStatus::DryRunDelayed, id),
+            None => (ReqStatus::Passed, d.passed_by.unwrap_or(0)),
+        },
         (Admission::Delay { id, .. }, _) => (ReqStatus::Delayed, id),
         (Admission::Reject { id, .. }, _) => (ReqStatus::Rejected, id),
     };
@@ -376,6 +395,16 @@ fn act(
         Admission::Pass => {
             if let Some(id) = d.dry_run_rejected {
                 log_event(r, events, id, Event::DryRunRejected, lc.log_level(), now_ms);
+            } else if let Some((id, wait_ns)) = d.would_delay {
+                let level = lc.log_level().lower();
+                if events.record(id, Event::DryRunDelayed, level, now_ms) {
+                    let ms = wait_ns.div_ceil(1_000_000);
+                    ngx_log_error!(
+                        level.ngx_level(),
+                        r.log(),
+                        "rate_ctl: would delay request by {ms} ms (dry run) by strategy {id}"
+                    );
+                }
             }
             Status::NGX_DECLINED
         }
@@ -394,7 +423,7 @@ fn act(
             let level = lc.log_level().lower();
             log_event(r, events, id, Event::Delayed, level, now_ms);
             let ms = wait_ns.div_ceil(1_000_000);
-            if ms == 0 {
+            if ms == 0 || background(r) {
                 return Status::NGX_DECLINED;
             }
             start_delay(r, ms)
@@ -415,6 +444,7 @@ fn log_event(
             Event::Rejected => "rejecting request",
             Event::Delayed => "delaying request",
             Event::DryRunRejected => "would reject request (dry run)",
+            Event::DryRunDelayed => "would delay request (dry run)",
             Event::Blacklisted => "refusing blacklisted request",
         };
         if id == 0 {
@@ -436,14 +466,9 @@ fn ceil_secs(ns: u64) -> u64 {
 fn add_quota_headers(r: &mut Request, q: &Quota) {
     add_header_num(r, "RateLimit-Limit", q.limit);
     add_header_num(r, "RateLimit-Remaining", q.remaining);
-    let reset = ceil_secs(q.reset_ns);
-    // Never 0 while limited: a client told "reset in 0 s" would retry at once.
-    let reset = if q.remaining == 0 {
-        reset.max(1)
-    } else {
-        reset
-    };
-    add_header_num(r, "RateLimit-Reset", reset);
+    // Never 0: a client told "reset in 0 s" would retry at once, and a
+    // concurrency strategy has no time in its state at all (reset_ns 0).
+    add_header_num(r, "RateLimit-Reset", ceil_secs(q.reset_ns).max(1));
 }
 
 /// `n` in decimal, copied into the request pool (formatted on the stack:
@@ -484,6 +509,14 @@ fn add_header_num(r: &mut Request, name: &'static str, n: u64) {
         (*h).key.data = name.as_ptr().cast_mut();
         (*h).value = value;
     }
+}
+
+/// A background subrequest (`mirror`, cache updates): the connection's
+/// events go to the main request, so a timer could never resume it; its
+/// wait is charged but not served.
+fn background(r: &Request) -> bool {
+    let raw: &ngx_http_request_t = r.as_ref();
+    raw.background() != 0
 }
 
 /// Delays the request by `ms` like limit_req: a timer on the write event,

@@ -44,6 +44,7 @@ pub static mut ngx_http_rate_ctl_module: ngx_module_t = ngx_module_t {
     commands: unsafe { ptr::addr_of_mut!(conf::COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as ngx_uint_t,
     init_process: Some(init_process),
+    exit_process: Some(exit_process),
     ..ngx_module_t::default()
 };
 
@@ -58,6 +59,12 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
         }
     }
     Status::NGX_OK.0
+}
+
+/// A worker that exits (reload, shutdown) writes its pending rejection
+/// summaries first.
+extern "C" fn exit_process(_cycle: *mut ngx_cycle_t) {
+    worker::flush_now();
 }
 
 impl HttpModule for RateCtlModule {
@@ -84,15 +91,47 @@ impl HttpModule for RateCtlModule {
         let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize];
         // SAFETY: the phase's handler array was initialised by the core
         // module with ngx_http_handler_pt elements.
-        let h = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_http_handler_pt>();
-        if h.is_null() {
-            return Status::NGX_ERROR.0;
+        if unsafe { register_last(&mut phase.handlers, handler::preaccess_handler) } {
+            Status::NGX_OK.0
+        } else {
+            Status::NGX_ERROR.0
         }
-        // SAFETY: h points to a new element of the right type.
-        unsafe { *h = Some(handler::preaccess_handler) };
-        Status::NGX_OK.0
     }
 }
+
+/// Puts `handler` at the front of a phase's handler array, so that it runs
+/// **last** in the phase.
+///
+/// nginx builds the phase engine (`ngx_http_init_phase_handlers`) by walking
+/// each phase's array from its last element to its first: a handler pushed
+/// later runs earlier. A dynamic module's postconfiguration runs after
+/// every built-in module's, so a plain push would make rate_ctl the first
+/// PREACCESS handler — before realip's location-level handler (the client
+/// address would still be the proxy's) and before `limit_req` /
+/// `limit_conn`. At the front it runs after all of them, as a built-in
+/// module registered first would.
+///
+/// # Safety
+/// `handlers` must be an initialised `ngx_array_t` of `ngx_http_handler_pt`.
+unsafe fn register_last(handlers: &mut ngx::ffi::ngx_array_t, handler: HandlerFn) -> bool {
+    // SAFETY: the array holds ngx_http_handler_pt elements (contract).
+    let h = unsafe { ngx_array_push(handlers) }.cast::<ngx_http_handler_pt>();
+    if h.is_null() {
+        return false;
+    }
+    let elts = handlers.elts.cast::<ngx_http_handler_pt>();
+    let n = handlers.nelts;
+    // SAFETY: after the push the array holds `n` elements (the last one
+    // new and unset) in one allocation; shifting the first n - 1 up by one
+    // stays inside it, then the first element is ours.
+    unsafe {
+        ptr::copy(elts, elts.add(1), n - 1);
+        *elts = Some(handler);
+    }
+    true
+}
+
+type HandlerFn = unsafe extern "C" fn(*mut ngx::ffi::ngx_http_request_t) -> ngx_int_t;
 
 // SAFETY: create_main_conf allocates exactly `conf::MainConf` for this module.
 unsafe impl HttpModuleMainConf for RateCtlModule {

@@ -2,9 +2,12 @@
 //! per-request record of what rate_ctl decided, which they read.
 //!
 //! # Where the decision lives
-//! A request is decided once: later visits of the PREACCESS phase (after a
-//! delay, an internal redirect or a jump to a named location) must not
-//! count it again, and the variables must still report it. nginx clears the
+//! A request is decided once a strategy or the blacklist applied to it:
+//! later visits of the PREACCESS phase (after a delay, an internal
+//! redirect, a jump to a named location, or in a subrequest) must not
+//! count it again, and the variables must still report it. A request that
+//! matched nothing is recorded too (`PASSED`, no strategy) but not as
+//! applied, so the next location evaluates it (see [`Decided::applied`]). nginx clears the
 //! module contexts on an internal redirect, but not the request's array of
 //! indexed variable values (`r->variables`, allocated with the request and
 //! shared with its subrequests). So the decision is written there, in the
@@ -206,6 +209,12 @@ pub struct Decided {
     pub status: ReqStatus,
     /// The strategy that decided (0 = none).
     pub strategy: u32,
+    /// A strategy or the blacklist applied (so the request is decided for
+    /// good). `false` for a request that matched nothing or met no table:
+    /// its status is reported, but the PREACCESS phase of the location an
+    /// internal redirect or a subrequest leads to evaluates it again, as
+    /// `limit_req` marks a request only when one of its limits ran.
+    pub applied: bool,
 }
 
 /// The request's slot of the decision variable.
@@ -232,11 +241,16 @@ pub fn decided(r: &ngx_http_request_t, index: usize) -> Option<Decided> {
     Some(Decided {
         status: ReqStatus::from_code((word & 0xff) as u32)?,
         strategy: (word >> 8) as u32,
+        applied: word & APPLIED != 0,
     })
 }
 
+/// The bit of the recorded word that says [`Decided::applied`].
+const APPLIED: u64 = 1 << 40;
+
 /// Records the decision in the request's slot: one word, the status code
-/// in the low byte and the strategy id above it (in the data pointer,
+/// in the low byte, the strategy id in the 32 bits above it and
+/// [`APPLIED`] (in the data pointer,
 /// which nobody dereferences: a reader of the variable finds it not found
 /// and nginx zeroes the array with the request). `false` if the request
 /// has no variable array (nginx allocates one with every request).
@@ -247,7 +261,8 @@ pub fn record(r: &mut ngx_http_request_t, index: usize, d: Decided) -> bool {
     if v.is_null() {
         return false;
     }
-    let word = u64::from(d.strategy) << 8 | u64::from(d.status.code());
+    let word =
+        (u64::from(d.strategy) << 8) | u64::from(d.status.code()) | (APPLIED * d.applied as u64);
     // SAFETY: v is this request's slot (see `slot`); only this module
     // writes it, on nginx's worker thread.
     unsafe { (*v).data = word as usize as *mut u8 };

@@ -7,14 +7,16 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::path::PathBuf;
+use std::ptr;
 
-use ngx::ffi::ngx_log_t;
+use ngx::ffi::{ngx_add_timer, ngx_cycle, ngx_event_t, ngx_log_t, ngx_msec_t};
 use ngx::ngx_log_error;
 
 use super::conf::MainConf;
 use super::parse::LogLevel;
 use crate::core::engine::{self, Engine};
-use crate::core::table::Scratch;
+use crate::core::slot::Slot;
+use crate::core::table::{Scratch, Table};
 
 /// What a rejection log line is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +24,7 @@ pub enum Event {
     Rejected,
     Delayed,
     DryRunRejected,
+    DryRunDelayed,
     Blacklisted,
 }
 
@@ -31,6 +34,7 @@ impl Event {
             Event::Rejected => "rejected",
             Event::Delayed => "delayed",
             Event::DryRunRejected => "would have rejected (dry run)",
+            Event::DryRunDelayed => "would have delayed (dry run)",
             Event::Blacklisted => "refused (blacklisted)",
         }
     }
@@ -45,8 +49,11 @@ struct Entry {
 
 /// Aggregated rejection logging: the first event per strategy and kind in a
 /// one-second window is logged with the request's context; the rest are
-/// counted and summarised in one line when the window closes. An attack
-/// therefore costs at most two lines per strategy per second per worker.
+/// counted and summarised in one line when the window closes — by a timer
+/// of the worker ([`arm_flush_timer`]), or when the worker exits — in the
+/// worker's own log context, never another request's. An attack therefore
+/// costs at most two lines per strategy per second per worker, and no count
+/// is lost to a reload.
 #[derive(Default)]
 pub struct EventLog {
     window_start_ms: u64,
@@ -58,9 +65,10 @@ pub const LOG_WINDOW_MS: u64 = 1000;
 impl EventLog {
     /// Records one event; returns `true` when the caller should log it now
     /// (the first of its kind in the window).
+    #[inline]
     pub fn record(&mut self, id: u32, event: Event, level: LogLevel, now_ms: u64) -> bool {
         if self.entries.is_empty() {
-            self.window_start_ms = now_ms;
+            self.open_window(now_ms);
         }
         if let Some(e) = self
             .entries
@@ -77,6 +85,12 @@ impl EventLog {
             suppressed: 0,
         });
         true
+    }
+
+    #[cold]
+    fn open_window(&mut self, now_ms: u64) {
+        self.window_start_ms = now_ms;
+        arm_flush_timer();
     }
 
     /// Whether a summary is due; one compare per request.
@@ -108,6 +122,66 @@ impl EventLog {
     }
 }
 
+/// The worker's log, without any request's context.
+pub fn cycle_log() -> *mut ngx_log_t {
+    // SAFETY: ngx_cycle is set before any worker code runs and points to
+    // the live cycle for the worker's life; only its log pointer is read.
+    unsafe {
+        let cycle = ptr::addr_of!(ngx_cycle).read();
+        if cycle.is_null() {
+            ptr::null_mut()
+        } else {
+            (*cycle).log
+        }
+    }
+}
+
+/// The summary timer: one event per worker, armed when a window opens.
+struct FlushTimer(UnsafeCell<ngx_event_t>);
+
+// SAFETY: only nginx's worker thread touches it (see WorkerCell).
+unsafe impl Sync for FlushTimer {}
+
+// SAFETY: an all-zero ngx_event_t is nginx's own initial state for an
+// event (it allocates them with ngx_pcalloc).
+static FLUSH_TIMER: FlushTimer = FlushTimer(UnsafeCell::new(unsafe { std::mem::zeroed() }));
+
+/// Makes sure the open window is summarised when it closes, whether or not
+/// another request comes. Cancelable: it never holds up a worker that is
+/// shutting down (whose exit handler flushes instead).
+fn arm_flush_timer() {
+    let log = cycle_log();
+    if log.is_null() {
+        return;
+    }
+    let ev = FLUSH_TIMER.0.get();
+    // SAFETY: the static event is used on the worker thread only; nginx
+    // keeps it in its timer tree until it fires or is re-added.
+    unsafe {
+        if (*ev).timer_set() != 0 {
+            return;
+        }
+        (*ev).handler = Some(flush_timer_handler);
+        (*ev).log = log;
+        (*ev).set_cancelable(1);
+        ngx_add_timer(ev, LOG_WINDOW_MS as ngx_msec_t);
+    }
+}
+
+extern "C" fn flush_timer_handler(_ev: *mut ngx_event_t) {
+    flush_now();
+}
+
+/// Writes the pending summaries now (timer, worker exit).
+pub fn flush_now() {
+    let now_ms = super::handler::unix_ms();
+    let log = cycle_log();
+    if log.is_null() {
+        return;
+    }
+    with_existing_worker(|w| w.log.flush(log, now_ms));
+}
+
 /// Where a request value comes from, resolved once per table version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -126,6 +200,9 @@ pub struct Worker {
     pub engine: Engine,
     sources_version: Option<u64>,
     pub sources: Vec<Source>,
+    /// Dimensions of the current table this nginx does not define, with
+    /// the strategies that use them (they never match); for stats.
+    pub undefined: Vec<(String, Vec<u32>)>,
     pub log: EventLog,
     /// The matcher's working space, reused by every request.
     pub scratch: Scratch,
@@ -137,6 +214,7 @@ impl Worker {
             engine: Engine::new(path),
             sources_version: None,
             sources: Vec::new(),
+            undefined: Vec::new(),
             log: EventLog::default(),
             scratch: Scratch::default(),
         }
@@ -153,7 +231,8 @@ impl Worker {
 
     #[cold]
     fn refresh_slow(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
-        if let Some(change) = self.engine.refresh(now_ns) {
+        let change = self.engine.refresh(now_ns);
+        for change in change.into_iter().chain(self.engine.take_notice()) {
             let level = match change.level {
                 engine::LogLevel::Error => LogLevel::Error,
                 engine::LogLevel::Notice => LogLevel::Notice,
@@ -173,8 +252,59 @@ impl Worker {
                 None => Vec::new(),
             };
             self.sources_version = version;
+            self.undefined = match table {
+                Some(t) => undefined_dimensions(t, &self.sources, log),
+                None => Vec::new(),
+            };
         }
     }
+}
+
+/// Once per table load: the dimensions no source gives a value for, each
+/// with the strategies that use it, logged once and marked in their slots
+/// (cleared in the others) for `rate-ctl shm inspect`.
+fn undefined_dimensions(
+    t: &Table,
+    sources: &[Source],
+    log: *mut ngx_log_t,
+) -> Vec<(String, Vec<u32>)> {
+    let mut out: Vec<(String, Vec<u32>)> = sources
+        .iter()
+        .zip(t.dimensions())
+        .filter(|(s, _)| **s == Source::Unbound)
+        .map(|(_, name)| (name.clone(), Vec::new()))
+        .collect();
+    let slots = t.mapping().map(|m| m.slots());
+    for c in t.strategies() {
+        let mut undefined = false;
+        for cond in &c.strategy.conditions {
+            if let Some((_, ids)) = out.iter_mut().find(|(n, _)| *n == cond.dimension) {
+                if ids.last() != Some(&c.strategy.id) {
+                    ids.push(c.strategy.id);
+                }
+                undefined = true;
+            }
+        }
+        if let Some(slot) = slots.as_ref().and_then(|s| Slot::at(s, c.slot)) {
+            slot.mark_undefined_dimension(c.generation, undefined);
+        }
+    }
+    out.retain(|(_, ids)| !ids.is_empty());
+    for (name, ids) in &out {
+        let list = ids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        ngx_log_error!(
+            LogLevel::Warn.ngx_level(),
+            log,
+            "rate_ctl: dimension \"{name}\" is not defined in this nginx \
+             (built in: ip, api, method, host; others need rate_ctl_dimension): \
+             strategies {list} never match here"
+        );
+    }
+    out
 }
 
 /// Where the value of dimension `name` comes from.
@@ -190,6 +320,15 @@ fn source_for(name: &str, mc: &MainConf) -> Source {
 
 /// Worker start: load the table now (and log its state once).
 pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
+    // Before the file is first mapped: a truncation under a worker then
+    // fails open instead of killing it (see core::sigbus).
+    if let Err(e) = crate::core::sigbus::install() {
+        ngx_log_error!(
+            LogLevel::Error.ngx_level(),
+            log,
+            "rate_ctl: cannot install the SIGBUS guard: {e}; a file truncated under a worker will crash it"
+        );
+    }
     let now_ns = super::handler::monotonic_ns();
     with_worker(mc, |w| w.refresh(mc, now_ns, log));
 }
@@ -227,4 +366,16 @@ pub fn with_worker<R>(mc: &MainConf, f: impl FnOnce(&mut Worker) -> R) -> Option
     let r = f(w);
     WORKER.busy.set(false);
     Some(r)
+}
+
+/// [`with_worker`] for a worker state that exists already (timers, exit).
+fn with_existing_worker(f: impl FnOnce(&mut Worker)) {
+    if WORKER.busy.replace(true) {
+        return;
+    }
+    // SAFETY: as in with_worker.
+    if let Some(w) = unsafe { &mut *WORKER.worker.get() } {
+        f(w);
+    }
+    WORKER.busy.set(false);
 }

@@ -7,8 +7,8 @@ use axum::routing::get;
 use serde_json::{json, Value};
 
 use super::auth::ReadToken;
-use super::body::ok;
-use super::error::{ApiError, ApiResult};
+use super::body::{ok, query_param};
+use super::error::ApiResult;
 use super::{Routes, Shared};
 
 pub fn router() -> Routes {
@@ -20,20 +20,19 @@ pub async fn audit(
     _: ReadToken,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    let limit = match q.get("limit") {
-        None => 100,
-        Some(l) => l
-            .parse::<u32>()
-            .ok()
-            .filter(|l| (1..=1000).contains(l))
-            .ok_or_else(|| ApiError::bad_request(Some("limit"), "limit: must be 1 to 1000"))?,
-    };
-    let before = match q.get("before_id") {
-        None => None,
-        Some(b) => Some(b.parse::<u64>().map_err(|_| {
-            ApiError::bad_request(Some("before_id"), "before_id: must be an entry id")
-        })?),
-    };
+    let limit = query_param(
+        &q,
+        "limit",
+        |l| (1..=1000).contains(l),
+        "limit: must be 1 to 1000",
+    )?
+    .unwrap_or(100);
+    let before = query_param(
+        &q,
+        "before_id",
+        |_: &u64| true,
+        "before_id: must be an entry id",
+    )?;
     let entries: Vec<Value> = st
         .store
         .audit_list(limit, before)

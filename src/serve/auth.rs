@@ -91,18 +91,37 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0 && a.len() == b.len()
 }
 
-fn random_token() -> Result<String, String> {
+/// A token that could not be read or created.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// `what` names the file (and the option that gave it).
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{what}: the file is empty")]
+    Empty { what: String },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TokenError {
+    let what = what.into();
+    move |source| TokenError::Io { what, source }
+}
+
+fn random_token() -> Result<String, TokenError> {
     let mut buf = [0u8; 32];
-    let mut f = std::fs::File::open("/dev/urandom").map_err(|e| format!("/dev/urandom: {e}"))?;
-    std::io::Read::read_exact(&mut f, &mut buf).map_err(|e| format!("/dev/urandom: {e}"))?;
+    let mut f = std::fs::File::open("/dev/urandom").map_err(io("/dev/urandom"))?;
+    std::io::Read::read_exact(&mut f, &mut buf).map_err(io("/dev/urandom"))?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn read_token(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    let t = std::fs::read_to_string(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+fn read_token(path: &Path, what: &str) -> Result<Vec<u8>, TokenError> {
+    let what = format!("{what} {}", path.display());
+    let t = std::fs::read_to_string(path).map_err(io(what.clone()))?;
     let t = t.trim();
     if t.is_empty() {
-        return Err(format!("{what} {}: the file is empty", path.display()));
+        return Err(TokenError::Empty { what });
     }
     Ok(t.as_bytes().to_vec())
 }
@@ -123,7 +142,7 @@ impl Tokens {
         admin_file: &Path,
         read_file: Option<&Path>,
         agent_file: Option<&Path>,
-    ) -> Result<Tokens, String> {
+    ) -> Result<Tokens, TokenError> {
         let (admin, admin_source) = match env_token("RATE_CTL_ADMIN_TOKEN") {
             Some(t) => (t, AdminSource::Env),
             None if admin_file.exists() => (
@@ -137,16 +156,16 @@ impl Tokens {
                 let t = random_token()?;
                 if let Some(dir) = admin_file.parent() {
                     std::fs::create_dir_all(dir)
-                        .map_err(|e| format!("--admin-token-file: {}: {e}", dir.display()))?;
+                        .map_err(io(format!("--admin-token-file: {}", dir.display())))?;
                 }
                 let mut f = std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .mode(0o600)
                     .open(admin_file)
-                    .map_err(|e| format!("--admin-token-file {}: {e}", admin_file.display()))?;
+                    .map_err(io(format!("--admin-token-file {}", admin_file.display())))?;
                 writeln!(f, "{t}")
-                    .map_err(|e| format!("--admin-token-file {}: {e}", admin_file.display()))?;
+                    .map_err(io(format!("--admin-token-file {}", admin_file.display())))?;
                 (
                     t.into_bytes(),
                     AdminSource::File {
@@ -157,7 +176,7 @@ impl Tokens {
             }
         };
         let other =
-            |env: &str, file: Option<&Path>, what: &str| -> Result<Option<Vec<u8>>, String> {
+            |env: &str, file: Option<&Path>, what: &str| -> Result<Option<Vec<u8>>, TokenError> {
                 match (env_token(env), file) {
                     (Some(t), _) => Ok(Some(t)),
                     (None, Some(f)) => read_token(f, what).map(Some),

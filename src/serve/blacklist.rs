@@ -9,11 +9,11 @@ use serde_json::{json, Value};
 
 use super::auth::{AdminToken, ReadToken, Token};
 use super::body::{json_response, object, ok, parse_id, Fields};
-use super::error::{validation, ApiError, ApiResult};
+use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
 use crate::client::wire::blacklist_api_json;
-use crate::store::now_ms;
 use crate::store::record::BlacklistRecord;
+use rate_ctl::core::shm::unix_ms;
 
 pub fn router() -> Routes {
     Routes::default()
@@ -41,7 +41,7 @@ pub async fn add_blacklist(
         &["dimension", "value", "expires_in_s", "expires_at", "reason"],
     )?;
     let f = Fields(&o);
-    let now = now_ms();
+    let now = unix_ms();
     let expires_ms = match (
         f.uint("expires_in_s", u32::MAX as u64)?,
         f.uint("expires_at", i64::MAX as u64)?,
@@ -70,7 +70,8 @@ pub async fn add_blacklist(
         reason: f.str("reason")?.unwrap_or_default(),
         created_ms: 0,
     };
-    rec.validate().map_err(|m| validation(&m, None))?;
+    rec.validate()
+        .map_err(|e| ApiError::from_invalid(&e, None))?;
     let (stored, v) = st.store.blacklist_add_full(&rec, who.name()).await?;
     st.announce(v);
     Ok(json_response(

@@ -1,7 +1,8 @@
 //! Request bodies (a JSON object of known keys, typed field access) and
 //! JSON answers, shared by the resource handlers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -18,10 +19,12 @@ pub fn ok(v: Value) -> ApiResult {
     Ok(json_response(StatusCode::OK, v))
 }
 
-/// The body as a JSON object whose keys are all in `allowed` (400 otherwise).
+/// The body as a JSON object whose keys are all in `allowed`, none of them
+/// twice (400 otherwise).
 pub fn object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(None, format!("malformed JSON: {e}")))?;
+    no_duplicate_keys(body)?;
     let Value::Object(o) = v else {
         return Err(ApiError::bad_request(
             None,
@@ -38,6 +41,104 @@ pub fn object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, ApiEr
         ));
     }
     Ok(o)
+}
+
+/// 400 naming the first key that appears twice in one object of `json`
+/// (`match.ip` for one inside `match`): a JSON parser keeps the last value
+/// silently, so `{"rate": 1, "rate": 1000}` would not mean what its first
+/// reader saw. Call on JSON that parses.
+pub fn no_duplicate_keys(json: &[u8]) -> Result<(), ApiError> {
+    match duplicate_key(json) {
+        Some(k) => Err(ApiError::bad_request(
+            Some(&k),
+            format!("{k}: the key appears twice"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The dotted path of the first key that appears twice in one object of
+/// `json`, if any (`None` also for JSON that does not parse).
+pub fn duplicate_key(json: &[u8]) -> Option<String> {
+    use serde::de::DeserializeSeed;
+    let found = std::cell::RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let _ = Walk {
+        path: String::new(),
+        found: &found,
+    }
+    .deserialize(&mut de);
+    found.into_inner()
+}
+
+/// Walks a JSON document, stopping at the first duplicate key.
+struct Walk<'a> {
+    path: String,
+    found: &'a std::cell::RefCell<Option<String>>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Walk<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Walk<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        while a
+            .next_element_seed(Walk {
+                path: format!("{}[{i}]", self.path),
+                found: self.found,
+            })?
+            .is_some()
+        {
+            i += 1;
+        }
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(k) = m.next_key::<String>()? {
+            let path = if self.path.is_empty() {
+                k.clone()
+            } else {
+                format!("{}.{k}", self.path)
+            };
+            if !seen.insert(k) {
+                *self.found.borrow_mut() = Some(path);
+                return Err(serde::de::Error::custom("duplicate key"));
+            }
+            m.next_value_seed(Walk {
+                path,
+                found: self.found,
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// Typed access to body fields; wrong types are 422 naming the field.
@@ -116,4 +217,24 @@ pub fn parse_id(s: &str, what: &str) -> Result<u64, ApiError> {
         .ok()
         .filter(|i| *i > 0)
         .ok_or_else(|| ApiError::not_found(format!("no {what} with id {s:?}")))
+}
+
+/// Query parameter `name` as a `T` that `valid` accepts; `None` when it is
+/// absent, 400 naming it with `problem` ("limit: must be 1 to 1000") when
+/// it is not such a value.
+pub fn query_param<T: FromStr>(
+    q: &HashMap<String, String>,
+    name: &str,
+    valid: impl Fn(&T) -> bool,
+    problem: &str,
+) -> Result<Option<T>, ApiError> {
+    match q.get(name) {
+        None => Ok(None),
+        Some(s) => s
+            .parse::<T>()
+            .ok()
+            .filter(valid)
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_request(Some(name), problem)),
+    }
 }

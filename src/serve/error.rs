@@ -6,8 +6,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::client::wire::api_name;
 use crate::store::record::StrategyRecord;
-use crate::store::StoreError;
+use crate::store::{Invalid, StoreError};
 
 /// An error answer: `{"error": {"field": …, "message": …}}`.
 #[derive(Debug)]
@@ -52,7 +53,13 @@ impl ApiError {
     /// A store error; `rec` lets `conditions[i]` be named `match.<dimension>`.
     pub fn from_store(e: StoreError, rec: Option<&StrategyRecord>) -> ApiError {
         match e {
-            StoreError::Invalid(m) => validation(&m, rec),
+            StoreError::Invalid(e) => ApiError::from_invalid(&e, rec),
+            StoreError::Import { line, ref cause } => ApiError {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                field: cause.field.map(|f| api_name(f, None)),
+                message: e.to_string(),
+                line: Some(line),
+            },
             StoreError::NotFound(m) => ApiError::not_found(m),
             StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, Some("version"), m),
             e => {
@@ -81,35 +88,15 @@ impl IntoResponse for ApiError {
 
 pub type ApiResult = Result<Response, ApiError>;
 
-/// A validation message "field: text" from the model or the record → 422
-/// naming the API field (`conditions[i]…` → `match.<dimension>`,
-/// `action.status` → `status`, `host-id` → `host_id`).
-pub fn validation(message: &str, rec: Option<&StrategyRecord>) -> ApiError {
-    let (prefix, rest) = message.split_once(':').unwrap_or(("", message));
-    let field = if let Some(tail) = prefix.strip_prefix("conditions[") {
-        let index: Option<usize> = tail.split(']').next().and_then(|i| i.parse().ok());
-        match (index, rec) {
-            (Some(i), Some(r)) => r
-                .conditions
-                .keys()
-                .nth(i)
-                .map(|d| format!("match.{d}"))
-                .unwrap_or_else(|| "match".into()),
-            _ => "match".into(),
+impl ApiError {
+    /// 422 naming the field by its API name (`rec` lets a condition be
+    /// named `match.<dimension>`); a message given whole stays as it is.
+    pub fn from_invalid(e: &Invalid, rec: Option<&StrategyRecord>) -> ApiError {
+        match e.field {
+            Some(f) => ApiError::invalid(&api_name(f, rec), e.text()),
+            None => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, None, e.to_string()),
         }
-    } else {
-        match prefix {
-            "conditions" => "match".into(),
-            "action.status" => "status".into(),
-            "action.max_delay_ms" => "max_delay_ms".into(),
-            "host-id" => "host_id".into(),
-            p if !p.is_empty() && p.chars().all(|c| c.is_ascii_lowercase() || c == '_') => {
-                p.to_string()
-            }
-            _ => return ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, None, message.to_string()),
-        }
-    };
-    ApiError::invalid(&field, rest.trim_start())
+    }
 }
 
 pub async fn no_route(method: Method, uri: Uri) -> ApiError {
@@ -131,18 +118,18 @@ mod tests {
 
     #[test]
     fn validation_fields() {
-        let rec: StrategyRecord = serde_json::from_str(
+        let mut rec: StrategyRecord = serde_json::from_str(
             r#"{"name":"x","match":{"api":"/a","ip":"nope"},"algorithm":"token_bucket","rate":1}"#,
         )
         .unwrap();
-        let e = validation(
-            "conditions[1].value: \"nope\" is not an IPv4 or IPv6 address",
-            Some(&rec),
-        );
+        let e = ApiError::from_invalid(&rec.clone().validate().unwrap_err(), Some(&rec));
         assert_eq!(e.field.as_deref(), Some("match.ip"));
         assert!(e.message.starts_with("match.ip: "), "{}", e.message);
-        let e = validation("action.status: must be between 400 and 599, got 200", None);
+        rec.conditions.clear();
+        rec.status = Some(200);
+        let e = ApiError::from_invalid(&rec.validate().unwrap_err(), None);
         assert_eq!(e.field.as_deref(), Some("status"));
+        assert_eq!(e.message, "status: must be between 400 and 599, got 200");
         assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
     }
 }

@@ -11,7 +11,8 @@ use super::body::{object, ok, Fields};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
 use crate::store::record::HostRecord;
-use crate::store::{now_ms, CounterSample};
+use crate::store::CounterSample;
+use rate_ctl::core::shm::unix_ms;
 
 pub fn router() -> Routes {
     Routes::default()
@@ -34,7 +35,7 @@ fn host_json(h: &HostRecord, version: u64, now: u64, freshness_ms: u64) -> Value
 
 pub async fn hosts_json(st: &Shared) -> Result<(u64, Vec<Value>), ApiError> {
     let version = st.store.version().await?;
-    let now = now_ms();
+    let now = unix_ms();
     let hosts = st
         .store
         .hosts()

@@ -13,6 +13,7 @@ pub mod blacklist;
 pub mod body;
 pub mod error;
 pub mod hosts;
+mod input;
 pub mod openapi;
 pub mod snapshot;
 pub mod stats;
@@ -30,7 +31,7 @@ use axum::Router;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::store::{redact_url, Store};
+use crate::store::{redact_url, Store, StoreError};
 use auth::{ReadToken, Tokens};
 use body::{json_response, ok};
 use error::{ApiError, ApiResult};
@@ -44,6 +45,24 @@ pub const VERSION_POLL: Duration = Duration::from_millis(150);
 pub const IMPORT_BODY_LIMIT: usize = 64 << 20;
 /// Longest hold of `GET /api/v1/snapshot?after=V`.
 pub const LONG_POLL: Duration = Duration::from_secs(30);
+
+/// Why `rate-ctl serve` could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Token(#[from] auth::TokenError),
+    /// The store could not be opened (its URL without the password).
+    #[error("{0} (--store {1})")]
+    Store(StoreError, String),
+    #[error("{0}")]
+    Version(StoreError),
+    #[error("--listen {0}: {1}")]
+    Listen(String, std::io::Error),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error("{0}")]
+    Io(std::io::Error),
+}
 
 /// What `rate-ctl serve` is started with (the command line's `serve`
 /// arguments).
@@ -184,6 +203,7 @@ pub fn router(state: Shared) -> Router {
         .route("/{file}", get(page_asset))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(axum::middleware::from_fn(input::check))
         .with_state(state)
 }
 
@@ -228,7 +248,7 @@ fn spawn_version_poller(state: &Shared) {
     });
 }
 
-pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), String> {
+pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
     let token_path = a
         .admin_token_file
         .clone()
@@ -240,8 +260,8 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), String> {
     )?;
     let store = Store::open(store_url)
         .await
-        .map_err(|e| format!("{e} (--store {})", redact_url(store_url)))?;
-    let v = store.version().await.map_err(|e| e.to_string())?;
+        .map_err(|e| ServeError::Store(e, redact_url(store_url)))?;
+    let v = store.version().await.map_err(ServeError::Version)?;
     let (tx, rx) = watch::channel(v);
     let state = Arc::new(AppState {
         store,
@@ -253,8 +273,8 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), String> {
     spawn_version_poller(&state);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
-        .map_err(|e| format!("--listen {}: {e}", a.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|e| ServeError::Listen(a.listen.clone(), e))?;
+    let addr = listener.local_addr().map_err(ServeError::Io)?;
     {
         use std::io::Write as _;
         let mut o = std::io::stdout().lock();
@@ -275,12 +295,11 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), String> {
         let _ = o.flush();
     }
     info!(%addr, store = %redact_url(store_url), version = v, "serving");
-    let shutdown = crate::agent::shutdown_signal()
-        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let shutdown = crate::agent::shutdown_signal().map_err(ServeError::Signals)?;
     // Long-polls would hold a graceful shutdown for up to 30 s: stop at once
     // instead (nothing is lost: every change is one committed transaction).
     tokio::select! {
-        r = axum::serve(listener, router(state)) => r.map_err(|e| e.to_string()),
+        r = axum::serve(listener, router(state)) => r.map_err(ServeError::Io),
         _ = shutdown => Ok(()),
     }
 }

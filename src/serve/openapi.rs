@@ -266,8 +266,9 @@ pub fn document() -> Value {
                 "patch": op("Enable, disable or toggle dry-run", vec![sid()],
                     Some(body(schema_ref("StrategyPatch"), json!({"version": 41, "enabled": false}))),
                     json!({"200": answer("stored", schema_ref("Strategy")), "400": e400(), "404": e404(), "409": e409(), "422": e422()}), true),
-                "delete": op("Delete a strategy", vec![sid()], None,
-                    json!({"204": {"description": "deleted"}, "404": e404()}), true),
+                "delete": op("Delete a strategy (optimistic: give the version shown)",
+                    vec![sid(), query("version", "integer", "delete only if the strategy is still at this version (409 otherwise)")], None,
+                    json!({"204": {"description": "deleted"}, "400": e400(), "404": e404(), "409": e409()}), true),
             },
             "/api/v1/blacklist": {
                 "get": op("List blacklist entries", vec![], None,

@@ -7,8 +7,8 @@ use axum::routing::get;
 use serde_json::json;
 
 use super::auth::SnapshotToken;
-use super::body::ok;
-use super::error::{ApiError, ApiResult};
+use super::body::{ok, query_param};
+use super::error::ApiResult;
 use super::hosts::hosts_json;
 use super::{Routes, Shared};
 use crate::client::wire::{blacklist_api_json, strategy_api_json};
@@ -22,12 +22,13 @@ pub async fn snapshot(
     _: SnapshotToken,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    let after = match q.get("after") {
-        None => 0,
-        Some(a) => a
-            .parse::<u64>()
-            .map_err(|_| ApiError::bad_request(Some("after"), "after: must be a config version"))?,
-    };
+    let after = query_param(
+        &q,
+        "after",
+        |_: &u64| true,
+        "after: must be a config version",
+    )?
+    .unwrap_or(0);
     let mut rx = st.version.clone();
     let deadline = tokio::time::Instant::now() + super::LONG_POLL;
     while *rx.borrow_and_update() <= after {

@@ -8,10 +8,11 @@ use axum::routing::get;
 use serde_json::{json, Value};
 
 use super::auth::ReadToken;
-use super::body::ok;
+use super::body::{ok, query_param};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
-use crate::store::{now_ms, StoredSample};
+use crate::store::StoredSample;
+use rate_ctl::core::shm::unix_ms;
 
 pub fn router() -> Routes {
     Routes::default().add("/api/v1/stats", &["GET"], get(stats))
@@ -70,22 +71,17 @@ pub async fn stats(
     _: ReadToken,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    let id = q
-        .get("strategy")
-        .and_then(|s| s.parse::<u32>().ok())
-        .filter(|i| *i > 0)
-        .ok_or_else(|| {
-            ApiError::bad_request(Some("strategy"), "strategy: required, a strategy id")
-        })?;
-    let seconds = match q.get("seconds") {
-        None => 120,
-        Some(s) => s
-            .parse::<u64>()
-            .ok()
-            .filter(|s| (1..=300).contains(s))
-            .ok_or_else(|| ApiError::bad_request(Some("seconds"), "seconds: must be 1 to 300"))?,
-    };
-    let now = now_ms();
+    const NO_ID: &str = "strategy: required, a strategy id";
+    let id = query_param(&q, "strategy", |i: &u32| *i > 0, NO_ID)?
+        .ok_or_else(|| ApiError::bad_request(Some("strategy"), NO_ID))?;
+    let seconds = query_param(
+        &q,
+        "seconds",
+        |s| (1..=300).contains(s),
+        "seconds: must be 1 to 300",
+    )?
+    .unwrap_or(120);
+    let now = unix_ms();
     // The last complete second is the newest point.
     let to = now.saturating_sub(1000);
     let from = to.saturating_sub((seconds - 1) * 1000);

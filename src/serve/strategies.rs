@@ -12,12 +12,11 @@ use axum::routing::{get, post};
 use serde_json::{json, Map, Value};
 
 use super::auth::{AdminToken, ReadToken, Token};
-use super::body::{json_response, object, ok, parse_id, Fields};
-use super::error::{validation, ApiError, ApiResult};
+use super::body::{duplicate_key, json_response, object, ok, parse_id, Fields};
+use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared, IMPORT_BODY_LIMIT};
 use crate::client::wire::{parse_strategy_lines, strategy_api_json};
 use crate::store::record::{ActionKind, Scope, StrategyRecord};
-use crate::store::StoreError;
 use rate_ctl::core::model::{canonical_ip, Algorithm, Unit};
 
 pub fn router() -> Routes {
@@ -82,7 +81,8 @@ fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError
         updated_ms: 0,
         version: 0,
     };
-    rec.validate().map_err(|m| validation(&m, Some(&rec)))?;
+    rec.validate()
+        .map_err(|e| ApiError::from_invalid(&e, Some(&rec)))?;
     Ok(rec)
 }
 
@@ -222,30 +222,25 @@ pub async fn delete_strategy(
     State(st): State<Shared>,
     Token(who): AdminToken,
     Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
     let id = strategy_id(&id)?;
-    let v = st.store.delete_strategy(id, who.name()).await?;
+    // `?version=V`: the version the client saw; 409 if it changed since.
+    let expected = match q.get("version") {
+        None => None,
+        Some(v) => Some(v.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(
+                Some("version"),
+                format!("version: {v:?} is not a whole number"),
+            )
+        })?),
+    };
+    let v = st
+        .store
+        .delete_strategy_at(id, expected, who.name())
+        .await?;
     st.announce(v);
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// An import error about line (or array item) `line`: the message is the
-/// store's ("line 3: rate: must be greater than 0", as `rate-ctl strategy
-/// import` prints it), `field` the API name of the field when one is named.
-fn import_error(status: StatusCode, line: usize, message: String) -> ApiError {
-    let rest = message
-        .strip_prefix(&format!("line {line}: "))
-        .unwrap_or(&message);
-    let field = match status {
-        StatusCode::UNPROCESSABLE_ENTITY => validation(rest, None).field,
-        _ => None,
-    };
-    ApiError {
-        status,
-        field,
-        message,
-        line: Some(line),
-    }
 }
 
 /// The strategies of an import body with their 1-based line numbers: a JSON
@@ -258,15 +253,41 @@ fn import_records(body: &[u8]) -> Result<Vec<(usize, StrategyRecord)>, ApiError>
     let records = if text.trim_start().starts_with('[') {
         let items: Vec<Value> = serde_json::from_str(text)
             .map_err(|e| ApiError::bad_request(None, format!("malformed JSON: {e}")))?;
+        if let Some(k) = duplicate_key(text.as_bytes()) {
+            // "[2].match.ip": item 3, numbered like a line.
+            let (item, key) = k
+                .strip_prefix('[')
+                .and_then(|r| r.split_once("]."))
+                .and_then(|(i, key)| Some((i.parse::<usize>().ok()? + 1, key.to_string())))
+                .unwrap_or((1, k));
+            return Err(duplicate_in_line(item, key));
+        }
         // One item a line: numbered like JSON lines, by the same rule.
         let lines: Vec<String> = items.iter().map(Value::to_string).collect();
         parse_strategy_lines(&lines.join("\n"))
     } else {
+        for (i, l) in text.lines().enumerate() {
+            if let Some(k) = duplicate_key(l.as_bytes()) {
+                return Err(duplicate_in_line(i + 1, k));
+            }
+        }
         parse_strategy_lines(text)
     };
-    records.map_err(|(line, e)| {
-        import_error(StatusCode::BAD_REQUEST, line, format!("line {line}: {e}"))
+    records.map_err(|(line, e)| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        field: None,
+        message: format!("line {line}: {e}"),
+        line: Some(line),
     })
+}
+
+fn duplicate_in_line(line: usize, key: String) -> ApiError {
+    ApiError {
+        status: StatusCode::BAD_REQUEST,
+        message: format!("line {line}: {key}: the key appears twice"),
+        field: Some(key),
+        line: Some(line),
+    }
 }
 
 /// `POST /strategies/import[?replace=true]`: all or nothing in one
@@ -292,19 +313,7 @@ pub async fn import_strategies(
         .store
         .import(records, replace, who.name())
         .await
-        .map_err(|e| match e {
-            StoreError::Invalid(m) => {
-                let line = m
-                    .strip_prefix("line ")
-                    .and_then(|r| r.split(':').next())
-                    .and_then(|n| n.parse().ok());
-                match line {
-                    Some(line) => import_error(StatusCode::UNPROCESSABLE_ENTITY, line, m),
-                    None => validation(&m, None),
-                }
-            }
-            e => ApiError::from(e),
-        })?;
+        .map_err(ApiError::from)?;
     st.announce(v);
     ok(json!({"imported": n, "version": v}))
 }

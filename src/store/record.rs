@@ -11,6 +11,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::error::{Field, Invalid};
+
 use rate_ctl::core::model::{
     canonical_ip, valid_dimension_name, Action, Algorithm, Condition, ModelError, Strategy, Unit,
     MAX_VALUE_LEN,
@@ -47,13 +49,15 @@ impl fmt::Display for Scope {
 }
 
 impl FromStr for Scope {
-    type Err = String;
+    type Err = Invalid;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "cluster" => Ok(Scope::Cluster),
             "host" => Ok(Scope::Host),
-            other => Err(format!(
-                "scope: unknown value {other:?} (expected one of cluster, host)"
+            other => Err(Invalid::new(
+                Field::Scope,
+                "scope",
+                format!("unknown value {other:?} (expected one of cluster, host)"),
             )),
         }
     }
@@ -79,14 +83,16 @@ impl ActionKind {
 }
 
 impl FromStr for ActionKind {
-    type Err = String;
+    type Err = Invalid;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "reject" => Ok(ActionKind::Reject),
             "delay" => Ok(ActionKind::Delay),
             "dry_run" | "dry-run" => Ok(ActionKind::DryRun),
-            other => Err(format!(
-                "action: unknown value {other:?} (expected one of reject, delay, dry_run)"
+            other => Err(Invalid::new(
+                Field::Action,
+                "action",
+                format!("unknown value {other:?} (expected one of reject, delay, dry_run)"),
             )),
         }
     }
@@ -175,16 +181,20 @@ mod keyword {
 
 impl StrategyRecord {
     /// The core action for the stored keyword and parameters.
-    pub fn core_action(&self) -> Result<Action, String> {
+    pub fn core_action(&self) -> Result<Action, Invalid> {
         self.core_action_as(self.action)
     }
 
     /// The core action for keyword `kind` with this record's parameters.
-    fn core_action_as(&self, kind: ActionKind) -> Result<Action, String> {
+    fn core_action_as(&self, kind: ActionKind) -> Result<Action, Invalid> {
         match kind {
             ActionKind::Reject => {
                 if self.max_delay_ms.is_some() {
-                    return Err("max_delay_ms: only for action delay".into());
+                    return Err(Invalid::new(
+                        Field::MaxDelayMs,
+                        "max_delay_ms",
+                        "only for action delay",
+                    ));
                 }
                 Ok(Action::Reject {
                     status: self.status,
@@ -192,11 +202,19 @@ impl StrategyRecord {
             }
             ActionKind::Delay => {
                 if self.status.is_some() {
-                    return Err("status: only for action reject".into());
+                    return Err(Invalid::new(
+                        Field::Status,
+                        "status",
+                        "only for action reject",
+                    ));
                 }
-                let max_delay_ms = self
-                    .max_delay_ms
-                    .ok_or_else(|| String::from("max_delay_ms: required for action delay"))?;
+                let max_delay_ms = self.max_delay_ms.ok_or_else(|| {
+                    Invalid::new(
+                        Field::MaxDelayMs,
+                        "max_delay_ms",
+                        "required for action delay",
+                    )
+                })?;
                 Ok(Action::Delay { max_delay_ms })
             }
             ActionKind::DryRun => {
@@ -206,13 +224,20 @@ impl StrategyRecord {
                 // toggling dry run off restores it, also across restarts.
                 // Both at once would not say which action that is.
                 if self.status.is_some() && self.max_delay_ms.is_some() {
-                    return Err(
-                        "action: dry_run keeps either status (reject after dry run) \
-                         or max_delay_ms (delay after dry run), not both"
-                            .into(),
-                    );
+                    return Err(Invalid::new(
+                        Field::Action,
+                        "action",
+                        "dry_run keeps either status (reject after dry run) \
+                         or max_delay_ms (delay after dry run), not both",
+                    ));
                 }
-                Ok(Action::DryRun)
+                // A kept delay cap is published: a dry run then queues as
+                // the delay would (and reports DRY_RUN_DELAYED) instead of
+                // reporting rejections enforcement would not make.
+                Ok(match self.max_delay_ms {
+                    Some(max_delay_ms) => Action::DryRunDelay { max_delay_ms },
+                    None => Action::DryRun,
+                })
             }
         }
     }
@@ -230,7 +255,7 @@ impl StrategyRecord {
 
     /// The core strategy with `rate` and `burst` as given (no host share).
     /// A record without an id yet is checked as id 1.
-    pub fn to_core(&self, rate: u64, burst: u32) -> Result<Strategy, String> {
+    pub fn to_core(&self, rate: u64, burst: u32) -> Result<Strategy, Invalid> {
         Ok(Strategy {
             id: if self.id == 0 { 1 } else { self.id },
             conditions: self
@@ -249,14 +274,22 @@ impl StrategyRecord {
 
     /// Checks every field (the core model's rules plus name and action
     /// parameters) and canonicalises `ip` values in place. The error text
-    /// starts with the field at fault.
-    pub fn validate(&mut self) -> Result<(), String> {
+    /// names the field at fault.
+    pub fn validate(&mut self) -> Result<(), Invalid> {
         let name = self.name.trim();
         if name.is_empty() || name.len() > MAX_NAME_LEN {
-            return Err(format!("name: must be 1 to {MAX_NAME_LEN} bytes"));
+            return Err(Invalid::new(
+                Field::Name,
+                "name",
+                format!("must be 1 to {MAX_NAME_LEN} bytes"),
+            ));
         }
         if name.chars().any(char::is_control) {
-            return Err("name: must not contain control characters".into());
+            return Err(Invalid::new(
+                Field::Name,
+                "name",
+                "must not contain control characters",
+            ));
         }
         self.name = name.to_string();
         if self.algorithm == Algorithm::LeakyBucket {
@@ -271,10 +304,12 @@ impl StrategyRecord {
             core.action = self.core_action_as(self.enforcing_action())?;
         }
         core.validate().map_err(|e| match e {
-            ModelError::DelayNeedsBucket(a) if dry_run => format!(
-                "max_delay_ms: delay after dry run needs token_bucket or leaky_bucket, not {a}"
+            ModelError::DelayNeedsBucket(a) if dry_run => Invalid::new(
+                Field::MaxDelayMs,
+                "max_delay_ms",
+                format!("delay after dry run needs token_bucket or leaky_bucket, not {a}"),
             ),
-            e => e.to_string(),
+            e => Invalid::from(e),
         })?;
         self.conditions = core
             .conditions
@@ -304,25 +339,56 @@ pub struct BlacklistRecord {
 
 impl BlacklistRecord {
     /// Checks dimension, value and reason; canonicalises an `ip` value.
-    pub fn validate(&mut self) -> Result<(), String> {
+    pub fn validate(&mut self) -> Result<(), Invalid> {
         if !valid_dimension_name(&self.dimension) {
-            return Err(format!(
-                "dimension: {:?} is not a valid name ([a-z][a-z0-9_]*, at most 32 bytes)",
-                self.dimension
+            return Err(Invalid::new(
+                Field::Dimension,
+                "dimension",
+                format!(
+                    "{:?} is not a valid name ([a-z][a-z0-9_]*, at most 32 bytes)",
+                    self.dimension
+                ),
             ));
         }
         if self.value.is_empty() || self.value.len() > MAX_VALUE_LEN {
-            return Err(format!(
-                "value: must be 1 to {MAX_VALUE_LEN} bytes, got {}",
-                self.value.len()
+            return Err(Invalid::new(
+                Field::Value,
+                "value",
+                format!(
+                    "must be 1 to {MAX_VALUE_LEN} bytes, got {}",
+                    self.value.len()
+                ),
+            ));
+        }
+        if self.value.chars().any(char::is_control) {
+            return Err(Invalid::new(
+                Field::Value,
+                "value",
+                "must not contain control characters",
+            ));
+        }
+        if self.reason.chars().any(char::is_control) {
+            return Err(Invalid::new(
+                Field::Reason,
+                "reason",
+                "must not contain control characters",
             ));
         }
         if self.dimension == "ip" {
-            self.value = canonical_ip(self.value.as_bytes())
-                .ok_or_else(|| format!("value: {:?} is not an IPv4 or IPv6 address", self.value))?;
+            self.value = canonical_ip(self.value.as_bytes()).ok_or_else(|| {
+                Invalid::new(
+                    Field::Value,
+                    "value",
+                    format!("{:?} is not an IPv4 or IPv6 address", self.value),
+                )
+            })?;
         }
         if self.reason.len() > MAX_REASON_LEN {
-            return Err(format!("reason: at most {MAX_REASON_LEN} bytes"));
+            return Err(Invalid::new(
+                Field::Reason,
+                "reason",
+                format!("at most {MAX_REASON_LEN} bytes"),
+            ));
         }
         Ok(())
     }
@@ -341,7 +407,7 @@ pub struct HostRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::flags::flag_for_field;
+    use crate::cli::flags::flag;
 
     fn rec() -> StrategyRecord {
         serde_json::from_str(
@@ -370,17 +436,18 @@ mod tests {
         let mut r = rec();
         r.rate = 0;
         let e = r.validate().unwrap_err();
-        assert!(e.starts_with("rate:"), "{e}");
-        assert_eq!(flag_for_field(&e), "--rate");
+        assert!(e.to_string().starts_with("rate:"), "{e}");
+        assert_eq!(e.field, Some(Field::Rate));
+        assert_eq!(flag(e.field), "--rate");
 
         let mut r = rec();
         r.action = ActionKind::Delay;
         let e = r.validate().unwrap_err();
-        assert!(e.starts_with("max_delay_ms:"), "{e}");
+        assert!(e.to_string().starts_with("max_delay_ms:"), "{e}");
 
         let mut r = rec();
         r.name = " ".into();
-        assert!(r.validate().unwrap_err().starts_with("name:"));
+        assert!(r.validate().unwrap_err().to_string().starts_with("name:"));
 
         let e =
             serde_json::from_str::<StrategyRecord>(r#"{"name":"x","algorithm":"bogus","rate":1}"#)
@@ -391,14 +458,17 @@ mod tests {
 
     #[test]
     fn dry_run_keeps_the_enforcing_action_and_publishes_as_dry_run() {
-        // A delay strategy in dry run keeps its cap; it publishes as DryRun
-        // and goes back to delay.
+        // A delay strategy in dry run keeps its cap; it publishes as a dry
+        // run of that delay and goes back to delay.
         let mut r = rec();
         r.algorithm = Algorithm::LeakyBucket;
         r.action = ActionKind::DryRun;
         r.max_delay_ms = Some(500);
         r.validate().unwrap();
-        assert_eq!(r.to_core(r.rate, r.burst).unwrap().action, Action::DryRun);
+        assert_eq!(
+            r.to_core(r.rate, r.burst).unwrap().action,
+            Action::DryRunDelay { max_delay_ms: 500 }
+        );
         assert_eq!(r.enforcing_action(), ActionKind::Delay);
         // A reject strategy in dry run keeps its status.
         let mut r = rec();
@@ -444,20 +514,23 @@ mod tests {
             r.action = ActionKind::DryRun;
             change(&mut r);
             let e = r.validate().unwrap_err();
-            assert!(e.starts_with(want), "{e}");
+            assert!(e.to_string().starts_with(want), "{e}");
         }
 
         // The other actions' rules are unchanged.
         let mut r = rec();
         r.max_delay_ms = Some(500);
         assert_eq!(
-            r.validate().unwrap_err(),
+            r.validate().unwrap_err().to_string(),
             "max_delay_ms: only for action delay"
         );
         let mut r = rec();
         r.action = ActionKind::Delay;
         r.max_delay_ms = Some(500);
         r.status = Some(429);
-        assert_eq!(r.validate().unwrap_err(), "status: only for action reject");
+        assert_eq!(
+            r.validate().unwrap_err().to_string(),
+            "status: only for action reject"
+        );
     }
 }

@@ -17,7 +17,7 @@ use File::Basename qw(dirname);
 use File::Temp qw(tempdir);
 use IO::Socket::IP;
 use POSIX qw(:sys_wait_h fmod);
-use Time::HiRes qw(sleep time clock_gettime CLOCK_MONOTONIC);
+use Time::HiRes qw(sleep time);
 use Test::More;
 
 our @EXPORT = qw(targets for_each_target root tool publish window_ahead);
@@ -266,12 +266,12 @@ sub codes {
 
 # window_ahead($period_s, $need_s): returns once at least $need_s seconds
 # are left in the current fixed window of $period_s seconds, sleeping into
-# the next window if fewer are. Windows are multiples of the period on
-# nginx's clock (ngx_current_msec, CLOCK_MONOTONIC in both builds), so an
+# the next window if fewer are. Fixed and sliding windows are multiples of
+# the period on the wall clock (UTC, nginx's cached time of day), so an
 # exact count is not split by a window boundary in the middle of a burst.
 sub window_ahead {
     my ($period, $need) = @_;
-    my $left = $period - fmod(clock_gettime(CLOCK_MONOTONIC), $period);
+    my $left = $period - fmod(time, $period);
     sleep($left + 0.05) if $left < $need;
 }
 

@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use sqlx::any::AnyPoolOptions;
+use sqlx::AnyPool;
 use sqlx::Row;
 
 pub const MYSQL_ENV: &str = "RATE_CTL_TEST_MYSQL_URL";
@@ -82,12 +83,14 @@ pub fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-pub async fn exec(url: &str, sql: &str) -> Result<u64, sqlx::Error> {
+/// A one-connection pool on `url`; close it when done.
+async fn pool(url: &str) -> Result<AnyPool, sqlx::Error> {
     sqlx::any::install_default_drivers();
-    let pool = AnyPoolOptions::new()
-        .max_connections(1)
-        .connect(url)
-        .await?;
+    AnyPoolOptions::new().max_connections(1).connect(url).await
+}
+
+pub async fn exec(url: &str, sql: &str) -> Result<u64, sqlx::Error> {
+    let pool = pool(url).await?;
     let r = sqlx::query(sql)
         .execute(&pool)
         .await
@@ -97,11 +100,7 @@ pub async fn exec(url: &str, sql: &str) -> Result<u64, sqlx::Error> {
 }
 
 pub async fn query_i64(url: &str, sql: &str) -> Result<i64, sqlx::Error> {
-    sqlx::any::install_default_drivers();
-    let pool = AnyPoolOptions::new()
-        .max_connections(1)
-        .connect(url)
-        .await?;
+    let pool = pool(url).await?;
     let r = sqlx::query(sql)
         .fetch_one(&pool)
         .await
@@ -189,4 +188,29 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
     sorted[i]
+}
+
+/// `rate-ctl strategy add --store STORE --name NAME --algorithm ALGORITHM
+/// --rate RATE` and the `extra` arguments; must succeed; its stdout.
+pub fn add_strategy(
+    store: &str,
+    name: &str,
+    algorithm: &str,
+    rate: &str,
+    extra: &[&str],
+) -> String {
+    let mut args = vec![
+        "strategy",
+        "add",
+        "--store",
+        store,
+        "--name",
+        name,
+        "--algorithm",
+        algorithm,
+        "--rate",
+        rate,
+    ];
+    args.extend_from_slice(extra);
+    ok(&args)
 }

@@ -1,0 +1,341 @@
+//! The command line's arguments (clap): global options, subcommands and
+//! their value parsers. The commands themselves are in the parent module.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::flags::{parse_duration_ms, BadValue};
+use crate::store::record::{ActionKind, Scope};
+use crate::store::Invalid;
+use rate_ctl::core::model::{Algorithm, ModelError, Unit};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rate-ctl",
+    version,
+    args_override_self = true,
+    about = "Dynamic rate control for nginx: agent, config store and shared-memory tools"
+)]
+pub struct Cli {
+    /// Config store: sqlite:PATH (created on first use) or
+    /// mysql://USER:PASS@HOST:PORT/DB [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
+    #[arg(long, global = true, value_name = "URL")]
+    pub store: Option<String>,
+    /// Manage strategies, blacklist and hosts through a running
+    /// `rate-ctl serve` (http://HOST:PORT) instead of --store.
+    #[arg(long, global = true, env = "RATE_CTL_API", value_name = "URL")]
+    pub api: Option<String>,
+    /// Token of `rate-ctl serve` for --api (the admin token; a read token
+    /// can list) and for `agent --store http://…` (the agent token).
+    #[arg(
+        long,
+        global = true,
+        env = "RATE_CTL_TOKEN",
+        hide_env_values = true,
+        value_name = "T"
+    )]
+    pub token: Option<String>,
+    /// Machine-readable output (one JSON document, or JSON lines for lists).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Log level for diagnostics on stderr: error, warn, info, debug, trace.
+    #[arg(long, global = true, default_value = "info", value_name = "LEVEL")]
+    pub log_level: tracing::Level,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Keep a shared-memory file in step with the store (or with
+    /// `rate-ctl serve`: --store http://HOST:PORT --token T).
+    Agent(AgentArgs),
+    /// REST API, admin page and agent long-poll over the store.
+    Serve(ServeArgs),
+    /// Manage strategies.
+    #[command(subcommand)]
+    Strategy(StrategyCmd),
+    /// Manage the blacklist.
+    #[command(subcommand)]
+    Blacklist(BlacklistCmd),
+    /// Hosts running agents: weights, heartbeats, applied versions.
+    #[command(subcommand)]
+    Host(HostCmd),
+    /// Look into a shared-memory file.
+    #[command(subcommand)]
+    Shm(ShmCmd),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
+    pub listen: String,
+    /// File holding the admin token; created (mode 0600) with a random token
+    /// if missing. Default: admin.token next to an SQLite store, else
+    /// /var/lib/rate-ctl/admin.token. Env RATE_CTL_ADMIN_TOKEN overrides.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// File holding a read-only token (GET endpoints). Env RATE_CTL_READ_TOKEN.
+    #[arg(long, value_name = "FILE")]
+    pub read_token_file: Option<PathBuf>,
+    /// File holding the agents' token (snapshot and report only).
+    /// Env RATE_CTL_AGENT_TOKEN.
+    #[arg(long, value_name = "FILE")]
+    pub agent_token_file: Option<PathBuf>,
+    /// A host counts as fresh while its heartbeat is at most this old.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration_ms)]
+    pub freshness: u64,
+    /// Print the API routes (METHOD PATH per line) and exit.
+    #[arg(long, hide = true)]
+    pub list_routes: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Shared-memory file to create or adopt.
+    #[arg(long, default_value = "/dev/shm/rate_ctl", value_name = "PATH")]
+    pub shm: PathBuf,
+    /// This host's id in the hosts table (default: the hostname).
+    #[arg(long, value_name = "ID")]
+    pub host_id: Option<String>,
+    /// This host's weight for cluster rates; set in the store at start
+    /// (default: keep the stored weight, 1 for a new host).
+    #[arg(long, value_name = "W", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub weight: Option<u32>,
+    /// How often to poll the config version, in ms.
+    #[arg(long, default_value_t = 200, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub poll_ms: u64,
+    /// How often to record the heartbeat and re-read hosts, in ms.
+    #[arg(long, default_value_t = 1_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub heartbeat_ms: u64,
+    /// A host counts for cluster rates while its heartbeat is at most this old.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration_ms)]
+    pub freshness: u64,
+    /// Longest wait between retries while the store is unreachable, in ms.
+    #[arg(long, default_value_t = 2_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub max_backoff_ms: u64,
+    /// Capacity of a new file: strategies (and stat slots).
+    #[arg(long, default_value_t = 65_536, value_name = "N")]
+    pub max_strategies: u32,
+    /// Capacity of a new file: bytes of each config segment.
+    #[arg(long, default_value_t = 16 << 20, value_name = "BYTES")]
+    pub segment_bytes: u64,
+    /// Capacity of a new file: blacklist entries.
+    #[arg(long, default_value_t = 65_536, value_name = "N")]
+    pub blacklist_entries: u32,
+    /// Permission bits of a new file (octal); nginx workers must be able to
+    /// read and write it. To keep other local users out, use 0660 with
+    /// --group set to the workers' group.
+    #[arg(long, default_value = "0666", value_name = "MODE", value_parser = parse_mode)]
+    pub mode: u32,
+    /// Give the file to this group (name or number), e.g. www-data.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    pub group: Option<u32>,
+}
+
+/// A group name or number → gid.
+pub fn parse_group(s: &str) -> Result<u32, BadValue> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(s).map_err(|_| BadValue::NotAGroup(s.into()))?;
+    // SAFETY: libc::group is plain data (integers and pointers); all-zero is
+    // a valid value that getgrnam_r overwrites.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer refers to live, writable memory of the length
+    // passed; getgrnam_r writes only into grp and buf and sets out.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    if rc != 0 || out.is_null() {
+        return Err(BadValue::NoSuchGroup(s.into()));
+    }
+    Ok(grp.gr_gid)
+}
+
+pub fn parse_mode(s: &str) -> Result<u32, BadValue> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| BadValue::NotAMode(s.into()))
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StrategyCmd {
+    /// Add a strategy; prints its id.
+    Add(StrategyAdd),
+    /// Change fields of a strategy; fields not given stay.
+    Update(StrategyUpdate),
+    /// Delete strategies.
+    Rm {
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<u32>,
+    },
+    /// List strategies.
+    List {
+        /// Only names containing this text.
+        #[arg(long, value_name = "TEXT")]
+        name: Option<String>,
+        /// Only strategies with this condition (dimension=value).
+        #[arg(long = "match", value_name = "DIM=VALUE")]
+        matches: Vec<String>,
+    },
+    /// Write all strategies as JSON lines (to FILE, or stdout for -).
+    Export {
+        #[arg(default_value = "-", value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Load strategies from JSON lines, all or nothing. A line with an id
+    /// replaces that strategy; one without gets a new id.
+    Import {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Also delete every strategy not in the file.
+        #[arg(long)]
+        replace: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct StrategyAdd {
+    /// Unique name.
+    #[arg(long)]
+    pub name: String,
+    /// A condition dimension=value; repeat for AND (none = every request).
+    #[arg(long = "match", value_name = "DIM=VALUE")]
+    pub matches: Vec<String>,
+    #[arg(long, value_parser = parse_algorithm)]
+    pub algorithm: Algorithm,
+    /// Requests per --per (for concurrency: requests in flight).
+    #[arg(long)]
+    pub rate: u64,
+    #[arg(long, default_value = "second", value_parser = parse_unit)]
+    pub per: Unit,
+    /// Bucket size for token_bucket.
+    #[arg(long, default_value_t = 1)]
+    pub burst: u32,
+    /// reject, delay or dry_run.
+    #[arg(long, default_value = "reject", value_parser = parse_action)]
+    pub action: ActionKind,
+    /// Status for reject (default: the location's rate_ctl_status, 503).
+    #[arg(long)]
+    pub status: Option<u16>,
+    /// Longest wait for delay, in ms.
+    #[arg(long)]
+    pub max_delay_ms: Option<u32>,
+    /// cluster: the rate is for the whole fleet; each host enforces
+    /// ceil(rate × its weight / Σ weights of hosts with a fresh heartbeat),
+    /// at least 1 (token-bucket burst split alike). host: per host as written.
+    #[arg(long, default_value = "cluster", value_parser = parse_scope)]
+    pub scope: Scope,
+    /// Store it disabled.
+    #[arg(long)]
+    pub disabled: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StrategyUpdate {
+    #[arg(value_name = "ID")]
+    pub id: u32,
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Replaces all conditions when given.
+    #[arg(long = "match", value_name = "DIM=VALUE")]
+    pub matches: Vec<String>,
+    /// Remove all conditions (the strategy then matches every request).
+    #[arg(long, conflicts_with = "matches")]
+    pub no_match: bool,
+    #[arg(long, value_parser = parse_algorithm)]
+    pub algorithm: Option<Algorithm>,
+    #[arg(long)]
+    pub rate: Option<u64>,
+    #[arg(long, value_parser = parse_unit)]
+    pub per: Option<Unit>,
+    #[arg(long)]
+    pub burst: Option<u32>,
+    #[arg(long, value_parser = parse_action)]
+    pub action: Option<ActionKind>,
+    #[arg(long)]
+    pub status: Option<u16>,
+    #[arg(long)]
+    pub max_delay_ms: Option<u32>,
+    #[arg(long, value_parser = parse_scope)]
+    pub scope: Option<Scope>,
+    #[arg(long, conflicts_with = "disable")]
+    pub enable: bool,
+    #[arg(long)]
+    pub disable: bool,
+}
+
+pub fn parse_algorithm(s: &str) -> Result<Algorithm, ModelError> {
+    s.parse()
+}
+pub fn parse_unit(s: &str) -> Result<Unit, ModelError> {
+    s.parse()
+}
+pub fn parse_action(s: &str) -> Result<ActionKind, Invalid> {
+    s.parse()
+}
+pub fn parse_scope(s: &str) -> Result<Scope, Invalid> {
+    s.parse()
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BlacklistCmd {
+    /// Block every request whose DIMENSION equals VALUE; prints the entry id.
+    Add {
+        #[arg(long)]
+        dimension: String,
+        #[arg(long)]
+        value: String,
+        /// Lifetime such as 30m, 2h, 1d (default: until removed).
+        #[arg(long, value_parser = parse_duration_ms, value_name = "DURATION")]
+        expires: Option<u64>,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Remove entries by id.
+    Rm {
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<u64>,
+    },
+    /// List entries.
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum HostCmd {
+    /// Hosts with weight, heartbeat age, applied version and lag.
+    List {
+        /// Heartbeats older than this count as stale.
+        #[arg(long, default_value = "10s", value_parser = parse_duration_ms, value_name = "DURATION")]
+        freshness: u64,
+    },
+    /// Set a host's weight (registers the host if unknown).
+    SetWeight {
+        #[arg(value_name = "HOST_ID")]
+        host_id: String,
+        #[arg(value_name = "WEIGHT", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        weight: u32,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ShmCmd {
+    /// Header, sequence, active segment, heartbeat age, strategies with
+    /// local rates and counters, blacklist size.
+    Inspect {
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+    },
+}

@@ -1,0 +1,130 @@
+//! The blacklist table.
+
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+use super::audit::audit;
+use super::record::BlacklistRecord;
+use super::{Result, Store, StoreError};
+use crate::client::wire::blacklist_api_json;
+use rate_ctl::core::shm::unix_ms;
+
+impl Store {
+    /// Adds (or replaces, for the same dimension and value) an entry;
+    /// returns its id and the new version.
+    pub async fn blacklist_add(&self, rec: &BlacklistRecord, who: &str) -> Result<(u64, u64)> {
+        self.blacklist_add_full(rec, who)
+            .await
+            .map(|(r, v)| (r.id, v))
+    }
+
+    /// [`Store::blacklist_add`], returning the stored entry.
+    pub async fn blacklist_add_full(
+        &self,
+        rec: &BlacklistRecord,
+        who: &str,
+    ) -> Result<(BlacklistRecord, u64)> {
+        let mut rec = rec.clone();
+        rec.validate().map_err(StoreError::Invalid)?;
+        let (mut tx, version) = self.begin_change().await?;
+        let before = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE dimension = ? AND value = ?",
+        )
+        .bind(&rec.dimension)
+        .bind(&rec.value)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| decode_blacklist(&r))
+        .transpose()?;
+        rec.created_ms = unix_ms();
+        sqlx::query("DELETE FROM blacklist WHERE dimension = ? AND value = ?")
+            .bind(&rec.dimension)
+            .bind(&rec.value)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO blacklist (dimension, value, expires_ms, reason, created_ms) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&rec.dimension)
+        .bind(&rec.value)
+        .bind(rec.expires_ms.map(|e| e as i64))
+        .bind(&rec.reason)
+        .bind(rec.created_ms as i64)
+        .execute(&mut *tx)
+        .await?;
+        let id: i64 = sqlx::query("SELECT id FROM blacklist WHERE dimension = ? AND value = ?")
+            .bind(&rec.dimension)
+            .bind(&rec.value)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
+        rec.id = id as u64;
+        audit(
+            &mut tx,
+            who,
+            "blacklist.add",
+            &format!("blacklist/{id}"),
+            before.as_ref().map(blacklist_api_json),
+            Some(blacklist_api_json(&rec)),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((rec, version))
+    }
+
+    /// Removes entries by id; returns the new version.
+    pub async fn blacklist_rm(&self, id: u64, who: &str) -> Result<u64> {
+        let (mut tx, version) = self.begin_change().await?;
+        let before = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE id = ?",
+        )
+        .bind(id as i64)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| decode_blacklist(&r))
+        .transpose()?;
+        let res = sqlx::query("DELETE FROM blacklist WHERE id = ?")
+            .bind(id as i64)
+            .execute(&mut *tx)
+            .await?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!(
+                "no blacklist entry with id {id}"
+            )));
+        }
+        audit(
+            &mut tx,
+            who,
+            "blacklist.delete",
+            &format!("blacklist/{id}"),
+            before.as_ref().map(blacklist_api_json),
+            None,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(version)
+    }
+
+    pub async fn blacklist_list(&self) -> Result<Vec<BlacklistRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| decode_blacklist(r).map_err(StoreError::from))
+            .collect()
+    }
+}
+
+pub(super) fn decode_blacklist(r: &AnyRow) -> Result<BlacklistRecord, sqlx::Error> {
+    Ok(BlacklistRecord {
+        id: r.try_get::<i64, _>(0)? as u64,
+        dimension: r.try_get(1)?,
+        value: r.try_get(2)?,
+        expires_ms: r.try_get::<Option<i64>, _>(3)?.map(|v| v.max(0) as u64),
+        reason: r.try_get(4)?,
+        created_ms: r.try_get::<i64, _>(5)?.max(0) as u64,
+    })
+}

@@ -1,0 +1,172 @@
+//! The store's errors, typed: which field a validation error is about is
+//! data ([`Field`]), not text to be parsed back. The field's name in the
+//! REST API is decided in `serve/error.rs`, its command-line flag in
+//! `cli/flags.rs`; the messages themselves are as the model writes them.
+
+use std::fmt;
+
+use rate_ctl::core::model::ModelError;
+
+/// A field of a strategy, blacklist entry or host that an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Id,
+    Name,
+    /// The set of conditions (the `match` of the API, `--match`).
+    Conditions,
+    /// One condition, by its index in the record's (sorted) conditions.
+    Condition(usize),
+    Algorithm,
+    Rate,
+    Per,
+    Burst,
+    Action,
+    Status,
+    MaxDelayMs,
+    Enabled,
+    Scope,
+    Dimension,
+    Value,
+    Expires,
+    Reason,
+    HostId,
+    Weight,
+    /// Another stored column (a row broken in the database), by name.
+    Column(&'static str),
+}
+
+impl Field {
+    /// The record field of a model keyword (`UnknownKeyword::field`).
+    fn of_keyword(name: &'static str) -> Field {
+        match name {
+            "algorithm" => Field::Algorithm,
+            "per" => Field::Per,
+            "action" => Field::Action,
+            "scope" => Field::Scope,
+            other => Field::Column(other),
+        }
+    }
+}
+
+/// An invalid field: which one, and the message naming it the way the
+/// model does ("conditions[1].value: …", "action.status: …").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// `None` for an answer of `rate-ctl serve` naming no field we know.
+    pub field: Option<Field>,
+    /// How the message names the field; empty when the message is given
+    /// whole ([`Invalid::whole`]).
+    name: String,
+    /// What is wrong, after "name: ".
+    text: String,
+}
+
+impl Invalid {
+    /// `field`, named `name` in the message, and what is wrong with it.
+    pub fn new(field: Field, name: impl Into<String>, text: impl Into<String>) -> Invalid {
+        Invalid {
+            field: Some(field),
+            name: name.into(),
+            text: text.into(),
+        }
+    }
+
+    /// A complete message (e.g. from `rate-ctl serve`'s answer) about
+    /// `field`, if known.
+    pub fn whole(field: Option<Field>, message: impl Into<String>) -> Invalid {
+        Invalid {
+            field,
+            name: String::new(),
+            text: message.into(),
+        }
+    }
+
+    /// What is wrong, without the field's name.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.name.is_empty() {
+            f.write_str(&self.text)
+        } else {
+            write!(f, "{}: {}", self.name, self.text)
+        }
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+impl From<ModelError> for Invalid {
+    /// The field from the variant; the message is the model's.
+    fn from(e: ModelError) -> Invalid {
+        use ModelError as E;
+        let (field, name) = match &e {
+            E::ZeroId => (Field::Id, "id".to_string()),
+            E::TooManyConditions(_) => (Field::Conditions, "conditions".to_string()),
+            E::BadDimension { index, .. } | E::DuplicateDimension { index, .. } => (
+                Field::Condition(*index),
+                format!("conditions[{index}].dimension"),
+            ),
+            E::BadValueLength { index, .. }
+            | E::BadIp { index, .. }
+            | E::ControlCharacter { index, .. } => (
+                Field::Condition(*index),
+                format!("conditions[{index}].value"),
+            ),
+            E::ZeroRate | E::RateTooHigh { .. } | E::CountTooHigh { .. } => {
+                (Field::Rate, "rate".to_string())
+            }
+            E::BadBurst { .. } | E::BurstOverflow { .. } | E::BelowClockTick { .. } => {
+                (Field::Burst, "burst".to_string())
+            }
+            E::BadStatus(_) => (Field::Status, "action.status".to_string()),
+            E::BadMaxDelay(_) => (Field::MaxDelayMs, "action.max_delay_ms".to_string()),
+            E::DelayNeedsBucket(_) => (Field::Action, "action".to_string()),
+            E::UnknownKeyword { field, .. } => (Field::of_keyword(field), field.to_string()),
+        };
+        let message = e.to_string();
+        // The model's messages are "name: text"; `name` is known from the variant.
+        match message.strip_prefix(&format!("{name}: ")) {
+            Some(text) => Invalid::new(field, name, text),
+            None => Invalid::whole(Some(field), message),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed or is unreachable.
+    #[error("store: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("{0}")]
+    NotFound(String),
+    /// A field is invalid or conflicts with stored data.
+    #[error("{0}")]
+    Invalid(Invalid),
+    /// A line of an import (1-based) is invalid; nothing was imported.
+    #[error("line {line}: {cause}")]
+    Import { line: usize, cause: Invalid },
+    #[error("store: {0}")]
+    Url(String),
+    /// An update based on a version that is no longer current.
+    #[error("{0}")]
+    Conflict(String),
+    /// The HTTP store (`--store http://…`, `--api`) failed or refused.
+    #[error("{0}")]
+    Http(String),
+    /// The HTTP store refused our token (401/403): a configuration error,
+    /// not an outage.
+    #[error("{0}")]
+    Auth(String),
+}
+
+impl From<Invalid> for StoreError {
+    fn from(e: Invalid) -> StoreError {
+        StoreError::Invalid(e)
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

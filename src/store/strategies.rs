@@ -1,0 +1,531 @@
+//! The strategies table: add, update, delete, read and import (all or
+//! nothing), and decoding a row into a validated record.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sqlx::any::AnyRow;
+use sqlx::{Any, Row, Transaction};
+
+use super::audit::audit;
+use super::record::StrategyRecord;
+use super::{BadRow, Field, Invalid, Result, Store, StoreError};
+use crate::client::wire::strategy_api_json;
+use rate_ctl::core::model::ModelError;
+use rate_ctl::core::shm::unix_ms;
+
+pub(super) const STRATEGY_COLUMNS: &str =
+    "id, name, conditions, algorithm, rate, per, burst, action, \
+     status, max_delay_ms, enabled, scope, created_ms, updated_ms, version";
+
+impl Store {
+    /// Validates and stores a new strategy; returns its id and the new version.
+    pub async fn add_strategy(&self, rec: &StrategyRecord, who: &str) -> Result<(u32, u64)> {
+        self.add_strategy_full(rec, who)
+            .await
+            .map(|r| (r.id, r.version))
+    }
+
+    /// [`Store::add_strategy`], returning the stored record.
+    pub async fn add_strategy_full(
+        &self,
+        rec: &StrategyRecord,
+        who: &str,
+    ) -> Result<StrategyRecord> {
+        let mut rec = rec.clone();
+        rec.id = 0;
+        rec.validate().map_err(StoreError::Invalid)?;
+        let (mut tx, version) = self.begin_change().await?;
+        ensure_name_free(&mut tx, &rec.name, None).await?;
+        let now = unix_ms();
+        rec.created_ms = now;
+        rec.updated_ms = now;
+        rec.version = version;
+        let sql = format!(
+            "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
+            placeholders(14)
+        );
+        bind_strategy(sqlx::query(&sql), &rec)
+            .execute(&mut *tx)
+            .await?;
+        // Any's SQLite backend reports no last insert id; the name is unique.
+        let id: i64 = sqlx::query("SELECT id FROM strategies WHERE name = ?")
+            .bind(&rec.name)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
+        let id = u32::try_from(id)
+            .map_err(|_| Invalid::new(Field::Id, "id", format!("{id} exceeds {}", u32::MAX)))?;
+        rec.id = id;
+        audit(
+            &mut tx,
+            who,
+            "strategy.create",
+            &format!("strategy/{id}"),
+            None,
+            Some(strategy_api_json(&rec)),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    /// Replaces strategy `rec.id` with `rec` (validated); returns the new version.
+    pub async fn update_strategy(&self, rec: &StrategyRecord, who: &str) -> Result<u64> {
+        self.update_strategy_full(rec, None, who, "strategy.update")
+            .await
+            .map(|r| r.version)
+    }
+
+    /// Replaces strategy `rec.id` with `rec` (validated) if its stored
+    /// version is still `expected` (when given, else `Conflict`); returns
+    /// the stored record. `action` names the change in the audit log.
+    pub async fn update_strategy_full(
+        &self,
+        rec: &StrategyRecord,
+        expected: Option<u64>,
+        who: &str,
+        action: &str,
+    ) -> Result<StrategyRecord> {
+        let mut rec = rec.clone();
+        rec.validate().map_err(StoreError::Invalid)?;
+        let (mut tx, version) = self.begin_change().await?;
+        let before = strategy_in_tx(&mut tx, rec.id).await?;
+        if before.is_none() {
+            return Err(StoreError::NotFound(format!(
+                "no strategy with id {}",
+                rec.id
+            )));
+        }
+        if let Some(exp) = expected {
+            let cur = before.as_ref().map(|b| b["version"].as_u64().unwrap_or(0));
+            if cur.is_some_and(|c| c != exp) {
+                return Err(StoreError::Conflict(format!(
+                    "version: strategy {} was changed at version {}; you edited version {exp}",
+                    rec.id,
+                    cur.unwrap_or(0)
+                )));
+            }
+        }
+        ensure_name_free(&mut tx, &rec.name, Some(rec.id)).await?;
+        if let Some(b) = &before {
+            rec.created_ms = b["created_at"].as_u64().unwrap_or(0);
+        }
+        rec.updated_ms = unix_ms();
+        rec.version = version;
+        let res = bind_content(
+            sqlx::query(
+                "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
+                 burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
+                 updated_ms = ?, version = ? WHERE id = ?",
+            ),
+            &rec,
+        )
+        .bind(rec.updated_ms as i64)
+        .bind(rec.version as i64)
+        .bind(rec.id as i64)
+        .execute(&mut *tx)
+        .await?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!(
+                "no strategy with id {}",
+                rec.id
+            )));
+        }
+        audit(
+            &mut tx,
+            who,
+            action,
+            &format!("strategy/{}", rec.id),
+            before,
+            Some(strategy_api_json(&rec)),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    /// Deletes a strategy; returns the new version.
+    pub async fn delete_strategy(&self, id: u32, who: &str) -> Result<u64> {
+        self.delete_strategy_at(id, None, who).await
+    }
+
+    /// Deletes a strategy if its stored version is still `expected` (when
+    /// given, else `Conflict`: someone changed it since the caller read
+    /// it); returns the new version.
+    pub async fn delete_strategy_at(
+        &self,
+        id: u32,
+        expected: Option<u64>,
+        who: &str,
+    ) -> Result<u64> {
+        let (mut tx, version) = self.begin_change().await?;
+        let before = strategy_in_tx(&mut tx, id).await?;
+        if let (Some(exp), Some(b)) = (expected, &before) {
+            let cur = b["version"].as_u64().unwrap_or(0);
+            if cur != exp {
+                return Err(StoreError::Conflict(format!(
+                    "version: strategy {id} was changed at version {cur}; you deleted version {exp}"
+                )));
+            }
+        }
+        let res = sqlx::query("DELETE FROM strategies WHERE id = ?")
+            .bind(id as i64)
+            .execute(&mut *tx)
+            .await?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("no strategy with id {id}")));
+        }
+        audit(
+            &mut tx,
+            who,
+            "strategy.delete",
+            &format!("strategy/{id}"),
+            before,
+            None,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(version)
+    }
+
+    /// One strategy; `Err(NotFound)` if absent, `Err(Invalid)` if its row
+    /// is not a valid strategy.
+    pub async fn get_strategy(&self, id: u32) -> Result<StrategyRecord> {
+        let row = sqlx::query(&format!(
+            "SELECT {STRATEGY_COLUMNS} FROM strategies WHERE id = ?"
+        ))
+        .bind(id as i64)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("no strategy with id {id}")))?;
+        decode_strategy(&row).map_err(|b| StoreError::Invalid(b.reason))
+    }
+
+    /// All strategies by id; rows that are not valid strategies come back
+    /// as [`BadRow`]s.
+    pub async fn list_strategies(&self) -> Result<(Vec<StrategyRecord>, Vec<BadRow>)> {
+        let rows = sqlx::query(&format!(
+            "SELECT {STRATEGY_COLUMNS} FROM strategies ORDER BY id"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(split_rows(&rows))
+    }
+
+    /// Loads strategies from JSON-lines records in one transaction: all or
+    /// nothing. A record with an id replaces that strategy (or is stored
+    /// under that id); one without gets a new id. With `replace_all`, every
+    /// strategy not in the file is deleted. Errors name the line (1-based).
+    pub async fn import(
+        &self,
+        records: Vec<(usize, StrategyRecord)>,
+        replace_all: bool,
+        who: &str,
+    ) -> Result<(usize, u64)> {
+        let mut records = records;
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut ids: HashMap<u32, usize> = HashMap::new();
+        for (line, rec) in records.iter_mut() {
+            let at = |cause| StoreError::Import { line: *line, cause };
+            rec.validate().map_err(at)?;
+            if let Some(first) = names.insert(rec.name.clone(), *line) {
+                return Err(at(Invalid::new(
+                    Field::Name,
+                    "name",
+                    format!("{:?} already used on line {first}", rec.name),
+                )));
+            }
+            if rec.id != 0 {
+                if let Some(first) = ids.insert(rec.id, *line) {
+                    return Err(at(Invalid::new(
+                        Field::Id,
+                        "id",
+                        format!("{} already used on line {first}", rec.id),
+                    )));
+                }
+            }
+        }
+        let (mut tx, version) = self.begin_change().await?;
+        if replace_all {
+            sqlx::query("DELETE FROM strategies")
+                .execute(&mut *tx)
+                .await?;
+        } else {
+            // Names must not collide with strategies the file does not replace.
+            let existing = sqlx::query("SELECT id, name FROM strategies")
+                .fetch_all(&mut *tx)
+                .await?;
+            for row in &existing {
+                let id: i64 = row.try_get(0)?;
+                let name: String = row.try_get(1)?;
+                if let Some(line) = names.get(&name) {
+                    let rec = &records.iter().find(|(l, _)| l == line).expect("indexed").1;
+                    if rec.id as i64 != id && !ids.contains_key(&(id as u32)) {
+                        return Err(StoreError::Import {
+                            line: *line,
+                            cause: Invalid::new(
+                                Field::Name,
+                                "name",
+                                format!("{name:?} already exists (id {id})"),
+                            ),
+                        });
+                    }
+                }
+            }
+            let replaced: Vec<i64> = ids.keys().map(|&i| i as i64).collect();
+            for chunk in replaced.chunks(500) {
+                let sql = format!(
+                    "DELETE FROM strategies WHERE id IN ({})",
+                    placeholders(chunk.len())
+                );
+                let mut q = sqlx::query(&sql);
+                for id in chunk {
+                    q = q.bind(*id);
+                }
+                q.execute(&mut *tx).await?;
+            }
+        }
+        let now = unix_ms();
+        for r in records.iter_mut() {
+            r.1.created_ms = now;
+            r.1.updated_ms = now;
+            r.1.version = version;
+        }
+        let (with_id, without_id): (Vec<_>, Vec<_>) =
+            records.iter().map(|(_, r)| r).partition(|r| r.id != 0);
+        const ROWS: usize = 300;
+        // Rows that keep their id bind it first; the others get a new one.
+        for (keep_id, rows) in [(true, &with_id), (false, &without_id)] {
+            let (id_column, id_mark) = if keep_id { ("id, ", "?, ") } else { ("", "") };
+            for chunk in rows.chunks(ROWS) {
+                let sql = format!(
+                    "INSERT INTO strategies ({id_column}{}) VALUES {}",
+                    INSERT_COLUMNS,
+                    vec![format!("({id_mark}{})", placeholders(14)); chunk.len()].join(", ")
+                );
+                let mut q = sqlx::query(&sql);
+                for r in chunk {
+                    q = bind_strategy(if keep_id { q.bind(r.id as i64) } else { q }, r);
+                }
+                q.execute(&mut *tx).await?;
+            }
+        }
+        audit(
+            &mut tx,
+            who,
+            "strategy.import",
+            "strategies",
+            None,
+            Some(serde_json::json!({"count": records.len(), "replace": replace_all})),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((records.len(), version))
+    }
+}
+
+/// The strategy row `id` as API JSON (`None` if absent; a row that is not a
+/// valid strategy is shown by its raw columns).
+pub(super) async fn strategy_in_tx(
+    tx: &mut Transaction<'static, Any>,
+    id: u32,
+) -> Result<Option<serde_json::Value>> {
+    let row = sqlx::query(&format!(
+        "SELECT {STRATEGY_COLUMNS} FROM strategies WHERE id = ?"
+    ))
+    .bind(id as i64)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.map(|row| match decode_strategy(&row) {
+        Ok(r) => strategy_api_json(&r),
+        Err(b) => serde_json::json!({
+            "id": id,
+            "invalid": b.reason.to_string(),
+            "version": row.try_get::<i64, _>("version").unwrap_or(0),
+            "created_at": row.try_get::<i64, _>("created_ms").unwrap_or(0),
+        }),
+    }))
+}
+
+async fn ensure_name_free(
+    tx: &mut Transaction<'static, Any>,
+    name: &str,
+    own_id: Option<u32>,
+) -> Result<()> {
+    let row = sqlx::query("SELECT id FROM strategies WHERE name = ?")
+        .bind(name)
+        .fetch_optional(&mut **tx)
+        .await?;
+    if let Some(row) = row {
+        let id: i64 = row.try_get(0)?;
+        if Some(id) != own_id.map(|i| i as i64) {
+            return Err(Invalid::new(
+                Field::Name,
+                "name",
+                format!("{name:?} already exists (id {id})"),
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+pub(super) const INSERT_COLUMNS: &str =
+    "name, conditions, algorithm, rate, per, burst, action, status, \
+     max_delay_ms, enabled, scope, created_ms, updated_ms, version";
+
+pub(super) fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
+
+/// Binds the 14 columns of [`INSERT_COLUMNS`] in order.
+pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
+    bind_content(q, r)
+        .bind(r.created_ms as i64)
+        .bind(r.updated_ms as i64)
+        .bind(r.version as i64)
+}
+
+/// Binds the 11 columns `name` to `scope` of [`INSERT_COLUMNS`] in order.
+pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
+    let conditions: Vec<[&str; 2]> = r
+        .conditions
+        .iter()
+        .map(|(d, v)| [d.as_str(), v.as_str()])
+        .collect();
+    q.bind(r.name.clone())
+        .bind(serde_json::to_string(&conditions).expect("strings serialise"))
+        .bind(r.algorithm.as_str())
+        .bind(r.rate as i64)
+        .bind(r.per.as_str())
+        .bind(r.burst as i64)
+        .bind(r.action.as_str())
+        .bind(r.status.map(|s| s as i64))
+        .bind(r.max_delay_ms.map(|m| m as i64))
+        .bind(r.enabled as i64)
+        .bind(r.scope.as_str())
+}
+
+pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<StrategyRecord>, Vec<BadRow>) {
+    let mut good = Vec::with_capacity(rows.len());
+    let mut bad = Vec::new();
+    for row in rows {
+        match decode_strategy(row) {
+            Ok(r) => good.push(r),
+            Err(b) => bad.push(b),
+        }
+    }
+    (good, bad)
+}
+
+/// Reads and validates one strategy row. Rows written by this binary are
+/// always valid; rows edited directly in the database may not be.
+pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
+    let id: i64 = row.try_get("id").unwrap_or(-1);
+    let bad = |reason: Invalid| BadRow { id, reason };
+    let unreadable = |col: &'static str, e: sqlx::Error| {
+        bad(Invalid::new(column(col), col, format!("unreadable ({e})")))
+    };
+    let get_i = |col: &'static str| -> Result<i64, BadRow> {
+        row.try_get::<i64, _>(col).map_err(|e| unreadable(col, e))
+    };
+    let get_oi = |col: &'static str| -> Result<Option<i64>, BadRow> {
+        row.try_get::<Option<i64>, _>(col)
+            .map_err(|e| unreadable(col, e))
+    };
+    let get_s = |col: &'static str| -> Result<String, BadRow> {
+        row.try_get::<String, _>(col)
+            .map_err(|e| unreadable(col, e))
+    };
+    let in_range = |col: &'static str, v: i64, max: u64| -> Result<u64, BadRow> {
+        if v < 0 || v as u64 > max {
+            Err(bad(Invalid::new(
+                column(col),
+                col,
+                format!("{v} is out of range 0..={max}"),
+            )))
+        } else {
+            Ok(v as u64)
+        }
+    };
+    let id_u32 = u32::try_from(id).ok().filter(|i| *i > 0).ok_or_else(|| {
+        bad(Invalid::new(
+            Field::Id,
+            "id",
+            format!("{id} is not between 1 and {}", u32::MAX),
+        ))
+    })?;
+    let pairs: Vec<(String, String)> =
+        serde_json::from_str(&get_s("conditions")?).map_err(|e| {
+            bad(Invalid::new(
+                Field::Conditions,
+                "conditions",
+                format!("not a JSON list of [dimension, value] ({e})"),
+            ))
+        })?;
+    let mut conditions = BTreeMap::new();
+    for (i, (d, v)) in pairs.into_iter().enumerate() {
+        if conditions.insert(d.clone(), v).is_some() {
+            return Err(bad(Invalid::from(ModelError::DuplicateDimension {
+                index: i,
+                name: d,
+            })));
+        }
+    }
+    let mut rec = StrategyRecord {
+        id: id_u32,
+        name: get_s("name")?,
+        conditions,
+        algorithm: get_s("algorithm")?
+            .parse()
+            .map_err(|e: ModelError| bad(e.into()))?,
+        rate: in_range("rate", get_i("rate")?, u64::MAX)?,
+        per: get_s("per")?
+            .parse()
+            .map_err(|e: ModelError| bad(e.into()))?,
+        burst: in_range("burst", get_i("burst")?, u32::MAX as u64)? as u32,
+        action: get_s("action")?.parse().map_err(bad)?,
+        status: match get_oi("status")? {
+            Some(s) => Some(in_range("status", s, u16::MAX as u64)? as u16),
+            None => None,
+        },
+        max_delay_ms: match get_oi("max_delay_ms")? {
+            Some(s) => Some(in_range("max_delay_ms", s, u32::MAX as u64)? as u32),
+            None => None,
+        },
+        enabled: match get_i("enabled")? {
+            0 => false,
+            1 => true,
+            v => {
+                return Err(bad(Invalid::new(
+                    Field::Enabled,
+                    "enabled",
+                    format!("{v} is neither 0 nor 1"),
+                )))
+            }
+        },
+        scope: get_s("scope")?.parse().map_err(bad)?,
+        created_ms: get_i("created_ms")?.max(0) as u64,
+        updated_ms: get_i("updated_ms")?.max(0) as u64,
+        version: get_i("version")?.max(0) as u64,
+    };
+    rec.validate().map_err(bad)?;
+    Ok(rec)
+}
+
+/// The record field a strategies column holds.
+fn column(col: &'static str) -> Field {
+    match col {
+        "id" => Field::Id,
+        "name" => Field::Name,
+        "conditions" => Field::Conditions,
+        "rate" => Field::Rate,
+        "burst" => Field::Burst,
+        "status" => Field::Status,
+        "max_delay_ms" => Field::MaxDelayMs,
+        "enabled" => Field::Enabled,
+        other => Field::Column(other),
+    }
+}
