@@ -25,10 +25,19 @@ use rate_ctl::core::model::{Action, Condition, Strategy};
 use rate_ctl::core::shm::{unix_ms, Capacities, Mapping, H_SEQ};
 use rate_ctl::core::writer::Writer;
 
+/// The file's capacities: 16,384 strategies in 4 MiB segments, or what
+/// `RATE_CTL_TOOL_MAX_STRATEGIES` and `RATE_CTL_TOOL_SEGMENT_MB` say (the
+/// instruction benchmark's large tables).
 fn caps() -> Capacities {
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
     Capacities {
-        max_strategies: 16_384,
-        segment_bytes: 4 << 20,
+        max_strategies: env("RATE_CTL_TOOL_MAX_STRATEGIES", 16_384) as u32,
+        segment_bytes: (env("RATE_CTL_TOOL_SEGMENT_MB", 4) as u64) << 20,
         blacklist_entries: 1024,
     }
 }

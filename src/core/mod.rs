@@ -17,6 +17,7 @@ pub mod sigbus;
 pub mod slot;
 pub mod stats;
 pub mod table;
+pub mod tuple_map;
 pub mod value_map;
 pub mod warm_up;
 pub mod writer;

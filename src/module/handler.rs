@@ -122,7 +122,7 @@ fn keep_hold(r: &mut Request, hold: Hold) -> bool {
 /// Records the decision (see [`variables`](super::variables)) and keeps
 /// the units it holds; `false` if either failed (the request then ends
 /// with 500, holding nothing).
-#[inline]
+#[inline(always)]
 fn record(
     r: &mut Request,
     mc: &MainConf,
@@ -280,11 +280,7 @@ impl Values for RequestValues<'_> {
                 .mc
                 .dimensions
                 .get(i)
-                // SAFETY: the complex value was compiled at configuration
-                // time from the configuration pool, which outlives requests.
-                .and_then(|d| self.r.get_complex_value(unsafe { &*d.value }))
-                .map(|s| s.as_bytes())
-                .filter(|b| !b.is_empty()),
+                .and_then(|d| variables::dimension_value(self.r, d)),
         }
     }
 }
