@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(ca-certificates curl pkg-config build-essential libclang-dev libpcre2-dev libssl-dev zlib1g-dev nginx nginx-dev)
 if [[ "${1:-}" == "--with-test" ]]; then
-  pkgs+=(mariadb-server wrk procps)
+  pkgs+=(mariadb-server wrk procps lintian systemd dpkg-dev)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
