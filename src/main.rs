@@ -1,6 +1,11 @@
-//! `rate-ctl`: the agent, the config store client and shared-memory tools.
+//! `rate-ctl`: the agent, the config store, its REST service, the API
+//! client and the command line (docs/ARCHITECTURE.md has the code map).
 
+mod agent;
 mod cli;
+mod client;
+mod serve;
+mod store;
 
 fn main() -> std::process::ExitCode {
     cli::main()

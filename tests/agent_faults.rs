@@ -1,16 +1,16 @@
 //! Agent fault handling: invalid rows, signals, capacity, store outage.
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/agent.rs"]
+#[path = "support/agent.rs"]
 mod agent;
-#[path = "agent_common/mod.rs"]
-mod common;
+#[path = "support/cli.rs"]
+mod cli;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent::{wait_for, AgentProc, Reader};
-use common::{ok, sql, sqlite_store, stores, version, MYSQL_ENV};
+use cli::{ok, sql, sqlite_store, stores, version, MYSQL_ENV};
 
 fn add(s: &str, name: &str, rate: u64) -> u32 {
     ok(&[
@@ -219,7 +219,7 @@ fn store_down_for_10s_agent_keeps_enforcing_then_catches_up() {
         );
         return;
     }
-    let script = common::repo_root().join("scripts/mariadb-test-server.sh");
+    let script = cli::repo_root().join("scripts/mariadb-test-server.sh");
     let dir = tempfile::tempdir().unwrap();
     let db_dir = dir.path().join("mariadb");
     let server = |cmd: &str| -> String {

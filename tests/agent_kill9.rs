@@ -3,17 +3,17 @@
 //! a strategy that never changes keep counting in the same slot.
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/agent.rs"]
+#[path = "support/agent.rs"]
 mod agent;
-#[path = "agent_common/mod.rs"]
-mod common;
+#[path = "support/cli.rs"]
+mod cli;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent::{AgentProc, Reader};
-use common::{ok, stores, TestStore};
+use cli::{ok, stores, TestStore};
 use rate_ctl::core::clock::MonotonicClock;
 use rate_ctl::core::shm::unix_ms;
 use rate_ctl::core::slot::Slot;

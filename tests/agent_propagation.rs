@@ -3,15 +3,15 @@
 //! SQLite and MariaDB. Prints p50/p99.
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/agent.rs"]
+#[path = "support/agent.rs"]
 mod agent;
-#[path = "agent_common/mod.rs"]
-mod common;
+#[path = "support/cli.rs"]
+mod cli;
 
 use std::time::{Duration, Instant};
 
 use agent::{AgentProc, Reader};
-use common::{ok, quantile, stores};
+use cli::{ok, quantile, stores};
 use serde_json::Value;
 
 #[test]
@@ -104,7 +104,7 @@ fn hundred_cli_changes_each_visible_within_500ms() {
         .unwrap();
         assert_eq!(hosts["host_id"], "prop-host");
         assert_eq!(hosts["fresh"], true);
-        let st_v = common::version(s) as u64;
+        let st_v = cli::version(s) as u64;
         let applied = agent::wait_for(Duration::from_secs(3), || {
             let h: Value = serde_json::from_str(
                 ok(&["host", "list", "--store", s, "--json"])

@@ -3,15 +3,15 @@
 //! stale → the others re-split within the freshness window.
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/agent.rs"]
+#[path = "support/agent.rs"]
 mod agent;
-#[path = "agent_common/mod.rs"]
-mod common;
+#[path = "support/cli.rs"]
+mod cli;
 
 use std::time::{Duration, Instant};
 
 use agent::{wait_for, AgentProc, Reader};
-use common::{ok, stores};
+use cli::{ok, stores};
 
 fn rate_of(r: &mut Reader, id: u32) -> Option<u64> {
     r.rates()

@@ -4,12 +4,12 @@
 //! token, and an all-or-nothing import that names the bad line.
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/mod.rs"]
-mod common;
-#[path = "serve_common/mod.rs"]
+#[path = "support/cli.rs"]
+mod cli;
+#[path = "support/serve.rs"]
 mod serve;
 
-use common::{json_lines, ok, rate_ctl, rate_ctl_env, sqlite_store, version};
+use cli::{json_lines, ok, rate_ctl, rate_ctl_env, sqlite_store, version};
 use serde_json::Value;
 use serve::Serve;
 

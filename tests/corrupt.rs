@@ -2,11 +2,11 @@
 //! give an error value (or a table that still validates), never a panic or
 //! an out-of-bounds read; a worker keeps its last good table.
 
-mod common;
+#[path = "support/shm.rs"]
+mod shm;
 
 use std::path::Path;
 
-use common::{fresh_writer, small_caps, strategy};
 use proptest::prelude::*;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::engine::{Engine, RECHECK_NS};
@@ -14,6 +14,7 @@ use rate_ctl::core::model::{Algorithm, Unit};
 use rate_ctl::core::shm::{Mapping, ShmError};
 use rate_ctl::core::table::Request;
 use rate_ctl::core::writer::Writer;
+use shm::{fresh_writer, small_caps, strategy};
 
 /// A valid file with strategies and a blacklist, as bytes.
 fn good_image(dir: &Path) -> Vec<u8> {

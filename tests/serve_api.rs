@@ -5,12 +5,12 @@
 //! against the router (routes both ways, examples valid and accepted).
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/mod.rs"]
-mod common;
-#[path = "serve_common/mod.rs"]
+#[path = "support/cli.rs"]
+mod cli;
+#[path = "support/serve.rs"]
 mod serve;
 
-use common::{query_i64, rt, stores};
+use cli::{query_i64, rt, stores};
 use serde_json::{json, Value};
 use serve::{http, Serve};
 
@@ -780,9 +780,7 @@ fn dry_run_round_trips_the_enforcing_action() {
             assert_eq!(&enforcement(&get(&s, id)), want, "GET after PATCH");
         }
         // The CLI reading the store directly agrees.
-        let shown = common::json_lines(&common::ok(&[
-            "strategy", "list", "--store", store, "--json",
-        ]));
+        let shown = cli::json_lines(&cli::ok(&["strategy", "list", "--store", store, "--json"]));
         let by_id = |id: u64| shown.iter().find(|x| x["id"] == id).unwrap();
         assert_eq!(
             (
@@ -880,7 +878,7 @@ fn validate(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), Stri
 
 #[test]
 fn openapi_matches_the_router() {
-    let st = common::sqlite_store();
+    let st = cli::sqlite_store();
     let dir = tempfile::tempdir().unwrap();
     let s = Serve::start_in(&st.url, dir.path(), &[]);
     let (c, doc) = http(&s.addr, "GET", "/api/v1/openapi.json", None, None);
@@ -888,7 +886,7 @@ fn openapi_matches_the_router() {
     assert_eq!(doc["openapi"], "3.1.0");
 
     // Routes the router serves (as it lists them) == routes the document has.
-    let listed = common::ok(&["serve", "--list-routes"]);
+    let listed = cli::ok(&["serve", "--list-routes"]);
     let mut served: Vec<String> = listed.lines().map(str::to_string).collect();
     let mut documented: Vec<String> = doc["paths"]
         .as_object()

@@ -8,11 +8,11 @@
 //! says so).
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/agent.rs"]
+#[path = "support/agent.rs"]
 mod agent;
-#[path = "agent_common/mod.rs"]
-mod common;
-#[path = "serve_common/mod.rs"]
+#[path = "support/cli.rs"]
+mod cli;
+#[path = "support/serve.rs"]
 mod serve;
 
 use std::time::{Duration, Instant};
@@ -21,8 +21,8 @@ use agent::{AgentProc, Reader};
 use serde_json::{json, Value};
 use serve::{http, Serve};
 
-fn store() -> common::TestStore {
-    common::mariadb_store("serve_scaleout").unwrap_or_else(common::sqlite_store)
+fn store() -> cli::TestStore {
+    cli::mariadb_store("serve_scaleout").unwrap_or_else(cli::sqlite_store)
 }
 
 #[test]
@@ -113,7 +113,7 @@ fn two_instances_two_agents() {
         cur = v;
     }
     lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    let (p50, max) = (common::quantile(&lat, 0.5), *lat.last().unwrap());
+    let (p50, max) = (cli::quantile(&lat, 0.5), *lat.last().unwrap());
     println!("SCALEOUT {}: 20 changes alternating between 2 instances, commit → visible in both files (40 samples): p50 {p50:.0} ms, max {max:.0} ms", st.label);
     assert!(max <= 1000.0, "max {max:.0} ms > 1 s");
 

@@ -1,13 +1,13 @@
 //! Writer → file → engine, in one process: publishing, slot stability,
 //! capacity errors, refusal of corrupt or hostile files, fail-open states.
 
-mod common;
+#[path = "support/shm.rs"]
+mod shm;
 
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::Ordering;
 
-use common::{fresh_writer, small_caps, strategy};
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::engine::{Engine, LogLevel, RECHECK_NS};
@@ -16,6 +16,7 @@ use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Outcome, Request, Table};
 use rate_ctl::core::writer::{Opened, Writer};
+use shm::{fresh_writer, small_caps, strategy};
 
 fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
     Request {

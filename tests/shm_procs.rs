@@ -2,17 +2,18 @@
 //! readers copy the active segment; a writer killed with SIGKILL mid-write.
 //! A reader must never accept a table that is not internally consistent.
 
-mod common;
+#[path = "support/shm.rs"]
+mod shm;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{role, small_caps, spawn_role, strategy};
 use rate_ctl::core::model::{Algorithm, Strategy, Unit};
 use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
 use rate_ctl::core::shm::Mapping;
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::writer::Writer;
+use shm::{role, small_caps, spawn_role, strategy};
 
 /// Table number `n`: strategy 1 never changes; strategies 2..=40 have
 /// rate n and a userid value naming n. Config version = n. (The set of ids

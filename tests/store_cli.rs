@@ -1,13 +1,13 @@
 //! The `rate-ctl` store commands against a real SQLite file and a real
-//! MariaDB server (see tests/agent_common for how the server is found).
+//! MariaDB server (see tests/support/cli.rs for how the server is found).
 #![cfg(feature = "cli")]
 
-#[path = "agent_common/mod.rs"]
-mod common;
+#[path = "support/cli.rs"]
+mod cli;
 
 use std::time::Instant;
 
-use common::{json_lines, ok, rate_ctl, sql, stores, version};
+use cli::{json_lines, ok, rate_ctl, sql, stores, version};
 use serde_json::Value;
 
 /// `rate-ctl KIND list --store STORE --json`, one value per row.

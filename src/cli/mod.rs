@@ -1,12 +1,7 @@
 //! The `rate-ctl` command line: agent, store client commands, shm inspection.
 
-pub mod agent;
-pub mod backend;
-pub mod publish;
-pub mod rates;
-pub mod record;
-pub mod serve;
-pub mod store;
+pub mod flags;
+pub mod shm;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -16,13 +11,14 @@ use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::json;
 
-use backend::{Backend, Target};
+use crate::agent::{self, publish};
+use crate::client::wire::parse_strategy_lines;
+use crate::client::{Backend, Target};
+use crate::serve;
+use crate::store::record::{ActionKind, BlacklistRecord, Scope, StrategyRecord};
+use crate::store::{self, now_ms, StoreError, DEFAULT_STORE};
+use flags::{conditions_from_args, flag_for_field, parse_duration_ms};
 use rate_ctl::core::model::{Algorithm, Unit};
-use record::{
-    conditions_from_args, flag_for_field, parse_duration_ms, parse_strategy_lines, ActionKind,
-    BlacklistRecord, Scope, StrategyRecord,
-};
-use store::{now_ms, StoreError, DEFAULT_STORE};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -66,7 +62,7 @@ enum Command {
     /// `rate-ctl serve`: --store http://HOST:PORT --token T).
     Agent(AgentArgs),
     /// REST API, admin page and agent long-poll over the store.
-    Serve(serve::ServeArgs),
+    Serve(ServeArgs),
     /// Manage strategies.
     #[command(subcommand)]
     Strategy(StrategyCmd),
@@ -79,6 +75,31 @@ enum Command {
     /// Look into a shared-memory file.
     #[command(subcommand)]
     Shm(ShmCmd),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
+    listen: String,
+    /// File holding the admin token; created (mode 0600) with a random token
+    /// if missing. Default: admin.token next to an SQLite store, else
+    /// /var/lib/rate-ctl/admin.token. Env RATE_CTL_ADMIN_TOKEN overrides.
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// File holding a read-only token (GET endpoints). Env RATE_CTL_READ_TOKEN.
+    #[arg(long, value_name = "FILE")]
+    read_token_file: Option<PathBuf>,
+    /// File holding the agents' token (snapshot and report only).
+    /// Env RATE_CTL_AGENT_TOKEN.
+    #[arg(long, value_name = "FILE")]
+    agent_token_file: Option<PathBuf>,
+    /// A host counts as fresh while its heartbeat is at most this old.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration_ms)]
+    freshness: u64,
+    /// Print the API routes (METHOD PATH per line) and exit.
+    #[arg(long, hide = true)]
+    list_routes: bool,
 }
 
 #[derive(Args, Debug)]
@@ -417,13 +438,26 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
                 ));
             }
             let url = cli.store.unwrap_or_else(|| DEFAULT_STORE.to_string());
-            serve::run(&url, a).await.map_err(Failure::other)
+            if a.list_routes {
+                for (m, p) in serve::api_routes() {
+                    println!("{m} {p}");
+                }
+                return Ok(());
+            }
+            let opts = serve::ServeOptions {
+                listen: a.listen,
+                admin_token_file: a.admin_token_file,
+                read_token_file: a.read_token_file,
+                agent_token_file: a.agent_token_file,
+                freshness_ms: a.freshness,
+            };
+            serve::run(&url, opts).await.map_err(Failure::other)
         }
         Command::Strategy(c) => strategy(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Blacklist(c) => blacklist(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Host(c) => host(&target(cli.store, api, cli.token)?, cli.json, c).await,
         Command::Shm(ShmCmd::Inspect { path }) => {
-            publish::inspect(&path, cli.json).map_err(Failure::other)
+            shm::inspect(&path, cli.json).map_err(Failure::other)
         }
     }
 }
@@ -879,14 +913,19 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         shm = %a.shm.display(), host = %opts.host_id, store = %store::redact_url(url),
         poll_ms = a.poll_ms, freshness_ms = a.freshness, "agent starting"
     );
-    if url.starts_with("http://") {
-        let source = serve::source::HttpSource::new(url, token)
-            .map_err(|e| Failure::usage(format!("--store: {e}")))?;
-        agent::Agent::new(opts, sink, source).run(shutdown).await;
+    let target = if url.starts_with("http://") {
+        Target::Api {
+            url: url.to_string(),
+            token,
+        }
     } else {
-        let source =
-            agent::StoreSource::new(url, opts.max_backoff.max(std::time::Duration::from_secs(1)));
-        agent::Agent::new(opts, sink, source).run(shutdown).await;
-    }
+        Target::Store(url.to_string())
+    };
+    let timeout = opts.max_backoff.max(std::time::Duration::from_secs(1));
+    let source = agent::Source::new(target, timeout).map_err(|e| match e {
+        StoreError::Url(m) => Failure::usage(format!("--store: {m}")),
+        e => Failure::other(e.to_string()),
+    })?;
+    agent::Agent::new(opts, sink, source).run(shutdown).await;
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The nginx-free core: strategy model, shared-memory layout, writer and
 //! reader, matcher, limiters and blacklist. Used by the nginx module
-//! (`src/module`) and by the `rate-ctl` binary (`src/cli`).
+//! (`src/module`) and by the `rate-ctl` binary (`src/main.rs`).
 
 pub mod admit;
 pub mod blacklist;

@@ -7,10 +7,9 @@
 //! in one read transaction, computes local rates ([`super::rates`]) and
 //! publishes through the core writer ([`Sink`]).
 //!
-//! The store is reached through a [`Source`]: the database itself
-//! ([`StoreSource`]) or `rate-ctl serve` over HTTP
-//! ([`super::serve::source::HttpSource`], `--store http://…`); everything
-//! else (rates, faults, logging, publishing) is this one implementation.
+//! The store is reached through a [`Source`]: the database itself or
+//! `rate-ctl serve` over HTTP (`--store http://…`); everything else
+//! (rates, faults, logging, publishing) is this one implementation.
 //! Each heartbeat also reports the file's slot counters that moved since
 //! the last one (for `GET /api/v1/stats`).
 //!
@@ -22,6 +21,10 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
+pub mod publish;
+pub mod rates;
+pub mod source;
+
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
@@ -29,9 +32,10 @@ use std::time::Duration;
 use rate_ctl::core::model::Strategy;
 use tracing::{error, info, warn};
 
-use super::rates::{local_strategy, share, Share};
-use super::record::{BlacklistRecord, HostRecord};
-use super::store::{now_ms, redact_url, BadRow, CounterSample, Snapshot, Store, StoreError};
+use crate::store::record::{BlacklistRecord, HostRecord};
+use crate::store::{now_ms, redact_url, BadRow, CounterSample, StoreError};
+use rates::{local_strategy, share, Share};
+pub use source::Source;
 
 /// Where published tables go: the core writer in production, a recorder in
 /// unit tests.
@@ -49,148 +53,6 @@ pub trait Sink {
     /// The slot counters of the published strategies.
     fn counters(&self) -> Vec<CounterSample> {
         Vec::new()
-    }
-}
-
-/// Where the agent reads its configuration and records its heartbeat.
-#[allow(async_fn_in_trait)]
-pub trait Source {
-    fn connected(&self) -> bool;
-    /// Connects and registers this host: with `weight` given, sets it if the
-    /// stored one differs; returns the weight in force (`default_weight` for
-    /// a new host without `weight`).
-    async fn connect(
-        &mut self,
-        host_id: &str,
-        weight: Option<u32>,
-        default_weight: u32,
-    ) -> Result<u32, StoreError>;
-    /// Records the heartbeat (and the applied version and time, if any) and
-    /// counter samples; returns every host.
-    async fn heartbeat(
-        &mut self,
-        host_id: &str,
-        weight: u32,
-        now: u64,
-        applied: Option<(u64, u64)>,
-        counters: &[CounterSample],
-    ) -> Result<Vec<HostRecord>, StoreError>;
-    /// Records that `version` was applied at `at`.
-    async fn applied(
-        &mut self,
-        host_id: &str,
-        weight: u32,
-        at: u64,
-        version: u64,
-    ) -> Result<(), StoreError>;
-    /// The current config version (cheap).
-    async fn version(&mut self) -> Result<u64, StoreError>;
-    /// The full configuration with its version.
-    async fn snapshot(&mut self) -> Result<Snapshot, StoreError>;
-    /// Forgets the connection; the next tick connects again.
-    fn disconnect(&mut self);
-    /// Resolves when the configuration may have changed; a polled source
-    /// never resolves (the agent polls `version` every `poll`).
-    async fn changed(&self);
-}
-
-/// The store itself as the agent's [`Source`] (polled).
-pub struct StoreSource {
-    url: String,
-    timeout: Duration,
-    store: Option<Store>,
-}
-
-impl StoreSource {
-    pub fn new(url: &str, timeout: Duration) -> StoreSource {
-        StoreSource {
-            url: url.to_string(),
-            timeout,
-            store: None,
-        }
-    }
-
-    fn store(&self) -> Result<&Store, StoreError> {
-        self.store
-            .as_ref()
-            .ok_or_else(|| StoreError::Url("not connected".into()))
-    }
-}
-
-impl Source for StoreSource {
-    fn connected(&self) -> bool {
-        self.store.is_some()
-    }
-
-    async fn connect(
-        &mut self,
-        host_id: &str,
-        weight: Option<u32>,
-        default_weight: u32,
-    ) -> Result<u32, StoreError> {
-        let store = Store::open_with_timeout(&self.url, self.timeout).await?;
-        let hosts = store.hosts().await?;
-        let w = match (hosts.iter().find(|h| h.host_id == host_id), weight) {
-            (Some(me), Some(w)) if me.weight != w => {
-                store.set_weight(host_id, w, "agent").await?;
-                w
-            }
-            (Some(me), None) => me.weight.max(1),
-            (Some(_), Some(w)) => w,
-            (None, w) => {
-                let w = w.unwrap_or(default_weight);
-                store.heartbeat(host_id, w, now_ms(), None).await?;
-                w
-            }
-        };
-        self.store = Some(store);
-        Ok(w)
-    }
-
-    async fn heartbeat(
-        &mut self,
-        host_id: &str,
-        weight: u32,
-        now: u64,
-        applied: Option<(u64, u64)>,
-        counters: &[CounterSample],
-    ) -> Result<Vec<HostRecord>, StoreError> {
-        let store = self.store()?;
-        store.heartbeat(host_id, weight, now, applied).await?;
-        if !counters.is_empty() {
-            store.add_samples(host_id, now, counters).await?;
-        }
-        store.hosts().await
-    }
-
-    async fn applied(
-        &mut self,
-        host_id: &str,
-        weight: u32,
-        at: u64,
-        version: u64,
-    ) -> Result<(), StoreError> {
-        self.store()?
-            .heartbeat(host_id, weight, at, Some((version, at)))
-            .await
-    }
-
-    async fn version(&mut self) -> Result<u64, StoreError> {
-        self.store()?.version().await
-    }
-
-    async fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
-        self.store()?.snapshot().await
-    }
-
-    fn disconnect(&mut self) {
-        if let Some(s) = self.store.take() {
-            tokio::spawn(s.close());
-        }
-    }
-
-    async fn changed(&self) {
-        std::future::pending::<()>().await
     }
 }
 
@@ -214,10 +76,10 @@ struct Applied {
     at_ms: u64,
 }
 
-pub struct Agent<S: Sink, R: Source> {
+pub struct Agent<S: Sink> {
     opts: AgentOptions,
     sink: S,
-    source: R,
+    source: Source,
     healthy: Option<bool>,
     applied: Option<Applied>,
     /// Version and share a publish was refused for: not retried until they change.
@@ -233,8 +95,8 @@ pub struct Agent<S: Sink, R: Source> {
     moving: HashSet<u32>,
 }
 
-impl<S: Sink, R: Source> Agent<S, R> {
-    pub fn new(opts: AgentOptions, sink: S, source: R) -> Agent<S, R> {
+impl<S: Sink> Agent<S> {
+    pub fn new(opts: AgentOptions, sink: S, source: Source) -> Agent<S> {
         Agent {
             my_weight: opts.weight.unwrap_or(1),
             opts,
@@ -446,7 +308,9 @@ pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::record::StrategyRecord;
+    use crate::client::Target;
+    use crate::store::record::StrategyRecord;
+    use crate::store::Store;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     #[derive(Default)]
@@ -504,7 +368,7 @@ mod tests {
         let mut agent = Agent::new(
             opts(&url, "h1"),
             Recorder::default(),
-            StoreSource::new(&url, Duration::from_secs(1)),
+            Source::new(Target::Store(url.clone()), Duration::from_secs(1)).unwrap(),
         );
         agent.tick().await.unwrap();
         assert_eq!(agent.sink().published.len(), 1);

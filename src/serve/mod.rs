@@ -7,27 +7,34 @@
 //! waiting long-poll through a watch channel (changes made by this instance
 //! are announced at once).
 
-pub mod api;
+pub mod audit;
 pub mod auth;
-pub mod client;
+pub mod blacklist;
+pub mod body;
+pub mod error;
+pub mod hosts;
 pub mod openapi;
-pub mod source;
+pub mod snapshot;
+pub mod stats;
+pub mod strategies;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
 use axum::Router;
-use clap::Args;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::record::parse_duration_ms;
-use super::store::{redact_url, Store};
-use auth::Tokens;
+use crate::store::{redact_url, Store};
+use auth::{ReadToken, Tokens};
+use body::{json_response, ok};
+use error::{ApiError, ApiResult};
+use serde_json::json;
 
 include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 
@@ -38,29 +45,18 @@ pub const IMPORT_BODY_LIMIT: usize = 64 << 20;
 /// Longest hold of `GET /api/v1/snapshot?after=V`.
 pub const LONG_POLL: Duration = Duration::from_secs(30);
 
-#[derive(Args, Debug)]
-pub struct ServeArgs {
-    /// Address to listen on (port 0: any free port; the address is printed).
-    #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
-    listen: String,
-    /// File holding the admin token; created (mode 0600) with a random token
-    /// if missing. Default: admin.token next to an SQLite store, else
-    /// /var/lib/rate-ctl/admin.token. Env RATE_CTL_ADMIN_TOKEN overrides.
-    #[arg(long, value_name = "FILE")]
-    admin_token_file: Option<PathBuf>,
-    /// File holding a read-only token (GET endpoints). Env RATE_CTL_READ_TOKEN.
-    #[arg(long, value_name = "FILE")]
-    read_token_file: Option<PathBuf>,
-    /// File holding the agents' token (snapshot and report only).
-    /// Env RATE_CTL_AGENT_TOKEN.
-    #[arg(long, value_name = "FILE")]
-    agent_token_file: Option<PathBuf>,
+/// What `rate-ctl serve` is started with (the command line's `serve`
+/// arguments).
+pub struct ServeOptions {
+    /// Address to listen on (port 0: any free port).
+    pub listen: String,
+    /// The admin token's file; `None`: next to an SQLite store, else in
+    /// /var/lib/rate-ctl.
+    pub admin_token_file: Option<PathBuf>,
+    pub read_token_file: Option<PathBuf>,
+    pub agent_token_file: Option<PathBuf>,
     /// A host counts as fresh while its heartbeat is at most this old.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration_ms)]
-    freshness: u64,
-    /// Print the API routes (METHOD PATH per line) and exit.
-    #[arg(long, hide = true)]
-    list_routes: bool,
+    pub freshness_ms: u64,
 }
 
 /// What every handler sees.
@@ -88,14 +84,16 @@ impl AppState {
 
 pub type Shared = Arc<AppState>;
 
-/// The router and the list of API routes it serves (method, path).
-struct Routes {
+/// A router and the list of API routes it serves (method, path); each
+/// resource module has one (`router()`), merged here in listing order.
+#[derive(Default)]
+pub struct Routes {
     router: Router<Shared>,
     list: Vec<(&'static str, &'static str)>,
 }
 
 impl Routes {
-    fn add(
+    pub fn add(
         mut self,
         path: &'static str,
         methods: &[&'static str],
@@ -107,50 +105,43 @@ impl Routes {
         self.router = self.router.route(path, h);
         self
     }
+
+    fn merge(mut self, other: Routes) -> Routes {
+        self.list.extend(other.list);
+        self.router = self.router.merge(other.router);
+        self
+    }
 }
 
 fn routes() -> Routes {
-    use api::*;
-    use axum::routing::{delete, post, put};
-    Routes {
-        router: Router::new(),
-        list: Vec::new(),
+    Routes::default()
+        .add("/api/v1/health", &["GET"], get(health))
+        .add("/api/v1/version", &["GET"], get(version))
+        .merge(strategies::router())
+        .merge(blacklist::router())
+        .merge(hosts::router())
+        .merge(audit::router())
+        .merge(snapshot::router())
+        .merge(stats::router())
+        .add("/api/v1/openapi.json", &["GET"], get(openapi_doc))
+}
+
+async fn health(State(st): State<Shared>) -> Response {
+    match st.store.version().await {
+        Ok(v) => json_response(StatusCode::OK, json!({"ok": true, "version": v})),
+        Err(e) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"ok": false, "error": {"field": null, "message": e.to_string()}}),
+        ),
     }
-    .add("/api/v1/health", &["GET"], get(health))
-    .add("/api/v1/version", &["GET"], get(version))
-    .add(
-        "/api/v1/strategies",
-        &["GET", "POST"],
-        get(list_strategies).post(create_strategy),
-    )
-    .add(
-        "/api/v1/strategies/import",
-        &["POST"],
-        // 10,000 strategies of JSON lines are about 2.5 MB, more than
-        // axum's default limit.
-        post(import_strategies).layer(axum::extract::DefaultBodyLimit::max(IMPORT_BODY_LIMIT)),
-    )
-    .add(
-        "/api/v1/strategies/{id}",
-        &["GET", "PUT", "PATCH", "DELETE"],
-        get(get_strategy)
-            .put(put_strategy)
-            .patch(patch_strategy)
-            .delete(delete_strategy),
-    )
-    .add(
-        "/api/v1/blacklist",
-        &["GET", "POST"],
-        get(list_blacklist).post(add_blacklist),
-    )
-    .add("/api/v1/blacklist/{id}", &["DELETE"], delete(rm_blacklist))
-    .add("/api/v1/hosts", &["GET"], get(list_hosts))
-    .add("/api/v1/hosts/{host_id}", &["PUT"], put(set_host_weight))
-    .add("/api/v1/hosts/{host_id}/report", &["POST"], post(report))
-    .add("/api/v1/audit", &["GET"], get(audit))
-    .add("/api/v1/snapshot", &["GET"], get(snapshot))
-    .add("/api/v1/stats", &["GET"], get(stats))
-    .add("/api/v1/openapi.json", &["GET"], get(openapi_doc))
+}
+
+async fn openapi_doc() -> Response {
+    json_response(StatusCode::OK, openapi::document())
+}
+
+async fn version(State(st): State<Shared>, _: ReadToken) -> ApiResult {
+    ok(json!({"version": st.store.version().await?}))
 }
 
 /// The API routes (method, path), as served.
@@ -182,7 +173,7 @@ async fn page_index() -> Response {
 async fn page_asset(axum::extract::Path(name): axum::extract::Path<String>) -> Response {
     match asset(&name) {
         Some(r) => r,
-        None => api::ApiError::not_found(format!("no such page asset {name:?}")).into_response(),
+        None => ApiError::not_found(format!("no such page asset {name:?}")).into_response(),
     }
 }
 
@@ -191,8 +182,8 @@ pub fn router(state: Shared) -> Router {
         .router
         .route("/", get(page_index))
         .route("/{file}", get(page_asset))
-        .fallback(api::no_route)
-        .method_not_allowed_fallback(api::method_not_allowed)
+        .fallback(error::no_route)
+        .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)
 }
 
@@ -237,13 +228,7 @@ fn spawn_version_poller(state: &Shared) {
     });
 }
 
-pub async fn run(store_url: &str, a: ServeArgs) -> Result<(), String> {
-    if a.list_routes {
-        for (m, p) in api_routes() {
-            println!("{m} {p}");
-        }
-        return Ok(());
-    }
+pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), String> {
     let token_path = a
         .admin_token_file
         .clone()
@@ -263,7 +248,7 @@ pub async fn run(store_url: &str, a: ServeArgs) -> Result<(), String> {
         tokens,
         version: rx,
         version_tx: tx,
-        freshness_ms: a.freshness,
+        freshness_ms: a.freshness_ms,
     });
     spawn_version_poller(&state);
     let listener = tokio::net::TcpListener::bind(&a.listen)
@@ -290,7 +275,7 @@ pub async fn run(store_url: &str, a: ServeArgs) -> Result<(), String> {
         let _ = o.flush();
     }
     info!(%addr, store = %redact_url(store_url), version = v, "serving");
-    let shutdown = super::agent::shutdown_signal()
+    let shutdown = crate::agent::shutdown_signal()
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     // Long-polls would hold a graceful shutdown for up to 30 s: stop at once
     // instead (nothing is lost: every change is one committed transaction).

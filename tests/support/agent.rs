@@ -49,7 +49,7 @@ impl AgentProc {
         ];
         args.extend_from_slice(SMALL_CAPS);
         args.extend_from_slice(extra);
-        let child = crate::common::command()
+        let child = crate::cli::command()
             .args(&args)
             .stdout(Stdio::null())
             .stderr(logf)

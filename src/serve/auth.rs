@@ -1,13 +1,19 @@
 //! Bearer tokens: admin (everything), read (GET endpoints), agent
-//! (snapshot and report). Compared in constant time.
+//! (snapshot and report). Compared in constant time. A handler states the
+//! tokens it accepts by taking an extractor ([`AdminToken`], [`ReadToken`],
+//! [`AgentToken`], [`SnapshotToken`]), which answers 401/403 before the
+//! handler runs.
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 
-use super::api::ApiError;
+use super::error::ApiError;
+use super::Shared;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -17,6 +23,15 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// This kind's bit in an extractor's set of allowed kinds.
+    const fn bit(self) -> u8 {
+        match self {
+            Kind::Admin => ADMIN,
+            Kind::Read => READ,
+            Kind::Agent => AGENT,
+        }
+    }
+
     /// The name recorded in the audit log.
     pub fn name(self) -> &'static str {
         match self {
@@ -24,6 +39,31 @@ impl Kind {
             Kind::Read => "read",
             Kind::Agent => "agent",
         }
+    }
+}
+
+const ADMIN: u8 = 1;
+const READ: u8 = 2;
+const AGENT: u8 = 4;
+
+/// A request's valid bearer token whose kind is in the set `ALLOWED` (bits
+/// of [`Kind`]); 401 without a valid token, 403 for another kind.
+pub struct Token<const ALLOWED: u8>(pub Kind);
+
+/// Changes: the admin token only.
+pub type AdminToken = Token<ADMIN>;
+/// Reads: the admin or the read token.
+pub type ReadToken = Token<{ ADMIN | READ }>;
+/// Host reports: the admin or the agent token.
+pub type AgentToken = Token<{ ADMIN | AGENT }>;
+/// The snapshot long-poll: any token.
+pub type SnapshotToken = Token<{ ADMIN | READ | AGENT }>;
+
+impl<const ALLOWED: u8> FromRequestParts<Shared> for Token<ALLOWED> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &Shared) -> Result<Self, ApiError> {
+        st.tokens.check(&parts.headers, ALLOWED).map(Token)
     }
 }
 
@@ -150,7 +190,7 @@ impl Tokens {
     }
 
     /// 401 without a valid token, 403 if its kind is not in `allowed`.
-    pub fn check(&self, headers: &HeaderMap, allowed: &[Kind]) -> Result<Kind, ApiError> {
+    fn check(&self, headers: &HeaderMap, allowed: u8) -> Result<Kind, ApiError> {
         let value = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -168,7 +208,7 @@ impl Tokens {
         let kind = self
             .kind(token.as_bytes())
             .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
-        if !allowed.contains(&kind) {
+        if allowed & kind.bit() == 0 {
             return Err(ApiError::forbidden(format!(
                 "the {} token may not use this endpoint",
                 kind.name()

@@ -290,143 +290,6 @@ impl StrategyRecord {
     }
 }
 
-/// The REST API's JSON for a strategy (docs/API.md): the record's fields
-/// with `created_at`/`updated_at` and explicit nulls for absent parameters.
-pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
-    serde_json::json!({
-        "id": r.id,
-        "name": r.name,
-        "match": r.conditions,
-        "algorithm": r.algorithm.as_str(),
-        "rate": r.rate,
-        "per": r.per.as_str(),
-        "burst": r.burst,
-        "action": r.action.as_str(),
-        "status": r.status,
-        "max_delay_ms": r.max_delay_ms,
-        "enabled": r.enabled,
-        "scope": r.scope.as_str(),
-        "version": r.version,
-        "created_at": r.created_ms,
-        "updated_at": r.updated_ms,
-    })
-}
-
-/// The inverse of [`strategy_api_json`] (not validated).
-pub fn strategy_from_api_json(v: &serde_json::Value) -> Result<StrategyRecord, String> {
-    let mut v = v.clone();
-    let o = v
-        .as_object_mut()
-        .ok_or_else(|| "strategy: not a JSON object".to_string())?;
-    for (from, to) in [("created_at", "created_ms"), ("updated_at", "updated_ms")] {
-        if let Some(x) = o.remove(from) {
-            o.insert(to.into(), x);
-        }
-    }
-    o.retain(|_, x| !x.is_null());
-    serde_json::from_value(v).map_err(|e| format!("strategy: {e}"))
-}
-
-/// Parses one line of an import: the export format (a [`StrategyRecord`]
-/// as `--json` prints it) or the API's strategy JSON (`created_at`,
-/// explicit nulls), so that `GET /api/v1/strategies` items load too. The
-/// error is the export format's (it names the field).
-pub fn parse_strategy_line(line: &str) -> Result<StrategyRecord, String> {
-    match serde_json::from_str::<StrategyRecord>(line) {
-        Ok(r) => Ok(r),
-        Err(e) => serde_json::from_str::<serde_json::Value>(line)
-            .ok()
-            .and_then(|v| strategy_from_api_json(&v).ok())
-            .ok_or_else(|| e.to_string()),
-    }
-}
-
-/// The strategies of an import in JSON lines, each with its 1-based line
-/// number (blank lines skipped, but counted); the first line that is not a
-/// strategy is `Err((line, message))`. One rule for `rate-ctl strategy
-/// import` and `POST /api/v1/strategies/import`, so both name the same line.
-pub fn parse_strategy_lines(text: &str) -> Result<Vec<(usize, StrategyRecord)>, (usize, String)> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            parse_strategy_line(l)
-                .map(|r| (i + 1, r))
-                .map_err(|e| (i + 1, e))
-        })
-        .collect()
-}
-
-/// The REST API's JSON for a blacklist entry.
-pub fn blacklist_api_json(b: &BlacklistRecord) -> serde_json::Value {
-    serde_json::json!({
-        "id": b.id,
-        "dimension": b.dimension,
-        "value": b.value,
-        "expires_at": b.expires_ms,
-        "reason": b.reason,
-        "created_at": b.created_ms,
-    })
-}
-
-/// The inverse of [`blacklist_api_json`] (not validated).
-pub fn blacklist_from_api_json(v: &serde_json::Value) -> Result<BlacklistRecord, String> {
-    let s = |k: &str| v[k].as_str().map(str::to_string);
-    Ok(BlacklistRecord {
-        id: v["id"].as_u64().ok_or("blacklist entry: id missing")?,
-        dimension: s("dimension").ok_or("blacklist entry: dimension missing")?,
-        value: s("value").ok_or("blacklist entry: value missing")?,
-        expires_ms: v["expires_at"].as_u64(),
-        reason: s("reason").unwrap_or_default(),
-        created_ms: v["created_at"].as_u64().unwrap_or(0),
-    })
-}
-
-/// The CLI argument that carries a model field, for error messages.
-pub fn flag_for_field(message: &str) -> &'static str {
-    let field = message.split(':').next().unwrap_or("");
-    match field {
-        f if f.starts_with("conditions") => "--match",
-        "rate" => "--rate",
-        "burst" => "--burst",
-        "per" => "--per",
-        "algorithm" => "--algorithm",
-        "action.status" | "status" => "--status",
-        "action.max_delay_ms" | "max_delay_ms" => "--max-delay-ms",
-        "action" => "--action",
-        "name" => "--name",
-        "scope" => "--scope",
-        "id" => "ID",
-        "dimension" => "--dimension",
-        "value" => "--value",
-        "expires" => "--expires",
-        "reason" => "--reason",
-        "weight" => "--weight",
-        _ => "arguments",
-    }
-}
-
-/// Parses a `--match dimension=value` argument.
-pub fn parse_match(arg: &str) -> Result<(String, String), String> {
-    let (d, v) = arg
-        .split_once('=')
-        .ok_or_else(|| format!("conditions: {arg:?} is not dimension=value"))?;
-    Ok((d.trim().to_string(), v.to_string()))
-}
-
-/// Turns `--match` arguments into the condition map, refusing a dimension
-/// given twice (the map would silently keep one).
-pub fn conditions_from_args(args: &[String]) -> Result<BTreeMap<String, String>, String> {
-    let mut map = BTreeMap::new();
-    for (index, a) in args.iter().enumerate() {
-        let (d, v) = parse_match(a)?;
-        if map.insert(d.clone(), v).is_some() {
-            return Err(ModelError::DuplicateDimension { index, name: d }.to_string());
-        }
-    }
-    Ok(map)
-}
-
 /// One blacklist entry as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlacklistRecord {
@@ -475,47 +338,10 @@ pub struct HostRecord {
     pub applied_ms: Option<u64>,
 }
 
-/// A host of the REST API's host JSON (`GET /api/v1/hosts`, the answer of
-/// a host report): the fields a [`HostRecord`] holds (not validated).
-pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, String> {
-    Ok(HostRecord {
-        host_id: v["host_id"]
-            .as_str()
-            .ok_or("host: host_id missing")?
-            .to_string(),
-        weight: v["weight"]
-            .as_u64()
-            .and_then(|w| u32::try_from(w).ok())
-            .ok_or("host: weight missing")?,
-        last_heartbeat_ms: v["last_heartbeat"].as_u64(),
-        applied_version: v["applied_version"].as_u64(),
-        applied_ms: v["applied_at"].as_u64(),
-    })
-}
-
-/// Parses a duration such as `30s`, `10m`, `2h`, `1d` or `500ms`.
-pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s, 10m, 2h, 1d"))?;
-    let mul = match unit {
-        "ms" => 1,
-        "" | "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(format!("{s:?} is not a duration like 30s, 10m, 2h, 1d")),
-    };
-    n.checked_mul(mul)
-        .ok_or_else(|| format!("{s:?} is too long"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::flags::flag_for_field;
 
     fn rec() -> StrategyRecord {
         serde_json::from_str(
@@ -561,42 +387,6 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("algorithm"), "{e}");
-    }
-
-    #[test]
-    fn import_lines_are_numbered_counting_blank_ones() {
-        let good = r#"{"name":"a","algorithm":"fixed_window","rate":1}"#;
-        let recs = parse_strategy_lines(&format!(
-            "{good}\n\n  \n{}\n",
-            good.replace("\"a\"", "\"b\"")
-        ))
-        .unwrap();
-        let lines: Vec<(usize, &str)> = recs.iter().map(|(n, r)| (*n, r.name.as_str())).collect();
-        assert_eq!(lines, [(1, "a"), (4, "b")]);
-        let (line, e) = parse_strategy_lines(&format!("{good}\n\n{{\"name\":1}}\n")).unwrap_err();
-        assert_eq!(line, 3, "{e}");
-    }
-
-    #[test]
-    fn host_api_json_is_read_back() {
-        let h = host_from_api_json(&serde_json::json!({"host_id": "web-1", "weight": 3,
-            "last_heartbeat": 5, "applied_version": 7, "applied_at": null, "lag": 0}))
-        .unwrap();
-        assert_eq!(
-            h,
-            HostRecord {
-                host_id: "web-1".into(),
-                weight: 3,
-                last_heartbeat_ms: Some(5),
-                applied_version: Some(7),
-                applied_ms: None,
-            }
-        );
-        let e = host_from_api_json(&serde_json::json!({"weight": 3})).unwrap_err();
-        assert!(e.contains("host_id"), "{e}");
-        let e = host_from_api_json(&serde_json::json!({"host_id": "a", "weight": 1u64 << 32}))
-            .unwrap_err();
-        assert!(e.contains("weight"), "{e}");
     }
 
     #[test]
@@ -669,22 +459,5 @@ mod tests {
         r.max_delay_ms = Some(500);
         r.status = Some(429);
         assert_eq!(r.validate().unwrap_err(), "status: only for action reject");
-    }
-
-    #[test]
-    fn match_args() {
-        let m = conditions_from_args(&["ip=1.2.3.4".into(), "api=/a=b".into()]).unwrap();
-        assert_eq!(m["api"], "/a=b");
-        let e = conditions_from_args(&["ip=1".into(), "ip=2".into()]).unwrap_err();
-        assert!(e.starts_with("conditions[1].dimension"), "{e}");
-        assert!(parse_match("novalue").is_err());
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration_ms("30").unwrap(), 30_000);
-        assert_eq!(parse_duration_ms("10m").unwrap(), 600_000);
-        assert_eq!(parse_duration_ms("250ms").unwrap(), 250);
-        assert!(parse_duration_ms("1w").is_err());
     }
 }

@@ -12,7 +12,7 @@
 
 use rate_ctl::core::model::{Algorithm, Strategy};
 
-use super::record::{HostRecord, Scope, StrategyRecord};
+use crate::store::record::{HostRecord, Scope, StrategyRecord};
 
 /// This host's weight and the fleet's total (including this host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,6 +5,7 @@
 //! `config_version` row, so agents detect any change by polling that row,
 //! and (on SQLite) the write lock is taken before anything is read.
 
+pub mod record;
 pub mod schema;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -14,9 +15,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Row, Transaction};
 
-use super::record::{
-    blacklist_api_json, strategy_api_json, BlacklistRecord, HostRecord, StrategyRecord,
-};
+// The audit log records entries in the API's JSON.
+use crate::client::wire::{blacklist_api_json, strategy_api_json};
+use record::{BlacklistRecord, HostRecord, StrategyRecord};
 use schema::{Dialect, CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 
 /// Default store when `--store` is not given.

@@ -1,24 +1,32 @@
-//! Where the config commands (`strategy`, `blacklist`, `host`) read and
-//! write: the store itself (`--store URL`) or a running `rate-ctl serve`
-//! (`--api URL --token T`). Each command is written once against
-//! [`Backend`]; both variants answer with the store's types and errors, so
-//! output, messages and exit codes are the same either way.
+//! The one store-or-API abstraction: where the config commands
+//! (`strategy`, `blacklist`, `host`) and the agent read and write — the
+//! store itself (`--store URL`) or a running `rate-ctl serve` (`--api URL
+//! --token T`, or the agent's `--store http://…`). Each command is written
+//! once against [`Backend`]; both variants answer with the store's types
+//! and errors, so output, messages and exit codes are the same either way.
+//! [`http`] is the HTTP client, [`wire`] the API's JSON shared with `serve`.
+
+pub mod http;
+pub mod wire;
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::record::{
+use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
+use crate::store::{BadRow, Store, StoreError};
+use http::{percent_encode, Answer, Client};
+use wire::{
     blacklist_api_json, blacklist_from_api_json, host_from_api_json, strategy_api_json,
-    strategy_from_api_json, BlacklistRecord, HostRecord, StrategyRecord,
+    strategy_from_api_json,
 };
-use super::serve::client::{percent_encode, Answer, Client};
-use super::store::{BadRow, Store, StoreError};
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Who the store's audit log names for a change made with `--store`.
 const CLI: &str = "cli";
+/// Longest wait for a store connection.
+const STORE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for an ordinary API call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait for an import (10,000 strategies take a few seconds).
@@ -47,8 +55,15 @@ impl Backend {
     /// Opens the store (creating and migrating an SQLite file) or prepares
     /// the API client (nothing is sent until the first call).
     pub async fn open(target: &Target) -> Result<Backend> {
+        Backend::open_with_timeout(target, STORE_TIMEOUT).await
+    }
+
+    /// [`Backend::open`] with the longest wait for a store connection.
+    pub async fn open_with_timeout(target: &Target, timeout: Duration) -> Result<Backend> {
         match target {
-            Target::Store(url) => Store::open(url).await.map(Backend::Store),
+            Target::Store(url) => Store::open_with_timeout(url, timeout)
+                .await
+                .map(Backend::Store),
             Target::Api { url, token } => {
                 let client = Client::new(url, token.clone()).map_err(StoreError::Url)?;
                 Ok(Backend::Api(Api {
@@ -248,6 +263,11 @@ impl Backend {
 }
 
 impl Api {
+    /// The HTTP client (the agent's reports and long-poll).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// One JSON call; a refusal becomes the store error of the same kind.
     async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
         let answer = self

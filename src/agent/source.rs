@@ -1,0 +1,356 @@
+//! Where the agent reads its configuration and records its heartbeat: the
+//! same [`Backend`] the config commands use — the store itself (polled) or
+//! `rate-ctl serve` over HTTP (`--store http://HOST:PORT --token T`, so that
+//! an nginx host needs no database driver or credentials).
+//!
+//! Over HTTP a background task long-polls `GET /api/v1/snapshot?after=V`
+//! and keeps the newest snapshot; [`Source::changed`] wakes the agent as
+//! soon as one arrives. Heartbeats, applied versions and counters go to
+//! `POST /api/v1/hosts/{id}/report`, whose answer carries the hosts (for
+//! the cluster-rate split).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::client::http::{percent_encode, Answer, Client};
+use crate::client::wire::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
+use crate::client::{Backend, Target};
+use crate::store::record::HostRecord;
+use crate::store::{now_ms, BadRow, CounterSample, Snapshot, Store, StoreError};
+
+/// Longest a long-poll may take before the client gives up on it (the
+/// server answers within 30 s).
+const LONG_POLL_TIMEOUT: Duration = Duration::from_secs(40);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The long-poll's results, shared with its task.
+#[derive(Default)]
+struct Latest {
+    snapshot: Mutex<Option<Snapshot>>,
+    /// The long-poll's last failure, until it succeeds again.
+    error: Mutex<Option<String>>,
+    notify: Notify,
+}
+
+/// The agent's connection to its [`Target`]; connects lazily and again
+/// after [`Source::disconnect`].
+pub struct Source {
+    target: Target,
+    /// How long the store may take to hand out a connection.
+    timeout: Duration,
+    backend: Option<Backend>,
+    latest: Arc<Latest>,
+    poller: Option<JoinHandle<()>>,
+}
+
+impl Source {
+    /// A source for `target`; an API URL that cannot be used is refused
+    /// here (`StoreError::Url`), before anything is sent.
+    pub fn new(target: Target, timeout: Duration) -> Result<Source, StoreError> {
+        if let Target::Api { url, token } = &target {
+            Client::new(url, token.clone()).map_err(StoreError::Url)?;
+        }
+        Ok(Source {
+            target,
+            timeout,
+            backend: None,
+            latest: Arc::default(),
+            poller: None,
+        })
+    }
+
+    pub fn connected(&self) -> bool {
+        self.backend.is_some()
+    }
+
+    fn backend(&self) -> Result<&Backend, StoreError> {
+        self.backend
+            .as_ref()
+            .ok_or_else(|| StoreError::Url("not connected".into()))
+    }
+
+    /// Connects and registers this host: with `weight` given, sets it if the
+    /// stored one differs; returns the weight in force (`default_weight` for
+    /// a new host without `weight`).
+    pub async fn connect(
+        &mut self,
+        host_id: &str,
+        weight: Option<u32>,
+        default_weight: u32,
+    ) -> Result<u32, StoreError> {
+        let backend = Backend::open_with_timeout(&self.target, self.timeout).await?;
+        let w = match &backend {
+            Backend::Store(store) => register(store, host_id, weight, default_weight).await?,
+            Backend::Api(api) => {
+                let client = api.client();
+                let mut body = json!({"counters": []});
+                if let Some(w) = weight {
+                    body["weight"] = json!(w);
+                }
+                let answer = report(client, host_id, body).await?;
+                let w = hosts_from(&answer)
+                    .iter()
+                    .find(|h| h.host_id == host_id)
+                    .map(|h| h.weight.max(1))
+                    .unwrap_or(weight.unwrap_or(default_weight));
+                let first = client
+                    .request("GET", "/api/v1/snapshot?after=0", None, REQUEST_TIMEOUT)
+                    .await
+                    .map_err(StoreError::Http)?;
+                let snap = snapshot_from(&ok_body(first, "snapshot")?)?;
+                let after = snap.version;
+                *self.latest.snapshot.lock().expect("not poisoned") = Some(snap);
+                *self.latest.error.lock().expect("not poisoned") = None;
+                self.poller = Some(tokio::spawn(long_poll(
+                    client.clone(),
+                    self.latest.clone(),
+                    after,
+                )));
+                w
+            }
+        };
+        self.backend = Some(backend);
+        Ok(w)
+    }
+
+    /// Records the heartbeat (and the applied version and time, if any) and
+    /// counter samples; returns every host.
+    pub async fn heartbeat(
+        &mut self,
+        host_id: &str,
+        weight: u32,
+        now: u64,
+        applied: Option<(u64, u64)>,
+        counters: &[CounterSample],
+    ) -> Result<Vec<HostRecord>, StoreError> {
+        match self.backend()? {
+            Backend::Store(store) => {
+                store.heartbeat(host_id, weight, now, applied).await?;
+                if !counters.is_empty() {
+                    store.add_samples(host_id, now, counters).await?;
+                }
+                store.hosts().await
+            }
+            Backend::Api(api) => {
+                let counters: Vec<Value> = counters
+                    .iter()
+                    .map(|c| json!({"id": c.id, "passed": c.passed, "limited": c.limited, "delayed": c.delayed}))
+                    .collect();
+                let body = json!({"applied_version": applied.map(|a| a.0), "counters": counters});
+                Ok(hosts_from(&report(api.client(), host_id, body).await?))
+            }
+        }
+    }
+
+    /// Records that `version` was applied at `at`.
+    pub async fn applied(
+        &mut self,
+        host_id: &str,
+        weight: u32,
+        at: u64,
+        version: u64,
+    ) -> Result<(), StoreError> {
+        match self.backend()? {
+            Backend::Store(store) => {
+                store
+                    .heartbeat(host_id, weight, at, Some((version, at)))
+                    .await
+            }
+            Backend::Api(api) => report(
+                api.client(),
+                host_id,
+                json!({"applied_version": version, "counters": []}),
+            )
+            .await
+            .map(|_| ()),
+        }
+    }
+
+    /// The current config version (cheap).
+    pub async fn version(&mut self) -> Result<u64, StoreError> {
+        match self.backend()? {
+            Backend::Store(store) => store.version().await,
+            Backend::Api(_) => {
+                if let Some(e) = self.latest.error.lock().expect("not poisoned").clone() {
+                    return Err(StoreError::Http(e));
+                }
+                self.latest
+                    .snapshot
+                    .lock()
+                    .expect("not poisoned")
+                    .as_ref()
+                    .map(|s| s.version)
+                    .ok_or_else(|| StoreError::Http("no snapshot yet".into()))
+            }
+        }
+    }
+
+    /// The full configuration with its version.
+    pub async fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
+        match self.backend()? {
+            Backend::Store(store) => store.snapshot().await,
+            Backend::Api(_) => self
+                .latest
+                .snapshot
+                .lock()
+                .expect("not poisoned")
+                .clone()
+                .ok_or_else(|| StoreError::Http("no snapshot yet".into())),
+        }
+    }
+
+    /// Forgets the connection; the next tick connects again.
+    pub fn disconnect(&mut self) {
+        if let Some(p) = self.poller.take() {
+            p.abort();
+        }
+        if let Some(Backend::Store(s)) = self.backend.take() {
+            tokio::spawn(s.close());
+        }
+    }
+
+    /// Resolves when the configuration may have changed; the store is
+    /// polled, so then this never resolves (the agent polls `version`
+    /// every `poll`).
+    pub async fn changed(&self) {
+        match self.target {
+            Target::Store(_) => std::future::pending::<()>().await,
+            Target::Api { .. } => self.latest.notify.notified().await,
+        }
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        if let Some(p) = self.poller.take() {
+            p.abort();
+        }
+    }
+}
+
+/// Registers `host_id` in the store (see [`Source::connect`]).
+async fn register(
+    store: &Store,
+    host_id: &str,
+    weight: Option<u32>,
+    default_weight: u32,
+) -> Result<u32, StoreError> {
+    let hosts = store.hosts().await?;
+    let w = match (hosts.iter().find(|h| h.host_id == host_id), weight) {
+        (Some(me), Some(w)) if me.weight != w => {
+            store.set_weight(host_id, w, "agent").await?;
+            w
+        }
+        (Some(me), None) => me.weight.max(1),
+        (Some(_), Some(w)) => w,
+        (None, w) => {
+            let w = w.unwrap_or(default_weight);
+            store.heartbeat(host_id, w, now_ms(), None).await?;
+            w
+        }
+    };
+    Ok(w)
+}
+
+/// `POST /api/v1/hosts/{id}/report`.
+async fn report(client: &Client, host_id: &str, body: Value) -> Result<Value, StoreError> {
+    let path = format!("/api/v1/hosts/{}/report", percent_encode(host_id));
+    let a = client
+        .request("POST", &path, Some(&body), REQUEST_TIMEOUT)
+        .await
+        .map_err(StoreError::Http)?;
+    ok_body(a, "report")
+}
+
+/// Long-polls the snapshot after `after` until aborted, keeping the
+/// newest in `latest` and waking the agent.
+async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
+    loop {
+        let path = format!("/api/v1/snapshot?after={after}");
+        let r = client
+            .request("GET", &path, None, LONG_POLL_TIMEOUT)
+            .await
+            .map_err(StoreError::Http)
+            .and_then(|a| ok_body(a, "snapshot"))
+            .and_then(|v| {
+                let changed = v["changed"].as_bool().unwrap_or(true);
+                Ok(if changed {
+                    Some(snapshot_from(&v)?)
+                } else {
+                    None
+                })
+            });
+        match r {
+            Ok(s) => {
+                *latest.error.lock().expect("not poisoned") = None;
+                if let Some(s) = s {
+                    after = s.version;
+                    *latest.snapshot.lock().expect("not poisoned") = Some(s);
+                    latest.notify.notify_one();
+                }
+            }
+            Err(e) => {
+                *latest.error.lock().expect("not poisoned") = Some(e.to_string());
+                latest.notify.notify_one();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+fn ok_body(a: Answer, what: &str) -> Result<Value, StoreError> {
+    if (200..300).contains(&a.status) {
+        Ok(a.body)
+    } else {
+        Err(StoreError::Http(format!(
+            "{what}: HTTP {}: {}",
+            a.status,
+            a.error_message()
+        )))
+    }
+}
+
+/// The hosts of a report answer; an entry that is not a host is skipped.
+fn hosts_from(v: &Value) -> Vec<HostRecord> {
+    v["hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| host_from_api_json(h).ok())
+        .collect()
+}
+
+/// A snapshot answer → the store's [`Snapshot`]; strategies are validated
+/// again (one implementation: [`crate::store::record::StrategyRecord::validate`]).
+fn snapshot_from(v: &Value) -> Result<Snapshot, StoreError> {
+    let version = v["version"]
+        .as_u64()
+        .ok_or_else(|| StoreError::Http("snapshot: no version".into()))?;
+    let mut strategies = Vec::new();
+    let mut bad_rows = Vec::new();
+    for s in v["strategies"].as_array().into_iter().flatten() {
+        let id = s["id"].as_i64().unwrap_or(-1);
+        match strategy_from_api_json(s).and_then(|mut r| r.validate().map(|()| r)) {
+            Ok(r) => strategies.push(r),
+            Err(reason) => bad_rows.push(BadRow { id, reason }),
+        }
+    }
+    let mut blacklist = Vec::new();
+    for b in v["blacklist"].as_array().into_iter().flatten() {
+        if let Ok(mut r) = blacklist_from_api_json(b) {
+            if r.validate().is_ok() {
+                blacklist.push(r);
+            }
+        }
+    }
+    Ok(Snapshot {
+        version,
+        strategies,
+        bad_rows,
+        blacklist,
+    })
+}

@@ -1,0 +1,157 @@
+//! The REST API's JSON for strategies, blacklist entries and hosts
+//! (docs/API.md), both ways, shared by `serve` and the client; and the
+//! import format (JSON lines) read by `rate-ctl strategy import` and
+//! `POST /api/v1/strategies/import` alike.
+
+use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
+
+/// The REST API's JSON for a strategy (docs/API.md): the record's fields
+/// with `created_at`/`updated_at` and explicit nulls for absent parameters.
+pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id,
+        "name": r.name,
+        "match": r.conditions,
+        "algorithm": r.algorithm.as_str(),
+        "rate": r.rate,
+        "per": r.per.as_str(),
+        "burst": r.burst,
+        "action": r.action.as_str(),
+        "status": r.status,
+        "max_delay_ms": r.max_delay_ms,
+        "enabled": r.enabled,
+        "scope": r.scope.as_str(),
+        "version": r.version,
+        "created_at": r.created_ms,
+        "updated_at": r.updated_ms,
+    })
+}
+
+/// The inverse of [`strategy_api_json`] (not validated).
+pub fn strategy_from_api_json(v: &serde_json::Value) -> Result<StrategyRecord, String> {
+    let mut v = v.clone();
+    let o = v
+        .as_object_mut()
+        .ok_or_else(|| "strategy: not a JSON object".to_string())?;
+    for (from, to) in [("created_at", "created_ms"), ("updated_at", "updated_ms")] {
+        if let Some(x) = o.remove(from) {
+            o.insert(to.into(), x);
+        }
+    }
+    o.retain(|_, x| !x.is_null());
+    serde_json::from_value(v).map_err(|e| format!("strategy: {e}"))
+}
+
+/// Parses one line of an import: the export format (a [`StrategyRecord`]
+/// as `--json` prints it) or the API's strategy JSON (`created_at`,
+/// explicit nulls), so that `GET /api/v1/strategies` items load too. The
+/// error is the export format's (it names the field).
+pub fn parse_strategy_line(line: &str) -> Result<StrategyRecord, String> {
+    match serde_json::from_str::<StrategyRecord>(line) {
+        Ok(r) => Ok(r),
+        Err(e) => serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| strategy_from_api_json(&v).ok())
+            .ok_or_else(|| e.to_string()),
+    }
+}
+
+/// The strategies of an import in JSON lines, each with its 1-based line
+/// number (blank lines skipped, but counted); the first line that is not a
+/// strategy is `Err((line, message))`. One rule for `rate-ctl strategy
+/// import` and `POST /api/v1/strategies/import`, so both name the same line.
+pub fn parse_strategy_lines(text: &str) -> Result<Vec<(usize, StrategyRecord)>, (usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            parse_strategy_line(l)
+                .map(|r| (i + 1, r))
+                .map_err(|e| (i + 1, e))
+        })
+        .collect()
+}
+
+/// The REST API's JSON for a blacklist entry.
+pub fn blacklist_api_json(b: &BlacklistRecord) -> serde_json::Value {
+    serde_json::json!({
+        "id": b.id,
+        "dimension": b.dimension,
+        "value": b.value,
+        "expires_at": b.expires_ms,
+        "reason": b.reason,
+        "created_at": b.created_ms,
+    })
+}
+
+/// The inverse of [`blacklist_api_json`] (not validated).
+pub fn blacklist_from_api_json(v: &serde_json::Value) -> Result<BlacklistRecord, String> {
+    let s = |k: &str| v[k].as_str().map(str::to_string);
+    Ok(BlacklistRecord {
+        id: v["id"].as_u64().ok_or("blacklist entry: id missing")?,
+        dimension: s("dimension").ok_or("blacklist entry: dimension missing")?,
+        value: s("value").ok_or("blacklist entry: value missing")?,
+        expires_ms: v["expires_at"].as_u64(),
+        reason: s("reason").unwrap_or_default(),
+        created_ms: v["created_at"].as_u64().unwrap_or(0),
+    })
+}
+
+/// A host of the REST API's host JSON (`GET /api/v1/hosts`, the answer of
+/// a host report): the fields a [`HostRecord`] holds (not validated).
+pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, String> {
+    Ok(HostRecord {
+        host_id: v["host_id"]
+            .as_str()
+            .ok_or("host: host_id missing")?
+            .to_string(),
+        weight: v["weight"]
+            .as_u64()
+            .and_then(|w| u32::try_from(w).ok())
+            .ok_or("host: weight missing")?,
+        last_heartbeat_ms: v["last_heartbeat"].as_u64(),
+        applied_version: v["applied_version"].as_u64(),
+        applied_ms: v["applied_at"].as_u64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn import_lines_are_numbered_counting_blank_ones() {
+        let good = r#"{"name":"a","algorithm":"fixed_window","rate":1}"#;
+        let recs = parse_strategy_lines(&format!(
+            "{good}\n\n  \n{}\n",
+            good.replace("\"a\"", "\"b\"")
+        ))
+        .unwrap();
+        let lines: Vec<(usize, &str)> = recs.iter().map(|(n, r)| (*n, r.name.as_str())).collect();
+        assert_eq!(lines, [(1, "a"), (4, "b")]);
+        let (line, e) = parse_strategy_lines(&format!("{good}\n\n{{\"name\":1}}\n")).unwrap_err();
+        assert_eq!(line, 3, "{e}");
+    }
+
+    #[test]
+    fn host_api_json_is_read_back() {
+        let h = host_from_api_json(&serde_json::json!({"host_id": "web-1", "weight": 3,
+            "last_heartbeat": 5, "applied_version": 7, "applied_at": null, "lag": 0}))
+        .unwrap();
+        assert_eq!(
+            h,
+            HostRecord {
+                host_id: "web-1".into(),
+                weight: 3,
+                last_heartbeat_ms: Some(5),
+                applied_version: Some(7),
+                applied_ms: None,
+            }
+        );
+        let e = host_from_api_json(&serde_json::json!({"weight": 3})).unwrap_err();
+        assert!(e.contains("host_id"), "{e}");
+        let e = host_from_api_json(&serde_json::json!({"host_id": "a", "weight": 1u64 << 32}))
+            .unwrap_err();
+        assert!(e.contains("weight"), "{e}");
+    }
+}

@@ -1,0 +1,115 @@
+//! `/api/v1/hosts`: the hosts with their freshness and lag, weights, and
+//! the agents' reports (heartbeat, applied version, counters).
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::routing::{get, post, put};
+use serde_json::{json, Value};
+
+use super::auth::{AdminToken, AgentToken, ReadToken, Token};
+use super::body::{object, ok, Fields};
+use super::error::{ApiError, ApiResult};
+use super::{Routes, Shared};
+use crate::store::record::HostRecord;
+use crate::store::{now_ms, CounterSample};
+
+pub fn router() -> Routes {
+    Routes::default()
+        .add("/api/v1/hosts", &["GET"], get(list_hosts))
+        .add("/api/v1/hosts/{host_id}", &["PUT"], put(set_host_weight))
+        .add("/api/v1/hosts/{host_id}/report", &["POST"], post(report))
+}
+
+fn host_json(h: &HostRecord, version: u64, now: u64, freshness_ms: u64) -> Value {
+    json!({
+        "host_id": h.host_id,
+        "weight": h.weight,
+        "last_heartbeat": h.last_heartbeat_ms,
+        "applied_version": h.applied_version,
+        "applied_at": h.applied_ms,
+        "lag": h.applied_version.map(|a| version.saturating_sub(a)),
+        "fresh": h.last_heartbeat_ms.is_some_and(|hb| hb.saturating_add(freshness_ms) >= now),
+    })
+}
+
+pub async fn hosts_json(st: &Shared) -> Result<(u64, Vec<Value>), ApiError> {
+    let version = st.store.version().await?;
+    let now = now_ms();
+    let hosts = st
+        .store
+        .hosts()
+        .await?
+        .iter()
+        .map(|h| host_json(h, version, now, st.freshness_ms))
+        .collect();
+    Ok((version, hosts))
+}
+
+pub async fn list_hosts(State(st): State<Shared>, _: ReadToken) -> ApiResult {
+    let (version, hosts) = hosts_json(&st).await?;
+    ok(json!({"version": version, "hosts": hosts}))
+}
+
+pub async fn set_host_weight(
+    State(st): State<Shared>,
+    Token(who): AdminToken,
+    Path(host_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let o = object(&body, &["weight"])?;
+    let f = Fields(&o);
+    let weight = f.required("weight", f.uint("weight", u32::MAX as u64)?)? as u32;
+    let v = st.store.set_weight(&host_id, weight, who.name()).await?;
+    st.announce(v);
+    let (_, hosts) = hosts_json(&st).await?;
+    let me = hosts
+        .into_iter()
+        .find(|x| x["host_id"] == host_id.as_str())
+        .ok_or_else(|| ApiError::not_found(format!("no host {host_id:?}")))?;
+    ok(me)
+}
+
+pub async fn report(
+    State(st): State<Shared>,
+    Token(who): AgentToken,
+    Path(host_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let o = object(&body, &["weight", "applied_version", "counters"])?;
+    let f = Fields(&o);
+    let weight = f.uint("weight", u32::MAX as u64)?.map(|w| w as u32);
+    let applied = f.uint("applied_version", i64::MAX as u64)?;
+    let mut counters = Vec::new();
+    match f.present("counters") {
+        None => {}
+        Some(Value::Array(a)) => {
+            for (i, c) in a.iter().enumerate() {
+                let field = |k: &str| format!("counters[{i}].{k}");
+                let n = |k: &str| -> Result<u64, ApiError> {
+                    match &c[k] {
+                        Value::Null if k != "id" => Ok(0),
+                        v => v
+                            .as_u64()
+                            .ok_or_else(|| ApiError::invalid(&field(k), "must be a whole number")),
+                    }
+                };
+                let id = u32::try_from(n("id")?)
+                    .ok()
+                    .filter(|i| *i > 0)
+                    .ok_or_else(|| ApiError::invalid(&field("id"), "must be a strategy id"))?;
+                counters.push(CounterSample {
+                    id,
+                    passed: n("passed")?,
+                    limited: n("limited")?,
+                    delayed: n("delayed")?,
+                });
+            }
+        }
+        Some(_) => return Err(ApiError::invalid("counters", "must be a list")),
+    }
+    st.store
+        .report(&host_id, weight, applied, &counters, who.name())
+        .await?;
+    let (version, hosts) = hosts_json(&st).await?;
+    ok(json!({"ok": true, "version": version, "hosts": hosts}))
+}

@@ -1,0 +1,310 @@
+//! `/api/v1/strategies`: list, create, get, replace, patch, delete and
+//! import. Every change is one store transaction (version bump, rows,
+//! audit entry); an error leaves the store untouched.
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use serde_json::{json, Map, Value};
+
+use super::auth::{AdminToken, ReadToken, Token};
+use super::body::{json_response, object, ok, parse_id, Fields};
+use super::error::{validation, ApiError, ApiResult};
+use super::{Routes, Shared, IMPORT_BODY_LIMIT};
+use crate::client::wire::{parse_strategy_lines, strategy_api_json};
+use crate::store::record::{ActionKind, Scope, StrategyRecord};
+use crate::store::StoreError;
+use rate_ctl::core::model::{canonical_ip, Algorithm, Unit};
+
+pub fn router() -> Routes {
+    Routes::default()
+        .add(
+            "/api/v1/strategies",
+            &["GET", "POST"],
+            get(list_strategies).post(create_strategy),
+        )
+        .add(
+            "/api/v1/strategies/import",
+            &["POST"],
+            // 10,000 strategies of JSON lines are about 2.5 MB, more than
+            // axum's default limit.
+            post(import_strategies).layer(axum::extract::DefaultBodyLimit::max(IMPORT_BODY_LIMIT)),
+        )
+        .add(
+            "/api/v1/strategies/{id}",
+            &["GET", "PUT", "PATCH", "DELETE"],
+            get(get_strategy)
+                .put(put_strategy)
+                .patch(patch_strategy)
+                .delete(delete_strategy),
+        )
+}
+
+const STRATEGY_FIELDS: &[&str] = &[
+    "name",
+    "match",
+    "algorithm",
+    "rate",
+    "per",
+    "burst",
+    "action",
+    "status",
+    "max_delay_ms",
+    "enabled",
+    "scope",
+];
+const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
+
+/// A strategy from a POST/PUT body, validated by the record (and so by the
+/// core model).
+fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError> {
+    let f = Fields(o);
+    let mut rec = StrategyRecord {
+        id: 0,
+        name: f.required("name", f.str("name")?)?,
+        conditions: f.conditions()?,
+        algorithm: f.required("algorithm", f.parsed::<Algorithm>("algorithm")?)?,
+        rate: f.required("rate", f.uint("rate", u64::MAX)?)?,
+        per: f.parsed::<Unit>("per")?.unwrap_or(Unit::Second),
+        burst: f.uint("burst", u32::MAX as u64)?.unwrap_or(1) as u32,
+        action: f
+            .parsed::<ActionKind>("action")?
+            .unwrap_or(ActionKind::Reject),
+        status: f.uint("status", u16::MAX as u64)?.map(|s| s as u16),
+        max_delay_ms: f.uint("max_delay_ms", u32::MAX as u64)?.map(|m| m as u32),
+        enabled: f.bool("enabled")?.unwrap_or(true),
+        scope: f.parsed("scope")?.unwrap_or(Scope::Cluster),
+        created_ms: 0,
+        updated_ms: 0,
+        version: 0,
+    };
+    rec.validate().map_err(|m| validation(&m, Some(&rec)))?;
+    Ok(rec)
+}
+
+fn strategy_id(s: &str) -> Result<u32, ApiError> {
+    let id = parse_id(s, "strategy")?;
+    u32::try_from(id).map_err(|_| ApiError::not_found(format!("no strategy with id {id}")))
+}
+
+pub async fn list_strategies(
+    State(st): State<Shared>,
+    _: ReadToken,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    let dimension = q.get("dimension").filter(|s| !s.is_empty());
+    let mut value = q.get("value").filter(|s| !s.is_empty()).cloned();
+    if dimension.is_some_and(|d| d == "ip") {
+        if let Some(c) = value.as_ref().and_then(|v| canonical_ip(v.as_bytes())) {
+            value = Some(c);
+        }
+    }
+    let name = q.get("name").filter(|s| !s.is_empty());
+    let snap = st.store.snapshot().await?;
+    let list: Vec<Value> = snap
+        .strategies
+        .iter()
+        .filter(|r| name.is_none_or(|n| r.name.contains(n.as_str())))
+        .filter(|r| match (dimension, &value) {
+            (Some(d), Some(v)) => r.conditions.get(d) == Some(v),
+            (Some(d), None) => r.conditions.contains_key(d),
+            (None, Some(v)) => r.conditions.values().any(|x| x == v),
+            (None, None) => true,
+        })
+        .map(strategy_api_json)
+        .collect();
+    ok(json!({"version": snap.version, "strategies": list}))
+}
+
+/// Stores a changed strategy if it is still at version `based_on` (else 409),
+/// wakes this instance's long-polls, answers with the stored strategy.
+async fn save_strategy(
+    st: &Shared,
+    rec: &StrategyRecord,
+    based_on: u64,
+    who: &'static str,
+    action: &str,
+) -> ApiResult {
+    let stored = st
+        .store
+        .update_strategy_full(rec, Some(based_on), who, action)
+        .await
+        .map_err(|e| ApiError::from_store(e, Some(rec)))?;
+    st.announce(stored.version);
+    ok(strategy_api_json(&stored))
+}
+
+pub async fn create_strategy(
+    State(st): State<Shared>,
+    Token(who): AdminToken,
+    body: Bytes,
+) -> ApiResult {
+    let o = object(&body, STRATEGY_FIELDS)?;
+    let rec = strategy_from_body(&o)?;
+    let stored = st
+        .store
+        .add_strategy_full(&rec, who.name())
+        .await
+        .map_err(|e| ApiError::from_store(e, Some(&rec)))?;
+    st.announce(stored.version);
+    Ok(json_response(
+        StatusCode::CREATED,
+        strategy_api_json(&stored),
+    ))
+}
+
+pub async fn get_strategy(
+    State(st): State<Shared>,
+    _: ReadToken,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id = strategy_id(&id)?;
+    ok(strategy_api_json(&st.store.get_strategy(id).await?))
+}
+
+pub async fn put_strategy(
+    State(st): State<Shared>,
+    Token(who): AdminToken,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let allowed: Vec<&str> = STRATEGY_FIELDS.iter().chain(PUT_EXTRA).copied().collect();
+    let o = object(&body, &allowed)?;
+    let id = strategy_id(&id)?;
+    let f = Fields(&o);
+    if let Some(given) = f.uint("id", u64::MAX)? {
+        if given != id as u64 {
+            return Err(ApiError::invalid(
+                "id",
+                format!("{given} differs from the id {id} in the path"),
+            ));
+        }
+    }
+    let based_on = f.required("version", f.uint("version", u64::MAX)?)?;
+    let mut rec = strategy_from_body(&o)?;
+    rec.id = id;
+    save_strategy(&st, &rec, based_on, who.name(), "strategy.update").await
+}
+
+pub async fn patch_strategy(
+    State(st): State<Shared>,
+    Token(who): AdminToken,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let o = object(&body, &["version", "enabled", "dry_run"])?;
+    let id = strategy_id(&id)?;
+    let f = Fields(&o);
+    let based_on = f.required("version", f.uint("version", u64::MAX)?)?;
+    let enabled = f.bool("enabled")?;
+    let dry_run = f.bool("dry_run")?;
+    let mut rec = st.store.get_strategy(id).await?;
+    if let Some(e) = enabled {
+        rec.enabled = e;
+    }
+    // Dry run round-trips: `status` / `max_delay_ms` stay in the record
+    // while the action is dry_run, and ending dry run derives the action
+    // from them (delay with its cap, or reject with its status). Asking for
+    // the state the strategy is already in changes nothing.
+    match dry_run {
+        Some(true) => rec.action = ActionKind::DryRun,
+        Some(false) => rec.action = rec.enforcing_action(),
+        None => {}
+    }
+    save_strategy(&st, &rec, based_on, who.name(), "strategy.patch").await
+}
+
+pub async fn delete_strategy(
+    State(st): State<Shared>,
+    Token(who): AdminToken,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id = strategy_id(&id)?;
+    let v = st.store.delete_strategy(id, who.name()).await?;
+    st.announce(v);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// An import error about line (or array item) `line`: the message is the
+/// store's ("line 3: rate: must be greater than 0", as `rate-ctl strategy
+/// import` prints it), `field` the API name of the field when one is named.
+fn import_error(status: StatusCode, line: usize, message: String) -> ApiError {
+    let rest = message
+        .strip_prefix(&format!("line {line}: "))
+        .unwrap_or(&message);
+    let field = match status {
+        StatusCode::UNPROCESSABLE_ENTITY => validation(rest, None).field,
+        _ => None,
+    };
+    ApiError {
+        status,
+        field,
+        message,
+        line: Some(line),
+    }
+}
+
+/// The strategies of an import body with their 1-based line numbers: a JSON
+/// array (numbered by item) or JSON lines (blank lines skipped). Each is in
+/// the export format or the API's strategy JSON; a line that is not a
+/// strategy → 400 naming it.
+fn import_records(body: &[u8]) -> Result<Vec<(usize, StrategyRecord)>, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request(None, "the body must be UTF-8"))?;
+    let records = if text.trim_start().starts_with('[') {
+        let items: Vec<Value> = serde_json::from_str(text)
+            .map_err(|e| ApiError::bad_request(None, format!("malformed JSON: {e}")))?;
+        // One item a line: numbered like JSON lines, by the same rule.
+        let lines: Vec<String> = items.iter().map(Value::to_string).collect();
+        parse_strategy_lines(&lines.join("\n"))
+    } else {
+        parse_strategy_lines(text)
+    };
+    records.map_err(|(line, e)| {
+        import_error(StatusCode::BAD_REQUEST, line, format!("line {line}: {e}"))
+    })
+}
+
+/// `POST /strategies/import[?replace=true]`: all or nothing in one
+/// transaction, like `rate-ctl strategy import`.
+pub async fn import_strategies(
+    State(st): State<Shared>,
+    Token(who): AdminToken,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> ApiResult {
+    let replace = match q.get("replace").map(String::as_str) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                Some("replace"),
+                format!("replace: {other:?} is not true or false"),
+            ))
+        }
+    };
+    let records = import_records(&body)?;
+    let (n, v) = st
+        .store
+        .import(records, replace, who.name())
+        .await
+        .map_err(|e| match e {
+            StoreError::Invalid(m) => {
+                let line = m
+                    .strip_prefix("line ")
+                    .and_then(|r| r.split(':').next())
+                    .and_then(|n| n.parse().ok());
+                match line {
+                    Some(line) => import_error(StatusCode::UNPROCESSABLE_ENTITY, line, m),
+                    None => validation(&m, None),
+                }
+            }
+            e => ApiError::from(e),
+        })?;
+    st.announce(v);
+    ok(json!({"imported": n, "version": v}))
+}
