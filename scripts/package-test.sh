@@ -17,7 +17,8 @@
 #      /etc/default files, /usr/sbin/nginx as www-data on a free loopback port
 #      loading the packaged module through /etc/nginx/modules-enabled; a
 #      strategy added with `rate-ctl` (through serve's API) is enforced: 503s,
-#      counted in the table
+#      counted in the table and in serve's /metrics; every series the
+#      packaged Grafana dashboard queries exists
 #   6. dpkg --purge both: module link, user, group, store, table and files
 #      gone, `nginx -t` still passes, and the files the packages touch are as
 #      before the test
@@ -376,6 +377,28 @@ read -r passed limited < <(rate-ctl shm inspect --json /dev/shm/rate_ctl |
     awk -F': ' '/"passed"/ {gsub(/,/, "", $2); p=$2} /"limited"/ {gsub(/,/, "", $2); l=$2} END {print p, l}')
 ((passed == 3 && limited == 7)) || fail "the table counts passed=$passed limited=$limited, want 3 and 7"
 ok "enforced by the packaged module: 3 passed, 7 × 503; the table counts passed=$passed limited=$limited"
+
+# Fleet metrics: the agent reports the module's counters to the store, serve
+# exposes them; every series the packaged dashboard queries exists in serve's
+# /metrics or in the module's Prometheus stats.
+fleet_has() {
+    curl -sf -H "Authorization: Bearer $token" "$api/metrics" >"$tmp/metrics.txt" &&
+        grep -qx "rate_ctl_fleet_passed_total{strategy=\"$id\",name=\"package-test\",host=\"[^\"]*\"} 3" "$tmp/metrics.txt" &&
+        grep -qx "rate_ctl_fleet_limited_total{strategy=\"$id\",name=\"package-test\",host=\"[^\"]*\"} 7" "$tmp/metrics.txt"
+}
+wait_for 10 "serve's /metrics to count 3 passed and 7 limited" fleet_has
+grep -E '^rate_ctl_(fleet|host)_' "$tmp/metrics.txt" | sed 's/^/  /'
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$api/metrics")" = 401 ] || fail "/metrics without a token"
+ok "serve's /metrics (token needed): strategy $id passed 3, limited 7 as the agent reported"
+curl -sf "http://127.0.0.1:$port/rate_ctl/stats?format=prometheus" >"$tmp/module-metrics.txt"
+dash=/usr/share/rate-ctl/grafana-dashboard.json
+names="$(grep -o '"expr": "[^"]*"' "$dash" | grep -o 'rate_ctl_[a-z_]*' | sort -u)"
+[ "$(wc -w <<<"$names")" -ge 10 ] || fail "$dash names only: $names"
+for n in $names; do
+    grep -qE "^$n(\{| )" "$tmp/metrics.txt" "$tmp/module-metrics.txt" ||
+        fail "the dashboard queries $n: no such series in serve's /metrics or the module's stats"
+done
+ok "every series the packaged dashboard queries exists ($(wc -w <<<"$names") names)"
 
 kill "$nginx_pid" "$agent_pid" "$serve_pid"
 for p in "$agent_pid" "$serve_pid"; do

@@ -193,6 +193,8 @@ put_gz "$out/rate-ctl.1" usr/share/man/man1/rate-ctl.1.gz
 rm -f "$out/rate-ctl.1"
 put_gz README.md "usr/share/doc/$pkg/README.md.gz"
 put_gz docs/API.md "usr/share/doc/$pkg/API.md.gz"
+# Imported as is into Grafana, so not compressed and not under doc/.
+put docs/grafana-dashboard.json "usr/share/$pkg/grafana-dashboard.json" 0644
 put "$tmpl/$pkg/conffiles" DEBIAN/conffiles 0644
 for s in postinst prerm postrm; do put "$tmpl/$pkg/$s" "DEBIAN/$s" 0755; done
 deps="$(shlibs "$stage/usr/bin/rate-ctl")"
