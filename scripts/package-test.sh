@@ -53,8 +53,16 @@ for p in "${pkgs[@]}"; do
     fi
 done
 getent passwd rate-ctl >/dev/null && fail "user rate-ctl exists (left by something else?)"
-[ -e /var/lib/rate-ctl ] && fail "/var/lib/rate-ctl exists"
 [ -e /dev/shm/rate_ctl ] && fail "/dev/shm/rate_ctl exists (an agent running?)"
+# Without the package and its user, a /var/lib/rate-ctl is something else's
+# (serve on a MariaDB or PostgreSQL store writes its default admin.token
+# there): kept aside under a sibling name and put back on exit.
+saved=""
+if [ -e /var/lib/rate-ctl ]; then
+    saved="/var/lib/rate-ctl.package-test-saved.$$"
+    mv /var/lib/rate-ctl "$saved"
+    echo "package-test: /var/lib/rate-ctl kept aside as $saved until the end" >&2
+fi
 
 tmp="$(mktemp -d /tmp/rate-ctl-package-test-XXXXXX)"
 chmod 0755 "$tmp"
@@ -63,6 +71,12 @@ installed=false
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    restore() {
+        if [ -n "$saved" ]; then
+            rm -rf /var/lib/rate-ctl
+            mv "$saved" /var/lib/rate-ctl
+        fi
+    }
     if ((rc != 0)); then
         for f in "$tmp"/*.log "$tmp"/nginx/logs/*.log; do
             [ -s "$f" ] && { echo "== $f (last lines)"; tail -n 15 "$f"; }
@@ -74,6 +88,7 @@ cleanup() {
         echo "package-test: purging ${pkgs[*]}" >&2
         dpkg --purge "${pkgs[@]}" >/dev/null 2>&1 || true
     fi
+    restore
     rm -rf "$tmp"
     exit "$rc"
 }
