@@ -115,7 +115,7 @@ const STRATEGY_COLUMNS: &str = "id, name, conditions, algorithm, rate, per, burs
      status, max_delay_ms, enabled, scope, created_ms, updated_ms, version";
 
 impl Store {
-    /// Connects to `url` (`sqlite:PATH`, `mysql://…` or `postgres://…`), creating an SQLite
+    /// Connects to `url` (`sqlite:PATH` or `mysql://…`), creating an SQLite
     /// file and its directory if missing, and applies pending migrations.
     pub async fn open(url: &str) -> Result<Store> {
         Store::open_with_timeout(url, Duration::from_secs(10)).await
@@ -129,18 +129,7 @@ impl Store {
             // One writer at a time is all SQLite allows; a second pooled
             // connection would only wait on the first one's lock.
             .max_connections(if dialect == Dialect::Sqlite { 1 } else { 4 })
-            .min_connections(0)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    if Dialect::of(conn) == Dialect::Postgres {
-                        // Not "relation … already exists, skipping" on every
-                        // start (sqlx logs notices at info).
-                        sqlx::Executor::execute(&mut *conn, "SET client_min_messages = warning")
-                            .await?;
-                    }
-                    Ok(())
-                })
-            });
+            .min_connections(0);
         let pool = opts.connect(&conn_url).await?;
         let store = Store { pool, dialect };
         store.migrate().await?;
@@ -157,41 +146,17 @@ impl Store {
     }
 
     async fn migrate(&self) -> Result<()> {
-        let d = self.dialect;
-        // One connection for the whole migration (a session lock is per
-        // connection).
-        let mut conn = self.pool.acquire().await?;
-        if d == Dialect::Sqlite {
+        if self.dialect == Dialect::Sqlite {
             // WAL lets the agent read while the CLI writes; it persists in the file.
             sqlx::query("PRAGMA journal_mode = WAL")
-                .fetch_optional(&mut *conn)
+                .fetch_optional(&self.pool)
                 .await?;
         }
-        if d == Dialect::Postgres {
-            // Two sessions running CREATE TABLE IF NOT EXISTS on one fresh
-            // database at once can both try to create it (a unique violation
-            // in pg_type): migrations take turns. MariaDB and SQLite need
-            // no lock. Released below, or when the connection closes.
-            sqlx::query("SELECT pg_advisory_lock(7261746563)")
-                .execute(&mut *conn)
-                .await?;
-        }
-        let r = self.migrate_on(&mut conn).await;
-        if d == Dialect::Postgres {
-            sqlx::query("SELECT pg_advisory_unlock(7261746563)")
-                .execute(&mut *conn)
-                .await?;
-        }
-        r
-    }
-
-    async fn migrate_on(&self, conn: &mut sqlx::AnyConnection) -> Result<()> {
-        let d = self.dialect;
         sqlx::query(CREATE_MIGRATIONS_TABLE)
-            .execute(&mut *conn)
+            .execute(&self.pool)
             .await?;
         let done: HashSet<i64> = sqlx::query("SELECT version FROM schema_migrations")
-            .fetch_all(&mut *conn)
+            .fetch_all(&self.pool)
             .await?
             .iter()
             .map(|r| r.try_get::<i64, _>(0))
@@ -202,16 +167,16 @@ impl Store {
             }
             // Every statement is idempotent (IF NOT EXISTS / insert-ignore), so
             // two processes migrating one fresh MariaDB at once both succeed.
-            for stmt in m.statements(d) {
-                sqlx::query(&stmt).execute(&mut *conn).await?;
+            for stmt in m.statements(self.dialect) {
+                sqlx::query(&stmt).execute(&self.pool).await?;
             }
-            let r = sqlx::query(&d.sql(
+            let r = sqlx::query(
                 "INSERT INTO schema_migrations (version, description, applied_ms) VALUES (?, ?, ?)",
-            ))
+            )
             .bind(m.version)
             .bind(m.description)
             .bind(now_ms() as i64)
-            .execute(&mut *conn)
+            .execute(&self.pool)
             .await;
             if let Err(e) = r {
                 // Another process recorded it first.
@@ -226,14 +191,10 @@ impl Store {
 
     /// The current config version (the one row agents poll).
     pub async fn version(&self) -> Result<u64> {
-        let v: i64 = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT version FROM config_version WHERE id = 1"),
-        )
-        .fetch_one(&self.pool)
-        .await?
-        .try_get(0)?;
+        let v: i64 = sqlx::query("SELECT version FROM config_version WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
         Ok(v as u64)
     }
 
@@ -241,22 +202,14 @@ impl Store {
     /// returns the transaction and the new version.
     async fn begin_change(&self) -> Result<(Transaction<'static, Any>, u64)> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            &self.dialect.sql(
-                "UPDATE config_version SET version = version + 1, changed_ms = ? WHERE id = 1",
-            ),
-        )
-        .bind(now_ms() as i64)
-        .execute(&mut *tx)
-        .await?;
-        let v: i64 = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT version FROM config_version WHERE id = 1"),
-        )
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
+        sqlx::query("UPDATE config_version SET version = version + 1, changed_ms = ? WHERE id = 1")
+            .bind(now_ms() as i64)
+            .execute(&mut *tx)
+            .await?;
+        let v: i64 = sqlx::query("SELECT version FROM config_version WHERE id = 1")
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
         Ok((tx, v as u64))
     }
 
@@ -288,11 +241,11 @@ impl Store {
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
             placeholders(14)
         );
-        bind_strategy(sqlx::query(&self.dialect.sql(&sql)), &rec)
+        bind_strategy(sqlx::query(&sql), &rec)
             .execute(&mut *tx)
             .await?;
         // Any's SQLite backend reports no last insert id; the name is unique.
-        let id: i64 = sqlx::query(&self.dialect.sql("SELECT id FROM strategies WHERE name = ?"))
+        let id: i64 = sqlx::query("SELECT id FROM strategies WHERE name = ?")
             .bind(&rec.name)
             .fetch_one(&mut *tx)
             .await?
@@ -357,9 +310,11 @@ impl Store {
         rec.updated_ms = now_ms();
         rec.version = version;
         let res = bind_content(
-            sqlx::query(&self.dialect.sql("UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
+            sqlx::query(
+                "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
-                 updated_ms = ?, version = ? WHERE id = ?",)),
+                 updated_ms = ?, version = ? WHERE id = ?",
+            ),
             &rec,
         )
         .bind(rec.updated_ms as i64)
@@ -390,7 +345,7 @@ impl Store {
     pub async fn delete_strategy(&self, id: u32, who: &str) -> Result<u64> {
         let (mut tx, version) = self.begin_change().await?;
         let before = strategy_in_tx(&mut tx, id).await?;
-        let res = sqlx::query(&self.dialect.sql("DELETE FROM strategies WHERE id = ?"))
+        let res = sqlx::query("DELETE FROM strategies WHERE id = ?")
             .bind(id as i64)
             .execute(&mut *tx)
             .await?;
@@ -413,9 +368,9 @@ impl Store {
     /// One strategy; `Err(NotFound)` if absent, `Err(Invalid)` if its row
     /// is not a valid strategy.
     pub async fn get_strategy(&self, id: u32) -> Result<StrategyRecord> {
-        let row = sqlx::query(&self.dialect.sql(&format!(
+        let row = sqlx::query(&format!(
             "SELECT {STRATEGY_COLUMNS} FROM strategies WHERE id = ?"
-        )))
+        ))
         .bind(id as i64)
         .fetch_optional(&self.pool)
         .await?
@@ -426,9 +381,9 @@ impl Store {
     /// All strategies by id; rows that are not valid strategies come back
     /// as [`BadRow`]s.
     pub async fn list_strategies(&self) -> Result<(Vec<StrategyRecord>, Vec<BadRow>)> {
-        let rows = sqlx::query(&self.dialect.sql(&format!(
+        let rows = sqlx::query(&format!(
             "SELECT {STRATEGY_COLUMNS} FROM strategies ORDER BY id"
-        )))
+        ))
         .fetch_all(&self.pool)
         .await?;
         Ok(split_rows(&rows))
@@ -467,12 +422,12 @@ impl Store {
         }
         let (mut tx, version) = self.begin_change().await?;
         if replace_all {
-            sqlx::query(&self.dialect.sql("DELETE FROM strategies"))
+            sqlx::query("DELETE FROM strategies")
                 .execute(&mut *tx)
                 .await?;
         } else {
             // Names must not collide with strategies the file does not replace.
-            let existing = sqlx::query(&self.dialect.sql("SELECT id, name FROM strategies"))
+            let existing = sqlx::query("SELECT id, name FROM strategies")
                 .fetch_all(&mut *tx)
                 .await?;
             for row in &existing {
@@ -493,7 +448,6 @@ impl Store {
                     "DELETE FROM strategies WHERE id IN ({})",
                     placeholders(chunk.len())
                 );
-                let sql = self.dialect.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
                 for id in chunk {
                     q = q.bind(*id);
@@ -516,7 +470,6 @@ impl Store {
                 INSERT_COLUMNS,
                 vec![format!("(?, {})", placeholders(14)); chunk.len()].join(", ")
             );
-            let sql = self.dialect.sql(&sql).into_owned();
             let mut q = sqlx::query(&sql);
             for r in chunk {
                 q = bind_strategy(q.bind(r.id as i64), r);
@@ -529,7 +482,6 @@ impl Store {
                 INSERT_COLUMNS,
                 vec![format!("({})", placeholders(14)); chunk.len()].join(", ")
             );
-            let sql = self.dialect.sql(&sql).into_owned();
             let mut q = sqlx::query(&sql);
             for r in chunk {
                 q = bind_strategy(q, r);
@@ -568,7 +520,9 @@ impl Store {
         let mut rec = rec.clone();
         rec.validate().map_err(StoreError::Invalid)?;
         let (mut tx, version) = self.begin_change().await?;
-        let before = sqlx::query(&self.dialect.sql("SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE dimension = ? AND value = ?",))
+        let before = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE dimension = ? AND value = ?",
+        )
         .bind(&rec.dimension)
         .bind(&rec.value)
         .fetch_optional(&mut *tx)
@@ -576,19 +530,15 @@ impl Store {
         .map(|r| decode_blacklist(&r))
         .transpose()?;
         rec.created_ms = now_ms();
+        sqlx::query("DELETE FROM blacklist WHERE dimension = ? AND value = ?")
+            .bind(&rec.dimension)
+            .bind(&rec.value)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
-            &self
-                .dialect
-                .sql("DELETE FROM blacklist WHERE dimension = ? AND value = ?"),
-        )
-        .bind(&rec.dimension)
-        .bind(&rec.value)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(&self.dialect.sql(
             "INSERT INTO blacklist (dimension, value, expires_ms, reason, created_ms) \
              VALUES (?, ?, ?, ?, ?)",
-        ))
+        )
         .bind(&rec.dimension)
         .bind(&rec.value)
         .bind(rec.expires_ms.map(|e| e as i64))
@@ -596,16 +546,12 @@ impl Store {
         .bind(rec.created_ms as i64)
         .execute(&mut *tx)
         .await?;
-        let id: i64 = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT id FROM blacklist WHERE dimension = ? AND value = ?"),
-        )
-        .bind(&rec.dimension)
-        .bind(&rec.value)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
+        let id: i64 = sqlx::query("SELECT id FROM blacklist WHERE dimension = ? AND value = ?")
+            .bind(&rec.dimension)
+            .bind(&rec.value)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
         rec.id = id as u64;
         audit(
             &mut tx,
@@ -623,13 +569,15 @@ impl Store {
     /// Removes entries by id; returns the new version.
     pub async fn blacklist_rm(&self, id: u64, who: &str) -> Result<u64> {
         let (mut tx, version) = self.begin_change().await?;
-        let before = sqlx::query(&self.dialect.sql("SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE id = ?",))
+        let before = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE id = ?",
+        )
         .bind(id as i64)
         .fetch_optional(&mut *tx)
         .await?
         .map(|r| decode_blacklist(&r))
         .transpose()?;
-        let res = sqlx::query(&self.dialect.sql("DELETE FROM blacklist WHERE id = ?"))
+        let res = sqlx::query("DELETE FROM blacklist WHERE id = ?")
             .bind(id as i64)
             .execute(&mut *tx)
             .await?;
@@ -652,7 +600,9 @@ impl Store {
     }
 
     pub async fn blacklist_list(&self) -> Result<Vec<BlacklistRecord>> {
-        let rows = sqlx::query(&self.dialect.sql("SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",))
+        let rows = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",
+        )
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
@@ -663,10 +613,10 @@ impl Store {
     // ---- hosts ---------------------------------------------------------
 
     pub async fn hosts(&self) -> Result<Vec<HostRecord>> {
-        let rows = sqlx::query(&self.dialect.sql(
+        let rows = sqlx::query(
             "SELECT host_id, weight, last_heartbeat_ms, applied_version, applied_ms \
              FROM hosts ORDER BY host_id",
-        ))
+        )
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
@@ -687,36 +637,24 @@ impl Store {
     pub async fn set_weight(&self, host_id: &str, weight: u32, who: &str) -> Result<u64> {
         validate_host(host_id, weight)?;
         let (mut tx, version) = self.begin_change().await?;
-        let before = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT weight FROM hosts WHERE host_id = ?"),
-        )
-        .bind(host_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(|r| r.try_get::<i64, _>(0))
-        .transpose()?;
-        let res = sqlx::query(
-            &self
-                .dialect
-                .sql("UPDATE hosts SET weight = ? WHERE host_id = ?"),
-        )
-        .bind(weight as i64)
-        .bind(host_id)
-        .execute(&mut *tx)
-        .await?;
-        if res.rows_affected() == 0 {
-            sqlx::query(
-                &self
-                    .dialect
-                    .sql("INSERT INTO hosts (host_id, weight, registered_ms) VALUES (?, ?, ?)"),
-            )
+        let before = sqlx::query("SELECT weight FROM hosts WHERE host_id = ?")
             .bind(host_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.try_get::<i64, _>(0))
+            .transpose()?;
+        let res = sqlx::query("UPDATE hosts SET weight = ? WHERE host_id = ?")
             .bind(weight as i64)
-            .bind(now_ms() as i64)
+            .bind(host_id)
             .execute(&mut *tx)
             .await?;
+        if res.rows_affected() == 0 {
+            sqlx::query("INSERT INTO hosts (host_id, weight, registered_ms) VALUES (?, ?, ?)")
+                .bind(host_id)
+                .bind(weight as i64)
+                .bind(now_ms() as i64)
+                .execute(&mut *tx)
+                .await?;
         }
         audit(
             &mut tx,
@@ -741,20 +679,18 @@ impl Store {
         now: u64,
         applied: Option<(u64, u64)>,
     ) -> Result<()> {
-        let with_applied = self.dialect.sql(
-            "UPDATE hosts SET last_heartbeat_ms = ?, applied_version = ?, applied_ms = ? \
-             WHERE host_id = ?",
-        );
-        let without = self
-            .dialect
-            .sql("UPDATE hosts SET last_heartbeat_ms = ? WHERE host_id = ?");
         let res = match applied {
-            Some((v, at)) => sqlx::query(&with_applied)
+            Some((v, at)) => sqlx::query(
+                "UPDATE hosts SET last_heartbeat_ms = ?, applied_version = ?, applied_ms = ? \
+                 WHERE host_id = ?",
+            )
+            .bind(now as i64)
+            .bind(v as i64)
+            .bind(at as i64)
+            .bind(host_id),
+            None => sqlx::query("UPDATE hosts SET last_heartbeat_ms = ? WHERE host_id = ?")
                 .bind(now as i64)
-                .bind(v as i64)
-                .bind(at as i64)
                 .bind(host_id),
-            None => sqlx::query(&without).bind(now as i64).bind(host_id),
         }
         .execute(&self.pool)
         .await?;
@@ -764,10 +700,10 @@ impl Store {
                 Some((v, at)) => (Some(v as i64), Some(at as i64)),
                 None => (None, None),
             };
-            let r = sqlx::query(&self.dialect.sql(
+            let r = sqlx::query(
                 "INSERT INTO hosts (host_id, weight, last_heartbeat_ms, applied_version, \
                  applied_ms, registered_ms) VALUES (?, ?, ?, ?, ?, ?)",
-            ))
+            )
             .bind(host_id)
             .bind(weight_if_new as i64)
             .bind(now as i64)
@@ -789,7 +725,9 @@ impl Store {
 
     /// Audit entries, newest first: at most `limit`, with ids below `before_id`.
     pub async fn audit_list(&self, limit: u32, before_id: Option<u64>) -> Result<Vec<AuditEntry>> {
-        let rows = sqlx::query(&self.dialect.sql("SELECT id, at_ms, token, action, target, before_json, after_json FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT ?",))
+        let rows = sqlx::query(
+            "SELECT id, at_ms, token, action, target, before_json, after_json FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT ?",
+        )
         .bind(before_id.map(|b| b.min(i64::MAX as u64) as i64).unwrap_or(i64::MAX))
         .bind(limit as i64)
         .fetch_all(&self.pool)
@@ -824,16 +762,12 @@ impl Store {
     ) -> Result<()> {
         let now = now_ms();
         validate_host(host_id, weight.unwrap_or(1))?;
-        let known = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT weight FROM hosts WHERE host_id = ?"),
-        )
-        .bind(host_id)
-        .fetch_optional(&self.pool)
-        .await?
-        .map(|r| r.try_get::<i64, _>(0))
-        .transpose()?;
+        let known = sqlx::query("SELECT weight FROM hosts WHERE host_id = ?")
+            .bind(host_id)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| r.try_get::<i64, _>(0))
+            .transpose()?;
         match (known, weight) {
             (Some(w), Some(new)) if w != new as i64 => {
                 self.set_weight(host_id, new, who).await?;
@@ -843,7 +777,9 @@ impl Store {
         match applied_version {
             Some(v) if known.is_some() => {
                 // applied_ms first: MySQL evaluates SET left to right.
-                sqlx::query(&self.dialect.sql("UPDATE hosts SET applied_ms = CASE WHEN applied_version = ? THEN applied_ms ELSE ? END, applied_version = ?, last_heartbeat_ms = ? WHERE host_id = ?",))
+                sqlx::query(
+                    "UPDATE hosts SET applied_ms = CASE WHEN applied_version = ? THEN applied_ms ELSE ? END, applied_version = ?, last_heartbeat_ms = ? WHERE host_id = ?",
+                )
                 .bind(v as i64)
                 .bind(now as i64)
                 .bind(v as i64)
@@ -874,7 +810,6 @@ impl Store {
                 "INSERT INTO counter_samples (host_id, strategy_id, at_ms, passed_count, limited_count, delayed_count) VALUES {}",
                 vec!["(?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
             );
-            let sql = self.dialect.sql(&sql).into_owned();
             let mut q = sqlx::query(&sql);
             for s in chunk {
                 q = q
@@ -887,21 +822,19 @@ impl Store {
             }
             q.execute(&mut *tx).await?;
         }
-        sqlx::query(
-            &self
-                .dialect
-                .sql("DELETE FROM counter_samples WHERE at_ms < ?"),
-        )
-        .bind(at_ms.saturating_sub(SAMPLE_RETENTION_MS) as i64)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query("DELETE FROM counter_samples WHERE at_ms < ?")
+            .bind(at_ms.saturating_sub(SAMPLE_RETENTION_MS) as i64)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }
 
     /// Counter samples of one strategy taken at or after `since_ms`, by host and time.
     pub async fn samples(&self, strategy: u32, since_ms: u64) -> Result<Vec<StoredSample>> {
-        let rows = sqlx::query(&self.dialect.sql("SELECT host_id, at_ms, passed_count, limited_count, delayed_count FROM counter_samples WHERE strategy_id = ? AND at_ms >= ? ORDER BY host_id, at_ms",))
+        let rows = sqlx::query(
+            "SELECT host_id, at_ms, passed_count, limited_count, delayed_count FROM counter_samples WHERE strategy_id = ? AND at_ms >= ? ORDER BY host_id, at_ms",
+        )
         .bind(strategy as i64)
         .bind(since_ms as i64)
         .fetch_all(&self.pool)
@@ -923,11 +856,13 @@ impl Store {
     /// [`SAMPLE_RETENTION_MS`]): each host's cumulative slot counters, for
     /// `GET /metrics`. Sorted by strategy, then host.
     pub async fn latest_samples(&self) -> Result<Vec<(u32, StoredSample)>> {
-        let rows = sqlx::query(&self.dialect.sql("SELECT s.strategy_id, s.host_id, s.at_ms, s.passed_count, s.limited_count, s.delayed_count \
+        let rows = sqlx::query(
+            "SELECT s.strategy_id, s.host_id, s.at_ms, s.passed_count, s.limited_count, s.delayed_count \
              FROM counter_samples s JOIN (SELECT strategy_id, host_id, MAX(at_ms) AS at_ms \
              FROM counter_samples GROUP BY strategy_id, host_id) m \
              ON s.strategy_id = m.strategy_id AND s.host_id = m.host_id AND s.at_ms = m.at_ms \
-             ORDER BY s.strategy_id, s.host_id",))
+             ORDER BY s.strategy_id, s.host_id",
+        )
         .fetch_all(&self.pool)
         .await?;
         let mut out: Vec<(u32, StoredSample)> = Vec::with_capacity(rows.len());
@@ -960,28 +895,18 @@ impl Store {
     /// matches the rows.
     pub async fn snapshot(&self) -> Result<Snapshot> {
         let mut tx = self.pool.begin().await?;
-        if self.dialect == Dialect::Postgres {
-            // PostgreSQL's default (read committed) gives each statement its
-            // own view; the version must match the rows (InnoDB's default,
-            // repeatable read, does that; SQLite has one writer).
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                .execute(&mut *tx)
-                .await?;
-        }
-        let version: i64 = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT version FROM config_version WHERE id = 1"),
-        )
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
-        let rows = sqlx::query(&self.dialect.sql(&format!(
+        let version: i64 = sqlx::query("SELECT version FROM config_version WHERE id = 1")
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
+        let rows = sqlx::query(&format!(
             "SELECT {STRATEGY_COLUMNS} FROM strategies ORDER BY id"
-        )))
+        ))
         .fetch_all(&mut *tx)
         .await?;
-        let bl = sqlx::query(&self.dialect.sql("SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",))
+        let bl = sqlx::query(
+            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",
+        )
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -1009,9 +934,9 @@ async fn strategy_in_tx(
     tx: &mut Transaction<'static, Any>,
     id: u32,
 ) -> Result<Option<serde_json::Value>> {
-    let row = sqlx::query(&Dialect::of(tx).sql(&format!(
+    let row = sqlx::query(&format!(
         "SELECT {STRATEGY_COLUMNS} FROM strategies WHERE id = ?"
-    )))
+    ))
     .bind(id as i64)
     .fetch_optional(&mut **tx)
     .await?;
@@ -1045,7 +970,9 @@ async fn audit(
             }
         })
     };
-    sqlx::query(&Dialect::of(tx).sql("INSERT INTO audit_log (at_ms, token, action, target, before_json, after_json)          VALUES (?, ?, ?, ?, ?, ?)",))
+    sqlx::query(
+        "INSERT INTO audit_log (at_ms, token, action, target, before_json, after_json)          VALUES (?, ?, ?, ?, ?, ?)",
+    )
     .bind(now_ms() as i64)
     .bind(who.to_string())
     .bind(action.to_string())
@@ -1076,7 +1003,7 @@ async fn ensure_name_free(
     name: &str,
     own_id: Option<u32>,
 ) -> Result<()> {
-    let row = sqlx::query(&Dialect::of(tx).sql("SELECT id FROM strategies WHERE name = ?"))
+    let row = sqlx::query("SELECT id FROM strategies WHERE name = ?")
         .bind(name)
         .fetch_optional(&mut **tx)
         .await?;
@@ -1249,9 +1176,6 @@ fn normalise_url(url: &str) -> Result<(Dialect, String)> {
     if url.starts_with("mysql://") {
         return Ok((Dialect::MySql, url.to_string()));
     }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok((Dialect::Postgres, url.to_string()));
-    }
     if let Some(rest) = url.strip_prefix("sqlite:") {
         let (path, query) = match rest.split_once('?') {
             Some((p, q)) => (p, Some(q)),
@@ -1277,7 +1201,7 @@ fn normalise_url(url: &str) -> Result<(Dialect, String)> {
         return Ok((Dialect::Sqlite, format!("sqlite://{path}?{query}")));
     }
     Err(StoreError::Url(format!(
-        "--store: {url:?} is neither sqlite:PATH, mysql://USER:PASSWORD@HOST:PORT/DB nor postgres://USER:PASSWORD@HOST:PORT/DB"
+        "--store: {url:?} is neither sqlite:PATH nor mysql://USER:PASSWORD@HOST:PORT/DB"
     )))
 }
 
@@ -1297,11 +1221,7 @@ mod tests {
             normalise_url("mariadb://u:p@127.0.0.1:1/db").unwrap().1,
             "mysql://u:p@127.0.0.1:1/db"
         );
-        assert_eq!(
-            normalise_url("postgres://u@h/db").unwrap().0,
-            Dialect::Postgres
-        );
-        assert!(normalise_url("redis://x").is_err());
+        assert!(normalise_url("postgres://x").is_err());
         assert_eq!(
             redact_url("mysql://u:s3cr@t@h:1/db"),
             "mysql://u:***@h:1/db"
