@@ -18,8 +18,9 @@ use rate_ctl::core::model::{Algorithm, ModelError, Unit};
     about = "Dynamic rate control for nginx: agent, config store and shared-memory tools"
 )]
 pub struct Cli {
-    /// Config store: sqlite:PATH (created on first use) or
-    /// mysql://USER:PASS@HOST:PORT/DB [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
+    /// Config store: sqlite:PATH (created on first use),
+    /// mysql://USER:PASS@HOST:PORT/DB or postgres://USER:PASS@HOST:PORT/DB
+    /// [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
     #[arg(long, global = true, value_name = "URL")]
     pub store: Option<String>,
     /// Manage strategies, blacklist and hosts through a running
