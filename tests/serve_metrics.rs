@@ -199,8 +199,9 @@ fn metrics_from_reports_and_the_dashboard_names_real_series() {
             "{m2:?}"
         );
 
-        // The dashboard queries serve's series and the module's.
-        let module_src = std::fs::read_to_string(repo_root().join("src/module/stats.rs")).unwrap();
+        // The dashboard queries serve's series and the module's (rendered by
+        // core::stats for the module's endpoint).
+        let module_src = std::fs::read_to_string(repo_root().join("src/core/stats.rs")).unwrap();
         for name in dashboard_metrics() {
             let served = families.contains(&name);
             let module = module_src.contains(&format!("\"{name}\""));
