@@ -145,7 +145,11 @@ impl Store {
             // Every statement is idempotent (IF NOT EXISTS / insert-ignore), so
             // two processes migrating one fresh MariaDB at once both succeed.
             for stmt in m.statements(self.dialect) {
-                sqlx::query(&stmt).execute(&self.pool).await?;
+                match sqlx::query(&stmt).execute(&self.pool).await {
+                    Ok(_) => {}
+                    Err(sqlx::Error::Database(d)) if schema::is_duplicate_column(d.message()) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
             let r = sqlx::query(
                 "INSERT INTO schema_migrations (version, description, applied_ms) VALUES (?, ?, ?)",

@@ -27,6 +27,19 @@ enum Step {
     Table(Table),
     /// Creates the row unless it exists (`INSERT OR IGNORE` / `INSERT IGNORE`).
     InsertIgnore(&'static str),
+    /// `ALTER TABLE table ADD COLUMN column`, a nullable column. MySQL says
+    /// `IF NOT EXISTS`; SQLite cannot, so the runner takes SQLite's
+    /// "duplicate column name" as done ([`is_duplicate_column`]).
+    AddColumn {
+        table: &'static str,
+        column: &'static str,
+    },
+}
+
+/// Whether a failed statement was an [`Step::AddColumn`] that another
+/// process (or an interrupted run) already applied, on SQLite.
+pub fn is_duplicate_column(message: &str) -> bool {
+    message.contains("duplicate column name")
 }
 
 /// `CREATE TABLE IF NOT EXISTS`: `columns` may start a column with `{id}`,
@@ -49,6 +62,12 @@ impl Migration {
                     Dialect::MySql => format!("INSERT IGNORE {rest}"),
                 }),
                 Step::Table(t) => t.render(d, &mut out),
+                Step::AddColumn { table, column } => out.push(match d {
+                    Dialect::Sqlite => format!("ALTER TABLE {table} ADD COLUMN {column}"),
+                    Dialect::MySql => {
+                        format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}")
+                    }
+                }),
             }
         }
         out
@@ -175,6 +194,20 @@ pub const MIGRATIONS: &[Migration] = &[
                     ("counter_samples_at", "at_ms"),
                 ],
             }),
+        ],
+    },
+    Migration {
+        version: 3,
+        description: "hosts: the agent's last publish error and its time",
+        steps: &[
+            Step::AddColumn {
+                table: "hosts",
+                column: "publish_error VARCHAR(1000) NULL",
+            },
+            Step::AddColumn {
+                table: "hosts",
+                column: "publish_error_ms BIGINT NULL",
+            },
         ],
     },
 ];
