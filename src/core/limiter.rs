@@ -87,12 +87,16 @@
 //! strategy for years, so [`Limiter::repair_foreign`] replaces it with the
 //! **most restrictive legitimate state** (GCRA: an empty bucket with a full
 //! delay queue; windows: the current window full). Only the agent calls it
-//! (once a second, on the slots of the table it published), and it reads
-//! its clock *after* loading the word: every legitimate write happened
-//! before that load, at a clock reading no later than the agent's, so a
-//! legitimate state is never taken for foreign — not even when the agent
-//! itself is descheduled, since its compare-and-swap then fails on any
-//! word written meanwhile.
+//! (at every poll, 200 ms by default, on the slots of the table it
+//! published), and it reads its clock *after* loading the word: every
+//! legitimate write happened before that load, at a clock reading no later
+//! than the agent's, so a legitimate state is never taken for foreign — not
+//! even when the agent itself is descheduled, since its compare-and-swap
+//! then fails on any word written meanwhile. (Soundness needs the agent's
+//! clocks to be the workers': `CLOCK_MONOTONIC` for the buckets — nginx's
+//! `ngx_current_msec` is that clock, coarse, never ahead of it — and the
+//! wall clock for the windows; a wall clock stepped back by more than a
+//! minute makes the agent set the current window full once.)
 //!
 //! # Refunds
 //!

@@ -544,7 +544,7 @@ impl Writer {
     /// Replaces limiter state that no clock reading could have written
     /// (garbage, a slot rewritten by hand) with the most restrictive
     /// legitimate state, in every slot of the published table; returns how
-    /// many slots it changed. The agent calls this once a second: the
+    /// many slots it changed. The agent calls this at every poll: the
     /// request path never moves state backwards (a stale worker could not
     /// tell garbage from a newer legitimate state), the agent's fresh clock
     /// can ([`Limiter::repair_foreign`]).
