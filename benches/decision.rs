@@ -62,6 +62,7 @@ fn strategies(n: u32) -> Vec<Strategy> {
                 burst: 1_000_000,
                 action: Action::Reject { status: None },
                 enabled: true,
+                warm_up: Default::default(),
             }
         })
         .collect()
@@ -103,6 +104,98 @@ fn setup(n: u32, dir: &std::path::Path) -> (Arc<Table>, Writer) {
         .collect();
     w.publish(&list, &bl, 1).unwrap();
     let mut e = Engine::new(&path);
+    e.refresh(1);
+    (e.table().unwrap().clone(), w)
+}
+
+/// A strategy that never rejects, on `conds`.
+fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
+    Strategy {
+        id,
+        conditions: conds
+            .iter()
+            .map(|(d, v)| Condition::new(*d, v.as_str()))
+            .collect(),
+        algorithm: Algorithm::TokenBucket,
+        rate: 1_000_000,
+        per: Unit::Second,
+        burst: 1_000_000,
+        action: Action::Reject { status: None },
+        enabled: true,
+        warm_up: Default::default(),
+    }
+}
+
+/// The tables of `scripts/bench-instructions.sh` (same names): 10,000
+/// strategies on ip + api the request never matches, plus the case's own:
+/// `ratectl` (`api=/bench`), `args` (`a=a5 b=b5`), `gridN` (every
+/// `a=ai b=bj`, i, j < N); `_bg` adds 100,000 strategies of other shapes
+/// sharing the request's a and b values.
+fn shaped(case: &str) -> Vec<Strategy> {
+    let mut list: Vec<Strategy> = (1..=10_000u32)
+        .map(|i| {
+            passing(
+                i,
+                &[
+                    (
+                        "ip",
+                        format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+                    ),
+                    ("api", format!("/x{}", i % 50)),
+                ],
+            )
+        })
+        .collect();
+    let own = case.trim_end_matches("_bg");
+    match own {
+        "ratectl" => list.push(passing(20_001, &[("api", "/bench".into())])),
+        "args" => list.push(passing(20_003, &[("a", "a5".into()), ("b", "b5".into())])),
+        grid => {
+            let n: u32 = grid.trim_start_matches("grid").parse().unwrap();
+            for i in 0..n {
+                for j in 0..n {
+                    list.push(passing(
+                        30_001 + i * n + j,
+                        &[("a", format!("a{i}")), ("b", format!("b{j}"))],
+                    ));
+                }
+            }
+        }
+    }
+    if case.ends_with("_bg") {
+        for i in 0..25_000u32 {
+            let id = 100_001 + 4 * i;
+            list.push(passing(
+                id,
+                &[("a", format!("a{}", i % 300)), ("api", format!("/y{i}"))],
+            ));
+            list.push(passing(
+                id + 1,
+                &[("b", format!("b{}", i % 300)), ("c", format!("c{i}"))],
+            ));
+            list.push(passing(id + 2, &[("userid", format!("u{i}"))]));
+            list.push(passing(
+                id + 3,
+                &[
+                    ("a", format!("a{}", i % 300)),
+                    ("b", format!("b{}", i % 290)),
+                    ("c", format!("c{i}")),
+                ],
+            ));
+        }
+    }
+    list
+}
+
+fn publish(list: &[Strategy], path: &std::path::Path) -> (Arc<Table>, Writer) {
+    let caps = Capacities {
+        max_strategies: 262_144,
+        segment_bytes: 64 << 20,
+        blacklist_entries: 16,
+    };
+    let mut w = Writer::create_or_adopt(path, caps, 0o600).unwrap();
+    w.publish(list, &[], 1).unwrap();
+    let mut e = Engine::new(path);
     e.refresh(1);
     (e.table().unwrap().clone(), w)
 }
@@ -158,7 +251,86 @@ fn decision(c: &mut Criterion) {
     }
     g.finish();
 
+    // The instruction benchmark's tables; the request GET /bench?a=a5&b=b5
+    // from 127.0.0.1 matches the case's own strategy.
+    let mut g = c.benchmark_group("decide_shape");
+    g.throughput(Throughput::Elements(1));
+    for case in [
+        "ratectl",
+        "args",
+        "grid10",
+        "grid100",
+        "grid250",
+        "ratectl_bg",
+        "args_bg",
+        "grid10_bg",
+        "grid100_bg",
+        "grid250_bg",
+    ] {
+        let (t, _w) = publish(&shaped(case), &dir.path().join(case));
+        let mut values: Vec<Option<&[u8]>> = vec![None; t.dimensions().len()];
+        for (name, v) in [("api", "/bench"), ("a", "a5"), ("b", "b5")] {
+            if let Some(i) = t.dimension_index(name) {
+                values[i] = Some(v.as_bytes());
+            }
+        }
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(
+            t.matching(&values).len(),
+            1,
+            "{case}: the request matches one strategy"
+        );
+        let mut now = 1_000_000_000u64;
+        let mut scratch = Scratch::default();
+        scratch.fit(&t);
+        g.bench_function(case, |b| {
+            b.iter(|| {
+                now += 1_000;
+                let r = Request {
+                    values: black_box(&values),
+                    ip: Some(ip.into()),
+                    now_ns: now,
+                    now_unix_ms: 1,
+                    dry_run: false,
+                    quota: false,
+                };
+                let mut held = SmallVec::new();
+                black_box(t.decide_into(&r, &mut held, &mut scratch))
+            })
+        });
+    }
+    g.finish();
+
     let mut g = c.benchmark_group("reload");
+    // What a worker does when a table of 65,536 strategies is published:
+    // copy the segment, decode, build (random shapes; a 256 x 256 grid).
+    g.sample_size(10);
+    for (name, list) in [
+        ("random", strategies(65_536)),
+        ("grid256", {
+            let mut l = Vec::new();
+            for i in 0..256u32 {
+                for j in 0..256u32 {
+                    l.push(passing(
+                        1 + i * 256 + j,
+                        &[("a", format!("a{i}")), ("b", format!("b{j}"))],
+                    ));
+                }
+            }
+            l
+        }),
+    ] {
+        let (t, _w) = publish(&list, &dir.path().join(format!("load-{name}")));
+        let map = t.mapping().unwrap().clone();
+        let mut buf = Vec::new();
+        g.bench_function(BenchmarkId::new("copy+decode+build/65536", name), |b| {
+            b.iter(|| {
+                let seq = map.seq();
+                let d = read_segment(&map.segment((seq & 1) as usize), seq, &mut buf).unwrap();
+                black_box(Table::build(d, Some(map.clone())))
+            })
+        });
+    }
     {
         let n = 10_000u32;
         let (t, _w) = setup(n, dir.path());

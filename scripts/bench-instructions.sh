@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
 # Instructions per request (valgrind callgrind: repeatable whatever else the
-# machine is doing) for plain empty_gif, limit_req (one zone), rate_ctl with
-# 10,000 strategies and a matching strategy that never rejects, and the
-# rate_ctl reject path. One nginx worker (master_process off) per case runs
-# under callgrind twice, for 500 and 2,500 keep-alive requests; the
-# difference / 2,000 is the cost of one request, start-up and table load
-# cancelled out.
+# machine is doing). Every case serves GET /bench?a=a5&b=b5 on the same
+# server; only what /bench does and the table differ:
+#
+#   plain       empty_gif
+#   limitreq    limit_req, key $binary_remote_addr
+#   limitreq2   limit_req, key $arg_a$arg_b
+#   ratectl     rate_ctl, "friendly": 10,000 strategies on ip+api, the
+#               request matches `api=/bench` (never rejects)
+#   reject      the same, the matching strategy rejects (503 path)
+#   args        rate_ctl, dimensions a=$arg_a b=$arg_b, the 10,000 and one
+#               strategy `a=a5 b=b5` that matches
+#   grid10 grid100 grid250
+#               the 10,000 and every `a=ai b=bj` (i, j < N), one matches
+#   *_bg        (ratectl_bg args_bg grid10_bg grid100_bg grid250_bg) the
+#               same table plus 100,000 strategies of other shapes
+#               ({a, api}, {b, c}, {userid}, {a, b, c}), many sharing the
+#               request's a and b values, none matching
+#
+# One nginx worker (master_process off) per case runs under callgrind
+# twice, for 500 and 2,500 keep-alive requests; the difference / 2,000 is
+# the cost of one request, start-up and table load cancelled out.
 #
 #   scripts/bench-instructions.sh [debian|vendored]
-#   env: SKIP_BUILD=1, CASES="plain ratectl", CALLGRIND_ARGS="--dump-instr=yes",
+#   env: SKIP_BUILD=1, CASES="plain ratectl grid100", CALLGRIND_ARGS="--dump-instr=yes",
 #   KEEP_PROFILES=DIR (keeps the
 #   callgrind files for callgrind_annotate)
 set -euo pipefail
@@ -38,33 +53,65 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-# Two tables of 10,000 strategies that differ in the one matching /bench:
-# pass (never rejects) and reject (rejects all but the first request).
-for kind in pass reject; do
-    {
-        background_strategies
-        if [ $kind = pass ]; then
-            echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench"
-        else
-            echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench"
-        fi
-    } >"$dir/table.$kind"
+# The tables, built only for the cases asked for (a 160,000-strategy
+# file takes a few seconds to publish).
+export RATE_CTL_TOOL_MAX_STRATEGIES=262144 RATE_CTL_TOOL_SEGMENT_MB=48
+# 100,000 strategies of shapes other than the cases' own, never matching
+# the benchmark request (ids from 100,001).
+other_shapes() {
+    awk 'BEGIN {
+        for (i = 0; i < 25000; i++) {
+            id = 100001 + 4 * i
+            r = "algorithm=token_bucket rate=100 per=second burst=100 when"
+            # a shares the request value a5 (i % 300 == 5) with a foreign api
+            printf "strategy id=%d %s a=a%d api=/y%d\n", id, r, i % 300, i
+            printf "strategy id=%d %s b=b%d c=c%d\n", id + 1, r, i % 300, i
+            printf "strategy id=%d %s userid=u%d\n", id + 2, r, i
+            printf "strategy id=%d %s a=a%d b=b%d c=c%d\n", id + 3, r, i % 300, i % 290, i
+        }
+    }'
+}
+table_for() {
+    local kind=$1 n
+    background_strategies
+    case ${kind%_bg} in
+    ratectl | plain | limitreq | limitreq2)
+        echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
+    reject) echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench" ;;
+    args) echo "strategy id=20003 algorithm=token_bucket rate=1000000 per=second burst=1000000 when a=a5 b=b5" ;;
+    grid*)
+        n=${kind%_bg}
+        n=${n#grid}
+        awk -v n="$n" 'BEGIN {
+            for (i = 0; i < n; i++) for (j = 0; j < n; j++)
+                printf "strategy id=%d algorithm=token_bucket rate=1000000 per=second burst=1000000 when a=a%d b=b%d\n", 30001 + i * n + j, i, j
+        }' ;;
+    *) echo "unknown case $kind" >&2 && exit 2 ;;
+    esac
+    case $kind in *_bg) other_shapes ;; esac
+}
+publish_for() {
+    local kind=$1
+    [ -e "$dir/shm.$kind" ] && return
+    table_for "$kind" >"$dir/table.$kind"
     (umask 0 && "$tool" publish "$dir/shm.$kind" "$dir/table.$kind" 1 >/dev/null)
-done
+}
 port=$((30000 + RANDOM % 10000))
 
 # Every case runs the same server: the same two locations, the table
 # loaded; only what /bench does differs (so location lookup, URI parsing
 # and the worker's heap are alike and the difference is the limiter).
 config() {
-    local shm=pass directive=""
+    local shm=$1 directive=""
     case $1 in
     plain) ;;
     limitreq) directive="limit_req zone=one burst=1000000 nodelay;" ;;
-    ratectl) directive="rate_ctl on;" ;;
-    reject) directive="rate_ctl on;" shm=reject ;;
-    *) echo "unknown case $1" >&2 && exit 2 ;;
+    limitreq2) directive="limit_req zone=two burst=1000000 nodelay;" ;;
+    *) directive="rate_ctl on;" ;;
     esac
+    # The cases without a table of their own load the friendly one.
+    case $1 in plain | limitreq | limitreq2) shm=ratectl ;; esac
+    publish_for "$shm"
     cat >"$dir/nginx.conf" <<CONF
 load_module $module;
 master_process off;
@@ -77,7 +124,12 @@ http {
     access_log off;
     rate_ctl_shm $dir/shm.$shm;
     rate_ctl_log_level info;
+    rate_ctl_dimension a \$arg_a;
+    rate_ctl_dimension b \$arg_b;
+    rate_ctl_dimension c \$arg_c;
+    rate_ctl_dimension userid \$arg_u;
     limit_req_zone \$binary_remote_addr zone=one:1m rate=1000000r/s;
+    limit_req_zone \$arg_a\$arg_b zone=two:1m rate=1000000r/s;
     server {
         listen 127.0.0.1:$port;
         location /bench { $directive empty_gif; }
@@ -96,7 +148,7 @@ run() {
     valgrind --tool=callgrind "${cg_args[@]}" --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
         >/dev/null 2>&1 &
     vpid=$!
-    python3 - "$port" "$n" <<'PY'
+    codes=$(python3 - "$port" "$n" <<'PY'
 import http.client, socket, sys, time
 port, n = int(sys.argv[1]), int(sys.argv[2])
 for _ in range(300):
@@ -105,19 +157,32 @@ for _ in range(300):
         break
     except OSError:
         time.sleep(0.1)
-c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+codes = {}
 for _ in range(n):
-    c.request("GET", "/bench")
-    c.getresponse().read()
+    c.request("GET", "/bench?a=a5&b=b5")
+    resp = c.getresponse()
+    resp.read()
+    codes[resp.status] = codes.get(resp.status, 0) + 1
+print(" ".join(f"{k}x{v}" for k, v in sorted(codes.items())))
 PY
+)
     kill -TERM "$vpid"
     wait "$vpid" || true
     vpid=""
+    # Every request answered as the case means it (the reject case lets
+    # the first one of the day through).
+    local want="200x$n"
+    [ "$case" != reject ] || want="503x$n"
+    if [ "$codes" != "$want" ] && { [ "$case" != reject ] || [ "$codes" != "200x1 503x$((n - 1))" ]; }; then
+        echo "$case: responses $codes, expected $want" >&2
+        exit 1
+    fi
     awk '/^(summary|totals):/ {print $2; exit}' "$out"
 }
 
 declare -A per
-read -ra cases <<<"${CASES:-plain limitreq ratectl reject}"
+read -ra cases <<<"${CASES:-plain limitreq limitreq2 ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg}"
 for c in "${cases[@]}"; do
     config "$c"
     a=$(run "$c" 500)

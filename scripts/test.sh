@@ -10,6 +10,8 @@
 #   5. the admin page in Debian's headless Chromium (playwright-core) against
 #      real rate-ctl serve, agent and nginx processes (scripts/browser-test.sh)
 #   6. a short cargo-fuzz run of every fuzz target
+#   7. the Debian packages: built, lintian, installed into Debian's nginx, run,
+#      purged (scripts/package-test.sh)
 # Every server it starts is stopped by PID on exit.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +46,9 @@ scripts/browser-test.sh
 
 step "fuzz smoke (every target, ${FUZZ_SECONDS:-20} s each)"
 scripts/fuzz-smoke.sh
+
+step "Debian packages: build, lintian, install, run, purge"
+scripts/package-test.sh
 
 step "done"
 echo "all test steps passed"

@@ -16,6 +16,9 @@ my @bad = (
     [ 'rate_ctl_blacklist_status 200;', 'server', qr/invalid status "200" in "rate_ctl_blacklist_status"/ ],
     [ 'rate_ctl_dry_run yes;', 'server', qr/invalid value "yes" in "rate_ctl_dry_run"/ ],
     [ 'rate_ctl_headers 1;', 'server', qr/invalid value "1" in "rate_ctl_headers"/ ],
+    [ 'rate_ctl_headers ietf;', 'server',
+      qr/invalid value "ietf" in "rate_ctl_headers" directive, it must be "off", "on", "legacy" or "draft"/ ],
+    [ 'rate_ctl_headers on draft;', 'server', qr/invalid number of arguments in "rate_ctl_headers"/ ],
     [ 'rate_ctl_log_level debug;', 'server', qr/invalid level "debug" in "rate_ctl_log_level"/ ],
     [ 'rate_ctl_dimension UserId $cookie_uid;', 'http', qr/invalid dimension name "UserId" in "rate_ctl_dimension"/ ],
     [ 'rate_ctl_dimension 9x $cookie_uid;', 'http', qr/invalid dimension name "9x"/ ],
@@ -34,7 +37,9 @@ my @good = (
     [ 'rate_ctl_dimension userid $cookie_uid; rate_ctl_dimension appid "app-$arg_appid";',
       'rate_ctl on; rate_ctl_status 429; rate_ctl_blacklist_status 451; rate_ctl_dry_run off;'
           . ' rate_ctl_log_level warn; rate_ctl_headers on;'
-          . ' location / { rate_ctl_status 599; empty_gif; } location /st { rate_ctl_stats; }' ],
+          . ' location / { rate_ctl_status 599; empty_gif; } location /st { rate_ctl_stats; }'
+          . ' location /l { rate_ctl_headers legacy; } location /d { rate_ctl_headers draft; }'
+          . ' location /o { rate_ctl_headers off; }' ],
 );
 
 for_each_target(sub {

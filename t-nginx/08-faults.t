@@ -125,7 +125,11 @@ for_each_target(sub {
     my $back = wait_for(5, sub { $n->get('/slow/big', '-m 0.3')->{code} == 200 });
     ok(defined $back, sprintf('units of the killed workers came back after %.2f s', $back // -1));
     ok(defined $back && $back <= 2.5, 'within the documented bound (about a second, 2.5 s here)');
-    like($n->error_log, qr/gave back 2 concurrency units held by a process that died/, 'the reclaim is logged');
+    # The two requests may have landed on one worker or on both: each
+    # reclaim is logged with its count, and the counts add up to 2.
+    my $given = 0;
+    $given += $_ for $n->error_log =~ /gave back (\d+) concurrency units? held by a process that died/g;
+    is($given, 2, 'the reclaim is logged with the units given back');
     # And the limit still holds afterwards.
     @bg = ();
     for (1 .. 2) {

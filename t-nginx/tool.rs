@@ -12,6 +12,7 @@
 //! strategy id=1 algorithm=token_bucket rate=5 per=second burst=5 action=reject status=429 when ip=127.0.0.1 api=/pay
 //! strategy id=2 algorithm=leaky_bucket rate=10 per=second action=delay max_delay_ms=500
 //! strategy id=3 algorithm=concurrency rate=2 action=dry_run when api=/slow
+//! strategy id=4 algorithm=warm_up rate=100 warm_up_ms=2000 cold_factor=3 when api=/cold
 //! blacklist ip 127.0.0.1 ttl_ms=1500
 //! blacklist userid u666
 //! ```
@@ -24,10 +25,19 @@ use rate_ctl::core::model::{Action, Condition, Strategy};
 use rate_ctl::core::shm::{unix_ms, Capacities, Mapping, H_SEQ};
 use rate_ctl::core::writer::Writer;
 
+/// The file's capacities: 16,384 strategies in 4 MiB segments, or what
+/// `RATE_CTL_TOOL_MAX_STRATEGIES` and `RATE_CTL_TOOL_SEGMENT_MB` say (the
+/// instruction benchmark's large tables).
 fn caps() -> Capacities {
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
     Capacities {
-        max_strategies: 16_384,
-        segment_bytes: 4 << 20,
+        max_strategies: env("RATE_CTL_TOOL_MAX_STRATEGIES", 16_384) as u32,
+        segment_bytes: (env("RATE_CTL_TOOL_SEGMENT_MB", 4) as u64) << 20,
         blacklist_entries: 1024,
     }
 }
@@ -42,7 +52,11 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
         burst: 1,
         action: Action::Reject { status: None },
         enabled: true,
+        warm_up: Default::default(),
     };
+    if words.contains(&"algorithm=warm_up") {
+        s.warm_up.cold_factor = rate_ctl::core::model::DEFAULT_COLD_FACTOR;
+    }
     let mut action = "reject";
     let mut status = None;
     let mut max_delay_ms = 0;
@@ -70,6 +84,10 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             "status" => status = Some(num()? as u16),
             "max_delay_ms" => max_delay_ms = num()? as u32,
             "enabled" => s.enabled = v == "true",
+            "warm_up_ms" => s.warm_up.period_ms = num()? as u32,
+            "cold_factor" => {
+                s.warm_up.cold_factor = num()?.try_into().map_err(|e| format!("{k}: {e}"))?
+            }
             _ => return Err(format!("unknown key {k:?}")),
         }
     }

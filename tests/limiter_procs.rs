@@ -443,3 +443,71 @@ fn concurrency_limit_holds_across_processes() {
     let c = hits[0].slot.counters();
     assert_eq!((c.passed, c.limited), (admitted, attempts - admitted));
 }
+
+/// `warm_up` from cold, four processes hammering on the real clock: the
+/// 16-byte CAS keeps the two words consistent, so together they never
+/// admit more than one saturated process could (the closed form of the
+/// ramp, src/core/warm_up.rs), and they do climb.
+#[test]
+fn warm_up_across_processes_never_exceeds_the_single_process_ramp() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let map = SharedMap::new(MAP_LEN);
+    let r = map.region();
+    // 2,000/s: an interval of 500 µs, so that scheduling gaps of the four
+    // processes on a busy machine rarely count as idle time (a gap of one
+    // interval or more stores permits, as it should).
+    let mut s = strategy(Algorithm::TokenBucket, 2_000, Unit::Second, 1);
+    s.algorithm = Algorithm::WarmUp;
+    s.warm_up = rate_ctl::core::model::WarmUp {
+        period_ms: 1_000,
+        cold_factor: 3,
+    };
+    s.validate().unwrap();
+    let limiter = Limiter::from_strategy(&s);
+    let hits = [hit(&r, 0, &limiter)];
+    let t0 = MonotonicClock::now();
+    let end = t0 + 3 * S / 2;
+    run_children(Duration::from_secs(60), |child| {
+        let (mut admitted, mut last_admit) = (0u64, 0u64);
+        loop {
+            let now = MonotonicClock::now();
+            if now >= end {
+                break;
+            }
+            if admit(&hits, now, false).verdict == Verdict::Pass {
+                admitted += 1;
+                last_admit = now;
+            }
+        }
+        result(&r, child, 0, R_ADMITTED).store(admitted, Ordering::Relaxed);
+        result(&r, child, 0, R_LAST_ADMIT).store(last_admit, Ordering::Relaxed);
+    });
+    let admitted = sum(&r, 0, R_ADMITTED);
+    let last = (0..CHILDREN)
+        .map(|c| result(&r, c, 0, R_LAST_ADMIT).load(Ordering::Relaxed))
+        .max()
+        .unwrap();
+    // The single-process reference: a saturated stream from cold admits
+    // 2 W (c − i(t)) / (c² − s²) by t ≤ W, i(t) = √(c² − (c² − s²) t / W),
+    // then one per s; plus the first request, which goes at once.
+    let (sf, cf, w) = (1.0 / 2_000.0, 3.0 / 2_000.0, 1.0);
+    let t = (last.saturating_sub(t0)) as f64 / 1e9;
+    let ramp = |t: f64| {
+        let tw = t.min(w);
+        let i = (cf * cf - (cf * cf - sf * sf) * tw / w).sqrt();
+        2.0 * w * (cf - i) / (cf * cf - sf * sf) + (t - w).max(0.0) / sf
+    };
+    let reference = ramp(t).floor() as u64 + 1;
+    println!("warm_up: {admitted} admitted by {t:.3} s, reference {reference}");
+    assert!(
+        admitted <= reference,
+        "admitted {admitted} > single-process reference {reference}"
+    );
+    // The limit was binding (requests were refused), so the bound above
+    // was tested. How fast it warms depends on how often four processes on
+    // a busy 2-core machine get to poll (a gap of one interval stores
+    // permits): the ramp itself is checked by the core tests (fake clock)
+    // and t-nginx 08 (real nginx).
+    assert!(hits[0].slot.counters().limited > 0, "never refused");
+    assert_eq!(hits[0].slot.counters().passed, admitted);
+}

@@ -1,5 +1,7 @@
 //! The matcher against brute force: a strategy matches exactly when every
 //! one of its conditions equals the request's value of that dimension.
+//! Small random tables (few shared values: anchored lists), dense random
+//! tables of many shapes and grids (long lists: tuple-space groups).
 
 use proptest::prelude::*;
 use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
@@ -7,19 +9,92 @@ use rate_ctl::core::segment::{Decoded, Published};
 use rate_ctl::core::table::Table;
 
 const DIMS: [&str; 4] = ["ip", "userid", "api", "method"];
-const VALUES: [&str; 4] = ["a", "b", "c", "unnamed"];
+const VALUES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "unnamed"];
 
 fn value(d: usize, v: usize) -> String {
     if DIMS[d] == "ip" {
         format!("10.0.0.{v}")
-    } else {
+    } else if v < VALUES.len() {
         VALUES[v].to_string()
+    } else {
+        format!("v{v}")
     }
 }
 
-/// A strategy: for each dimension, maybe a condition on one of 3 values.
-fn strategy_spec() -> impl proptest::strategy::Strategy<Value = [Option<usize>; 4]> {
-    proptest::array::uniform4(proptest::option::of(0usize..3))
+/// A strategy: for each dimension, maybe a condition on one of `values` values.
+fn strategy_spec(values: usize) -> impl proptest::strategy::Strategy<Value = [Option<usize>; 4]> {
+    proptest::array::uniform4(proptest::option::of(0usize..values))
+}
+
+fn strategy(id: u32, spec: &[Option<usize>; 4], enabled: bool) -> Published {
+    let conditions = spec
+        .iter()
+        .enumerate()
+        .filter_map(|(d, v)| v.map(|v| Condition::new(DIMS[d], value(d, v))))
+        .collect();
+    Published {
+        strategy: Strategy {
+            id,
+            conditions,
+            algorithm: Algorithm::TokenBucket,
+            rate: 10,
+            per: Unit::Second,
+            burst: 1,
+            action: Action::Reject { status: None },
+            enabled,
+            warm_up: Default::default(),
+        },
+        slot: id - 1,
+        generation: 1,
+    }
+}
+
+fn table(published: &[Published]) -> Table {
+    Table::build(
+        Decoded {
+            publish_seq: 1,
+            config_version: 1,
+            published_unix_ms: 0,
+            strategies: published.to_vec(),
+            blacklist_dimensions: vec![],
+        },
+        None,
+    )
+}
+
+/// The ids `table` matches for a request (a value per dimension, `None`:
+/// absent) and the ids brute force finds.
+fn got_and_want(
+    table: &Table,
+    published: &[Published],
+    req: &[Option<usize>; 4],
+) -> (Vec<u32>, Vec<u32>) {
+    let texts: Vec<Option<String>> = (0..4).map(|d| req[d].map(|v| value(d, v))).collect();
+    let values: Vec<Option<&[u8]>> = table
+        .dimensions()
+        .iter()
+        .map(|name| {
+            let d = DIMS.iter().position(|x| x == name).unwrap();
+            texts[d].as_deref().map(str::as_bytes)
+        })
+        .collect();
+    let got = table.matching(&values);
+    let got: Vec<u32> = got
+        .iter()
+        .map(|&i| table.strategies()[i as usize].strategy.id)
+        .collect();
+    let want: Vec<u32> = published
+        .iter()
+        .filter(|p| p.strategy.enabled)
+        .filter(|p| {
+            p.strategy.conditions.iter().all(|c| {
+                let d = DIMS.iter().position(|x| *x == c.dimension).unwrap();
+                texts[d].as_deref().map(str::as_bytes) == Some(&c.value[..])
+            })
+        })
+        .map(|p| p.strategy.id)
+        .collect();
+    (got, want)
 }
 
 proptest! {
@@ -27,71 +102,91 @@ proptest! {
 
     #[test]
     fn matching_equals_brute_force(
-        specs in proptest::collection::vec(strategy_spec(), 0..60),
+        specs in proptest::collection::vec(strategy_spec(3), 0..60),
         requests in proptest::collection::vec(proptest::array::uniform4(proptest::option::of(0usize..4)), 1..20),
         disabled in proptest::collection::vec(any::<bool>(), 60),
     ) {
         let published: Vec<Published> = specs
             .iter()
             .enumerate()
-            .map(|(i, spec)| {
-                let conditions = spec
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(d, v)| v.map(|v| Condition::new(DIMS[d], value(d, v))))
-                    .collect();
-                Published {
-                    strategy: Strategy {
-                        id: i as u32 + 1,
-                        conditions,
-                        algorithm: Algorithm::TokenBucket,
-                        rate: 10,
-                        per: Unit::Second,
-                        burst: 1,
-                        action: Action::Reject { status: None },
-                        enabled: !disabled[i],
-                    },
-                    slot: i as u32,
-                    generation: 1,
-                }
-            })
+            .map(|(i, spec)| strategy(i as u32 + 1, spec, !disabled[i]))
             .collect();
-        let table = Table::build(
-            Decoded {
-                publish_seq: 1,
-                config_version: 1,
-                published_unix_ms: 0,
-                strategies: published.clone(),
-                blacklist_dimensions: vec![],
-            },
-            None,
-        );
+        let table = table(&published);
         for req in requests {
-            // Request value per dimension; 3 is a value no strategy names.
-            let texts: Vec<Option<String>> =
-                (0..4).map(|d| req[d].map(|v| value(d, v))).collect();
-            let values: Vec<Option<&[u8]>> = table
-                .dimensions()
-                .iter()
-                .map(|name| {
-                    let d = DIMS.iter().position(|x| x == name).unwrap();
-                    texts[d].as_deref().map(str::as_bytes)
-                })
-                .collect();
-            let got = table.matching(&values);
-            let got: Vec<u32> = got.iter().map(|&i| table.strategies()[i as usize].strategy.id).collect();
-            let want: Vec<u32> = published
-                .iter()
-                .filter(|p| p.strategy.enabled)
-                .filter(|p| {
-                    p.strategy.conditions.iter().all(|c| {
-                        let d = DIMS.iter().position(|x| *x == c.dimension).unwrap();
-                        texts[d].as_deref().map(str::as_bytes) == Some(&c.value[..])
-                    })
-                })
-                .map(|p| p.strategy.id)
-                .collect();
+            let (got, want) = got_and_want(&table, &published, &req);
             prop_assert_eq!(got, want);
         }
     }
+
+    /// Many strategies over few values: long anchored lists of several
+    /// shapes, most of them probed by shape (tuple-space groups), some
+    /// not (too many shapes for their length), plus duplicates.
+    #[test]
+    fn dense_multi_shape_tables_equal_brute_force(
+        specs in proptest::collection::vec(strategy_spec(5), 50..400),
+        requests in proptest::collection::vec(proptest::array::uniform4(proptest::option::of(0usize..6)), 1..40),
+    ) {
+        let published: Vec<Published> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| strategy(i as u32 + 1, spec, i % 17 != 3))
+            .collect();
+        let table = table(&published);
+        for req in requests {
+            let (got, want) = got_and_want(&table, &published, &req);
+            prop_assert_eq!(got, want);
+        }
+    }
+}
+
+/// A 20 × 20 grid `userid=ui AND api=aj`, a second grid over three
+/// dimensions, single-condition strategies on the grid's values and
+/// strategies of other shapes sharing them: every request of the value
+/// space (present or absent per dimension) against brute force, and the
+/// grid really probed by shape.
+#[test]
+fn grids_with_other_shapes_equal_brute_force() {
+    let mut specs: Vec<[Option<usize>; 4]> = Vec::new();
+    for i in 0..20 {
+        for j in 0..20 {
+            specs.push([None, Some(i), Some(j), None]);
+        }
+    }
+    for i in 0..6 {
+        for j in 0..6 {
+            for k in 0..3 {
+                specs.push([Some(k), Some(i), None, Some(j)]);
+            }
+        }
+    }
+    for i in 0..20 {
+        specs.push([None, Some(i), None, None]);
+        specs.push([None, None, Some(i), None]);
+        specs.push([Some(i % 4), None, Some(i), None]);
+        specs.push([None, Some(i), None, Some(i % 3)]);
+    }
+    specs.push([None, Some(5), Some(5), None]); // a duplicate of a grid cell
+    specs.push([None; 4]); // matches every request
+    let published: Vec<Published> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| strategy(i as u32 + 1, spec, true))
+        .collect();
+    let table = table(&published);
+    assert!(table.shape_groups() >= 2, "the grids are probed by shape");
+    let axis = |n: usize| std::iter::once(None).chain((0..n).map(Some));
+    let mut requests = 0;
+    for ip in axis(5) {
+        for user in axis(21) {
+            for api in axis(21) {
+                for method in axis(7) {
+                    let req = [ip, user, api, method];
+                    let (got, want) = got_and_want(&table, &published, &req);
+                    assert_eq!(got, want, "request {req:?}");
+                    requests += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(requests, 6 * 22 * 22 * 8);
 }

@@ -23,6 +23,18 @@ use agent::{wait_for, AgentProc};
 use cli::{json_lines, ok, stores};
 use serve::Serve;
 
+/// `rate_ctl_host_publish_error{host="id"}` of `GET /metrics`.
+fn metric(s: &Serve, id: &str) -> String {
+    let (code, body) = serve::http_raw(&s.addr, "GET", "/metrics", Some(&s.token), None);
+    let text = String::from_utf8(body).unwrap();
+    assert_eq!(code, 200, "{text}");
+    let key = format!("rate_ctl_host_publish_error{{host=\"{id}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .unwrap_or_else(|| panic!("no {key}in {text}"))
+        .to_string()
+}
+
 /// The hosts of `GET /api/v1/hosts` by id.
 fn host(s: &Serve, id: &str) -> Value {
     let (code, body) = s.req("GET", "/api/v1/hosts", None);
@@ -122,6 +134,9 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
                 "{label}: {h}"
             );
         }
+        for id in ids {
+            assert_eq!(metric(&s, id), "1", "{label}: /metrics for {id}");
+        }
         // `host list`, text and JSON, on the store.
         let text = ok(&["host", "list", "--store", &st.url]);
         assert!(text.contains("PUBLISH ERROR"), "{label}: {text}");
@@ -154,6 +169,7 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
             let h = host(&s, id);
             assert_eq!(h["publish_error_at"], Value::Null, "{label}: {h}");
             assert_eq!(h["lag"], 0, "{label}: {h}");
+            assert_eq!(metric(&s, id), "0", "{label}: /metrics for {id}");
         }
         let listed = json_lines(&ok(&["host", "list", "--store", &st.url, "--json"]));
         assert!(
@@ -163,7 +179,7 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
     }
 }
 
-/// Migration 3 adds the two columns to a store made before it (hosts kept),
+/// Migration 4 adds the two columns to a store made before it (hosts kept),
 /// and a run interrupted after its columns (not yet recorded) completes on
 /// the next start instead of failing on "duplicate column".
 #[test]
@@ -171,22 +187,22 @@ fn the_publish_error_columns_migrate_an_older_store_and_a_rerun() {
     for st in stores("publish_errors_migration") {
         let (label, s) = (st.label, st.url.as_str());
         ok(&["host", "set-weight", "edge-1", "3", "--store", s]);
-        // Back to schema version 2, as a store written before this change.
+        // Back to schema version 3, as a store written before this change.
         cli::sql(s, "ALTER TABLE hosts DROP COLUMN publish_error");
         cli::sql(s, "ALTER TABLE hosts DROP COLUMN publish_error_ms");
-        cli::sql(s, "DELETE FROM schema_migrations WHERE version = 3");
+        cli::sql(s, "DELETE FROM schema_migrations WHERE version = 4");
         let listed = json_lines(&ok(&["host", "list", "--store", s, "--json"]));
         assert_eq!(listed.len(), 1, "{label}");
         assert_eq!(listed[0]["weight"], 3, "{label}: the host is kept");
         assert!(listed[0]["publish_error"].is_null(), "{label}");
         // Columns there, migration not recorded: completed, not refused.
-        cli::sql(s, "DELETE FROM schema_migrations WHERE version = 3");
+        cli::sql(s, "DELETE FROM schema_migrations WHERE version = 4");
         let listed = json_lines(&ok(&["host", "list", "--store", s, "--json"]));
         assert_eq!(listed.len(), 1, "{label}");
         assert_eq!(
             cli::sql(
                 s,
-                "UPDATE schema_migrations SET applied_ms = applied_ms WHERE version = 3"
+                "UPDATE schema_migrations SET applied_ms = applied_ms WHERE version = 4"
             ),
             1,
             "{label}: recorded again"

@@ -993,3 +993,84 @@ fn openapi_matches_the_router() {
         404
     );
 }
+
+/// `warm_up`: the period and the cold factor are validated (each message
+/// naming its field, nothing written), stored, served and exported.
+#[test]
+fn warm_up_fields_validate_and_round_trip() {
+    for st in stores("serve_api_warm_up") {
+        let store = st.url.as_str();
+        let dir = tempfile::tempdir().unwrap();
+        let s = Serve::start_in(store, dir.path(), &[]);
+        let sp = "/api/v1/strategies";
+        let body = |extra: Value| {
+            let mut v = json!({"name": "search", "match": {"api": "/search"},
+                               "algorithm": "warm_up", "rate": 100});
+            for (k, x) in extra.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            v.to_string()
+        };
+        for (extra, field) in [
+            (json!({}), "warm_up_ms"),
+            (json!({"warm_up_ms": 999}), "warm_up_ms"),
+            (json!({"warm_up_ms": 3_600_001}), "warm_up_ms"),
+            (
+                json!({"warm_up_ms": 30_000, "cold_factor": 1}),
+                "cold_factor",
+            ),
+            (
+                json!({"warm_up_ms": 30_000, "cold_factor": 11}),
+                "cold_factor",
+            ),
+            (
+                json!({"warm_up_ms": 30_000, "cold_factor": 300}),
+                "cold_factor",
+            ),
+            (
+                json!({"algorithm": "token_bucket", "warm_up_ms": 30_000}),
+                "warm_up_ms",
+            ),
+            (
+                json!({"algorithm": "token_bucket", "cold_factor": 3}),
+                "cold_factor",
+            ),
+        ] {
+            refused(&s, store, "POST", sp, &body(extra), 422, Some(field));
+        }
+        let (c, v) = s.req("POST", sp, Some(&body(json!({"warm_up_ms": 30_000}))));
+        assert_eq!(c, 201, "{v}");
+        let id = v["id"].as_u64().unwrap();
+        let (c, v) = s.req("GET", &format!("{sp}/{id}"), None);
+        assert_eq!(c, 200, "{v}");
+        assert_eq!(v["algorithm"], "warm_up");
+        assert_eq!(v["warm_up_ms"], 30_000);
+        assert_eq!(v["cold_factor"], 3, "the default is stored: {v}");
+        assert_eq!(v["burst"], 1);
+        // A delay action is accepted on warm_up.
+        let (c, v) = s.req(
+            "POST",
+            sp,
+            Some(
+                &json!({"name": "cold-delay", "algorithm": "warm_up", "rate": 10,
+                         "warm_up_ms": 2_000, "cold_factor": 10, "action": "delay",
+                         "max_delay_ms": 500})
+                .to_string(),
+            ),
+        );
+        assert_eq!(c, 201, "{v}");
+        let (c, v) = s.req("GET", sp, None);
+        assert_eq!(c, 200, "{v}");
+        let listed = v["strategies"].as_array().unwrap();
+        assert!(listed
+            .iter()
+            .any(|x| x["name"] == "cold-delay" && x["cold_factor"] == 10));
+        // Non-warm-up strategies show the fields as null.
+        let (_, v) = s.req("POST", sp, Some(&strategy("pay").to_string()));
+        let (_, v) = s.req("GET", &format!("{sp}/{}", v["id"]), None);
+        assert!(
+            v["warm_up_ms"].is_null() && v["cold_factor"].is_null(),
+            "{v}"
+        );
+    }
+}

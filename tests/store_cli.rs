@@ -292,6 +292,64 @@ fn bad_arguments_name_the_argument_and_write_nothing() {
                 &["--name", "a", "--algorithm", "token_bucket", "--rate", "-3"],
                 "--rate",
             ),
+            (
+                &["--name", "a", "--algorithm", "warm_up", "--rate", "5"],
+                "--warm-up",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "warm_up",
+                    "--rate",
+                    "5",
+                    "--warm-up",
+                    "500ms",
+                ],
+                "--warm-up",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "warm_up",
+                    "--rate",
+                    "5",
+                    "--warm-up",
+                    "2h",
+                ],
+                "--warm-up",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "warm_up",
+                    "--rate",
+                    "5",
+                    "--warm-up",
+                    "30s",
+                    "--cold-factor",
+                    "11",
+                ],
+                "--cold-factor",
+            ),
+            (
+                &[
+                    "--name",
+                    "a",
+                    "--algorithm",
+                    "token_bucket",
+                    "--rate",
+                    "5",
+                    "--warm-up",
+                    "30s",
+                ],
+                "--warm-up",
+            ),
         ];
         for (args, flag) in cases {
             let mut full = vec!["strategy", "add", "--store", s];
@@ -607,5 +665,74 @@ fn dry_run_from_the_cli_keeps_the_action_it_ends_with() {
             "strategy", "update", "--store", s, &reject, "--action", "reject",
         ]);
         expect("delay", "reject");
+    }
+}
+
+/// `--algorithm warm_up --warm-up 30s`: stored with the default cold factor,
+/// listed, exported and imported again with its fields.
+#[test]
+fn warm_up_from_the_cli_round_trips_through_export_and_import() {
+    for st in stores("warm_up_cli") {
+        let s = st.url.as_str();
+        ok(&[
+            "strategy",
+            "add",
+            "--store",
+            s,
+            "--name",
+            "search",
+            "--match",
+            "api=/search",
+            "--algorithm",
+            "warm_up",
+            "--rate",
+            "500",
+            "--warm-up",
+            "30s",
+        ]);
+        let r = &rows("strategy", s)[0];
+        assert_eq!(r["algorithm"], "warm_up");
+        assert_eq!(r["warm_up_ms"], 30_000);
+        assert_eq!(r["cold_factor"], 3);
+        let id = r["id"].to_string();
+        ok(&[
+            "strategy",
+            "update",
+            &id,
+            "--store",
+            s,
+            "--cold-factor",
+            "5",
+        ]);
+        assert_eq!(rows("strategy", s)[0]["cold_factor"], 5);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("export.jsonl");
+        let file = file.to_str().unwrap();
+        ok(&["strategy", "export", "--store", s, file]);
+        let exported = std::fs::read_to_string(file).unwrap();
+        assert!(exported.contains("\"warm_up_ms\":30000"), "{exported}");
+        ok(&["strategy", "rm", &id, "--store", s]);
+        ok(&["strategy", "import", "--store", s, file]);
+        let r = &rows("strategy", s)[0];
+        assert_eq!(
+            (r["warm_up_ms"].clone(), r["cold_factor"].clone()),
+            (30_000.into(), 5.into())
+        );
+        // Switching to another algorithm drops the warm-up fields.
+        let id = r["id"].to_string();
+        ok(&[
+            "strategy",
+            "update",
+            &id,
+            "--store",
+            s,
+            "--algorithm",
+            "leaky_bucket",
+        ]);
+        let r = &rows("strategy", s)[0];
+        assert!(
+            r.get("warm_up_ms").is_none() && r.get("cold_factor").is_none(),
+            "{r}"
+        );
     }
 }

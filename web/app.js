@@ -16,6 +16,7 @@ const ALGORITHMS = {
   token_bucket: '“rate” per “per” on average; up to “burst” extra requests at once.',
   leaky_bucket: 'Evenly spaced: one request every per/rate. Burst is always 1.',
   concurrency: 'At most “rate” requests in flight at the same time; “per” and “burst” are ignored.',
+  warm_up: 'Starts at rate ÷ cold factor after a quiet period and climbs to “rate” over the warm-up period. Burst is always 1.',
 };
 
 const state = {
@@ -239,6 +240,7 @@ function describeLimit(s) {
   if (s.algorithm === 'concurrency') return `${s.rate} in flight`;
   let t = `${s.rate} / ${s.per}`;
   if (s.algorithm === 'token_bucket' && s.burst > 1) t += `, burst ${s.burst}`;
+  if (s.algorithm === 'warm_up') t += `, warm-up ${s.warm_up_ms / 1000} s ×${s.cold_factor}`;
   return t;
 }
 
@@ -422,7 +424,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'scope', 'action', 'status', 'max_delay_ms', 'enabled', 'match'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'scope', 'action', 'status', 'max_delay_ms', 'enabled', 'match'];
 
 function conditionRow(dim = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -445,8 +447,8 @@ $('#s-add-condition').addEventListener('click', () => {
   $('.cond-dim', row).focus();
 });
 
-// Only the buckets can delay a request (the API refuses a delay cap on others).
-const canDelay = (alg) => alg === 'token_bucket' || alg === 'leaky_bucket';
+// Only the buckets and warm_up can delay a request (the API refuses a delay cap on others).
+const canDelay = (alg) => alg === 'token_bucket' || alg === 'leaky_bucket' || alg === 'warm_up';
 
 // What a strategy saved in dry run keeps for when dry run ends: the edited
 // strategy's status, and its delay cap only while `alg` can still delay
@@ -464,14 +466,15 @@ function updateFormHints() {
   $('#s-algorithm-hint').textContent = ALGORITHMS[alg] || '';
   const bucket = canDelay(alg);
   $('#s-burst').disabled = alg !== 'token_bucket';
-  if (alg === 'leaky_bucket') $('#s-burst').value = 1;
+  if (alg === 'leaky_bucket' || alg === 'warm_up') $('#s-burst').value = 1;
+  $('#s-warm-up-fields').hidden = alg !== 'warm_up';
   $('#s-per').disabled = alg === 'concurrency';
   const action = $('#s-action').value;
   $('#s-status-field').hidden = action !== 'reject';
   $('#s-delay-field').hidden = action !== 'delay';
   $('#s-action-hint').textContent = action === 'dry_run'
     ? `Turning dry run off enforces: ${describeEnforcing({ action: 'dry_run', ...keptAfterDryRun(alg) })}.` : '';
-  $('#s-action-error').dataset.hint = action === 'delay' && !bucket ? 'Delay works with token bucket or leaky bucket.' : '';
+  $('#s-action-error').dataset.hint = action === 'delay' && !bucket ? 'Delay works with token bucket, leaky bucket or warm-up.' : '';
   $('#s-scope-hint').textContent = $('#s-scope').value === 'cluster'
     ? 'Split between hosts by weight.' : 'Each host allows the full rate.';
 }
@@ -492,6 +495,8 @@ function fillForm(s) {
   $('#s-rate').value = s ? s.rate : '';
   $('#s-per').value = s ? s.per : 'second';
   $('#s-burst').value = s ? s.burst : 1;
+  $('#s-warm-up').value = s && s.warm_up_ms ? s.warm_up_ms / 1000 : 30;
+  $('#s-cold-factor').value = s && s.cold_factor ? s.cold_factor : 3;
   $('#s-scope').value = s ? s.scope : 'cluster';
   $('#s-action').value = s ? s.action : 'reject';
   $('#s-status').value = s && s.status ? s.status : '';
@@ -545,6 +550,14 @@ function readForm() {
   body.per = $('#s-per').value;
   const burst = numberOrText($('#s-burst').value);
   if (burst !== null) body.burst = burst;
+  if (body.algorithm === 'warm_up') {
+    // The form asks for seconds; the API takes milliseconds and names the
+    // field warm_up_ms in its errors, shown under this input.
+    const w = numberOrText($('#s-warm-up').value);
+    if (w !== null) body.warm_up_ms = typeof w === 'number' ? Math.round(w * 1000) : w;
+    const cf = numberOrText($('#s-cold-factor').value);
+    if (cf !== null) body.cold_factor = cf;
+  }
   body.scope = $('#s-scope').value;
   body.action = $('#s-action').value;
   if (body.action === 'reject') {

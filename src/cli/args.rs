@@ -18,8 +18,9 @@ use rate_ctl::core::model::{Algorithm, ModelError, Unit};
     about = "Dynamic rate control for nginx: agent, config store and shared-memory tools"
 )]
 pub struct Cli {
-    /// Config store: sqlite:PATH (created on first use) or
-    /// mysql://USER:PASS@HOST:PORT/DB [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
+    /// Config store: sqlite:PATH (created on first use),
+    /// mysql://USER:PASS@HOST:PORT/DB or postgres://USER:PASS@HOST:PORT/DB
+    /// [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
     #[arg(long, global = true, value_name = "URL")]
     pub store: Option<String>,
     /// Manage strategies, blacklist and hosts through a running
@@ -233,6 +234,12 @@ pub struct StrategyAdd {
     /// Longest wait for delay, in ms.
     #[arg(long)]
     pub max_delay_ms: Option<u32>,
+    /// warm_up: time from cold to the full rate (1s … 1h), e.g. 30s.
+    #[arg(long = "warm-up", value_name = "DURATION", value_parser = parse_warm_up)]
+    pub warm_up: Option<u32>,
+    /// warm_up: the cold interval is this × 1/rate (2 … 10, default 3).
+    #[arg(long)]
+    pub cold_factor: Option<u8>,
     /// cluster: the rate is for the whole fleet; each host enforces
     /// ceil(rate × its weight / Σ weights of hosts with a fresh heartbeat),
     /// at least 1 (token-bucket burst split alike). host: per host as written.
@@ -269,12 +276,24 @@ pub struct StrategyUpdate {
     pub status: Option<u16>,
     #[arg(long)]
     pub max_delay_ms: Option<u32>,
+    /// warm_up: time from cold to the full rate (1s … 1h).
+    #[arg(long = "warm-up", value_name = "DURATION", value_parser = parse_warm_up)]
+    pub warm_up: Option<u32>,
+    /// warm_up: cold factor (2 … 10).
+    #[arg(long)]
+    pub cold_factor: Option<u8>,
     #[arg(long, value_parser = parse_scope)]
     pub scope: Option<Scope>,
     #[arg(long, conflicts_with = "disable")]
     pub enable: bool,
     #[arg(long)]
     pub disable: bool,
+}
+
+/// `--warm-up`: a duration in ms (the range is the model's check).
+pub fn parse_warm_up(s: &str) -> Result<u32, BadValue> {
+    let ms = parse_duration_ms(s)?;
+    u32::try_from(ms).map_err(|_| BadValue::WarmUpTooLong(ms))
 }
 
 pub fn parse_algorithm(s: &str) -> Result<Algorithm, ModelError> {

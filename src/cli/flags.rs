@@ -26,6 +26,8 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::Expires) => "--expires",
         Some(Field::Reason) => "--reason",
         Some(Field::Weight) => "--weight",
+        Some(Field::WarmUpMs) => "--warm-up",
+        Some(Field::ColdFactor) => "--cold-factor",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }
@@ -69,6 +71,8 @@ pub enum BadValue {
     NotADuration(String),
     #[error("{0:?} is too long")]
     TooLong(String),
+    #[error("warm_up_ms: {0} ms is more than 1 hour")]
+    WarmUpTooLong(u64),
 }
 
 /// Parses a duration such as `30s`, `10m`, `2h`, `1d` or `500ms`.

@@ -204,6 +204,8 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 max_delay_ms: a.max_delay_ms,
                 enabled: !a.disabled,
                 scope: a.scope,
+                warm_up_ms: a.warm_up,
+                cold_factor: a.cold_factor,
                 created_ms: 0,
                 updated_ms: 0,
                 version: 0,
@@ -233,7 +235,17 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 rec.conditions.clear();
             }
             if let Some(a) = u.algorithm {
+                if a != rate_ctl::core::model::Algorithm::WarmUp {
+                    rec.warm_up_ms = None;
+                    rec.cold_factor = None;
+                }
                 rec.algorithm = a;
+            }
+            if let Some(w) = u.warm_up {
+                rec.warm_up_ms = Some(w);
+            }
+            if let Some(c) = u.cold_factor {
+                rec.cold_factor = Some(c);
             }
             if let Some(r) = u.rate {
                 rec.rate = r;

@@ -117,6 +117,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::model::{Action, Algorithm, Strategy, MAX_WINDOW_COUNT};
 use super::slot::Slot;
+use super::warm_up::{self, WarmUpParams};
 
 /// How far beyond its legitimate horizon (at a fresh clock reading) a state
 /// word may lie before [`Limiter::repair_foreign`] takes it as foreign
@@ -155,6 +156,8 @@ enum Params {
     Concurrency {
         limit: u64,
     },
+    /// `warm_up` (src/core/warm_up.rs).
+    WarmUp(WarmUpParams),
 }
 
 /// Result of [`Limiter::acquire`].
@@ -198,10 +201,13 @@ pub struct Quota {
     /// fixed window: time until the window ends. Never 0 when `remaining`
     /// is 0.
     pub reset_ns: u64,
+    /// The period the limit is counted over (`RateLimit-Policy`'s `w`):
+    /// buckets: burst × interval; windows: the period; concurrency: 0.
+    pub window_ns: u64,
 }
 
 impl Quota {
-    fn new(limit: u64, remaining: u64, reset_ns: u64) -> Quota {
+    pub(crate) fn new(limit: u64, remaining: u64, reset_ns: u64) -> Quota {
         let remaining = remaining.min(limit);
         let reset_ns = if remaining == 0 {
             reset_ns.max(1)
@@ -212,7 +218,24 @@ impl Quota {
             limit,
             remaining,
             reset_ns,
+            window_ns: 0,
         }
+    }
+}
+
+impl Reservation {
+    /// A reservation from its words (limiters in other files).
+    pub(crate) fn raw(wait_ns: u64, token: u64, prev: u64) -> Reservation {
+        Reservation {
+            wait_ns,
+            token,
+            prev,
+        }
+    }
+
+    /// The word written and the word replaced.
+    pub(crate) fn raw_words(&self) -> (u64, u64) {
+        (self.token, self.prev)
     }
 }
 
@@ -339,12 +362,7 @@ impl Limiter {
                 };
                 let interval = s.interval_ns().clamp(1, u64::MAX / 4);
                 let tau = interval.saturating_mul(burst).min(u64::MAX / 4);
-                let max_delay = match s.action {
-                    Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
-                        (max_delay_ms as u64).saturating_mul(1_000_000)
-                    }
-                    _ => 0,
-                };
+                let max_delay = max_delay_ns(s.action);
                 Params::Gcra {
                     interval,
                     tau,
@@ -358,6 +376,12 @@ impl Limiter {
             Algorithm::Concurrency => Params::Concurrency {
                 limit: s.rate.min(MAX_WINDOW_COUNT),
             },
+            Algorithm::WarmUp => Params::WarmUp(WarmUpParams::new(
+                s.interval_ns(),
+                s.warm_up.cold_factor,
+                s.warm_up.period_ms,
+                max_delay_ns(s.action),
+            )),
         };
         Limiter {
             algorithm: s.algorithm,
@@ -371,8 +395,9 @@ impl Limiter {
 
     /// Tries to admit one request at `now_ns`. Inlined into the request
     /// path with the token bucket (the common algorithm); the others are
-    /// calls.
-    #[inline]
+    /// calls (`inline(always)`: with the sixth algorithm the compiler
+    /// stopped inlining it, 25 instructions more per request).
+    #[inline(always)]
     pub fn acquire(&self, slot: &Slot, now_ns: u64) -> Outcome {
         match self.params {
             Params::Gcra {
@@ -388,6 +413,7 @@ impl Limiter {
                 }
             }
             Params::Concurrency { limit } => concurrency_acquire(slot.state0(), limit),
+            Params::WarmUp(p) => warm_up::acquire(&p, slot, now_ns),
         }
     }
 
@@ -407,6 +433,7 @@ impl Limiter {
                 window_refund(word, r);
             }
             Params::Concurrency { .. } => concurrency_release(slot.state0()),
+            Params::WarmUp(p) => warm_up::refund(&p, slot, r),
         }
     }
 
@@ -469,6 +496,7 @@ impl Limiter {
                 }
                 repaired
             }
+            Params::WarmUp(p) => warm_up::repair_foreign(&p, slot, clock),
             Params::Concurrency { .. } => false,
         }
     }
@@ -496,6 +524,17 @@ impl Limiter {
 
     /// Quota as seen at `now_ns` (for `RateLimit-*` headers). Read-only.
     pub fn quota(&self, slot: &Slot, now_ns: u64) -> Quota {
+        let mut q = self.quota_now(slot, now_ns);
+        q.window_ns = match self.params {
+            Params::Gcra { tau, .. } => tau,
+            Params::Window { period, .. } => period,
+            Params::Concurrency { .. } => 0,
+            Params::WarmUp(p) => p.stable,
+        };
+        q
+    }
+
+    fn quota_now(&self, slot: &Slot, now_ns: u64) -> Quota {
         let now = now_ns;
         match self.params {
             Params::Gcra { interval, tau, .. } => {
@@ -539,11 +578,22 @@ impl Limiter {
                 };
                 Quota::new(limit, remaining, reset)
             }
+            Params::WarmUp(p) => warm_up::quota(&p, slot, now),
         }
     }
 }
 
-#[inline]
+/// The `delay` action's cap in ns (0 for other actions).
+fn max_delay_ns(action: Action) -> u64 {
+    match action {
+        Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
+            (max_delay_ms as u64).saturating_mul(1_000_000)
+        }
+        _ => 0,
+    }
+}
+
+#[inline(always)]
 fn gcra_acquire(w: &AtomicU64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Outcome {
     let horizon = tau.saturating_add(max_delay);
     let mut tat = w.load(Ordering::Acquire);
@@ -731,6 +781,13 @@ mod tests {
         let region = local.region();
         let slot = Slot::at(&region, 0).unwrap();
         f(&slot)
+    }
+
+    impl Quota {
+        fn no_window(mut self) -> Quota {
+            self.window_ns = 0;
+            self
+        }
     }
 
     fn admitted(l: &Limiter, slot: &Slot, now: u64) -> bool {
@@ -1212,30 +1269,33 @@ mod tests {
             let l = limiter(Algorithm::TokenBucket, 10, Unit::Second, 3, REJECT);
             let now = 50 * S;
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 3,
                     remaining: 3,
-                    reset_ns: 0
+                    reset_ns: 0,
+                    window_ns: 0
                 }
             );
             assert!(admitted(&l, slot, now));
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 3,
                     remaining: 2,
-                    reset_ns: 100 * MS
+                    reset_ns: 100 * MS,
+                    window_ns: 0
                 }
             );
             assert!(admitted(&l, slot, now));
             assert!(admitted(&l, slot, now));
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 3,
                     remaining: 0,
-                    reset_ns: 300 * MS
+                    reset_ns: 300 * MS,
+                    window_ns: 0
                 }
             );
         });
@@ -1243,21 +1303,23 @@ mod tests {
             let l = limiter(Algorithm::FixedWindow, 2, Unit::Minute, 0, REJECT);
             let now = 60 * S + 10 * S;
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 2,
                     remaining: 2,
-                    reset_ns: 50 * S
+                    reset_ns: 50 * S,
+                    window_ns: 0
                 }
             );
             assert!(admitted(&l, slot, now));
             assert!(admitted(&l, slot, now));
             assert_eq!(
-                l.quota(slot, now),
+                l.quota(slot, now).no_window(),
                 Quota {
                     limit: 2,
                     remaining: 0,
-                    reset_ns: 50 * S
+                    reset_ns: 50 * S,
+                    window_ns: 0
                 }
             );
         });
@@ -1272,7 +1334,8 @@ mod tests {
                 Quota {
                     limit: 4,
                     remaining: 0,
-                    reset_ns: 1_500 * MS
+                    reset_ns: 1_500 * MS,
+                    window_ns: S
                 }
             );
             // Next window at 6.5 s: floor(4 × 0.5) = 2 used.
@@ -1281,7 +1344,8 @@ mod tests {
                 Quota {
                     limit: 4,
                     remaining: 2,
-                    reset_ns: 500 * MS
+                    reset_ns: 500 * MS,
+                    window_ns: S
                 }
             );
         });
@@ -1292,7 +1356,8 @@ mod tests {
                 Quota {
                     limit: 1,
                     remaining: 1,
-                    reset_ns: 0
+                    reset_ns: 0,
+                    window_ns: 0
                 }
             );
             assert!(admitted(&l, slot, 0));
@@ -1301,7 +1366,8 @@ mod tests {
                 Quota {
                     limit: 1,
                     remaining: 0,
-                    reset_ns: CONCURRENCY_RETRY_NS
+                    reset_ns: CONCURRENCY_RETRY_NS,
+                    window_ns: 0
                 }
             );
         });

@@ -33,6 +33,14 @@ pub const CLOCK_TICK_NS: u64 = 1_000_000;
 /// Largest count per window for `fixed_window` and `sliding_window`, and the
 /// largest in-flight limit of `concurrency` (counts are 32-bit in the slot).
 pub const MAX_WINDOW_COUNT: u64 = u32::MAX as u64 - 1;
+/// Warm-up period bounds of `warm_up`, in milliseconds (1 s … 1 h).
+pub const MIN_WARM_UP_MS: u32 = 1_000;
+pub const MAX_WARM_UP_MS: u32 = 3_600_000;
+/// Cold factor bounds of `warm_up` (Guava and Sentinel use 3).
+pub const MIN_COLD_FACTOR: u8 = 2;
+pub const MAX_COLD_FACTOR: u8 = 10;
+/// Cold factor when none is given.
+pub const DEFAULT_COLD_FACTOR: u8 = 3;
 
 /// Why a strategy was refused. Every variant names the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,7 +86,15 @@ pub enum ModelError {
     BadStatus(u16),
     #[error("action.max_delay_ms: must be between 1 and {MAX_DELAY_MS}, got {0}")]
     BadMaxDelay(u32),
-    #[error("action: delay needs token_bucket or leaky_bucket, not {0}")]
+    #[error("warm_up_ms: must be between {MIN_WARM_UP_MS} and {MAX_WARM_UP_MS} (1 s to 1 h) for warm_up, got {0}")]
+    BadWarmUp(u32),
+    #[error(
+        "cold_factor: must be between {MIN_COLD_FACTOR} and {MAX_COLD_FACTOR} for warm_up, got {0}"
+    )]
+    BadColdFactor(u8),
+    #[error("warm_up_ms: only the warm_up algorithm has a warm-up period, not {0}")]
+    WarmUpNeedsWarmUp(Algorithm),
+    #[error("action: delay needs token_bucket, leaky_bucket or warm_up, not {0}")]
     DelayNeedsBucket(Algorithm),
     #[error("{field}: unknown value {value:?} (expected one of {expected})")]
     UnknownKeyword {
@@ -97,15 +113,17 @@ pub enum Algorithm {
     TokenBucket = 3,
     LeakyBucket = 4,
     Concurrency = 5,
+    WarmUp = 6,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
         Algorithm::Concurrency,
+        Algorithm::WarmUp,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -115,6 +133,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Concurrency => "concurrency",
+            Algorithm::WarmUp => "warm_up",
         }
     }
 
@@ -125,6 +144,12 @@ impl Algorithm {
     /// GCRA algorithms (one theoretical arrival time per slot).
     pub fn is_bucket(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+
+    /// Algorithms whose state is a time, so that the `delay` action can
+    /// queue on them: the buckets and `warm_up`.
+    pub fn can_delay(self) -> bool {
+        self.is_bucket() || self == Algorithm::WarmUp
     }
 }
 
@@ -143,7 +168,7 @@ impl FromStr for Algorithm {
             .ok_or_else(|| ModelError::UnknownKeyword {
                 field: "algorithm",
                 value: s.to_string(),
-                expected: "fixed_window, sliding_window, token_bucket, leaky_bucket, concurrency",
+                expected: "fixed_window, sliding_window, token_bucket, leaky_bucket, concurrency, warm_up",
             })
     }
 }
@@ -245,6 +270,22 @@ impl Action {
     }
 }
 
+/// The warm-up of a `warm_up` strategy (both 0 for every other algorithm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WarmUp {
+    /// Time a saturated strategy takes from cold to the full rate.
+    pub period_ms: u32,
+    /// Interval between admissions when cold = `cold_factor` × 1/rate.
+    pub cold_factor: u8,
+}
+
+impl WarmUp {
+    pub const NONE: WarmUp = WarmUp {
+        period_ms: 0,
+        cold_factor: 0,
+    };
+}
+
 /// One exact `dimension = value` condition.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Condition {
@@ -275,6 +316,8 @@ pub struct Strategy {
     pub burst: u32,
     pub action: Action,
     pub enabled: bool,
+    /// `warm_up` only; [`WarmUp::NONE`] otherwise.
+    pub warm_up: WarmUp,
 }
 
 /// Is `name` a valid dimension name: `[a-z][a-z0-9_]*`, at most 32 bytes.
@@ -361,6 +404,7 @@ impl Strategy {
             burst,
             action,
             enabled: true,
+            warm_up: WarmUp::NONE,
         };
         if s.algorithm == Algorithm::LeakyBucket {
             s.burst = 1;
@@ -384,7 +428,7 @@ impl Strategy {
                 }
             }
         }
-        if self.algorithm == Algorithm::LeakyBucket {
+        if matches!(self.algorithm, Algorithm::LeakyBucket | Algorithm::WarmUp) {
             self.burst = 1;
         }
         self.check()?;
@@ -468,10 +512,21 @@ impl Strategy {
         if self.rate == 0 {
             return Err(ModelError::ZeroRate);
         }
+        if self.algorithm == Algorithm::WarmUp {
+            let w = self.warm_up;
+            if !(MIN_WARM_UP_MS..=MAX_WARM_UP_MS).contains(&w.period_ms) {
+                return Err(ModelError::BadWarmUp(w.period_ms));
+            }
+            if !(MIN_COLD_FACTOR..=MAX_COLD_FACTOR).contains(&w.cold_factor) {
+                return Err(ModelError::BadColdFactor(w.cold_factor));
+            }
+        } else if self.warm_up != WarmUp::NONE {
+            return Err(ModelError::WarmUpNeedsWarmUp(self.algorithm));
+        }
         match self.algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::WarmUp => {
                 if self.burst == 0
-                    || (self.algorithm == Algorithm::LeakyBucket && self.burst != 1)
+                    || (self.algorithm != Algorithm::TokenBucket && self.burst != 1)
                     || self.burst > MAX_BURST
                 {
                     return Err(ModelError::BadBurst {
@@ -514,7 +569,7 @@ impl Strategy {
                 if max_delay_ms == 0 || max_delay_ms > MAX_DELAY_MS {
                     return Err(ModelError::BadMaxDelay(max_delay_ms));
                 }
-                if !self.algorithm.is_bucket() {
+                if !self.algorithm.can_delay() {
                     return Err(ModelError::DelayNeedsBucket(self.algorithm));
                 }
             }
@@ -555,6 +610,7 @@ mod tests {
             burst: 20,
             action: Action::Reject { status: None },
             enabled: true,
+            warm_up: WarmUp::NONE,
         }
     }
 

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{fence, Ordering};
 
-use super::model::{Action, Algorithm, Condition, Strategy, Unit};
+use super::model::{Action, Algorithm, Condition, Strategy, Unit, WarmUp};
 use super::region::Region;
 
 /// `"RCSG"` little-endian.
@@ -73,7 +73,7 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         out.extend_from_slice(&0u32.to_le_bytes()); // record length, patched below
         out.extend_from_slice(&s.id.to_le_bytes());
         out.extend_from_slice(&p.slot.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&s.warm_up.period_ms.to_le_bytes());
         out.extend_from_slice(&p.generation.to_le_bytes());
         out.extend_from_slice(&s.rate.to_le_bytes());
         out.extend_from_slice(&s.burst.to_le_bytes());
@@ -90,7 +90,8 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         out.push(kind);
         out.push(s.conditions.len() as u8);
         out.extend_from_slice(&status.to_le_bytes());
-        out.extend_from_slice(&(s.enabled as u16).to_le_bytes());
+        out.push(s.enabled as u8);
+        out.push(s.warm_up.cold_factor);
         for c in &s.conditions {
             out.push(c.dimension.len() as u8);
             out.extend_from_slice(c.dimension.as_bytes());
@@ -269,7 +270,7 @@ pub fn decode_payload(
         let trunc = || bad("truncated");
         let id = r.u32().ok_or_else(trunc)?;
         let slot = r.u32().ok_or_else(trunc)?;
-        r.u32().ok_or_else(trunc)?;
+        let warm_up_ms = r.u32().ok_or_else(trunc)?;
         let generation = r.u64().ok_or_else(trunc)?;
         let rate = r.u64().ok_or_else(trunc)?;
         let burst = r.u32().ok_or_else(trunc)?;
@@ -280,7 +281,8 @@ pub fn decode_payload(
         let kind = r.u8().ok_or_else(trunc)?;
         let n = r.u8().ok_or_else(trunc)? as usize;
         let status = r.u16().ok_or_else(trunc)?;
-        let enabled = r.u16().ok_or_else(trunc)? != 0;
+        let enabled = r.u8().ok_or_else(trunc)? != 0;
+        let cold_factor = r.u8().ok_or_else(trunc)?;
         let action = match kind {
             1 => Action::Reject {
                 status: (status != 0).then_some(status),
@@ -308,6 +310,10 @@ pub fn decode_payload(
             burst,
             action,
             enabled,
+            warm_up: WarmUp {
+                period_ms: warm_up_ms,
+                cold_factor,
+            },
         };
         strategy
             .check()
@@ -357,6 +363,7 @@ mod tests {
             burst: 5,
             action: Action::Reject { status: Some(429) },
             enabled: true,
+            warm_up: WarmUp::NONE,
         };
         s.validate().unwrap();
         Published {

@@ -20,7 +20,8 @@ use super::slot::SLOT_SIZE;
 /// `"RATECTL\0"` read as a little-endian u64.
 pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// Version of the whole layout (header, segments, slots, blacklist).
-/// 2: the concurrency ledger region (`H_LEDGER_OFF`, `H_LEDGER_LEN`).
+/// 2: the concurrency ledger region (`H_LEDGER_OFF`, `H_LEDGER_LEN`) and
+/// the warm-up fields of a segment's strategy record.
 pub const LAYOUT_VERSION: u32 = 2;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");

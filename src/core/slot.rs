@@ -137,22 +137,30 @@ impl<'a> Slot<'a> {
     }
 }
 
-/// Process-local slots for tests and benchmarks.
+/// Process-local slots for tests and benchmarks, aligned like the file's
+/// (64 bytes: `warm_up` swaps `state0` and `state1` as one 16-byte unit).
 pub struct LocalSlots {
-    words: Vec<AtomicU64>,
+    lines: Vec<Line>,
 }
+
+#[repr(C, align(64))]
+struct Line([AtomicU64; SLOT_SIZE / 8]);
 
 impl LocalSlots {
     pub fn new(count: usize) -> LocalSlots {
         LocalSlots {
-            words: (0..count * SLOT_SIZE / 8)
-                .map(|_| AtomicU64::new(0))
+            lines: (0..count)
+                .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
         }
     }
 
     pub fn region(&self) -> Region<'_> {
-        Region::from_atomics(&self.words)
+        // SAFETY: the lines are contiguous (`Vec`), `repr(C)` arrays of
+        // AtomicU64 without padding (64 bytes each, aligned to 64), valid for
+        // `len × 64` bytes while `self` is borrowed, and only accessed
+        // atomically.
+        unsafe { Region::from_raw(self.lines.as_ptr() as *mut u8, self.lines.len() * SLOT_SIZE) }
     }
 }
 

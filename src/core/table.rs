@@ -9,11 +9,20 @@
 //! per dimension in use), then checks the anchored strategies' other
 //! conditions by comparing interned ids — integer compares, no string work.
 //! A strategy alone under its value with no other condition (`api=/pay`)
-//! matches on the lookup itself. The cost is the number of probes plus the
-//! number of strategies anchored under the request's own values,
-//! independent of the table size; strategies without conditions match
-//! every request. The working arrays live in a [`Scratch`] the nginx
-//! worker keeps, so a request allocates and clears nothing.
+//! matches on the lookup itself.
+//!
+//! When many strategies share their anchor value (a grid `user=ui AND
+//! api=aj`: every anchor value holds a whole row), the value holds instead
+//! one tuple-space [`Group`] per shape (set of dimensions) among them, and
+//! the request probes each group once with its tuple of interned ids
+//! ([`tuple_map`](super::tuple_map)). A value keeps its list of candidates
+//! when that is shorter than [`HEAVY_MIN`] or than twice its number of
+//! shapes, so the cost of a request is the number of lookups plus, per
+//! value found, at most about twice the number of shapes anchored there —
+//! independent of the table size and of how many strategies share a value;
+//! strategies without conditions match every request. The working arrays
+//! live in a [`Scratch`] the nginx worker keeps, so a request allocates and
+//! clears nothing.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -28,9 +37,17 @@ use super::region::Region;
 use super::segment::{Decoded, MAX_TABLE_DIMENSIONS};
 use super::shm::Mapping;
 use super::slot::Slot;
+use super::tuple_map::{Group, NONE};
 use super::value_map::ValueMap;
 
-const NONE: u32 = u32::MAX;
+/// An anchored list at least this long is probed by shape (when it has at
+/// most half as many shapes as strategies): checking a candidate costs
+/// about half a probe.
+pub const HEAVY_MIN: u32 = 4;
+
+/// Set in [`ValueEntry::len`] (and in a span of [`Scratch`]) when the span
+/// indexes [`Table::group_lists`] rather than [`Table::anchored`].
+const HEAVY: u32 = 1 << 31;
 
 /// The matcher's working space. A caller that decides many requests (the
 /// nginx worker) keeps one, so a request neither allocates nor clears
@@ -42,7 +59,8 @@ pub struct Scratch {
     /// Interned id of the request's value per dimension (NONE: absent or
     /// named by no strategy), written for every dimension looked up.
     req: Vec<u32>,
-    /// Anchored lists to check, at most one per dimension.
+    /// Anchored lists (or group lists, [`HEAVY`]) to check, at most one
+    /// per dimension.
     spans: Vec<(u32, u32)>,
     /// Matched strategy indexes.
     matches: Vec<u32>,
@@ -99,7 +117,9 @@ struct DimIndex {
 struct ValueEntry {
     /// The interned value id (what other conditions compare against).
     id: u32,
-    /// The strategies anchored under this value: `anchored[start..start + len]`.
+    /// The strategies anchored under this value: `anchored[start..start +
+    /// len]`; or, with [`HEAVY`] set in `len`, the groups to probe for
+    /// them: `group_lists[start..start + (len & !HEAVY)]`.
     start: u32,
     len: u32,
     /// The strategy anchored here when it is the only one and has no other
@@ -222,6 +242,10 @@ pub struct Table {
     /// a request is asked for (by index).
     lookups: Box<[usize]>,
     anchored: Vec<u32>,
+    /// Tuple-space groups, and the groups of each heavy value
+    /// (see [`ValueEntry`]).
+    groups: Vec<Group>,
+    group_lists: Vec<u32>,
     unconditioned: Vec<u32>,
     strategies: Vec<Compiled>,
     /// Dimensions (by index, with their name hash) that have blacklist
@@ -349,10 +373,10 @@ impl Table {
                 }
             }
         }
+        let (groups, group_lists, spans) = group_heavy_values(&strategies, &anchored, &starts);
         let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
         for e in entries.chain(ip_index.values_mut()) {
-            e.start = starts[e.id as usize];
-            e.len = starts[e.id as usize + 1] - e.start;
+            (e.start, e.len) = spans[e.id as usize];
             if e.len == 1 {
                 let si = anchored[e.start as usize];
                 if strategies[si as usize].conds.len() == 1 {
@@ -375,6 +399,8 @@ impl Table {
             ip_index,
             lookups,
             anchored,
+            groups,
+            group_lists,
             unconditioned,
             strategies,
             bl_dims,
@@ -407,6 +433,12 @@ impl Table {
 
     pub fn strategies(&self) -> &[Compiled] {
         &self.strategies
+    }
+
+    /// The number of tuple-space groups the matcher probes by shape (0
+    /// when every anchored list is short); for tests and benchmarks.
+    pub fn shape_groups(&self) -> usize {
+        self.groups.len()
     }
 
     pub fn mapping(&self) -> Option<&Arc<Mapping>> {
@@ -483,8 +515,12 @@ impl Table {
             };
             found(d, e);
         }
-        sources += ns;
         for &(start, len) in &spans[..ns] {
+            if len & HEAVY != 0 {
+                sources += self.probe_groups(start, len & !HEAVY, req, out);
+                continue;
+            }
+            sources += 1;
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
                 if s.conds.iter().skip(1).all(|&(d, v)| req[d as usize] == v) {
@@ -495,6 +531,26 @@ impl Table {
         if sources > 1 {
             out.sort_unstable();
         }
+    }
+
+    /// Probes the groups `group_lists[start..start + len]` with the
+    /// request's ids, adding what they hold to `out`; returns how many
+    /// groups matched (ascending lists to merge). Out of line: the usual
+    /// request (short lists) does not carry its code.
+    #[inline(never)]
+    fn probe_groups(&self, start: u32, len: u32, req: &[u32], out: &mut Vec<u32>) -> u32 {
+        let mut sources = 0;
+        for &g in &self.group_lists[start as usize..(start + len) as usize] {
+            let found = self.groups[g as usize].find(req);
+            if !found.is_empty() {
+                // One by one: a cell holds one strategy or a few.
+                for &si in found {
+                    out.push(si);
+                }
+                sources += 1;
+            }
+        }
+        sources
     }
 
     /// Blacklist, match and admit one request.
@@ -624,6 +680,83 @@ impl Table {
         let map = self.map.as_ref()?;
         Blacklist::open(map.blacklist()).ok()
     }
+}
+
+/// The set of dimensions a strategy constrains, one bit per dimension
+/// index (the segment allows at most 64).
+fn shape(conds: &[(u8, u32)]) -> u64 {
+    conds.iter().fold(0, |m, &(d, _)| m | 1u64 << d)
+}
+
+/// Per interned value id, the span its entry gets (see [`ValueEntry`]):
+/// its anchored list, or for a heavy value (a list of at least
+/// [`HEAVY_MIN`] strategies with at most half as many shapes) its groups,
+/// one per `(anchor dimension, shape)`. Returns the groups, the group
+/// lists and the spans. `anchored[starts[v]..starts[v + 1]]` are the
+/// strategies anchored under value `v` (their first condition).
+fn group_heavy_values(
+    strategies: &[Compiled],
+    anchored: &[u32],
+    starts: &[u32],
+) -> (Vec<Group>, Vec<u32>, Vec<(u32, u32)>) {
+    let values = starts.len().saturating_sub(1);
+    let mut spans: Vec<(u32, u32)> = (0..values)
+        .map(|v| (starts[v], starts[v + 1] - starts[v]))
+        .collect();
+    let mut group_of: std::collections::HashMap<(u8, u64), u32> = Default::default();
+    let mut rows: Vec<Vec<(Vec<u32>, u32)>> = Vec::new();
+    let mut group_dims: Vec<Vec<u8>> = Vec::new();
+    let mut group_lists = Vec::new();
+    let mut shapes: Vec<u64> = Vec::new();
+    for (v, span) in spans.iter_mut().enumerate() {
+        let (start, len) = *span;
+        if len < HEAVY_MIN {
+            continue;
+        }
+        let list = &anchored[start as usize..(start + len) as usize];
+        shapes.clear();
+        let mut distinct_dims = true;
+        for &si in list {
+            let conds = &strategies[si as usize].conds;
+            let m = shape(conds);
+            // A strategy naming a dimension twice (the model refuses it)
+            // has no tuple: the value keeps its list.
+            distinct_dims &= m.count_ones() as usize == conds.len();
+            shapes.push(m);
+        }
+        shapes.sort_unstable();
+        shapes.dedup();
+        if !distinct_dims || shapes.len() * 2 > len as usize {
+            continue;
+        }
+        let anchor_dim = strategies[list[0] as usize].conds[0].0;
+        debug_assert_eq!(strategies[list[0] as usize].conds[0].1, v as u32);
+        let first = group_lists.len() as u32;
+        for &m in &shapes {
+            let g = *group_of.entry((anchor_dim, m)).or_insert_with(|| {
+                rows.push(Vec::new());
+                group_dims.push((0..64u8).filter(|&d| m >> d & 1 == 1).collect());
+                (rows.len() - 1) as u32
+            });
+            group_lists.push(g);
+        }
+        for &si in list {
+            let conds = &strategies[si as usize].conds;
+            let g = group_of[&(anchor_dim, shape(conds))] as usize;
+            let tuple = group_dims[g]
+                .iter()
+                .map(|&d| conds.iter().find(|c| c.0 == d).map_or(NONE, |c| c.1))
+                .collect();
+            rows[g].push((tuple, si));
+        }
+        *span = (first, (group_lists.len() as u32 - first) | HEAVY);
+    }
+    let groups = rows
+        .into_iter()
+        .zip(group_dims)
+        .map(|(r, d)| Group::build(d, r))
+        .collect();
+    (groups, group_lists, spans)
 }
 
 #[inline]

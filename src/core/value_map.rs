@@ -168,13 +168,13 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
     }
 }
 
-const SEED: u64 = 0x243f_6a88_85a3_08d3;
-const K1: u64 = 0x9e37_79b9_7f4a_7c15;
-const K2: u64 = 0xf135_7aea_2e62_a9c5;
+pub(crate) const SEED: u64 = 0x243f_6a88_85a3_08d3;
+pub(crate) const K1: u64 = 0x9e37_79b9_7f4a_7c15;
+pub(crate) const K2: u64 = 0xf135_7aea_2e62_a9c5;
 
 /// 64×64 → 128-bit multiply, folded: every input bit reaches every output bit.
 #[inline]
-fn mix(a: u64, b: u64) -> u64 {
+pub(crate) fn mix(a: u64, b: u64) -> u64 {
     let p = u128::from(a) * u128::from(b);
     (p as u64) ^ ((p >> 64) as u64)
 }

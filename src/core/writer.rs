@@ -618,7 +618,12 @@ impl Writer {
                 first.push(s.clone());
             }
         }
-        let mut report = self.publish(&first, blacklist, config_version)?;
+        // The first stage is not all of `config_version`: it goes out under
+        // the version already in the file, so that a reader (workers' stats,
+        // the agent's applied version, host lag) sees the new version only
+        // once the whole table is in.
+        let previous = self.map.header().load(H_CONFIG_VERSION);
+        let mut report = self.publish(&first, blacklist, previous)?;
         report.deferred = strategies.len() - first.len();
         Ok(report)
     }

@@ -3,14 +3,15 @@
 //! here each handler reports a [`ParseError`] once through nginx's conf
 //! error path, so `nginx -t` prints the directive, the value and the line.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_void};
 use std::ptr;
 
 use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_str_t, ngx_uint_t, NGX_CONF_FLAG, NGX_CONF_NOARGS,
-    NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_str_t, ngx_uint_t, NGX_CONF_FLAG,
+    NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
 };
 use ngx::http::{
@@ -18,13 +19,40 @@ use ngx::http::{
 };
 use ngx::{ngx_conf_log_error, ngx_string};
 
-use super::parse::{self, LogLevel, ParseError, DEFAULT_SHM_PATH};
+use super::parse::{self, HeaderStyle, LogLevel, ParseError, DEFAULT_SHM_PATH};
 
 /// A `rate_ctl_dimension NAME VALUE;`.
 pub struct CustomDimension {
     pub name: String,
-    /// Compiled complex value, allocated from the configuration pool.
-    pub value: *mut ngx_http_complex_value_t,
+    /// How a request's value is read (see [`super::variables::dimension_value`]).
+    pub value: DimensionValue,
+}
+
+/// What a `$arg_NAME` binding turned out to be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ArgKind {
+    Unchecked,
+    /// nginx's argument variable: the query string is read directly.
+    Builtin,
+    /// Defined otherwise (`map ... $arg_x`): read through nginx.
+    Other,
+}
+
+/// The binding of a custom dimension.
+pub enum DimensionValue {
+    /// The value is one variable (`$http_x_user`): read by its index, the
+    /// way nginx's own modules read a key variable (no template, no copy).
+    Variable(usize),
+    /// `$arg_NAME`: read from the request's query string directly while
+    /// the variable is nginx's own argument variable (see
+    /// [`super::variables::dimension_value`]); the index, NAME in lower
+    /// case, and whether the variable was found to be nginx's own
+    /// (checked on first use in a worker: nginx resolves variables after
+    /// the directives are read).
+    Arg(usize, Box<[u8]>, Cell<ArgKind>),
+    /// Any other template: a compiled complex value, allocated from the
+    /// configuration pool.
+    Complex(*mut ngx_http_complex_value_t),
 }
 
 /// `http`-level configuration.
@@ -59,7 +87,7 @@ pub struct LocConf {
     pub blacklist_status: Option<u16>,
     pub dry_run: Option<bool>,
     pub log_level: Option<LogLevel>,
-    pub headers: Option<bool>,
+    pub headers: Option<HeaderStyle>,
 }
 
 impl LocConf {
@@ -78,8 +106,8 @@ impl LocConf {
     pub fn log_level(&self) -> LogLevel {
         self.log_level.unwrap_or(LogLevel::Error)
     }
-    pub fn headers(&self) -> bool {
-        self.headers.unwrap_or(false)
+    pub fn headers(&self) -> HeaderStyle {
+        self.headers.unwrap_or(HeaderStyle::Off)
     }
 }
 
@@ -159,7 +187,7 @@ pub static mut COMMANDS: [ngx_command_t; 10] = [
     ),
     command(
         ngx_string!("rate_ctl_headers"),
-        ANY_LEVEL | NGX_CONF_FLAG,
+        ANY_LEVEL | NGX_CONF_TAKE1,
         set_headers,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
@@ -289,7 +317,7 @@ loc_setters! {
         |v| parse::parse_status("rate_ctl_blacklist_status", v);
     "rate_ctl_dry_run" => set_dry_run: dry_run, |v| parse::parse_flag("rate_ctl_dry_run", v);
     "rate_ctl_log_level" => set_log_level: log_level, parse::parse_log_level;
-    "rate_ctl_headers" => set_headers: headers, |v| parse::parse_flag("rate_ctl_headers", v);
+    "rate_ctl_headers" => set_headers: headers, parse::parse_header_style;
 }
 
 extern "C" fn set_shm(
@@ -335,6 +363,29 @@ extern "C" fn set_dimension(
     if let Err(e) = parse::check_dimension_value(&name, bytes(&a[2])) {
         return fail(cf, e);
     }
+    if let Some(var) = parse::single_variable(bytes(&a[2])) {
+        let mut var_str = ngx_str_t {
+            len: var.len(),
+            data: var.as_ptr().cast_mut(),
+        };
+        // SAFETY: cf is the parser state; nginx copies the name. An
+        // unknown variable fails the configuration at postconfiguration
+        // ("unknown variable"), as in a template.
+        let index = unsafe { ngx_http_get_variable_index(cf, &mut var_str) };
+        let Ok(index) = usize::try_from(index) else {
+            return NGX_CONF_ERROR;
+        };
+        let value = match var.strip_prefix(b"arg_").filter(|n| !n.is_empty()) {
+            Some(arg) => DimensionValue::Arg(
+                index,
+                arg.to_ascii_lowercase().into(),
+                Cell::new(ArgKind::Unchecked),
+            ),
+            None => DimensionValue::Variable(index),
+        };
+        mc.dimensions.push(CustomDimension { name, value });
+        return NGX_CONF_OK;
+    }
     // SAFETY: cf->pool is the configuration pool; it outlives the configuration.
     let cv = unsafe {
         ngx::ffi::ngx_pcalloc((*cf).pool, std::mem::size_of::<ngx_http_complex_value_t>())
@@ -353,7 +404,10 @@ extern "C" fn set_dimension(
     if unsafe { ngx_http_compile_complex_value(&mut ccv) } != Status::NGX_OK.0 {
         return NGX_CONF_ERROR;
     }
-    mc.dimensions.push(CustomDimension { name, value: cv });
+    mc.dimensions.push(CustomDimension {
+        name,
+        value: DimensionValue::Complex(cv),
+    });
     NGX_CONF_OK
 }
 

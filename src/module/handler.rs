@@ -27,7 +27,7 @@ use super::variables::{self, Decided};
 use super::worker::{with_worker, Event, EventLog, Source, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
-use crate::core::limiter::Quota;
+use crate::core::headers::{rate_limit_headers, HeaderStyle};
 use crate::core::table::{IpKey, Outcome, Request as TableRequest, Values};
 
 /// `$rate_ctl_status` values.
@@ -122,7 +122,7 @@ fn keep_hold(r: &mut Request, hold: Hold) -> bool {
 /// Records the decision (see [`variables`](super::variables)) and keeps
 /// the units it holds; `false` if either failed (the request then ends
 /// with 500, holding nothing).
-#[inline]
+#[inline(always)]
 fn record(
     r: &mut Request,
     mc: &MainConf,
@@ -280,11 +280,7 @@ impl Values for RequestValues<'_> {
                 .mc
                 .dimensions
                 .get(i)
-                // SAFETY: the complex value was compiled at configuration
-                // time from the configuration pool, which outlives requests.
-                .and_then(|d| self.r.get_complex_value(unsafe { &*d.value }))
-                .map(|s| s.as_bytes())
-                .filter(|b| !b.is_empty()),
+                .and_then(|d| variables::dimension_value(self.r, d)),
         }
     }
 }
@@ -318,7 +314,7 @@ fn decide(
             now_ns,
             now_unix_ms: now_ms,
             dry_run: lc.dry_run(),
-            quota: lc.headers(),
+            quota: lc.headers() != HeaderStyle::Off,
         },
         &mut held,
         scratch,
@@ -391,9 +387,14 @@ fn act(
     if !record(r, mc, status, strategy, hold) {
         return error;
     }
-    // Computed only when `rate_ctl_headers` is on.
-    if let Some((_, q)) = d.tightest {
-        add_quota_headers(r, &q);
+    // `rate_ctl_headers` (the quota is computed only when it is not off).
+    let style = lc.headers();
+    if style != HeaderStyle::Off {
+        let retry = match d.verdict {
+            Admission::Reject { retry_after_ns, .. } => Some(retry_after_ns),
+            _ => None,
+        };
+        add_rate_limit_headers(r, style, d.tightest, retry);
     }
     match d.verdict {
         Admission::Pass => {
@@ -412,15 +413,9 @@ fn act(
             }
             Status::NGX_DECLINED
         }
-        Admission::Reject {
-            id,
-            status,
-            retry_after_ns,
-        } => {
+        Admission::Reject { id, status, .. } => {
+            // Retry-After went out with the headers above.
             log_event(r, events, id, Event::Rejected, lc.log_level(), now_ms);
-            if lc.headers() {
-                add_header_num(r, "Retry-After", ceil_secs(retry_after_ns).max(1));
-            }
             Status(status.unwrap_or(lc.status()) as ngx_int_t)
         }
         Admission::Delay { id, wait_ns } => {
@@ -463,18 +458,6 @@ fn log_event(
     }
 }
 
-fn ceil_secs(ns: u64) -> u64 {
-    ns.div_ceil(1_000_000_000)
-}
-
-fn add_quota_headers(r: &mut Request, q: &Quota) {
-    add_header_num(r, "RateLimit-Limit", q.limit);
-    add_header_num(r, "RateLimit-Remaining", q.remaining);
-    // Never 0: a client told "reset in 0 s" would retry at once, and a
-    // concurrency strategy has no time in its state at all (reset_ns 0).
-    add_header_num(r, "RateLimit-Reset", ceil_secs(q.reset_ns).max(1));
-}
-
 /// `n` in decimal, copied into the request pool (formatted on the stack:
 /// no heap); `None` if the pool is out of memory.
 pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t> {
@@ -492,11 +475,34 @@ pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t>
     Some(ngx::ffi::ngx_str_t { len, data })
 }
 
-/// Adds `name: n` to the response headers; the name is static, the value
-/// is formatted into the request pool.
-fn add_header_num(r: &mut Request, name: &'static str, n: u64) {
-    let Some(value) = number_in_pool(r, n) else {
+/// The `rate_ctl_headers` of this request (formatted by core::headers).
+/// Out of line: its header buffers stay off the handler's stack frame.
+#[inline(never)]
+fn add_rate_limit_headers(
+    r: &mut Request,
+    style: HeaderStyle,
+    tightest: Option<(u32, crate::core::limiter::Quota)>,
+    retry_after_ns: Option<u64>,
+) {
+    let (headers, n) = rate_limit_headers(style, tightest, retry_after_ns);
+    for h in headers[..n].iter().flatten() {
+        add_header(r, h.name, h.value());
+    }
+}
+
+/// Adds `name: value` to the response headers; the name is static, the
+/// value is copied into the request pool.
+fn add_header(r: &mut Request, name: &'static str, value: &[u8]) {
+    // SAFETY: the request pool is live; we allocate `len` bytes from it.
+    let data = unsafe { ngx_pnalloc(r.pool().as_ptr(), value.len()) }.cast::<u8>();
+    if data.is_null() {
         return;
+    }
+    // SAFETY: data has room for value.len() bytes.
+    unsafe { ptr::copy_nonoverlapping(value.as_ptr(), data, value.len()) };
+    let value = ngx::ffi::ngx_str_t {
+        len: value.len(),
+        data,
     };
     let raw: &mut ngx_http_request_t = r.as_mut();
     // SAFETY: headers_out.headers is the request's initialised header list;

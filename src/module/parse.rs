@@ -5,6 +5,7 @@
 //! so `nginx -t` says exactly what is wrong. `conf.rs` reports the error once
 //! through `ngx_conf_log_error` and returns `NGX_CONF_ERROR`.
 
+pub use crate::core::headers::HeaderStyle;
 use crate::core::model::valid_dimension_name;
 
 /// Built-in dimensions, filled from the request without a directive.
@@ -30,6 +31,8 @@ pub enum ParseError {
     },
     #[error("invalid level \"{value}\" in \"rate_ctl_log_level\" directive, it must be \"info\", \"notice\", \"warn\" or \"error\"")]
     BadLogLevel { value: String },
+    #[error("invalid value \"{value}\" in \"rate_ctl_headers\" directive, it must be \"off\", \"on\", \"legacy\" or \"draft\"")]
+    BadHeaderStyle { value: String },
     #[error("invalid dimension name \"{value}\" in \"rate_ctl_dimension\" directive, it must match [a-z][a-z0-9_]* and be at most 32 bytes")]
     BadDimensionName { value: String },
     #[error("dimension \"{value}\" in \"rate_ctl_dimension\" directive is built in (ip, api, method, host) and cannot be redefined")]
@@ -119,6 +122,11 @@ pub fn parse_log_level(v: &[u8]) -> Result<LogLevel, ParseError> {
     }
 }
 
+/// `rate_ctl_headers off | on | legacy | draft` (see core::headers).
+pub fn parse_header_style(v: &[u8]) -> Result<HeaderStyle, ParseError> {
+    HeaderStyle::parse(v).ok_or_else(|| ParseError::BadHeaderStyle { value: lossy(v) })
+}
+
 /// The name of a `rate_ctl_dimension`: a valid dimension name that is not
 /// built in and not yet defined in `existing`.
 pub fn parse_dimension_name<'a>(
@@ -154,6 +162,53 @@ pub fn check_dimension_value(name: &str, v: &[u8]) -> Result<(), ParseError> {
     }
 }
 
+/// The variable name when a `rate_ctl_dimension` value is exactly one
+/// variable (`$arg_user`, `${http_x_user}`): such a dimension is read by
+/// the variable's index, without evaluating a template. Regex captures
+/// (`$1`) and anything with text around the variable are templates.
+pub fn single_variable(v: &[u8]) -> Option<&[u8]> {
+    let rest = v.strip_prefix(b"$")?;
+    let name = match rest.strip_prefix(b"{") {
+        Some(braced) => braced.strip_suffix(b"}")?,
+        None => rest,
+    };
+    let word = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
+    let first = *name.first()?;
+    (!first.is_ascii_digit() && name.iter().all(word)).then_some(name)
+}
+
+/// The value of query argument `name` in `args` (`a=1&b=2`), as nginx's
+/// `$arg_NAME` finds it (`ngx_http_arg`): the first `&`-separated item
+/// whose name equals `name` ignoring ASCII case, up to the next `&`.
+/// `name` is given in lower case. A scalar scan: query strings are short.
+#[inline]
+pub fn query_arg<'a>(args: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    let n = name.len();
+    let len = args.len();
+    let mut i = 0; // the start of an item
+    while n > 0 && i + n < len {
+        if args[i + n] == b'=' {
+            let mut k = 0;
+            while k < n && args[i + k].to_ascii_lowercase() == name[k] {
+                k += 1;
+            }
+            if k == n {
+                let from = i + n + 1;
+                let mut to = from;
+                while to < len && args[to] != b'&' {
+                    to += 1;
+                }
+                return Some(&args[from..to]);
+            }
+        }
+        while i < len && args[i] != b'&' {
+            i += 1;
+        }
+        i += 1;
+    }
+    None
+}
+
 /// `rate_ctl_shm PATH`: an absolute path.
 pub fn parse_shm_path(v: &[u8]) -> Result<String, ParseError> {
     let bad = || ParseError::BadShmPath { value: lossy(v) };
@@ -167,6 +222,58 @@ pub fn parse_shm_path(v: &[u8]) -> Result<String, ParseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_args_as_nginx_finds_them() {
+        let q = |args: &str, name: &str| {
+            query_arg(args.as_bytes(), name.to_ascii_lowercase().as_bytes())
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        assert_eq!(q("a=a5&b=b5", "a").as_deref(), Some("a5"));
+        assert_eq!(q("a=a5&b=b5", "b").as_deref(), Some("b5"));
+        assert_eq!(q("a=a5&b=b5", "c"), None);
+        assert_eq!(q("xa=1&a=2", "a").as_deref(), Some("2"));
+        assert_eq!(q("A=1&a=2", "a").as_deref(), Some("1")); // first, any case
+        assert_eq!(q("user=u1", "USER").as_deref(), Some("u1"));
+        assert_eq!(q("a=&b=1", "a").as_deref(), Some(""));
+        assert_eq!(q("a&a=3", "a").as_deref(), Some("3"));
+        assert_eq!(q("ab=1", "a"), None);
+        assert_eq!(q("a=1=2&b", "a").as_deref(), Some("1=2"));
+        assert_eq!(q("&&a=1&", "a").as_deref(), Some("1"));
+        assert_eq!(q("", "a"), None);
+        assert_eq!(q("a=1", ""), None);
+        assert_eq!(q("b=1&a=", "a").as_deref(), Some(""));
+        assert_eq!(q("a", "a"), None);
+    }
+
+    #[test]
+    fn single_variable_bindings() {
+        assert_eq!(single_variable(b"$arg_a"), Some(&b"arg_a"[..]));
+        assert_eq!(
+            single_variable(b"${http_x_user}"),
+            Some(&b"http_x_user"[..])
+        );
+        assert_eq!(single_variable(b"$Host_2"), Some(&b"Host_2"[..]));
+        for template in [
+            &b"$arg_a$arg_b"[..],
+            b"u-$arg_a",
+            b"$arg_a-x",
+            b"${arg_a}x",
+            b"${arg_a",
+            b"$1",
+            b"$",
+            b"${}",
+            b"arg_a",
+            b"$arg-a",
+        ] {
+            assert_eq!(
+                single_variable(template),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(template)
+            );
+        }
+    }
 
     #[test]
     fn flags() {

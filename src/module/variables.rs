@@ -18,13 +18,18 @@
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_conf_t, ngx_http_add_variable, ngx_http_get_variable_index, ngx_http_request_t,
-    ngx_http_variable_value_t, ngx_str_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_HTTP_VAR_NOHASH,
+    ngx_conf_t, ngx_http_add_variable, ngx_http_get_flushed_variable, ngx_http_get_variable_index,
+    ngx_http_request_t, ngx_http_variable_t, ngx_http_variable_value_t, ngx_str_t, ngx_uint_t,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_HTTP_VAR_NOHASH, NGX_HTTP_VAR_PREFIX,
 };
-use ngx::http::{HttpModuleMainConf, Request};
+use ngx::http::{HttpModuleMainConf, NgxHttpCoreModule, Request};
 use ngx::ngx_string;
 
+use std::cell::Cell;
+
+use super::conf::{ArgKind, CustomDimension, DimensionValue};
 use super::handler::{number_in_pool, ReqStatus};
+use super::parse;
 use super::RateCtlModule;
 
 type GetHandler =
@@ -95,6 +100,107 @@ pub unsafe fn index_decision(cf: *mut ngx_conf_t) -> Status {
     };
     mc.decision_index = index;
     Status::NGX_OK
+}
+
+/// The request's value of a custom dimension (`rate_ctl_dimension`), not
+/// empty; `None` when absent. A single-variable binding is read through
+/// the variable's index (flushed, as a template reads it: a cacheable
+/// value evaluated earlier in the request is reused, a non-cacheable one
+/// such as `$arg_*` is evaluated again), in the request's variable array:
+/// nothing is copied or allocated. Other templates are evaluated (in the
+/// request pool). Out of line: the request path's value reader stays
+/// small enough to be inlined for the built-in dimensions.
+#[inline(never)]
+pub fn dimension_value<'r>(r: &'r Request, d: &CustomDimension) -> Option<&'r [u8]> {
+    let bytes = match d.value {
+        DimensionValue::Variable(index) => flushed_variable(r, index)?,
+        DimensionValue::Arg(index, ref name, ref kind) => arg_variable(r, index, name, kind)?,
+        // SAFETY: the complex value was compiled at configuration time
+        // from the configuration pool, which outlives requests.
+        DimensionValue::Complex(cv) => r.get_complex_value(unsafe { &*cv })?.as_bytes(),
+    };
+    (!bytes.is_empty()).then_some(bytes)
+}
+
+/// Whether indexed variable `index` is nginx's argument variable (resolved
+/// through the `arg_` prefix: `PREFIX` in its flags).
+#[cold]
+fn arg_kind(r: &Request, index: usize) -> ArgKind {
+    let Some(cmcf) = NgxHttpCoreModule::main_conf(r) else {
+        return ArgKind::Other;
+    };
+    if index >= cmcf.variables.nelts {
+        return ArgKind::Other;
+    }
+    // SAFETY: cmcf->variables holds `nelts` ngx_http_variable_t (nginx's
+    // array of indexed variables, fixed after configuration).
+    let var = unsafe { &*cmcf.variables.elts.cast::<ngx_http_variable_t>().add(index) };
+    if var.flags & NGX_HTTP_VAR_PREFIX as ngx_uint_t != 0 {
+        ArgKind::Builtin
+    } else {
+        ArgKind::Other
+    }
+}
+
+/// The value of indexed variable `index`, as a template reads it.
+#[inline(never)]
+fn flushed_variable(r: &Request, index: usize) -> Option<&[u8]> {
+    let raw: *const ngx_http_request_t = r.as_ref();
+    // SAFETY: r is the live request; `index` was given by
+    // ngx_http_get_variable_index at configuration time (nginx checked at
+    // postconfiguration that the variable exists).
+    let v = unsafe { ngx_http_get_flushed_variable(raw.cast_mut(), index) };
+    // SAFETY: a non-null result is the request's value slot, live with
+    // the request.
+    value_bytes(unsafe { v.as_ref() }?)
+}
+
+/// A found value's bytes.
+#[inline]
+fn value_bytes(v: &ngx_http_variable_value_t) -> Option<&[u8]> {
+    if v.not_found() != 0 || v.data.is_null() {
+        return None;
+    }
+    // SAFETY: a found value points to `len` bytes that live with the
+    // request (its buffers or pool).
+    Some(unsafe { std::slice::from_raw_parts(v.data, v.len() as usize) })
+}
+
+/// `$arg_NAME` at index `index`: what [`flushed_variable`] would give,
+/// without the variable machinery when it is nginx's argument variable
+/// (resolved through the `arg_` prefix: `PREFIX` in its flags). As
+/// `ngx_http_get_flushed_variable` does, a value stored in the request's
+/// slot and marked cacheable (`set $arg_x ...;`) is that value; otherwise
+/// the query string is searched as `ngx_http_arg` does
+/// ([`parse::query_arg`]). A variable of that name defined by another
+/// module (`map ... $arg_x`) is read through nginx.
+#[inline]
+fn arg_variable<'r>(
+    r: &'r Request,
+    index: usize,
+    name: &[u8],
+    kind: &Cell<ArgKind>,
+) -> Option<&'r [u8]> {
+    let rr: &ngx_http_request_t = r.as_ref();
+    if kind.get() == ArgKind::Unchecked {
+        kind.set(arg_kind(r, index));
+    }
+    if kind.get() != ArgKind::Builtin {
+        return flushed_variable(r, index);
+    }
+    let v = slot(rr, index);
+    // SAFETY: v is this request's slot (see `slot`), live with the request.
+    let v = unsafe { v.as_ref() }?;
+    if (v.valid() != 0 || v.not_found() != 0) && v.no_cacheable() == 0 {
+        return value_bytes(v);
+    }
+    if rr.args.len == 0 || rr.args.data.is_null() {
+        return None;
+    }
+    // SAFETY: r->args points to `len` bytes of the request line or the
+    // request pool, live with the request.
+    let args = unsafe { std::slice::from_raw_parts(rr.args.data, rr.args.len) };
+    parse::query_arg(args, name)
 }
 
 /// What rate_ctl decided for a request.

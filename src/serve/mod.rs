@@ -14,6 +14,7 @@ pub mod body;
 pub mod error;
 pub mod hosts;
 mod input;
+pub mod metrics;
 pub mod openapi;
 pub mod snapshot;
 pub mod stats;
@@ -199,6 +200,7 @@ async fn page_asset(axum::extract::Path(name): axum::extract::Path<String>) -> R
 pub fn router(state: Shared) -> Router {
     routes()
         .router
+        .route("/metrics", get(metrics::metrics))
         .route("/", get(page_index))
         .route("/{file}", get(page_asset))
         .fallback(error::no_route)

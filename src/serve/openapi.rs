@@ -77,7 +77,7 @@ fn schemas() -> Value {
         "name": {"type": "string", "description": "unique, 1 to 200 bytes"},
         "match": {"type": "object", "additionalProperties": {"type": "string"},
                   "description": "dimension = value conditions, all must hold; {} matches every request"},
-        "algorithm": {"type": "string", "enum": ["fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "concurrency"]},
+        "algorithm": {"type": "string", "enum": ["fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "concurrency", "warm_up"]},
         "rate": {"type": "integer", "minimum": 1},
         "per": {"type": "string", "enum": ["second", "minute", "hour", "day"], "default": "second"},
         "burst": {"type": "integer", "minimum": 1, "default": 1},
@@ -88,6 +88,10 @@ fn schemas() -> Value {
                          "description": "required for delay; dry_run: set = it delays again with this cap when dry run ends (not together with status)"},
         "enabled": {"type": "boolean", "default": true},
         "scope": {"type": "string", "enum": ["cluster", "host"], "default": "cluster"},
+        "warm_up_ms": {"type": ["integer", "null"], "minimum": 1000, "maximum": 3600000,
+                       "description": "warm_up only (required there): time a saturated strategy takes from cold to the full rate"},
+        "cold_factor": {"type": ["integer", "null"], "minimum": 2, "maximum": 10,
+                        "description": "warm_up only: the interval between admissions when cold is cold_factor × 1/rate (default 3)"},
     });
     let mut strategy = strategy_fields.clone();
     let o = strategy.as_object_mut().expect("object");
@@ -123,6 +127,8 @@ fn schemas() -> Value {
         ("version", json!(41)),
         ("created_at", json!(1763800000000u64)),
         ("updated_at", json!(1763800000000u64)),
+        ("warm_up_ms", json!(null)),
+        ("cold_factor", json!(null)),
     ] {
         example[k] = v;
     }

@@ -55,6 +55,8 @@ const STRATEGY_FIELDS: &[&str] = &[
     "max_delay_ms",
     "enabled",
     "scope",
+    "warm_up_ms",
+    "cold_factor",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -77,6 +79,8 @@ fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError
         max_delay_ms: f.uint("max_delay_ms", u32::MAX as u64)?.map(|m| m as u32),
         enabled: f.bool("enabled")?.unwrap_or(true),
         scope: f.parsed("scope")?.unwrap_or(Scope::Cluster),
+        warm_up_ms: f.uint("warm_up_ms", u32::MAX as u64)?.map(|m| m as u32),
+        cold_factor: f.uint("cold_factor", u8::MAX as u64)?.map(|c| c as u8),
         created_ms: 0,
         updated_ms: 0,
         version: 0,

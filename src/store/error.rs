@@ -23,6 +23,8 @@ pub enum Field {
     Action,
     Status,
     MaxDelayMs,
+    WarmUpMs,
+    ColdFactor,
     Enabled,
     Scope,
     Dimension,
@@ -124,6 +126,10 @@ impl From<ModelError> for Invalid {
             }
             E::BadStatus(_) => (Field::Status, "action.status".to_string()),
             E::BadMaxDelay(_) => (Field::MaxDelayMs, "action.max_delay_ms".to_string()),
+            E::BadWarmUp(_) | E::WarmUpNeedsWarmUp(_) => {
+                (Field::WarmUpMs, "warm_up_ms".to_string())
+            }
+            E::BadColdFactor(_) => (Field::ColdFactor, "cold_factor".to_string()),
             E::DelayNeedsBucket(_) => (Field::Action, "action".to_string()),
             E::UnknownKeyword { field, .. } => (Field::of_keyword(field), field.to_string()),
         };

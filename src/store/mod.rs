@@ -145,10 +145,10 @@ impl Store {
             // Every statement is idempotent (IF NOT EXISTS / insert-ignore), so
             // two processes migrating one fresh MariaDB at once both succeed.
             for stmt in m.statements(self.dialect) {
-                match sqlx::query(&stmt).execute(&self.pool).await {
-                    Ok(_) => {}
-                    Err(sqlx::Error::Database(d)) if schema::is_duplicate_column(d.message()) => {}
-                    Err(e) => return Err(e.into()),
+                if let Err(e) = sqlx::query(&stmt).execute(&self.pool).await {
+                    if !schema::is_duplicate_column(&e.to_string()) {
+                        return Err(e.into());
+                    }
                 }
             }
             let r = sqlx::query(

@@ -15,7 +15,7 @@ use super::error::{Field, Invalid};
 
 use rate_ctl::core::model::{
     canonical_ip, valid_dimension_name, Action, Algorithm, Condition, ModelError, Strategy, Unit,
-    MAX_VALUE_LEN,
+    WarmUp, DEFAULT_COLD_FACTOR, MAX_VALUE_LEN,
 };
 
 /// Longest strategy name, in bytes.
@@ -131,6 +131,13 @@ pub struct StrategyRecord {
     pub enabled: bool,
     #[serde(default = "default_scope")]
     pub scope: Scope,
+    /// `warm_up` only: time from cold to the full rate (1 s … 1 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_up_ms: Option<u32>,
+    /// `warm_up` only: cold interval = cold_factor × 1/rate (2 … 10;
+    /// validation fills in 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_factor: Option<u8>,
     /// Unix ms; set by the store.
     #[serde(default)]
     pub created_ms: u64,
@@ -269,6 +276,38 @@ impl StrategyRecord {
             burst,
             action: self.core_action()?,
             enabled: self.enabled,
+            warm_up: self.core_warm_up()?,
+        })
+    }
+
+    /// The core warm-up: required for `warm_up`, refused for the others.
+    fn core_warm_up(&self) -> Result<WarmUp, Invalid> {
+        if self.algorithm != Algorithm::WarmUp {
+            if self.warm_up_ms.is_some() {
+                return Err(Invalid::new(
+                    Field::WarmUpMs,
+                    "warm_up_ms",
+                    format!("only for algorithm warm_up, not {}", self.algorithm),
+                ));
+            }
+            if self.cold_factor.is_some() {
+                return Err(Invalid::new(
+                    Field::ColdFactor,
+                    "cold_factor",
+                    format!("only for algorithm warm_up, not {}", self.algorithm),
+                ));
+            }
+            return Ok(WarmUp::NONE);
+        }
+        Ok(WarmUp {
+            period_ms: self.warm_up_ms.ok_or_else(|| {
+                Invalid::new(
+                    Field::WarmUpMs,
+                    "warm_up_ms",
+                    "required for algorithm warm_up",
+                )
+            })?,
+            cold_factor: self.cold_factor.unwrap_or(DEFAULT_COLD_FACTOR),
         })
     }
 
@@ -292,8 +331,11 @@ impl StrategyRecord {
             ));
         }
         self.name = name.to_string();
-        if self.algorithm == Algorithm::LeakyBucket {
+        if matches!(self.algorithm, Algorithm::LeakyBucket | Algorithm::WarmUp) {
             self.burst = 1;
+        }
+        if self.algorithm == Algorithm::WarmUp && self.cold_factor.is_none() {
+            self.cold_factor = Some(DEFAULT_COLD_FACTOR);
         }
         let mut core = self.to_core(self.rate, self.burst)?;
         let dry_run = self.action == ActionKind::DryRun;
@@ -307,7 +349,7 @@ impl StrategyRecord {
             ModelError::DelayNeedsBucket(a) if dry_run => Invalid::new(
                 Field::MaxDelayMs,
                 "max_delay_ms",
-                format!("delay after dry run needs token_bucket or leaky_bucket, not {a}"),
+                format!("delay after dry run needs token_bucket, leaky_bucket or warm_up, not {a}"),
             ),
             e => Invalid::from(e),
         })?;

@@ -27,19 +27,14 @@ enum Step {
     Table(Table),
     /// Creates the row unless it exists (`INSERT OR IGNORE` / `INSERT IGNORE`).
     InsertIgnore(&'static str),
-    /// `ALTER TABLE table ADD COLUMN column`, a nullable column. MySQL says
-    /// `IF NOT EXISTS`; SQLite cannot, so the runner takes SQLite's
-    /// "duplicate column name" as done ([`is_duplicate_column`]).
-    AddColumn {
-        table: &'static str,
-        column: &'static str,
-    },
+    /// `ALTER TABLE t ADD COLUMN …`; the migration runner ignores a
+    /// "duplicate column" error (another process added it first).
+    AddColumn(&'static str, &'static str),
 }
 
-/// Whether a failed statement was an [`Step::AddColumn`] that another
-/// process (or an interrupted run) already applied, on SQLite.
-pub fn is_duplicate_column(message: &str) -> bool {
-    message.contains("duplicate column name")
+/// Is this error the one an `AddColumn` step gives when the column exists?
+pub fn is_duplicate_column(e: &str) -> bool {
+    e.to_ascii_lowercase().contains("duplicate column")
 }
 
 /// `CREATE TABLE IF NOT EXISTS`: `columns` may start a column with `{id}`,
@@ -62,12 +57,9 @@ impl Migration {
                     Dialect::MySql => format!("INSERT IGNORE {rest}"),
                 }),
                 Step::Table(t) => t.render(d, &mut out),
-                Step::AddColumn { table, column } => out.push(match d {
-                    Dialect::Sqlite => format!("ALTER TABLE {table} ADD COLUMN {column}"),
-                    Dialect::MySql => {
-                        format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}")
-                    }
-                }),
+                Step::AddColumn(table, column) => {
+                    out.push(format!("ALTER TABLE {table} ADD COLUMN {column}"))
+                }
             }
         }
         out
@@ -198,16 +190,18 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
+        description: "warm_up strategies: warm-up period and cold factor",
+        steps: &[
+            Step::AddColumn("strategies", "warm_up_ms BIGINT NULL"),
+            Step::AddColumn("strategies", "cold_factor BIGINT NULL"),
+        ],
+    },
+    Migration {
+        version: 4,
         description: "hosts: the agent's last publish error and its time",
         steps: &[
-            Step::AddColumn {
-                table: "hosts",
-                column: "publish_error VARCHAR(1000) NULL",
-            },
-            Step::AddColumn {
-                table: "hosts",
-                column: "publish_error_ms BIGINT NULL",
-            },
+            Step::AddColumn("hosts", "publish_error VARCHAR(1000) NULL"),
+            Step::AddColumn("hosts", "publish_error_ms BIGINT NULL"),
         ],
     },
 ];

@@ -15,7 +15,7 @@ use rate_ctl::core::shm::unix_ms;
 
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
-     status, max_delay_ms, enabled, scope, created_ms, updated_ms, version";
+     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
 
 impl Store {
     /// Validates and stores a new strategy; returns its id and the new version.
@@ -42,7 +42,7 @@ impl Store {
         rec.version = version;
         let sql = format!(
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
-            placeholders(14)
+            placeholders(16)
         );
         bind_strategy(sqlx::query(&sql), &rec)
             .execute(&mut *tx)
@@ -116,7 +116,7 @@ impl Store {
             sqlx::query(
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
-                 updated_ms = ?, version = ? WHERE id = ?",
+                 warm_up_ms = ?, cold_factor = ?, updated_ms = ?, version = ? WHERE id = ?",
             ),
             &rec,
         )
@@ -301,7 +301,7 @@ impl Store {
                 let sql = format!(
                     "INSERT INTO strategies ({id_column}{}) VALUES {}",
                     INSERT_COLUMNS,
-                    vec![format!("({id_mark}{})", placeholders(14)); chunk.len()].join(", ")
+                    vec![format!("({id_mark}{})", placeholders(16)); chunk.len()].join(", ")
                 );
                 let mut q = sqlx::query(&sql);
                 for r in chunk {
@@ -372,7 +372,7 @@ async fn ensure_name_free(
 
 pub(super) const INSERT_COLUMNS: &str =
     "name, conditions, algorithm, rate, per, burst, action, status, \
-     max_delay_ms, enabled, scope, created_ms, updated_ms, version";
+     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
 
 pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -380,7 +380,7 @@ pub(super) fn placeholders(n: usize) -> String {
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 14 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 16 columns of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
@@ -388,7 +388,7 @@ pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery
         .bind(r.version as i64)
 }
 
-/// Binds the 11 columns `name` to `scope` of [`INSERT_COLUMNS`] in order.
+/// Binds the 13 columns `name` to `cold_factor` of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     let conditions: Vec<[&str; 2]> = r
         .conditions
@@ -406,6 +406,8 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.max_delay_ms.map(|m| m as i64))
         .bind(r.enabled as i64)
         .bind(r.scope.as_str())
+        .bind(r.warm_up_ms.map(|m| m as i64))
+        .bind(r.cold_factor.map(|c| c as i64))
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<StrategyRecord>, Vec<BadRow>) {
@@ -507,6 +509,14 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
             }
         },
         scope: get_s("scope")?.parse().map_err(bad)?,
+        warm_up_ms: match get_oi("warm_up_ms")? {
+            Some(s) => Some(in_range("warm_up_ms", s, u32::MAX as u64)? as u32),
+            None => None,
+        },
+        cold_factor: match get_oi("cold_factor")? {
+            Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
+            None => None,
+        },
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
         version: get_i("version")?.max(0) as u64,
@@ -525,6 +535,8 @@ fn column(col: &'static str) -> Field {
         "burst" => Field::Burst,
         "status" => Field::Status,
         "max_delay_ms" => Field::MaxDelayMs,
+        "warm_up_ms" => Field::WarmUpMs,
+        "cold_factor" => Field::ColdFactor,
         "enabled" => Field::Enabled,
         other => Field::Column(other),
     }

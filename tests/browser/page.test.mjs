@@ -314,6 +314,39 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await dlg.waitFor({ state: 'hidden' });
   });
 
+  await step('a warm_up strategy: its fields appear, a bad period is shown under it, a good one saves', async () => {
+    await page.getByRole('button', { name: '+ New strategy' }).click();
+    const dlg = page.getByRole('dialog', { name: 'New strategy' });
+    const warm = dlg.getByLabel('Warm-up (s)');
+    assert.equal(await warm.isVisible(), false, 'no warm-up field for token_bucket');
+    await dlg.getByLabel('Name').fill('search-warm');
+    await dlg.getByLabel('Condition 1 dimension').fill('api');
+    await dlg.getByLabel('Condition 1 value').fill('/search');
+    await dlg.getByLabel('Algorithm').selectOption('warm_up');
+    await warm.waitFor({ state: 'visible' });
+    assert.equal(await dlg.getByLabel('Cold factor').inputValue(), '3', 'default cold factor');
+    await dlg.getByLabel('Rate (requests)').fill('50');
+    await warm.fill('0.5');
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    const err = dlg.locator('#s-warm_up_ms-error');
+    await err.waitFor({ state: 'visible' });
+    assert.match(await err.innerText(), /^warm_up_ms: must be between 1000 and 3600000/);
+    assert.equal(await warm.getAttribute('aria-invalid'), 'true');
+    assert.ok(!(await apiCall('GET', '/strategies')).body.strategies.some((x) => x.name === 'search-warm'),
+      'nothing created');
+    await warm.fill('30');
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    const row = page.locator('#strategies-table tbody tr', { hasText: 'search-warm' });
+    await row.waitFor();
+    assert.match(await row.innerText(), /warm-up 30 s ×3/);
+    const s = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'search-warm');
+    assert.equal(s.algorithm, 'warm_up');
+    assert.equal(s.warm_up_ms, 30000);
+    assert.equal(s.cold_factor, 3);
+    assert.equal((await apiCall('DELETE', `/strategies/${s.id}`)).status, 204);
+  });
+
   await step('the dry-run toggle lets requests through within 1 s', async () => {
     assert.equal(await nginxStatus('/pay'), 503);
     const sw = page.getByRole('switch', { name: 'Dry run: pay-limit' });

@@ -42,6 +42,7 @@ pub fn strategy(
         burst: 1,
         action: Action::Reject { status: None },
         enabled: true,
+        warm_up: Default::default(),
     }
 }
 

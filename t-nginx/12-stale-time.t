@@ -77,6 +77,7 @@ strategy id=1 algorithm=fixed_window rate=20 per=second when api=/f
 strategy id=2 algorithm=token_bucket rate=1 per=minute burst=5 when api=/b
 strategy id=3 algorithm=sliding_window rate=5 per=minute when api=/s
 strategy id=4 algorithm=fixed_window rate=5 per=hour when api=/h
+strategy id=5 algorithm=warm_up rate=1 per=minute warm_up_ms=60000 cold_factor=3 when api=/w
 T
         $fresh->start;
         my $old = RateCtlTest->new($t, workers => 1, server => $server, shm => $fresh->shm);
@@ -92,7 +93,7 @@ T
 
         # Fresh drains, stale tries, fresh tries again: all in one window
         # (not near a second, minute or hour boundary).
-        for my $case (['/f', 20], ['/b', 5], ['/s', 5], ['/h', 5]) {
+        for my $case (['/f', 20], ['/b', 5], ['/s', 5], ['/h', 5], ['/w', 1]) {
             my ($path, $quota) = @$case;
             for (1 .. 200) {
                 my $f = fmod(time, 1);
