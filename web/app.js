@@ -917,8 +917,15 @@ function renderHosts() {
     const lag = typeof h.lag === 'number' ? h.lag : (state.version ?? 0) - (h.applied_version ?? 0);
     const status = !h.fresh
       ? el('span', { class: 'badge stale' }, 'stale — no heartbeat')
-      : lag > 0 ? el('span', { class: 'badge behind' }, 'fresh, catching up')
-        : el('span', { class: 'badge ok' }, 'fresh, in sync');
+      : h.publish_error ? el('span', { class: 'badge stale' }, 'publish refused')
+        : lag > 0 ? el('span', { class: 'badge behind' }, 'fresh, catching up')
+          : el('span', { class: 'badge ok' }, 'fresh, in sync');
+    // The agent's last publish refusal (cleared by its next publish): the
+    // only place besides its log where an over-capacity change shows.
+    const publishError = h.publish_error
+      ? el('p', { class: 'field-error publish-error', title: fmtTime(h.publish_error_at) },
+        `${fmtAgo(h.publish_error_at)}: ${h.publish_error}`)
+      : null;
     const weightInput = el('input', { type: 'number', min: 1, step: 1, class: 'weight', 'data-host': h.host_id,
       value: state.hostEdits.get(h.host_id) ?? h.weight, 'aria-label': `Weight of ${h.host_id}`,
       'aria-describedby': `w-err-${h.host_id}` });
@@ -934,7 +941,7 @@ function renderHosts() {
         `${h.applied_version ?? '–'} of ${state.version ?? '–'}`),
       el('td', {}, lag > 0 ? `${lag} version${lag === 1 ? '' : 's'}` : '0'),
       el('td', { title: fmtTime(h.last_heartbeat) }, fmtAgo(h.last_heartbeat)),
-      el('td', {}, status)));
+      el('td', {}, status, publishError)));
     if (focused === h.host_id) weightInput.focus();
   }
   $('#hosts-table').hidden = state.hosts.length === 0;

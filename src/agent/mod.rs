@@ -126,6 +126,9 @@ pub struct Agent<S: Sink> {
     /// The last refused publish: retried with backoff (a refusal may be
     /// transient, e.g. freed slots still in their 2 s quarantine).
     refused: Option<Refused>,
+    /// The last publish refusal and its time (unix ms), reported with every
+    /// heartbeat until a publish succeeds.
+    publish_error: Option<(String, u64)>,
     /// A staged publish left strategies out: publish again from this time.
     staged_until_ms: u64,
     hosts: Vec<HostRecord>,
@@ -149,6 +152,7 @@ impl<S: Sink> Agent<S> {
             healthy: None,
             applied: None,
             refused: None,
+            publish_error: None,
             staged_until_ms: 0,
             hosts: Vec::new(),
             next_heartbeat_ms: 0,
@@ -255,7 +259,14 @@ impl<S: Sink> Agent<S> {
             let (report, all) = self.counters_to_report();
             self.hosts = self
                 .source
-                .heartbeat(&self.opts.host_id, self.my_weight, now, applied, &report)
+                .heartbeat(
+                    &self.opts.host_id,
+                    self.my_weight,
+                    now,
+                    applied,
+                    &report,
+                    self.publish_error.as_ref(),
+                )
                 .await?;
             self.moving = report
                 .iter()
@@ -315,6 +326,7 @@ impl<S: Sink> Agent<S> {
                 );
                 self.staged_until_ms = unix_ms() + STAGE_WAIT_MS;
                 self.refused = None;
+                self.clear_publish_error();
             }
             Ok(summary) => {
                 let at = unix_ms();
@@ -334,6 +346,7 @@ impl<S: Sink> Agent<S> {
                     at_ms: at,
                 });
                 self.refused = None;
+                self.clear_publish_error();
                 self.source
                     .applied(&self.opts.host_id, self.my_weight, at, snap.version)
                     .await?;
@@ -355,6 +368,12 @@ impl<S: Sink> Agent<S> {
                         REFUSED_FIRST_DELAY_MS.min(cap)
                     }
                 };
+                let message = e.to_string();
+                if self.publish_error.as_ref().map(|p| &p.0) != Some(&message) {
+                    // Reported at the next tick, not a heartbeat later.
+                    self.publish_error = Some((message, unix_ms()));
+                    self.next_heartbeat_ms = 0;
+                }
                 self.refused = Some(Refused {
                     version: snap.version,
                     share,
@@ -364,6 +383,14 @@ impl<S: Sink> Agent<S> {
             }
         }
         Ok(())
+    }
+
+    /// A publish succeeded: the error reported so far is cleared at the
+    /// next tick.
+    fn clear_publish_error(&mut self) {
+        if self.publish_error.take().is_some() {
+            self.next_heartbeat_ms = 0;
+        }
     }
 
     /// The counters to report (moved since the last report, or moved in

@@ -59,6 +59,13 @@ impl Sink for ShmSink {
 
     fn heartbeat(&self, unix_ms: u64) {
         self.writer.heartbeat(unix_ms);
+        let repaired = self.writer.repair_foreign();
+        if repaired > 0 {
+            warn!(
+                slots = repaired,
+                "limiter state no clock could have written (garbage, another boot) replaced by an exhausted quota"
+            );
+        }
     }
 
     fn deferred(&self) -> usize {

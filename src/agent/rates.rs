@@ -90,6 +90,8 @@ mod tests {
             last_heartbeat_ms: hb,
             applied_version: None,
             applied_ms: None,
+            publish_error: None,
+            publish_error_ms: None,
         }
     }
 

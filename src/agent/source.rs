@@ -119,8 +119,9 @@ impl ConfigSource {
         Ok(w)
     }
 
-    /// Records the heartbeat (and the applied version and time, if any) and
-    /// counter samples; returns every host.
+    /// Records the heartbeat (and the applied version and time, if any),
+    /// counter samples and the last publish error (`None` clears it);
+    /// returns every host.
     pub async fn heartbeat(
         &mut self,
         host_id: &str,
@@ -128,10 +129,14 @@ impl ConfigSource {
         now: u64,
         applied: Option<(u64, u64)>,
         counters: &[CounterSample],
+        publish_error: Option<&(String, u64)>,
     ) -> Result<Vec<HostRecord>, StoreError> {
         match self.backend()? {
             Backend::Store(store) => {
                 store.heartbeat(host_id, weight, now, applied).await?;
+                store
+                    .set_publish_error(host_id, publish_error.map(|(m, at)| (m.as_str(), *at)))
+                    .await?;
                 if !counters.is_empty() {
                     store.add_samples(host_id, now, counters).await?;
                 }
@@ -142,7 +147,12 @@ impl ConfigSource {
                     .iter()
                     .map(|c| json!({"id": c.id, "passed": c.passed, "limited": c.limited, "delayed": c.delayed}))
                     .collect();
-                let body = json!({"applied_version": applied.map(|a| a.0), "counters": counters});
+                let body = json!({
+                    "applied_version": applied.map(|a| a.0),
+                    "counters": counters,
+                    "publish_error": publish_error.map(|e| &e.0),
+                    "publish_error_at": publish_error.map(|e| e.1),
+                });
                 Ok(hosts_from(&report(api.client(), host_id, body).await?))
             }
         }

@@ -498,7 +498,7 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
             let now = unix_ms();
             if !json {
                 out(format!(
-                    "{:<32} {:>7} {:>14} {:<6} {:>8} {:>5}",
+                    "{:<32} {:>7} {:>14} {:<6} {:>8} {:>5}  PUBLISH ERROR",
                     "HOST", "WEIGHT", "HEARTBEAT AGE", "FRESH", "APPLIED", "LAG"
                 ));
             }
@@ -516,12 +516,21 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
                         "applied_version": h.applied_version,
                         "applied_ms": h.applied_ms,
                         "lag": lag,
+                        "publish_error": h.publish_error,
+                        "publish_error_ms": h.publish_error_ms,
                         "config_version": version,
                     })
                     .to_string());
                 } else {
+                    let error = match (&h.publish_error, h.publish_error_ms) {
+                        (Some(m), Some(at)) => {
+                            format!("{:.0}s ago: {m}", now.saturating_sub(at) as f64 / 1000.0)
+                        }
+                        (Some(m), None) => m.clone(),
+                        (None, _) => "-".into(),
+                    };
                     out(format!(
-                        "{:<32} {:>7} {:>14} {:<6} {:>8} {:>5}",
+                        "{:<32} {:>7} {:>14} {:<6} {:>8} {:>5}  {error}",
                         h.host_id,
                         h.weight,
                         age.map(|a| format!("{:.1}s", a as f64 / 1000.0))

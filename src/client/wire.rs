@@ -140,6 +140,8 @@ pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, WireError
         last_heartbeat_ms: v["last_heartbeat"].as_u64(),
         applied_version: v["applied_version"].as_u64(),
         applied_ms: v["applied_at"].as_u64(),
+        publish_error: v["publish_error"].as_str().map(str::to_string),
+        publish_error_ms: v["publish_error_at"].as_u64(),
     })
 }
 
@@ -234,6 +236,8 @@ mod tests {
                 last_heartbeat_ms: Some(5),
                 applied_version: Some(7),
                 applied_ms: None,
+                publish_error: None,
+                publish_error_ms: None,
             }
         );
         let e = host_from_api_json(&serde_json::json!({"weight": 3})).unwrap_err();

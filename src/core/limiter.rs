@@ -75,19 +75,28 @@
 //! Legitimate state is never ahead of the newest clock reading of any
 //! worker by more than the limiter's horizon (GCRA: `tau + max_delay`;
 //! windows: the start of the stored window is ≤ now). A caller whose clock
-//! reading is behind that (a stale reading, a clock stepped back) is treated
-//! conservatively as above. State that claims to be more than
-//! [`MAX_STALENESS_NS`] beyond the horizon cannot have been written by this
-//! clock: it is garbage, a slot whose algorithm changed, or a file that
-//! survived a reboot on disk. Waiting it out could block a strategy for
-//! years, so it is replaced by the **most restrictive legitimate state** at
-//! `now` (GCRA: an empty bucket with a full delay queue; windows: the
-//! current window full). That never admits more than a legitimate state
-//! would. The price: a worker whose clock reading is more than a minute
-//! stale at the moment of its CAS (a process stopped between reading the
-//! clock and updating the slot) would take a legitimate state for foreign
-//! and rewind it, which can let up to one burst / one window of extra
-//! requests through once.
+//! reading is behind that (a stale reading, a process stopped between
+//! reading the clock and updating the slot, a clock stepped back) is
+//! treated conservatively as above, **whatever the staleness**: the request
+//! path never moves state backwards, so a stale worker never admits
+//! anything a fresh one would not.
+//!
+//! State that claims to be more than [`MAX_STALENESS_NS`] beyond the
+//! horizon of a *fresh* clock cannot have been written by this clock: it is
+//! garbage, or a file that survived a reboot. Waiting it out could block a
+//! strategy for years, so [`Limiter::repair_foreign`] replaces it with the
+//! **most restrictive legitimate state** (GCRA: an empty bucket with a full
+//! delay queue; windows: the current window full). Only the agent calls it
+//! (at every poll, 200 ms by default, on the slots of the table it
+//! published), and it reads its clock *after* loading the word: every
+//! legitimate write happened before that load, at a clock reading no later
+//! than the agent's, so a legitimate state is never taken for foreign — not
+//! even when the agent itself is descheduled, since its compare-and-swap
+//! then fails on any word written meanwhile. (Soundness needs the agent's
+//! clocks to be the workers': `CLOCK_MONOTONIC` for the buckets — nginx's
+//! `ngx_current_msec` is that clock, coarse, never ahead of it — and the
+//! wall clock for the windows; a wall clock stepped back by more than a
+//! minute makes the agent set the current window full once.)
 //!
 //! # Refunds
 //!
@@ -110,9 +119,9 @@ use super::model::{Action, Algorithm, Strategy, MAX_WINDOW_COUNT};
 use super::slot::Slot;
 use super::warm_up::{self, WarmUpParams};
 
-/// How far beyond its legitimate horizon a state word may lie before it is
-/// taken as foreign (garbage, another clock) and replaced. See the module
-/// documentation.
+/// How far beyond its legitimate horizon (at a fresh clock reading) a state
+/// word may lie before [`Limiter::repair_foreign`] takes it as foreign
+/// (garbage, another clock) and replaces it. See the module documentation.
 pub const MAX_STALENESS_NS: u64 = 60 * 1_000_000_000;
 
 /// `retry_after` advertised by a `concurrency` rejection (there is no time
@@ -435,6 +444,63 @@ impl Limiter {
         }
     }
 
+    /// Replaces state that no clock reading could have written (more than
+    /// [`MAX_STALENESS_NS`] beyond the horizon) with the most restrictive
+    /// legitimate state; `true` when a word was replaced. For the agent,
+    /// never the request path: `clock` (this limiter's clock, see
+    /// [`super::admit::Now`]) must be fresh, and it is read only after the
+    /// words are loaded, so a legitimate word is never taken for foreign
+    /// (module documentation).
+    pub fn repair_foreign(&self, slot: &Slot, clock: impl FnOnce() -> u64) -> bool {
+        match self.params {
+            Params::Gcra { tau, max_delay, .. } => {
+                let w = slot.state0();
+                let tat = w.load(Ordering::SeqCst);
+                let now = clock();
+                let horizon = tau.saturating_add(max_delay);
+                if tat <= now.saturating_add(horizon).saturating_add(MAX_STALENESS_NS) {
+                    return false;
+                }
+                let repaired = now.saturating_add(horizon);
+                w.compare_exchange(tat, repaired, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            }
+            Params::Window { period, limit } => {
+                let sliding = self.algorithm == Algorithm::SlidingWindow;
+                let words = [slot.state0(), slot.state1()];
+                let n = if sliding { 2 } else { 1 };
+                let vals = [
+                    words[0].load(Ordering::SeqCst),
+                    words[1].load(Ordering::SeqCst),
+                ];
+                let now = clock();
+                let w_now = window_of(now, period);
+                let foreign_above = now.saturating_add(MAX_STALENESS_NS);
+                let mut repaired = false;
+                for i in 0..n {
+                    let (vw, _) = unpack(vals[i]);
+                    if vw <= w_now || window_start(vw, period) <= foreign_above {
+                        continue;
+                    }
+                    // The current window full (sliding: and the previous).
+                    let fix = if !sliding || (w_now & 1) as usize == i {
+                        pack(w_now, limit)
+                    } else if w_now >= 1 {
+                        pack(w_now - 1, limit)
+                    } else {
+                        0
+                    };
+                    repaired |= words[i]
+                        .compare_exchange(vals[i], fix, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok();
+                }
+                repaired
+            }
+            Params::WarmUp(p) => warm_up::repair_foreign(&p, slot, clock),
+            Params::Concurrency { .. } => false,
+        }
+    }
+
     /// `concurrency` under a dry run: count the request in flight even over
     /// the limit, so that the release at its end balances. `None` only at
     /// the (unreachable in practice) cap of 2³² − 1 in flight, or for other
@@ -530,21 +596,8 @@ fn max_delay_ns(action: Action) -> u64 {
 #[inline(always)]
 fn gcra_acquire(w: &AtomicU64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Outcome {
     let horizon = tau.saturating_add(max_delay);
-    let foreign_above = now.saturating_add(horizon).saturating_add(MAX_STALENESS_NS);
     let mut tat = w.load(Ordering::Acquire);
     loop {
-        if tat > foreign_above {
-            // Not written by this clock: replace with the most restrictive
-            // legitimate state (empty bucket, full queue).
-            let repaired = now.saturating_add(horizon);
-            match w.compare_exchange_weak(tat, repaired, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => tat = repaired,
-                Err(actual) => {
-                    tat = actual;
-                    continue;
-                }
-            }
-        }
         let Some(new_tat) = tat.max(now).checked_add(interval) else {
             return Outcome::Rejected {
                 retry_after_ns: u64::MAX,
@@ -587,19 +640,9 @@ fn gcra_refund(w: &AtomicU64, r: Reservation, interval: u64) {
 #[inline(never)]
 fn fixed_acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Outcome {
     let w_now = window_of(now, period);
-    let foreign_above = now.saturating_add(MAX_STALENESS_NS);
     let mut cur = w.load(Ordering::Acquire);
     loop {
         let (sw, sc) = unpack(cur);
-        if sw > w_now && window_start(sw, period) > foreign_above {
-            // A window that has not started by any plausible clock: foreign.
-            let repaired = pack(w_now, limit);
-            match w.compare_exchange_weak(cur, repaired, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => cur = repaired,
-                Err(actual) => cur = actual,
-            }
-            continue;
-        }
         // Older → a fresh window; equal or newer → count against it.
         let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
         if count >= limit {
@@ -647,33 +690,11 @@ fn window_refund(w: &AtomicU64, r: Reservation) {
 #[inline(never)]
 fn sliding_acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Outcome {
     let words = [slot.state0(), slot.state1()];
-    let w_now = window_of(now, period);
-    let foreign_above = now.saturating_add(MAX_STALENESS_NS);
     loop {
         let vals = [
             words[0].load(Ordering::SeqCst),
             words[1].load(Ordering::SeqCst),
         ];
-        // Foreign words: replace with the most restrictive legitimate state.
-        let mut repaired = false;
-        for i in 0..2 {
-            let (vw, _) = unpack(vals[i]);
-            if vw > w_now && window_start(vw, period) > foreign_above {
-                let fix = if (w_now & 1) as usize == i {
-                    pack(w_now, limit)
-                } else if w_now >= 1 {
-                    pack(w_now - 1, limit)
-                } else {
-                    0
-                };
-                let _ = words[i].compare_exchange(vals[i], fix, Ordering::SeqCst, Ordering::SeqCst);
-                repaired = true;
-            }
-        }
-        if repaired {
-            continue;
-        }
-
         let v = SlidingView::read(vals, now, period);
         let estimate = v.estimate(period);
         if estimate.saturating_add(1) > limit {
@@ -903,14 +924,105 @@ mod tests {
             with_slot(|slot| {
                 slot.state0().store(garbage, Ordering::Relaxed);
                 let clock = FakeClock::new(100 * S);
-                // 1000 requests a second for 10 s: at most the rate, no
-                // burst (the repaired state is an empty bucket)...
+                // 1000 requests a second for 10 s: the request path never
+                // rewinds, so at most the rate, no burst...
                 let n = drive(&l, slot, &clock, 100 * S, 110 * S, MS);
                 assert!(n <= 1000, "garbage {garbage:#x}: {n} admitted");
-                // ...and it heals: the rate is granted again.
+                // ...and once the agent repaired it (an empty bucket with a
+                // full queue), the rate is granted again.
+                let _ = l.repair_foreign(slot, || 110 * S);
+                let n = drive(&l, slot, &clock, 110 * S, 120 * S, MS);
+                assert!(n <= 1000, "garbage {garbage:#x}: {n} admitted");
                 assert!(n >= 990, "garbage {garbage:#x}: only {n} admitted");
             });
         }
+    }
+
+    /// Issue 11, item 5: a fresh worker drains the quota at `t`, then a
+    /// worker whose clock reads `t − stale` (61 s, 600 s) tries; neither it
+    /// nor the fresh worker afterwards admits anything, and the agent's
+    /// repair (fresh clock) leaves the legitimate state alone.
+    #[test]
+    fn a_stale_worker_admits_nothing_extra_at_any_staleness() {
+        let cases = [
+            (Algorithm::TokenBucket, 1, Unit::Minute, 5, 5),
+            (Algorithm::TokenBucket, 20, Unit::Second, 20, 20),
+            (Algorithm::LeakyBucket, 1, Unit::Minute, 0, 1),
+            (Algorithm::FixedWindow, 20, Unit::Second, 0, 20),
+            (Algorithm::FixedWindow, 5, Unit::Hour, 0, 5),
+            (Algorithm::SlidingWindow, 20, Unit::Second, 0, 20),
+            (Algorithm::SlidingWindow, 5, Unit::Minute, 0, 5),
+        ];
+        for (alg, rate, per, burst, quota) in cases {
+            for stale in [61 * S, 600 * S, 3600 * S + 1] {
+                let l = limiter(alg, rate, per, burst, REJECT);
+                with_slot(|slot| {
+                    // Mid-window, far from the epoch: windows are UTC.
+                    let t = 1_700_000_000 * S + 7 * S + 300 * MS;
+                    let mut fresh = 0;
+                    while admitted(&l, slot, t) {
+                        fresh += 1;
+                        assert!(fresh <= quota, "{alg:?}: more than the quota fresh");
+                    }
+                    assert_eq!(fresh, quota, "{alg:?}");
+                    let words = (
+                        slot.state0().load(Ordering::Relaxed),
+                        slot.state1().load(Ordering::Relaxed),
+                    );
+                    let mut extra = 0;
+                    for i in 0..100 {
+                        // The stale reading, creeping up by 1 ms.
+                        extra += u32::from(admitted(&l, slot, t - stale + i * MS));
+                    }
+                    assert!(!l.repair_foreign(slot, || t), "{alg:?}: repaired");
+                    for _ in 0..100 {
+                        extra += u32::from(admitted(&l, slot, t));
+                    }
+                    let s = stale / S;
+                    assert_eq!(
+                        extra, 0,
+                        "{alg:?} {rate}/{per:?}: {s} s stale admitted extra"
+                    );
+                    assert_eq!(
+                        words,
+                        (
+                            slot.state0().load(Ordering::Relaxed),
+                            slot.state1().load(Ordering::Relaxed)
+                        ),
+                        "{alg:?}: state moved by rejected requests"
+                    );
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn repair_foreign_replaces_only_what_no_clock_wrote() {
+        let l = limiter(Algorithm::TokenBucket, 1, Unit::Second, 2, REJECT);
+        with_slot(|slot| {
+            // Horizon 2 s: up to 62 s ahead of a fresh clock is legitimate.
+            slot.state0().store(162 * S, Ordering::Relaxed);
+            assert!(!l.repair_foreign(slot, || 100 * S));
+            slot.state0().store(162 * S + 1, Ordering::Relaxed);
+            assert!(l.repair_foreign(slot, || 100 * S));
+            // The most restrictive legitimate state: empty bucket.
+            assert_eq!(slot.state0().load(Ordering::Relaxed), 102 * S);
+            assert!(!admitted(&l, slot, 100 * S));
+            assert!(admitted(&l, slot, 101 * S));
+        });
+        let l = limiter(Algorithm::FixedWindow, 3, Unit::Second, 0, REJECT);
+        with_slot(|slot| {
+            slot.state0().store(pack(160, 1), Ordering::Relaxed);
+            assert!(!l.repair_foreign(slot, || 100 * S));
+            slot.state0().store(pack(161, 1), Ordering::Relaxed);
+            assert!(l.repair_foreign(slot, || 100 * S + 5));
+            assert_eq!(unpack(slot.state0().load(Ordering::Relaxed)), (100, 3));
+        });
+        let l = limiter(Algorithm::Concurrency, 3, Unit::Second, 0, REJECT);
+        with_slot(|slot| {
+            slot.state0().store(u64::MAX, Ordering::Relaxed);
+            assert!(!l.repair_foreign(slot, || 100 * S));
+        });
     }
 
     #[test]
@@ -989,7 +1101,9 @@ mod tests {
                     let n = drive(&l, slot, &clock, w * S, (w + 1) * S, MS);
                     assert!(n <= 50, "garbage {garbage:#x}, window {w}: {n}");
                 }
-                // Healed: the last window grants the full quota.
+                // Healed by the agent's repair (or by time): the next
+                // window grants the full quota.
+                let _ = l.repair_foreign(slot, || 110 * S - 1);
                 assert_eq!(drive(&l, slot, &clock, 110 * S, 111 * S, MS), 50);
             });
         }
@@ -1121,6 +1235,7 @@ mod tests {
                     let n = drive(&l, slot, &clock, w * S, (w + 1) * S, MS);
                     assert!(n <= 50, "garbage {a:#x}/{b:#x}, window {w}: {n}");
                 }
+                let _ = l.repair_foreign(slot, || 110 * S - 1);
                 let n = drive(&l, slot, &clock, 110 * S, 120 * S, MS);
                 assert!((480..=500).contains(&n), "not healed: {n}");
             });

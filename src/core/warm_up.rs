@@ -55,9 +55,12 @@
 //! `warm_up` is a leaky bucket at the stable rate on `state0`: never more
 //! than the rate, no warm-up.
 //!
-//! Foreign state (`next_free` beyond `now + c + max_delay` by more than
-//! [`MAX_STALENESS_NS`], `D > W`) is read as the most restrictive legitimate
-//! state: a full queue and a cold bucket.
+//! A `next_free` ahead of `now` is waited out whatever the distance (a
+//! stale reading never rewinds it, so it never admits extra); `D > W` is
+//! read as `W`. State no clock could have written (`next_free` beyond a
+//! fresh `now + c + max_delay` by more than [`MAX_STALENESS_NS`]) is
+//! replaced by the agent ([`repair_foreign`]) with the most restrictive
+//! legitimate state: a full queue and a cold bucket.
 //!
 //! Refund: if the words still hold what the acquire wrote, `next_free` goes
 //! back to what it was and `D` gets one permit back (at most `W`); otherwise
@@ -178,19 +181,15 @@ pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Outcome {
         return leaky_fallback(p, words[0], now);
     }
     let curve = p.curve();
-    let horizon = p.horizon();
-    let foreign_above = now.saturating_add(horizon).saturating_add(MAX_STALENESS_NS);
     let mut cur = [
         words[0].load(Ordering::Acquire),
         words[1].load(Ordering::Acquire),
     ];
     loop {
+        // A `next_free` ahead of `now` (however far: a stale reading, or
+        // foreign state the agent has yet to repair) is waited out, never
+        // rewound (issue 11, item 5).
         let (mut nf, mut d) = (cur[0], cur[1].min(p.period()));
-        if nf > foreign_above {
-            // Not written by this clock: a full queue and a cold bucket.
-            nf = now.saturating_add(p.max_delay);
-            d = p.period();
-        }
         if now >= nf.saturating_add(p.stable) {
             // Idle for at least one interval: store permits, start from now.
             d = d.saturating_add(now - nf).min(p.period());
@@ -215,6 +214,31 @@ pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Outcome {
             Err(actual) => cur = actual,
         }
     }
+}
+
+/// Replaces state no clock could have written with a full queue and a cold
+/// bucket; `true` when it did. For the agent only: `clock` is fresh and read
+/// after the words (see [`super::limiter`], stale and foreign state).
+pub fn repair_foreign(p: &WarmUpParams, slot: &Slot, clock: impl FnOnce() -> u64) -> bool {
+    let words = [slot.state0(), slot.state1()];
+    let cur = [
+        words[0].load(Ordering::SeqCst),
+        words[1].load(Ordering::SeqCst),
+    ];
+    let now = clock();
+    let limit = now
+        .saturating_add(p.horizon())
+        .saturating_add(MAX_STALENESS_NS);
+    if cur[0] <= limit {
+        return false;
+    }
+    let full = now.saturating_add(p.max_delay);
+    if !cas128_available(words[0]) {
+        return words[0]
+            .compare_exchange(cur[0], full, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+    }
+    cas128(words[0], cur, [full, p.period()]).is_ok()
 }
 
 /// Gives back one request admitted by [`acquire`].
@@ -611,6 +635,33 @@ mod tests {
         });
     }
 
+    /// Issue 11, item 5: a worker 61 s or 600 s stale, after a fresh one
+    /// took what there was, admits nothing, and leaves nothing extra for
+    /// the fresh one.
+    #[test]
+    fn a_stale_worker_admits_nothing_extra() {
+        for stale in [61 * S, 600 * S] {
+            let l = warm_up(100, 1_000, 3, REJECT);
+            with_slot(|slot| {
+                let t = 1_000_000 * S;
+                let mut fresh = 0;
+                while l.acquire(slot, t).is_admitted() {
+                    fresh += 1;
+                    assert!(fresh <= 100);
+                }
+                let mut extra = 0;
+                for i in 0..100 {
+                    extra += u32::from(l.acquire(slot, t - stale + i * MS).is_admitted());
+                }
+                assert!(!l.repair_foreign(slot, || t));
+                for _ in 0..100 {
+                    extra += u32::from(l.acquire(slot, t).is_admitted());
+                }
+                assert_eq!(extra, 0, "{} s stale", stale / S);
+            });
+        }
+    }
+
     #[test]
     fn foreign_state_is_read_as_cold_and_full() {
         let l = warm_up(100, 1_000, 3, REJECT);
@@ -618,7 +669,12 @@ mod tests {
             let now = 100 * S;
             slot.state0().store(u64::MAX - 5, Ordering::Relaxed);
             slot.state1().store(u64::MAX, Ordering::Relaxed);
-            // A full queue (0 here): admitted now, at the cold interval.
+            // The request path waits it out, never rewinds it...
+            assert!(!l.acquire(slot, now).is_admitted());
+            // ...the agent (fresh clock) replaces it: a full queue (0
+            // here) and a cold bucket, admitted now at the cold interval.
+            assert!(l.repair_foreign(slot, || now));
+            assert!(!l.repair_foreign(slot, || now));
             assert!(l.acquire(slot, now).is_admitted());
             assert!(!l.acquire(slot, now + 29 * MS).is_admitted());
             assert!(l.acquire(slot, now + 30 * MS).is_admitted());

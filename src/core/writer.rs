@@ -22,6 +22,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::blacklist::{self, Blacklist, BlacklistEntry};
+use super::clock::MonotonicClock;
+use super::limiter::Limiter;
 use super::model::{Algorithm, Strategy};
 use super::segment::{self, Published, MAX_TABLE_DIMENSIONS};
 use super::shm::{
@@ -79,6 +81,14 @@ enum Retry {
     Again(ShmError),
 }
 
+/// The wall clock in Unix nanoseconds, the windows' clock.
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// Whether the path still names the open `file`.
 fn same_file(file: &File, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -93,6 +103,8 @@ struct Assigned {
     slot: u32,
     generation: u64,
     algorithm: Algorithm,
+    /// For [`Writer::repair_foreign`].
+    limiter: Limiter,
 }
 
 pub struct Writer {
@@ -424,6 +436,7 @@ impl Writer {
                             slot: p.slot,
                             generation: p.generation,
                             algorithm: p.strategy.algorithm,
+                            limiter: Limiter::from_strategy(&p.strategy),
                         },
                     );
                 }
@@ -526,6 +539,31 @@ impl Writer {
         if let Some(w) = self.map.header().u64_at(H_HEARTBEAT) {
             w.store(unix_ms, Ordering::Release);
         }
+    }
+
+    /// Replaces limiter state that no clock reading could have written
+    /// (garbage, a slot rewritten by hand) with the most restrictive
+    /// legitimate state, in every slot of the published table; returns how
+    /// many slots it changed. The agent calls this at every poll: the
+    /// request path never moves state backwards (a stale worker could not
+    /// tell garbage from a newer legitimate state), the agent's fresh clock
+    /// can ([`Limiter::repair_foreign`]).
+    pub fn repair_foreign(&self) -> usize {
+        let slots = self.map.slots();
+        let mut repaired = 0;
+        for a in self.assigned.values() {
+            let Some(slot) = Slot::at(&slots, a.slot) else {
+                continue;
+            };
+            let fixed = match a.algorithm {
+                Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                    a.limiter.repair_foreign(&slot, unix_ns)
+                }
+                _ => a.limiter.repair_foreign(&slot, MonotonicClock::now),
+            };
+            repaired += usize::from(fixed);
+        }
+        repaired
     }
 
     fn bit(&self, slot: u32) -> (usize, u64) {
@@ -812,6 +850,7 @@ impl Writer {
                         slot: p.slot,
                         generation: p.generation,
                         algorithm: p.strategy.algorithm,
+                        limiter: Limiter::from_strategy(&p.strategy),
                     },
                 )
             })

@@ -30,6 +30,8 @@ fn host_json(h: &HostRecord, version: u64, now: u64, freshness_ms: u64) -> Value
         "applied_at": h.applied_ms,
         "lag": h.applied_version.map(|a| version.saturating_sub(a)),
         "fresh": h.last_heartbeat_ms.is_some_and(|hb| hb.saturating_add(freshness_ms) >= now),
+        "publish_error": h.publish_error,
+        "publish_error_at": h.publish_error_ms,
     })
 }
 
@@ -76,10 +78,35 @@ pub async fn report(
     Path(host_id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    let o = object(&body, &["weight", "applied_version", "counters"])?;
+    let o = object(
+        &body,
+        &[
+            "weight",
+            "applied_version",
+            "counters",
+            "publish_error",
+            "publish_error_at",
+        ],
+    )?;
     let f = Fields(&o);
     let weight = f.uint("weight", u32::MAX as u64)?.map(|w| w as u32);
     let applied = f.uint("applied_version", i64::MAX as u64)?;
+    // Absent: unchanged (an older agent); null: cleared; a string: the
+    // agent's last publish refusal, at `publish_error_at` (default now).
+    let publish_error = match o.get("publish_error") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(Value::String(m)) => {
+            let at = f.uint("publish_error_at", i64::MAX as u64)?;
+            Some(Some((m.clone(), at.unwrap_or_else(unix_ms))))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "publish_error",
+                "must be a string or null",
+            ))
+        }
+    };
     let mut counters = Vec::new();
     match f.present("counters") {
         None => {}
@@ -111,6 +138,11 @@ pub async fn report(
     st.store
         .report(&host_id, weight, applied, &counters, who.name())
         .await?;
+    if let Some(e) = publish_error {
+        st.store
+            .set_publish_error(&host_id, e.as_ref().map(|(m, at)| (m.as_str(), *at)))
+            .await?;
+    }
     let (version, hosts) = hosts_json(&st).await?;
     ok(json!({"ok": true, "version": version, "hosts": hosts}))
 }

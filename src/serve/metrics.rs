@@ -8,6 +8,8 @@
 //!   of their `rate()`. Summing here instead would turn one host's counter
 //!   reset or silence into a fleet-wide reset.
 //! - `rate_ctl_host_{weight,fresh,applied_version,lag_versions,report_age_seconds}{host}`.
+//! - `rate_ctl_host_publish_error{host}`: 1 while the host's agent reports
+//!   that its last publish was refused (the message is in the hosts API).
 //! - `rate_ctl_store_config_version`.
 //!
 //! The module's own series (`rate_ctl_passed_total{strategy}`, …) come from
@@ -194,6 +196,20 @@ pub fn render(
             );
         }
     }
+    head(
+        &mut o,
+        "rate_ctl_host_publish_error",
+        "gauge",
+        "1 while the host's agent reports its last publish refused (see GET /api/v1/hosts).",
+    );
+    for h in hosts {
+        let _ = writeln!(
+            o,
+            "rate_ctl_host_publish_error{{host=\"{}\"}} {}",
+            label(&h.host_id),
+            u8::from(h.publish_error.is_some())
+        );
+    }
     o
 }
 
@@ -226,6 +242,8 @@ mod tests {
                 last_heartbeat_ms: Some(99_500),
                 applied_version: Some(7),
                 applied_ms: Some(99_000),
+                publish_error: None,
+                publish_error_ms: None,
             },
             HostRecord {
                 host_id: "web-2".into(),
@@ -233,6 +251,10 @@ mod tests {
                 last_heartbeat_ms: Some(50_000),
                 applied_version: None,
                 applied_ms: None,
+                publish_error: Some(
+                    "blacklist: 5 distinct entries, the table capacity is 4".into(),
+                ),
+                publish_error_ms: Some(99_000),
             },
         ];
         let t = render(9, &names, &samples, &hosts, 100_000, 10_000);
@@ -250,6 +272,8 @@ mod tests {
         assert!(has(r#"rate_ctl_host_fresh{host="web-2"} 0"#));
         assert!(has(r#"rate_ctl_host_applied_version{host="web-1"} 7"#));
         assert!(has(r#"rate_ctl_host_lag_versions{host="web-1"} 2"#));
+        assert!(has(r#"rate_ctl_host_publish_error{host="web-1"} 0"#), "{t}");
+        assert!(has(r#"rate_ctl_host_publish_error{host="web-2"} 1"#), "{t}");
         assert!(!t.contains(r#"rate_ctl_host_lag_versions{host="web-2"}"#));
         assert!(has(
             r#"rate_ctl_host_report_age_seconds{host="web-1"} 0.500"#

@@ -133,12 +133,17 @@ fn schemas() -> Value {
         example[k] = v;
     }
     let host = json!({"type": "object", "additionalProperties": false,
-        "required": ["host_id", "weight", "last_heartbeat", "applied_version", "applied_at", "lag", "fresh"],
+        "required": ["host_id", "weight", "last_heartbeat", "applied_version", "applied_at", "lag", "fresh",
+                     "publish_error", "publish_error_at"],
         "properties": {"host_id": {"type": "string"}, "weight": {"type": "integer"},
             "last_heartbeat": nullable("integer"), "applied_version": nullable("integer"),
-            "applied_at": nullable("integer"), "lag": nullable("integer"), "fresh": {"type": "boolean"}},
+            "applied_at": nullable("integer"), "lag": nullable("integer"), "fresh": {"type": "boolean"},
+            "publish_error": {"type": ["string", "null"], "maxLength": 1000,
+                "description": "The agent's last publish refusal (the table it was sent does not fit its file, ...); null once a publish succeeded."},
+            "publish_error_at": nullable("integer")},
         "example": {"host_id": "web-1", "weight": 2, "last_heartbeat": 1763800000000u64, "applied_version": 40,
-                    "applied_at": 1763800000000u64, "lag": 1, "fresh": true}});
+                    "applied_at": 1763800000000u64, "lag": 1, "fresh": true,
+                    "publish_error": null, "publish_error_at": null}});
     let entry = json!({"type": "object", "additionalProperties": false,
         "required": ["id", "dimension", "value", "expires_at", "reason", "created_at"],
         "properties": {"id": {"type": "integer"}, "dimension": {"type": "string"}, "value": {"type": "string"},
@@ -192,6 +197,9 @@ fn schemas() -> Value {
                 "before": {"type": ["object", "null"]}, "after": {"type": ["object", "null"]}}},
         "Report": {"type": "object", "additionalProperties": false,
             "properties": {"weight": {"type": "integer", "minimum": 1}, "applied_version": nullable("integer"),
+                "publish_error": {"type": ["string", "null"],
+                    "description": "The agent's last publish refusal; null clears it; absent leaves it as it is."},
+                "publish_error_at": nullable("integer"),
                 "counters": {"type": "array", "items": {"type": "object", "additionalProperties": false,
                     "required": ["id"], "properties": {"id": {"type": "integer"}, "passed": {"type": "integer"},
                     "limited": {"type": "integer"}, "delayed": {"type": "integer"}}}}},

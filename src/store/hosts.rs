@@ -8,11 +8,14 @@ use super::record::HostRecord;
 use super::{CounterSample, Field, Invalid, Result, Store};
 use rate_ctl::core::shm::unix_ms;
 
+/// The longest publish error kept (the column is VARCHAR(1000)).
+pub const MAX_PUBLISH_ERROR: usize = 1000;
+
 impl Store {
     pub async fn hosts(&self) -> Result<Vec<HostRecord>> {
         let rows = sqlx::query(
-            "SELECT host_id, weight, last_heartbeat_ms, applied_version, applied_ms \
-             FROM hosts ORDER BY host_id",
+            "SELECT host_id, weight, last_heartbeat_ms, applied_version, applied_ms, \
+             publish_error, publish_error_ms FROM hosts ORDER BY host_id",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -24,9 +27,35 @@ impl Store {
                     last_heartbeat_ms: r.try_get::<Option<i64>, _>(2)?.map(|v| v as u64),
                     applied_version: r.try_get::<Option<i64>, _>(3)?.map(|v| v as u64),
                     applied_ms: r.try_get::<Option<i64>, _>(4)?.map(|v| v as u64),
+                    publish_error: r.try_get(5)?,
+                    publish_error_ms: r.try_get::<Option<i64>, _>(6)?.map(|v| v as u64),
                 })
             })
             .collect()
+    }
+
+    /// Records the agent's last publish error and its time, or clears it
+    /// (`None`: its last publish succeeded). The message is cut to 1,000
+    /// bytes (at a character boundary). An unknown host is left alone (its
+    /// heartbeat registers it).
+    pub async fn set_publish_error(&self, host_id: &str, error: Option<(&str, u64)>) -> Result<()> {
+        let (message, at) = match error {
+            Some((m, at)) => {
+                let mut end = m.len().min(MAX_PUBLISH_ERROR);
+                while !m.is_char_boundary(end) {
+                    end -= 1;
+                }
+                (Some(&m[..end]), Some(at as i64))
+            }
+            None => (None, None),
+        };
+        sqlx::query("UPDATE hosts SET publish_error = ?, publish_error_ms = ? WHERE host_id = ?")
+            .bind(message)
+            .bind(at)
+            .bind(host_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Sets a host's weight (registering it if unknown). A weight change

@@ -444,6 +444,10 @@ pub struct HostRecord {
     pub last_heartbeat_ms: Option<u64>,
     pub applied_version: Option<u64>,
     pub applied_ms: Option<u64>,
+    /// The agent's last publish refusal (cleared by its next successful
+    /// publish) and when it happened.
+    pub publish_error: Option<String>,
+    pub publish_error_ms: Option<u64>,
 }
 
 #[cfg(test)]

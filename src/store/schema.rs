@@ -196,6 +196,14 @@ pub const MIGRATIONS: &[Migration] = &[
             Step::AddColumn("strategies", "cold_factor BIGINT NULL"),
         ],
     },
+    Migration {
+        version: 4,
+        description: "hosts: the agent's last publish error and its time",
+        steps: &[
+            Step::AddColumn("hosts", "publish_error VARCHAR(1000) NULL"),
+            Step::AddColumn("hosts", "publish_error_ms BIGINT NULL"),
+        ],
+    },
 ];
 
 #[cfg(test)]

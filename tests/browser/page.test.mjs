@@ -154,7 +154,7 @@ before(async () => {
 
   // The agent, talking to the service over HTTP.
   start('agent', BIN, ['--store', serveUrl(), 'agent', '--shm', shm, '--host-id', HOST_ID,
-    '--mode', '0666', '--poll-ms', '100', '--heartbeat-ms', '500'],
+    '--mode', '0666', '--poll-ms', '100', '--heartbeat-ms', '500', '--blacklist-entries', '4'],
   { RATE_CTL_TOKEN: TOKEN, RATE_CTL_AGENT_TOKEN: TOKEN });
   await waitFor('the agent to create the shm file', () => fs.existsSync(shm), 20000)
     .catch((e) => { throw new Error(`${e.message}\nagent log:\n${logOf('agent')}`); });
@@ -514,6 +514,24 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     assert.match(text, /strategy\.create/);
     assert.match(text, /admin/);
     await page.screenshot({ path: path.join(ARTIFACTS, 'audit.png') });
+  });
+
+  await step('a blacklist beyond the agent\'s capacity shows as a publish error on the host, cleared once it fits', async () => {
+    // The agent's file holds 4 entries (--blacklist-entries 4); the API takes 5.
+    const ids = [];
+    for (let n = 1; n <= 5; n++) {
+      const made = await apiCall('POST', '/blacklist', { dimension: 'ip', value: `10.9.9.${n}` });
+      assert.equal(made.status, 201, JSON.stringify(made.body));
+      ids.push(made.body.id);
+    }
+    await page.getByRole('tab', { name: 'Hosts' }).click();
+    const row = page.locator('#hosts-table tbody tr', { hasText: HOST_ID });
+    await waitFor('the refusal on the host', async () => /publish refused/.test(await row.innerText()), 8000);
+    assert.match(await row.locator('.publish-error').innerText(), /ago: .*blacklist/);
+    await page.screenshot({ path: path.join(ARTIFACTS, 'hosts-publish-error.png') });
+    for (const id of ids) await apiCall('DELETE', `/blacklist/${id}`);
+    await waitFor('the error cleared', async () => /fresh, in sync/.test(await row.innerText())
+      && (await row.locator('.publish-error').count()) === 0, 8000);
   });
 
   await step('a 200-byte name without spaces is cut with an ellipsis, whole on hover; every column stays on screen', async () => {
