@@ -295,3 +295,60 @@ fn a_file_truncated_under_the_agent_is_replaced_and_republished() {
     );
     println!("republished {:?} after the truncation", t0.elapsed());
 }
+
+#[test]
+fn a_symlink_planted_at_the_path_never_changes_the_file_it_points_to() {
+    if !is_root() {
+        eprintln!("SKIPPED a_symlink_planted_at_the_path_never_changes_the_file_it_points_to: needs root for setpriv");
+        return;
+    }
+    let s = sqlite_store();
+    add(&s.url, "one");
+    // A root-only file elsewhere, and `nobody` pointing the agent's path at it.
+    let private = tempfile::tempdir().unwrap();
+    let secret = private.path().join("secret");
+    std::fs::write(&secret, b"root only\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let dir = sticky_dir();
+    let shm = dir.path().join("rc.shm");
+    let ln = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg("ln")
+        .arg("-s")
+        .arg(&secret)
+        .arg(&shm)
+        .status()
+        .unwrap();
+    assert!(ln.success(), "nobody plants the symlink");
+    let before = std::fs::metadata(&secret).unwrap();
+
+    // The agent gives its file to nobody's group: through the symlink that
+    // would make the secret readable by nobody. It refuses the path instead,
+    // naming it, and exits with an error.
+    let log = dir.path().join("a.log");
+    let mut a = AgentProc::start(
+        &s.url,
+        &shm,
+        "h",
+        &log,
+        &["--mode", "0660", "--group", &NOBODY.to_string()],
+    );
+    let exited = wait_for(Duration::from_secs(10), || (!a.alive()).then_some(()));
+    assert!(
+        exited.is_some(),
+        "the agent does not run on a planted symlink"
+    );
+    assert!(
+        a.log_text()
+            .contains("is a symbolic link; refusing to follow it"),
+        "the refusal names the cause: {}",
+        a.log_text()
+    );
+    let after = std::fs::metadata(&secret).unwrap();
+    assert_eq!(
+        (after.uid(), after.gid(), after.mode() & 0o7777),
+        (before.uid(), before.gid(), 0o640),
+        "the file behind the symlink keeps its owner, group and mode"
+    );
+    assert_eq!(std::fs::read(&secret).unwrap(), b"root only\n");
+}
