@@ -162,7 +162,7 @@ proptest! {
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..20_000)) {
         let dir = tempfile::tempdir().unwrap();
         exercise(dir.path(), "random", &bytes);
-        rate_ctl::core::shm::fuzz_reader(&bytes);
+        rate_ctl::core::fuzz::fuzz_reader(&bytes);
     }
 
     #[test]

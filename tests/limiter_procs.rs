@@ -167,6 +167,15 @@ fn hit<'a>(region: &Region<'a>, index: u32, limiter: &'a Limiter) -> Hit<'a> {
     }
 }
 
+/// After the children are gone: `hit`'s first state word is `state0`
+/// (`what` names it), and its counters show `admitted` of `attempts` passed
+/// and the rest limited.
+fn assert_slot_end(hit: &Hit, state0: u64, what: &str, admitted: u64, attempts: u64) {
+    assert_eq!(hit.slot.state0().load(Ordering::SeqCst), state0, "{what}");
+    let c = hit.slot.counters();
+    assert_eq!((c.passed, c.limited), (admitted, attempts - admitted));
+}
+
 fn sum(r: &Region, slot: usize, w: usize) -> u64 {
     (0..CHILDREN)
         .map(|c| result(r, c, slot, w).load(Ordering::Relaxed))
@@ -321,13 +330,7 @@ fn real_clock_gcra_admits_burst_plus_rate_times_elapsed() {
         "admitted {admitted}, expected {lower}..={upper} ({attempts} attempts)"
     );
     assert!(upper - 50_000 >= 150_000, "ran for less than 1.5 s of rate");
-    assert_eq!(
-        hits[0].slot.state0().load(Ordering::Relaxed),
-        t0 + admitted * t,
-        "final TAT"
-    );
-    let c = hits[0].slot.counters();
-    assert_eq!((c.passed, c.limited), (admitted, attempts - admitted));
+    assert_slot_end(&hits[0], t0 + admitted * t, "final TAT", admitted, attempts);
 }
 
 /// Three strategies, the last one rejects: the others' counters and state
@@ -435,13 +438,7 @@ fn concurrency_limit_holds_across_processes() {
     let max_inside = word(&r, MAX_INSIDE_OFF).load(Ordering::SeqCst);
     assert!(admitted > 10_000, "only {admitted} admitted");
     assert!((1..=3).contains(&max_inside), "{max_inside} inside at once");
-    assert_eq!(
-        hits[0].slot.state0().load(Ordering::SeqCst),
-        0,
-        "left in flight"
-    );
-    let c = hits[0].slot.counters();
-    assert_eq!((c.passed, c.limited), (admitted, attempts - admitted));
+    assert_slot_end(&hits[0], 0, "left in flight", admitted, attempts);
 }
 
 /// `warm_up` from cold, four processes hammering on the real clock: the

@@ -193,132 +193,25 @@ fn crud_errors_tokens_audit() {
             x[k] = v;
             x.to_string()
         };
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("bogus", json!(1)),
-            400,
-            Some("bogus"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("id", json!(5)),
-            400,
-            Some("id"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("rate", json!(0)),
-            422,
-            Some("rate"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("rate", json!("abc")),
-            422,
-            Some("rate"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("algorithm", json!("bogus")),
-            422,
-            Some("algorithm"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("per", json!("week")),
-            422,
-            Some("per"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("match", json!({"ip": "1.2.3"})),
-            422,
-            Some("match.ip"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("match", json!({"Bad-Dim": "x"})),
-            422,
-            Some("match.Bad-Dim"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("match", json!({"api": 5})),
-            422,
-            Some("match.api"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("status", json!(200)),
-            422,
-            Some("status"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("action", json!("delay")),
-            422,
-            Some("status"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("enabled", json!("yes")),
-            422,
-            Some("enabled"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("scope", json!("planet")),
-            422,
-            Some("scope"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            sp,
-            &with("name", json!("pay-a")),
-            422,
-            Some("name"),
-        );
+        // (field set, value, status, field the error names)
+        for (k, v, status, field) in [
+            ("bogus", json!(1), 400, "bogus"),
+            ("id", json!(5), 400, "id"),
+            ("rate", json!(0), 422, "rate"),
+            ("rate", json!("abc"), 422, "rate"),
+            ("algorithm", json!("bogus"), 422, "algorithm"),
+            ("per", json!("week"), 422, "per"),
+            ("match", json!({"ip": "1.2.3"}), 422, "match.ip"),
+            ("match", json!({"Bad-Dim": "x"}), 422, "match.Bad-Dim"),
+            ("match", json!({"api": 5}), 422, "match.api"),
+            ("status", json!(200), 422, "status"),
+            ("action", json!("delay"), 422, "status"),
+            ("enabled", json!("yes"), 422, "enabled"),
+            ("scope", json!("planet"), 422, "scope"),
+            ("name", json!("pay-a"), 422, "name"),
+        ] {
+            refused(&s, store, "POST", sp, &with(k, v), status, Some(field));
+        }
         refused(
             &s,
             store,
@@ -392,60 +285,29 @@ fn crud_errors_tokens_audit() {
         refused(&s, store, "DELETE", &format!("{sp}/999"), "", 404, None);
         refused(&s, store, "GET", &format!("{sp}/abc"), "", 404, None);
         let bl = "/api/v1/blacklist";
-        refused(
-            &s,
-            store,
-            "POST",
-            bl,
-            r#"{"dimension":"ip","value":"300.1.1.1"}"#,
-            422,
-            Some("value"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            bl,
-            r#"{"dimension":"IP","value":"1.1.1.1"}"#,
-            422,
-            Some("dimension"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            bl,
-            r#"{"dimension":"ip","value":"1.1.1.1","expires_at":1000}"#,
-            422,
-            Some("expires_at"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            bl,
-            r#"{"dimension":"ip","value":"1.1.1.1","expires_in_s":5,"expires_at":99999999999999}"#,
-            422,
-            Some("expires_in_s"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            bl,
-            r#"{"dimension":"ip"}"#,
-            422,
-            Some("value"),
-        );
-        refused(
-            &s,
-            store,
-            "POST",
-            bl,
-            r#"{"dimension":"ip","value":"1.1.1.1","ttl":5}"#,
-            400,
-            Some("ttl"),
-        );
+        // (body, status, field the error names)
+        for (body, status, field) in [
+            (r#"{"dimension":"ip","value":"300.1.1.1"}"#, 422, "value"),
+            (r#"{"dimension":"IP","value":"1.1.1.1"}"#, 422, "dimension"),
+            (
+                r#"{"dimension":"ip","value":"1.1.1.1","expires_at":1000}"#,
+                422,
+                "expires_at",
+            ),
+            (
+                r#"{"dimension":"ip","value":"1.1.1.1","expires_in_s":5,"expires_at":99999999999999}"#,
+                422,
+                "expires_in_s",
+            ),
+            (r#"{"dimension":"ip"}"#, 422, "value"),
+            (
+                r#"{"dimension":"ip","value":"1.1.1.1","ttl":5}"#,
+                400,
+                "ttl",
+            ),
+        ] {
+            refused(&s, store, "POST", bl, body, status, Some(field));
+        }
         refused(&s, store, "DELETE", &format!("{bl}/999"), "", 404, None);
         refused(
             &s,

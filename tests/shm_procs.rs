@@ -5,7 +5,7 @@
 #[path = "support/shm.rs"]
 mod shm;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rate_ctl::core::model::{Algorithm, Strategy, Unit};
@@ -104,6 +104,16 @@ fn reader_loop(path: &Path, want_reads: u64) -> ! {
     })
 }
 
+/// `dir/rc`, created with `table(1)` published in it.
+fn published_file(dir: &Path) -> PathBuf {
+    let path = dir.join("rc");
+    Writer::create_or_adopt(&path, small_caps(), 0o600)
+        .unwrap()
+        .publish(&table(1), &[], 1)
+        .unwrap();
+    path
+}
+
 #[test]
 fn readers_never_accept_a_torn_table() {
     if let Some((role, path)) = role() {
@@ -114,11 +124,7 @@ fn readers_never_accept_a_torn_table() {
         }
     }
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    Writer::create_or_adopt(&path, small_caps(), 0o600)
-        .unwrap()
-        .publish(&table(1), &[], 1)
-        .unwrap();
+    let path = published_file(dir.path());
     let test = "readers_never_accept_a_torn_table";
     let mut writer = spawn_role(test, "writer", &path);
     let readers: Vec<_> = (0..3).map(|_| spawn_role(test, "reader", &path)).collect();
@@ -138,11 +144,7 @@ fn writer_killed_mid_publish_leaves_the_last_good_table() {
         unreachable!()
     }
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    Writer::create_or_adopt(&path, small_caps(), 0o600)
-        .unwrap()
-        .publish(&table(1), &[], 1)
-        .unwrap();
+    let path = published_file(dir.path());
     let steady_slot = {
         let map = Mapping::open(&path).unwrap();
         let d = read_segment(&map.segment(1), 1, &mut Vec::new()).unwrap();

@@ -145,215 +145,58 @@ fn bad_arguments_name_the_argument_and_write_nothing() {
         let s = st.url.as_str();
         add_strategy(s, "taken", "token_bucket", "1", &[]);
         let v = version(s);
-        let cases: &[(&[&str], &str)] = &[
+        // Each case: the `strategy add` arguments (split on spaces; "''" is
+        // an empty argument) and the flag the error must name. Most vary one
+        // flag on a valid token_bucket (`tb`) or warm_up (`wu`) base.
+        let tb = |extra: &str| format!("--name a --algorithm token_bucket --rate 5 {extra}");
+        let wu = |extra: &str| format!("--name a --algorithm warm_up --rate 5 {extra}");
+        let cases: Vec<(String, &str)> = vec![
             (
-                &["--name", "a", "--algorithm", "token_bucket", "--rate", "0"],
+                "--name a --algorithm token_bucket --rate 0".into(),
                 "--rate",
             ),
+            (tb("--match ip=1.2.3"), "--match"),
+            (tb("--match User=x"), "--match"),
+            (tb("--match novalue"), "--match"),
             (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--match",
-                    "ip=1.2.3",
-                ],
-                "--match",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--match",
-                    "User=x",
-                ],
-                "--match",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--match",
-                    "novalue",
-                ],
-                "--match",
-            ),
-            (
-                &["--name", "a", "--algorithm", "tokenbucket", "--rate", "5"],
+                "--name a --algorithm tokenbucket --rate 5".into(),
                 "--algorithm",
             ),
+            (tb("--burst 0"), "--burst"),
+            (tb("--per week"), "--per"),
+            (tb("--status 200"), "--status"),
             (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--burst",
-                    "0",
-                ],
-                "--burst",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--per",
-                    "week",
-                ],
-                "--per",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--status",
-                    "200",
-                ],
-                "--status",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "fixed_window",
-                    "--rate",
-                    "5",
-                    "--action",
-                    "delay",
-                    "--max-delay-ms",
-                    "10",
-                ],
+                "--name a --algorithm fixed_window --rate 5 --action delay --max-delay-ms 10"
+                    .into(),
                 "--action",
             ),
+            (tb("--action delay"), "--max-delay-ms"),
+            (tb("--scope galaxy"), "--scope"),
             (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--action",
-                    "delay",
-                ],
-                "--max-delay-ms",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--scope",
-                    "galaxy",
-                ],
-                "--scope",
-            ),
-            (
-                &["--name", "", "--algorithm", "token_bucket", "--rate", "5"],
+                "--name '' --algorithm token_bucket --rate 5".into(),
                 "--name",
             ),
             (
-                &[
-                    "--name",
-                    "taken",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                ],
+                "--name taken --algorithm token_bucket --rate 5".into(),
                 "--name",
             ),
             (
-                &["--name", "a", "--algorithm", "token_bucket", "--rate", "-3"],
+                "--name a --algorithm token_bucket --rate -3".into(),
                 "--rate",
             ),
-            (
-                &["--name", "a", "--algorithm", "warm_up", "--rate", "5"],
-                "--warm-up",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "warm_up",
-                    "--rate",
-                    "5",
-                    "--warm-up",
-                    "500ms",
-                ],
-                "--warm-up",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "warm_up",
-                    "--rate",
-                    "5",
-                    "--warm-up",
-                    "2h",
-                ],
-                "--warm-up",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "warm_up",
-                    "--rate",
-                    "5",
-                    "--warm-up",
-                    "30s",
-                    "--cold-factor",
-                    "11",
-                ],
-                "--cold-factor",
-            ),
-            (
-                &[
-                    "--name",
-                    "a",
-                    "--algorithm",
-                    "token_bucket",
-                    "--rate",
-                    "5",
-                    "--warm-up",
-                    "30s",
-                ],
-                "--warm-up",
-            ),
+            ("--name a --algorithm warm_up --rate 5".into(), "--warm-up"),
+            (wu("--warm-up 500ms"), "--warm-up"),
+            (wu("--warm-up 2h"), "--warm-up"),
+            (wu("--warm-up 30s --cold-factor 11"), "--cold-factor"),
+            (tb("--warm-up 30s"), "--warm-up"),
         ];
-        for (args, flag) in cases {
+        for (line, flag) in &cases {
+            let args: Vec<&str> = line
+                .split(' ')
+                .map(|a| if a == "''" { "" } else { a })
+                .collect();
             let mut full = vec!["strategy", "add", "--store", s];
-            full.extend_from_slice(args);
+            full.extend_from_slice(&args);
             let o = rate_ctl(&full);
             let err = String::from_utf8_lossy(&o.stderr);
             assert!(!o.status.success(), "{}: {args:?} should fail", st.label);

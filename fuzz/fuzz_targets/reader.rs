@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    rate_ctl::core::shm::fuzz_reader(data);
+    rate_ctl::core::fuzz::fuzz_reader(data);
 });

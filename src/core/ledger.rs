@@ -160,6 +160,17 @@ impl<'a> Ledger<'a> {
         self.word(row, ROW_HEADER + e * ENTRY_BYTES + w * 8)
     }
 
+    /// Entry `e` of `row` as its three words: key (slot + 1), generation,
+    /// count. `None` past the region.
+    #[inline]
+    fn entry_words(&self, row: usize, e: usize) -> Option<[&'a AtomicU64; 3]> {
+        Some([
+            self.entry(row, e, 0)?,
+            self.entry(row, e, 1)?,
+            self.entry(row, e, 2)?,
+        ])
+    }
+
     /// Records one more unit of `(slot, generation)` in `row` (the
     /// caller's own). `false` if the row is full (the unit is then not
     /// recorded).
@@ -167,11 +178,7 @@ impl<'a> Ledger<'a> {
         let key = slot as u64 + 1;
         let mut empty = None;
         for e in 0..ENTRIES {
-            let (Some(k), Some(g), Some(c)) = (
-                self.entry(row, e, 0),
-                self.entry(row, e, 1),
-                self.entry(row, e, 2),
-            ) else {
+            let Some([k, g, c]) = self.entry_words(row, e) else {
                 return false;
             };
             let count = c.load(Ordering::Relaxed);
@@ -199,11 +206,7 @@ impl<'a> Ledger<'a> {
     pub fn remove(&self, row: usize, slot: u32, generation: u64) -> bool {
         let key = slot as u64 + 1;
         for e in 0..ENTRIES {
-            let (Some(k), Some(g), Some(c)) = (
-                self.entry(row, e, 0),
-                self.entry(row, e, 1),
-                self.entry(row, e, 2),
-            ) else {
+            let Some([k, g, c]) = self.entry_words(row, e) else {
                 return false;
             };
             let count = c.load(Ordering::Relaxed);
@@ -246,11 +249,7 @@ impl<'a> Ledger<'a> {
                 continue;
             }
             for e in 0..ENTRIES {
-                let (Some(k), Some(g), Some(c)) = (
-                    self.entry(row, e, 0),
-                    self.entry(row, e, 1),
-                    self.entry(row, e, 2),
-                ) else {
+                let Some([k, g, c]) = self.entry_words(row, e) else {
                     break;
                 };
                 let n = c.swap(0, Ordering::AcqRel);

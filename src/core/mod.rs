@@ -6,6 +6,7 @@ pub mod admit;
 pub mod blacklist;
 pub mod clock;
 pub mod engine;
+pub mod fuzz;
 pub mod headers;
 pub mod ledger;
 pub mod limiter;

@@ -4,7 +4,6 @@
 //! which releases them when the request ends.
 
 use std::ffi::c_void;
-use std::io::Write as _;
 use std::ptr;
 
 use ngx::core::Status;
@@ -12,8 +11,7 @@ use ngx::ffi::{
     ngx_add_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
     ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
     ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events,
-    ngx_table_elt_t, ngx_timeofday, sockaddr_in, sockaddr_in6, AF_INET, AF_INET6,
-    NGX_HTTP_INTERNAL_SERVER_ERROR,
+    ngx_table_elt_t, sockaddr_in, sockaddr_in6, AF_INET, AF_INET6, NGX_HTTP_INTERNAL_SERVER_ERROR,
 };
 use ngx::http::{
     HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule, Request,
@@ -23,67 +21,14 @@ use ngx::ngx_log_error;
 use smallvec::SmallVec;
 
 use super::conf::{LocConf, MainConf};
+use super::decision::ReqStatus;
+use super::time::{monotonic_ns, unix_ms};
 use super::variables::{self, Decided};
 use super::worker::{with_worker, Event, EventLog, Source, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
 use crate::core::headers::{rate_limit_headers, HeaderStyle};
 use crate::core::table::{IpKey, Outcome, Request as TableRequest, Values};
-
-/// `$rate_ctl_status` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReqStatus {
-    Passed,
-    Delayed,
-    Rejected,
-    Blacklisted,
-    DryRunRejected,
-    FailOpen,
-    /// A dry run would have delayed the request (nginx: `DELAYED_DRY_RUN`).
-    DryRunDelayed,
-}
-
-impl ReqStatus {
-    /// 1..=7, as recorded per request (0 is "not decided").
-    #[inline]
-    pub fn code(self) -> u32 {
-        match self {
-            ReqStatus::Passed => 1,
-            ReqStatus::Delayed => 2,
-            ReqStatus::Rejected => 3,
-            ReqStatus::Blacklisted => 4,
-            ReqStatus::DryRunRejected => 5,
-            ReqStatus::FailOpen => 6,
-            ReqStatus::DryRunDelayed => 7,
-        }
-    }
-
-    #[inline]
-    pub fn from_code(code: u32) -> Option<ReqStatus> {
-        Some(match code {
-            1 => ReqStatus::Passed,
-            2 => ReqStatus::Delayed,
-            3 => ReqStatus::Rejected,
-            4 => ReqStatus::Blacklisted,
-            5 => ReqStatus::DryRunRejected,
-            6 => ReqStatus::FailOpen,
-            7 => ReqStatus::DryRunDelayed,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReqStatus::Passed => "PASSED",
-            ReqStatus::Delayed => "DELAYED",
-            ReqStatus::Rejected => "REJECTED",
-            ReqStatus::Blacklisted => "BLACKLISTED",
-            ReqStatus::DryRunRejected => "DRY_RUN_REJECTED",
-            ReqStatus::FailOpen => "FAIL_OPEN",
-            ReqStatus::DryRunDelayed => "DRY_RUN_DELAYED",
-        }
-    }
-}
 
 /// Concurrency units a request holds until it ends: their slots and
 /// generations in the mapping that granted them (released there even if a
@@ -159,28 +104,6 @@ fn record_as(
         Some(h) => keep_hold(r, h),
         None => true,
     }
-}
-
-/// nginx's cached monotonic clock, in nanoseconds: `ngx_current_msec`
-/// (`CLOCK_MONOTONIC` in whole milliseconds, the same in every worker),
-/// refreshed once per event-loop iteration. It is the clock `limit_req`
-/// uses: reading it costs a load instead of a `clock_gettime`, and a
-/// request that arrives a fraction of a millisecond after its token does
-/// not waste that fraction (with a nanosecond clock, a burst-1 limit under
-/// overload admitted ~1 % less than its rate).
-#[inline]
-pub fn monotonic_ns() -> u64 {
-    // SAFETY: a plain word that nginx writes only on this thread (the
-    // worker's event loop) between handler calls.
-    let ms = unsafe { ptr::addr_of!(ngx::ffi::ngx_current_msec).read() };
-    (ms as u64).saturating_mul(1_000_000)
-}
-
-/// Wall-clock milliseconds from nginx's cached time (blacklist expiry).
-#[inline]
-pub fn unix_ms() -> u64 {
-    let tp = ngx_timeofday();
-    (tp.sec as u64) * 1000 + tp.msec as u64
 }
 
 /// The client address as the table keys it.
@@ -456,23 +379,6 @@ fn log_event(
             );
         }
     }
-}
-
-/// `n` in decimal, copied into the request pool (formatted on the stack:
-/// no heap); `None` if the pool is out of memory.
-pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t> {
-    let mut buf = [0u8; 20];
-    let mut cur = std::io::Cursor::new(&mut buf[..]);
-    write!(cur, "{n}").ok()?;
-    let len = cur.position() as usize;
-    // SAFETY: the request pool is live; we allocate `len` bytes from it.
-    let data = unsafe { ngx_pnalloc(r.pool().as_ptr(), len) }.cast::<u8>();
-    if data.is_null() {
-        return None;
-    }
-    // SAFETY: data has room for len bytes; buf holds them.
-    unsafe { ptr::copy_nonoverlapping(buf.as_ptr(), data, len) };
-    Some(ngx::ffi::ngx_str_t { len, data })
 }
 
 /// The `rate_ctl_headers` of this request (formatted by core::headers).

@@ -4,9 +4,12 @@
 //! core engine) in [`worker`].
 
 mod conf;
+mod decision;
+mod ext;
 mod handler;
 pub(crate) mod parse;
 mod stats;
+mod time;
 mod variables;
 mod worker;
 

@@ -37,8 +37,8 @@ fn serve(r: &mut Request) -> Status {
     let Some(mc) = RateCtlModule::main_conf(r) else {
         return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     };
-    let now_ns = super::handler::monotonic_ns();
-    let now_ms = super::handler::unix_ms();
+    let now_ns = super::time::monotonic_ns();
+    let now_ms = super::time::unix_ms();
     let log = r.log();
     let Some(stats) = with_worker(mc, |w| {
         w.refresh(mc, now_ns, log);

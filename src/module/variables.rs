@@ -28,7 +28,8 @@ use ngx::ngx_string;
 use std::cell::Cell;
 
 use super::conf::{ArgKind, CustomDimension, DimensionValue};
-use super::handler::{number_in_pool, ReqStatus};
+use super::decision::ReqStatus;
+use super::ext::number_in_pool;
 use super::parse;
 use super::RateCtlModule;
 

@@ -174,7 +174,7 @@ extern "C" fn flush_timer_handler(_ev: *mut ngx_event_t) {
 
 /// Writes the pending summaries now (timer, worker exit).
 pub fn flush_now() {
-    let now_ms = super::handler::unix_ms();
+    let now_ms = super::time::unix_ms();
     let log = cycle_log();
     if log.is_null() {
         return;
@@ -329,7 +329,7 @@ pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
             "rate_ctl: cannot install the SIGBUS guard: {e}; a file truncated under a worker will crash it"
         );
     }
-    let now_ns = super::handler::monotonic_ns();
+    let now_ns = super::time::monotonic_ns();
     with_worker(mc, |w| w.refresh(mc, now_ns, log));
 }
 

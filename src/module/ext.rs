@@ -1,0 +1,25 @@
+//! Small helpers over nginx's request API that more than one part of the
+//! module uses.
+
+use std::io::Write as _;
+use std::ptr;
+
+use ngx::ffi::ngx_pnalloc;
+use ngx::http::Request;
+
+/// `n` in decimal, copied into the request pool (formatted on the stack:
+/// no heap); `None` if the pool is out of memory.
+pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t> {
+    let mut buf = [0u8; 20];
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    write!(cur, "{n}").ok()?;
+    let len = cur.position() as usize;
+    // SAFETY: the request pool is live; we allocate `len` bytes from it.
+    let data = unsafe { ngx_pnalloc(r.pool().as_ptr(), len) }.cast::<u8>();
+    if data.is_null() {
+        return None;
+    }
+    // SAFETY: data has room for len bytes; buf holds them.
+    unsafe { ptr::copy_nonoverlapping(buf.as_ptr(), data, len) };
+    Some(ngx::ffi::ngx_str_t { len, data })
+}
