@@ -1,5 +1,6 @@
 //! `GET /metrics` of `rate-ctl serve` against a real SQLite file and (with
-//! RATE_CTL_TEST_MYSQL_URL) a real MariaDB: agents' reports become per
+//! RATE_CTL_TEST_MYSQL_URL / RATE_CTL_TEST_POSTGRES_URL) a real MariaDB and
+//! PostgreSQL (`latest_samples`' join): agents' reports become per
 //! strategy and host counters, hosts their applied version, lag and report
 //! age; the read token is needed; and every series the Grafana dashboard
 //! (docs/grafana-dashboard.json) queries exists.
@@ -200,7 +201,10 @@ fn metrics_from_reports_and_the_dashboard_names_real_series() {
         );
 
         // The dashboard queries serve's series and the module's.
-        let module_src = std::fs::read_to_string(repo_root().join("src/module/stats.rs")).unwrap();
+        // The module's Prometheus text is rendered in core (core/stats.rs).
+        let module_src = ["src/module/stats.rs", "src/core/stats.rs"]
+            .map(|f| std::fs::read_to_string(repo_root().join(f)).unwrap())
+            .concat();
         for name in dashboard_metrics() {
             let served = families.contains(&name);
             let module = module_src.contains(&format!("\"{name}\""));
