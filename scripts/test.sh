@@ -4,7 +4,7 @@
 #   2. cargo fmt --check, unused dependencies, shellcheck, cargo clippy -D warnings
 #      (core + binary, and the module)
 #   3. cargo test: core unit/property/multi-process tests, CLI/store/agent tests
-#      against SQLite and a throw-away MariaDB server on a loopback port
+#      against SQLite and throw-away MariaDB and PostgreSQL servers on loopback ports
 #   4. the nginx module built for vendored nginx 1.28 and Debian's nginx 1.22,
 #      and the curl-driven t-nginx suites against both (prove)
 #   5. the admin page in Debian's headless Chromium (playwright-core) against
@@ -28,11 +28,14 @@ scripts/unused-deps.sh
 shellcheck -x scripts/*.sh scripts/lib/*.sh t-nginx/*.sh
 cargo clippy --all-targets -- -D warnings
 
-step "cargo test (SQLite, and MariaDB on a private loopback server)"
+step "cargo test (SQLite, and MariaDB and PostgreSQL on private loopback servers)"
 mariadb_dir="$(mktemp -d /tmp/rate-ctl-mariadb-XXXXXX)"
-trap 'scripts/mariadb-test-server.sh stop "$mariadb_dir" || true' EXIT
+postgres_dir="$(mktemp -d /tmp/rate-ctl-postgres-XXXXXX)"
+trap 'scripts/mariadb-test-server.sh stop "$mariadb_dir" || true; scripts/postgres-test-server.sh stop "$postgres_dir" || true' EXIT
 RATE_CTL_TEST_MYSQL_URL="$(scripts/mariadb-test-server.sh start "$mariadb_dir")"
 export RATE_CTL_TEST_MYSQL_URL
+RATE_CTL_TEST_POSTGRES_URL="$(scripts/postgres-test-server.sh start "$postgres_dir")"
+export RATE_CTL_TEST_POSTGRES_URL
 cargo test --no-fail-fast
 
 step "nginx module: build both targets, lint, t-nginx suites"

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent::{wait_for, AgentProc, Reader};
-use cli::{add_strategy, ok, sql, sqlite_store, stores, version, MYSQL_ENV};
+use cli::{add_strategy, ok, sql, sqlite_store, stores, version, MYSQL_ENV, POSTGRES_ENV};
 
 fn add(s: &str, name: &str, rate: u64) -> u32 {
     add_strategy(
@@ -262,15 +262,31 @@ fn replace_import_of_a_full_table_is_published_in_stages() {
 /// port) under a running agent.
 #[test]
 fn store_down_for_10s_agent_keeps_enforcing_then_catches_up() {
-    if std::env::var(MYSQL_ENV).is_err() {
-        eprintln!(
-            "\n!!!!!! store_down: SKIPPED: {MYSQL_ENV} is not set (MariaDB not available).\n"
-        );
+    store_down(MYSQL_ENV, "mariadb");
+}
+
+/// The same with a private PostgreSQL server.
+#[test]
+fn store_down_for_10s_agent_keeps_enforcing_then_catches_up_postgres() {
+    store_down(POSTGRES_ENV, "postgres");
+}
+
+/// `env` set means the server is available; `kind` names
+/// scripts/{kind}-test-server.sh.
+fn store_down(env: &str, kind: &str) {
+    if std::env::var(env).is_err() {
+        eprintln!("\n!!!!!! store_down: SKIPPED: {env} is not set ({kind} not available).\n");
         return;
     }
-    let script = cli::repo_root().join("scripts/mariadb-test-server.sh");
+    let script = cli::repo_root().join(format!("scripts/{kind}-test-server.sh"));
     let dir = tempfile::tempdir().unwrap();
-    let db_dir = dir.path().join("mariadb");
+    // PostgreSQL runs as its own user, who must reach the data directory.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let db_dir = dir.path().join(kind);
     let server = |cmd: &str| -> String {
         let o = Command::new("bash")
             .arg(&script)
@@ -340,7 +356,7 @@ fn store_down_for_10s_agent_keeps_enforcing_then_catches_up() {
     let caught = r.wait_version(v2, Duration::from_secs(10));
     assert!(caught.is_some(), "agent catches up; log:\n{}", a.log_text());
     println!(
-        "OUTAGE mariadb: store down 10 s; change after restart visible {:.2} s after the server was back",
+        "OUTAGE {kind}: store down 10 s; change after restart visible {:.2} s after the server was back",
         up.elapsed().as_secs_f64()
     );
     // The recovery line follows the publish it made possible.

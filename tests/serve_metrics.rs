@@ -1,5 +1,6 @@
 //! `GET /metrics` of `rate-ctl serve` against a real SQLite file and (with
-//! RATE_CTL_TEST_MYSQL_URL) a real MariaDB: agents' reports become per
+//! RATE_CTL_TEST_MYSQL_URL / RATE_CTL_TEST_POSTGRES_URL) a real MariaDB and
+//! PostgreSQL (`latest_samples`' join): agents' reports become per
 //! strategy and host counters, hosts their applied version, lag and report
 //! age; the read token is needed; and every series the Grafana dashboard
 //! (docs/grafana-dashboard.json) queries exists.

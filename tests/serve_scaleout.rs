@@ -1,11 +1,12 @@
-//! Scale-out (issue 5): two `rate-ctl serve` instances on one MariaDB, two
+//! Scale-out (issue 5): two `rate-ctl serve` instances on one MariaDB (and
+//! one PostgreSQL), two
 //! agents with different host ids reading through `--store http://` (one
 //! per instance) and writing two shm files. A change made through either
 //! instance reaches both files within 1 s (p50/max printed); weights split
 //! a cluster rate between the hosts; the long-poll answers within 300 ms of
 //! a change made through the other instance, and after ~30 s unchanged.
-//! Without RATE_CTL_TEST_MYSQL_URL it runs on one SQLite file instead (and
-//! says so).
+//! On PostgreSQL too with RATE_CTL_TEST_POSTGRES_URL; with neither it runs
+//! on one SQLite file instead (and says so).
 #![cfg(feature = "cli")]
 
 #[path = "support/agent.rs"]
@@ -21,13 +22,28 @@ use agent::{AgentProc, Reader};
 use serde_json::{json, Value};
 use serve::{http, Serve};
 
-fn store() -> cli::TestStore {
-    cli::mariadb_store("serve_scaleout").unwrap_or_else(cli::sqlite_store)
+/// The shared servers configured (MariaDB, PostgreSQL), else one SQLite file.
+fn stores() -> Vec<cli::TestStore> {
+    let v: Vec<_> = cli::mariadb_store("serve_scaleout")
+        .into_iter()
+        .chain(cli::postgres_store("serve_scaleout"))
+        .collect();
+    if v.is_empty() {
+        vec![cli::sqlite_store()]
+    } else {
+        v
+    }
 }
 
 #[test]
 fn two_instances_two_agents() {
-    let st = store();
+    for st in stores() {
+        eprintln!("---- serve_scaleout on {}", st.label);
+        two_instances_two_agents_on(&st);
+    }
+}
+
+fn two_instances_two_agents_on(st: &cli::TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let tf = dir.path().join("admin.token");
     let a = Serve::start(&st.url, &tf, &dir.path().join("serve-a.log"), &[]);

@@ -3,6 +3,7 @@
 
 use sqlx::{Any, Row, Transaction};
 
+use super::schema::Dialect;
 use super::{AuditEntry, Result, Store};
 use rate_ctl::core::shm::unix_ms;
 
@@ -12,9 +13,9 @@ const AUDIT_JSON_MAX: usize = 7_000;
 impl Store {
     /// Audit entries, newest first: at most `limit`, with ids below `before_id`.
     pub async fn audit_list(&self, limit: u32, before_id: Option<u64>) -> Result<Vec<AuditEntry>> {
-        let rows = sqlx::query(
+        let rows = sqlx::query(&self.sql(
             "SELECT id, at_ms, token, action, target, before_json, after_json FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT ?",
-        )
+        ))
         .bind(before_id.map(|b| b.min(i64::MAX as u64) as i64).unwrap_or(i64::MAX))
         .bind(limit as i64)
         .fetch_all(&self.pool)
@@ -55,9 +56,9 @@ pub(super) async fn audit(
             }
         })
     };
-    sqlx::query(
+    sqlx::query(&Dialect::of(tx).sql(
         "INSERT INTO audit_log (at_ms, token, action, target, before_json, after_json)          VALUES (?, ?, ?, ?, ?, ?)",
-    )
+    ))
     .bind(unix_ms() as i64)
     .bind(who.to_string())
     .bind(action.to_string())

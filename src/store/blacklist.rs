@@ -27,9 +27,9 @@ impl Store {
         let mut rec = rec.clone();
         rec.validate().map_err(StoreError::Invalid)?;
         let (mut tx, version) = self.begin_change().await?;
-        let before = sqlx::query(
+        let before = sqlx::query(&self.sql(
             "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE dimension = ? AND value = ?",
-        )
+        ))
         .bind(&rec.dimension)
         .bind(&rec.value)
         .fetch_optional(&mut *tx)
@@ -37,15 +37,15 @@ impl Store {
         .map(|r| decode_blacklist(&r))
         .transpose()?;
         rec.created_ms = unix_ms();
-        sqlx::query("DELETE FROM blacklist WHERE dimension = ? AND value = ?")
+        sqlx::query(&self.sql("DELETE FROM blacklist WHERE dimension = ? AND value = ?"))
             .bind(&rec.dimension)
             .bind(&rec.value)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
+        sqlx::query(&self.sql(
             "INSERT INTO blacklist (dimension, value, expires_ms, reason, created_ms) \
              VALUES (?, ?, ?, ?, ?)",
-        )
+        ))
         .bind(&rec.dimension)
         .bind(&rec.value)
         .bind(rec.expires_ms.map(|e| e as i64))
@@ -53,12 +53,13 @@ impl Store {
         .bind(rec.created_ms as i64)
         .execute(&mut *tx)
         .await?;
-        let id: i64 = sqlx::query("SELECT id FROM blacklist WHERE dimension = ? AND value = ?")
-            .bind(&rec.dimension)
-            .bind(&rec.value)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get(0)?;
+        let id: i64 =
+            sqlx::query(&self.sql("SELECT id FROM blacklist WHERE dimension = ? AND value = ?"))
+                .bind(&rec.dimension)
+                .bind(&rec.value)
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get(0)?;
         rec.id = id as u64;
         audit(
             &mut tx,
@@ -76,15 +77,15 @@ impl Store {
     /// Removes entries by id; returns the new version.
     pub async fn blacklist_rm(&self, id: u64, who: &str) -> Result<u64> {
         let (mut tx, version) = self.begin_change().await?;
-        let before = sqlx::query(
+        let before = sqlx::query(&self.sql(
             "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE id = ?",
-        )
+        ))
         .bind(id as i64)
         .fetch_optional(&mut *tx)
         .await?
         .map(|r| decode_blacklist(&r))
         .transpose()?;
-        let res = sqlx::query("DELETE FROM blacklist WHERE id = ?")
+        let res = sqlx::query(&self.sql("DELETE FROM blacklist WHERE id = ?"))
             .bind(id as i64)
             .execute(&mut *tx)
             .await?;
@@ -107,9 +108,9 @@ impl Store {
     }
 
     pub async fn blacklist_list(&self) -> Result<Vec<BlacklistRecord>> {
-        let rows = sqlx::query(
+        let rows = sqlx::query(&self.sql(
             "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",
-        )
+        ))
         .fetch_all(&self.pool)
         .await?;
         rows.iter()

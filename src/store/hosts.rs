@@ -13,10 +13,10 @@ pub const MAX_PUBLISH_ERROR: usize = 1000;
 
 impl Store {
     pub async fn hosts(&self) -> Result<Vec<HostRecord>> {
-        let rows = sqlx::query(
+        let rows = sqlx::query(&self.sql(
             "SELECT host_id, weight, last_heartbeat_ms, applied_version, applied_ms, \
              publish_error, publish_error_ms FROM hosts ORDER BY host_id",
-        )
+        ))
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
@@ -49,12 +49,14 @@ impl Store {
             }
             None => (None, None),
         };
-        sqlx::query("UPDATE hosts SET publish_error = ?, publish_error_ms = ? WHERE host_id = ?")
-            .bind(message)
-            .bind(at)
-            .bind(host_id)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            &self.sql("UPDATE hosts SET publish_error = ?, publish_error_ms = ? WHERE host_id = ?"),
+        )
+        .bind(message)
+        .bind(at)
+        .bind(host_id)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -63,24 +65,26 @@ impl Store {
     pub async fn set_weight(&self, host_id: &str, weight: u32, who: &str) -> Result<u64> {
         validate_host(host_id, weight)?;
         let (mut tx, version) = self.begin_change().await?;
-        let before = sqlx::query("SELECT weight FROM hosts WHERE host_id = ?")
+        let before = sqlx::query(&self.sql("SELECT weight FROM hosts WHERE host_id = ?"))
             .bind(host_id)
             .fetch_optional(&mut *tx)
             .await?
             .map(|r| r.try_get::<i64, _>(0))
             .transpose()?;
-        let res = sqlx::query("UPDATE hosts SET weight = ? WHERE host_id = ?")
+        let res = sqlx::query(&self.sql("UPDATE hosts SET weight = ? WHERE host_id = ?"))
             .bind(weight as i64)
             .bind(host_id)
             .execute(&mut *tx)
             .await?;
         if res.rows_affected() == 0 {
-            sqlx::query("INSERT INTO hosts (host_id, weight, registered_ms) VALUES (?, ?, ?)")
-                .bind(host_id)
-                .bind(weight as i64)
-                .bind(unix_ms() as i64)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                &self.sql("INSERT INTO hosts (host_id, weight, registered_ms) VALUES (?, ?, ?)"),
+            )
+            .bind(host_id)
+            .bind(weight as i64)
+            .bind(unix_ms() as i64)
+            .execute(&mut *tx)
+            .await?;
         }
         audit(
             &mut tx,
@@ -105,18 +109,21 @@ impl Store {
         now: u64,
         applied: Option<(u64, u64)>,
     ) -> Result<()> {
-        let res = match applied {
-            Some((v, at)) => sqlx::query(
+        // Outlives the query (PostgreSQL's form is a new string).
+        let sql = self.sql(match applied {
+            Some(_) => {
                 "UPDATE hosts SET last_heartbeat_ms = ?, applied_version = ?, applied_ms = ? \
-                 WHERE host_id = ?",
-            )
-            .bind(now as i64)
-            .bind(v as i64)
-            .bind(at as i64)
-            .bind(host_id),
-            None => sqlx::query("UPDATE hosts SET last_heartbeat_ms = ? WHERE host_id = ?")
+                 WHERE host_id = ?"
+            }
+            None => "UPDATE hosts SET last_heartbeat_ms = ? WHERE host_id = ?",
+        });
+        let res = match applied {
+            Some((v, at)) => sqlx::query(&sql)
                 .bind(now as i64)
+                .bind(v as i64)
+                .bind(at as i64)
                 .bind(host_id),
+            None => sqlx::query(&sql).bind(now as i64).bind(host_id),
         }
         .execute(&self.pool)
         .await?;
@@ -126,10 +133,10 @@ impl Store {
                 Some((v, at)) => (Some(v as i64), Some(at as i64)),
                 None => (None, None),
             };
-            let r = sqlx::query(
+            let r = sqlx::query(&self.sql(
                 "INSERT INTO hosts (host_id, weight, last_heartbeat_ms, applied_version, \
                  applied_ms, registered_ms) VALUES (?, ?, ?, ?, ?, ?)",
-            )
+            ))
             .bind(host_id)
             .bind(weight_if_new as i64)
             .bind(now as i64)
@@ -161,7 +168,7 @@ impl Store {
     ) -> Result<()> {
         let now = unix_ms();
         validate_host(host_id, weight.unwrap_or(1))?;
-        let known = sqlx::query("SELECT weight FROM hosts WHERE host_id = ?")
+        let known = sqlx::query(&self.sql("SELECT weight FROM hosts WHERE host_id = ?"))
             .bind(host_id)
             .fetch_optional(&self.pool)
             .await?
@@ -176,9 +183,9 @@ impl Store {
         match applied_version {
             Some(v) if known.is_some() => {
                 // applied_ms first: MySQL evaluates SET left to right.
-                sqlx::query(
+                sqlx::query(&self.sql(
                     "UPDATE hosts SET applied_ms = CASE WHEN applied_version = ? THEN applied_ms ELSE ? END, applied_version = ?, last_heartbeat_ms = ? WHERE host_id = ?",
-                )
+                ))
                 .bind(v as i64)
                 .bind(now as i64)
                 .bind(v as i64)

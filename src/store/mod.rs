@@ -1,5 +1,6 @@
-//! The config store: SQLite (default, no server) or MySQL/MariaDB (fleets),
-//! one schema and one code path through sqlx's Any driver.
+//! The config store: SQLite (default, no server), MySQL/MariaDB or
+//! PostgreSQL (fleets), one schema and one code path through sqlx's Any
+//! driver (every query written with `?` and passed through [`Dialect::sql`]).
 //!
 //! Every change runs in one transaction that first bumps the single
 //! `config_version` row, so agents detect any change by polling that row,
@@ -92,7 +93,7 @@ pub struct Store {
 }
 
 impl Store {
-    /// Connects to `url` (`sqlite:PATH` or `mysql://…`), creating an SQLite
+    /// Connects to `url` (`sqlite:PATH`, `mysql://…` or `postgres://…`), creating an SQLite
     /// file and its directory if missing, and applies pending migrations.
     pub async fn open(url: &str) -> Result<Store> {
         Store::open_with_timeout(url, Duration::from_secs(10)).await
@@ -106,7 +107,18 @@ impl Store {
             // One writer at a time is all SQLite allows; a second pooled
             // connection would only wait on the first one's lock.
             .max_connections(if dialect == Dialect::Sqlite { 1 } else { 4 })
-            .min_connections(0);
+            .min_connections(0)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    if Dialect::of(conn) == Dialect::Postgres {
+                        // Not "relation … already exists, skipping" on every
+                        // start (sqlx logs notices at info).
+                        sqlx::Executor::execute(&mut *conn, "SET client_min_messages = warning")
+                            .await?;
+                    }
+                    Ok(())
+                })
+            });
         let pool = opts.connect(&conn_url).await?;
         let store = Store { pool, dialect };
         store.migrate().await?;
@@ -118,22 +130,52 @@ impl Store {
         &self.pool
     }
 
+    /// `q` for this store's dialect ([`Dialect::sql`]): every query goes
+    /// through here (or `Dialect::of(tx).sql` inside a transaction).
+    fn sql<'q>(&self, q: &'q str) -> std::borrow::Cow<'q, str> {
+        self.dialect.sql(q)
+    }
+
     pub async fn close(self) {
         self.pool.close().await;
     }
 
     async fn migrate(&self) -> Result<()> {
-        if self.dialect == Dialect::Sqlite {
+        let d = self.dialect;
+        // One connection for the whole migration (a session lock is per
+        // connection).
+        let mut conn = self.pool.acquire().await?;
+        if d == Dialect::Sqlite {
             // WAL lets the agent read while the CLI writes; it persists in the file.
             sqlx::query("PRAGMA journal_mode = WAL")
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *conn)
                 .await?;
         }
+        if d == Dialect::Postgres {
+            // Two sessions running CREATE TABLE IF NOT EXISTS on one fresh
+            // database at once can both try to create it (a unique violation
+            // in pg_type): migrations take turns. MariaDB and SQLite need
+            // no lock. Released below, or when the connection closes.
+            sqlx::query("SELECT pg_advisory_lock(7261746563)")
+                .execute(&mut *conn)
+                .await?;
+        }
+        let r = self.migrate_on(&mut conn).await;
+        if d == Dialect::Postgres {
+            sqlx::query("SELECT pg_advisory_unlock(7261746563)")
+                .execute(&mut *conn)
+                .await?;
+        }
+        r
+    }
+
+    async fn migrate_on(&self, conn: &mut sqlx::AnyConnection) -> Result<()> {
+        let d = self.dialect;
         sqlx::query(CREATE_MIGRATIONS_TABLE)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
-        let done: HashSet<i64> = sqlx::query("SELECT version FROM schema_migrations")
-            .fetch_all(&self.pool)
+        let done: HashSet<i64> = sqlx::query(&self.sql("SELECT version FROM schema_migrations"))
+            .fetch_all(&mut *conn)
             .await?
             .iter()
             .map(|r| r.try_get::<i64, _>(0))
@@ -144,20 +186,20 @@ impl Store {
             }
             // Every statement is idempotent (IF NOT EXISTS / insert-ignore), so
             // two processes migrating one fresh MariaDB at once both succeed.
-            for stmt in m.statements(self.dialect) {
-                if let Err(e) = sqlx::query(&stmt).execute(&self.pool).await {
+            for stmt in m.statements(d) {
+                if let Err(e) = sqlx::query(&stmt).execute(&mut *conn).await {
                     if !schema::is_duplicate_column(&e.to_string()) {
                         return Err(e.into());
                     }
                 }
             }
-            let r = sqlx::query(
+            let r = sqlx::query(&d.sql(
                 "INSERT INTO schema_migrations (version, description, applied_ms) VALUES (?, ?, ?)",
-            )
+            ))
             .bind(m.version)
             .bind(m.description)
             .bind(unix_ms() as i64)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await;
             if let Err(e) = r {
                 // Another process recorded it first.
@@ -172,10 +214,14 @@ impl Store {
 
     /// The current config version (the one row agents poll).
     pub async fn version(&self) -> Result<u64> {
-        let v: i64 = sqlx::query("SELECT version FROM config_version WHERE id = 1")
-            .fetch_one(&self.pool)
-            .await?
-            .try_get(0)?;
+        let v: i64 = sqlx::query(
+            &self
+                .dialect
+                .sql("SELECT version FROM config_version WHERE id = 1"),
+        )
+        .fetch_one(&self.pool)
+        .await?
+        .try_get(0)?;
         Ok(v as u64)
     }
 
@@ -183,14 +229,22 @@ impl Store {
     /// returns the transaction and the new version.
     async fn begin_change(&self) -> Result<(Transaction<'static, Any>, u64)> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("UPDATE config_version SET version = version + 1, changed_ms = ? WHERE id = 1")
-            .bind(unix_ms() as i64)
-            .execute(&mut *tx)
-            .await?;
-        let v: i64 = sqlx::query("SELECT version FROM config_version WHERE id = 1")
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get(0)?;
+        sqlx::query(
+            &self.sql(
+                "UPDATE config_version SET version = version + 1, changed_ms = ? WHERE id = 1",
+            ),
+        )
+        .bind(unix_ms() as i64)
+        .execute(&mut *tx)
+        .await?;
+        let v: i64 = sqlx::query(
+            &self
+                .dialect
+                .sql("SELECT version FROM config_version WHERE id = 1"),
+        )
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get(0)?;
         Ok((tx, v as u64))
     }
 
@@ -200,18 +254,28 @@ impl Store {
     /// matches the rows.
     pub async fn snapshot(&self) -> Result<Snapshot> {
         let mut tx = self.pool.begin().await?;
-        let version: i64 = sqlx::query("SELECT version FROM config_version WHERE id = 1")
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get(0)?;
-        let rows = sqlx::query(&format!(
+        if self.dialect == Dialect::Postgres {
+            // PostgreSQL's default (read committed) gives each statement its
+            // own view; the version must match the rows (InnoDB's default,
+            // repeatable read, does that; SQLite has one writer).
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+        }
+        let version: i64 = sqlx::query(
+            &self
+                .dialect
+                .sql("SELECT version FROM config_version WHERE id = 1"),
+        )
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get(0)?;
+        let rows = sqlx::query(&self.sql(&format!(
             "SELECT {STRATEGY_COLUMNS} FROM strategies ORDER BY id"
-        ))
+        )))
         .fetch_all(&mut *tx)
         .await?;
-        let bl = sqlx::query(
-            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",
-        )
+        let bl = sqlx::query(&self.sql("SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id"))
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -254,6 +318,9 @@ fn normalise_url(url: &str) -> Result<(Dialect, String)> {
     if url.starts_with("mysql://") {
         return Ok((Dialect::MySql, url.to_string()));
     }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok((Dialect::Postgres, url.to_string()));
+    }
     if let Some(rest) = url.strip_prefix("sqlite:") {
         let (path, query) = match rest.split_once('?') {
             Some((p, q)) => (p, Some(q)),
@@ -279,7 +346,7 @@ fn normalise_url(url: &str) -> Result<(Dialect, String)> {
         return Ok((Dialect::Sqlite, format!("sqlite://{path}?{query}")));
     }
     Err(StoreError::Url(format!(
-        "--store: {url:?} is neither sqlite:PATH nor mysql://USER:PASSWORD@HOST:PORT/DB"
+        "--store: {url:?} is neither sqlite:PATH, mysql://USER:PASSWORD@HOST:PORT/DB nor postgres://USER:PASSWORD@HOST:PORT/DB"
     )))
 }
 
@@ -299,7 +366,11 @@ mod tests {
             normalise_url("mariadb://u:p@127.0.0.1:1/db").unwrap().1,
             "mysql://u:p@127.0.0.1:1/db"
         );
-        assert!(normalise_url("postgres://x").is_err());
+        assert_eq!(
+            normalise_url("postgres://u@h/db").unwrap().0,
+            Dialect::Postgres
+        );
+        assert!(normalise_url("redis://x").is_err());
         assert_eq!(
             redact_url("mysql://u:s3cr@t@h:1/db"),
             "mysql://u:***@h:1/db"

@@ -14,6 +14,7 @@ impl Store {
                 "INSERT INTO counter_samples (host_id, strategy_id, at_ms, passed_count, limited_count, delayed_count) VALUES {}",
                 vec!["(?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
             );
+            let sql = self.sql(&sql).into_owned();
             let mut q = sqlx::query(&sql);
             for s in chunk {
                 q = q
@@ -26,7 +27,7 @@ impl Store {
             }
             q.execute(&mut *tx).await?;
         }
-        sqlx::query("DELETE FROM counter_samples WHERE at_ms < ?")
+        sqlx::query(&self.sql("DELETE FROM counter_samples WHERE at_ms < ?"))
             .bind(at_ms.saturating_sub(SAMPLE_RETENTION_MS) as i64)
             .execute(&mut *tx)
             .await?;
@@ -38,13 +39,13 @@ impl Store {
     /// [`SAMPLE_RETENTION_MS`]): each host's cumulative slot counters, for
     /// `GET /metrics`. Sorted by strategy, then host.
     pub async fn latest_samples(&self) -> Result<Vec<(u32, StoredSample)>> {
-        let rows = sqlx::query(
+        let rows = sqlx::query(&self.sql(
             "SELECT s.strategy_id, s.host_id, s.at_ms, s.passed_count, s.limited_count, s.delayed_count \
              FROM counter_samples s JOIN (SELECT strategy_id, host_id, MAX(at_ms) AS at_ms \
              FROM counter_samples GROUP BY strategy_id, host_id) m \
              ON s.strategy_id = m.strategy_id AND s.host_id = m.host_id AND s.at_ms = m.at_ms \
              ORDER BY s.strategy_id, s.host_id",
-        )
+        ))
         .fetch_all(&self.pool)
         .await?;
         let mut out: Vec<(u32, StoredSample)> = Vec::with_capacity(rows.len());
@@ -73,9 +74,9 @@ impl Store {
 
     /// Counter samples of one strategy taken at or after `since_ms`, by host and time.
     pub async fn samples(&self, strategy: u32, since_ms: u64) -> Result<Vec<StoredSample>> {
-        let rows = sqlx::query(
+        let rows = sqlx::query(&self.sql(
             "SELECT host_id, at_ms, passed_count, limited_count, delayed_count FROM counter_samples WHERE strategy_id = ? AND at_ms >= ? ORDER BY host_id, at_ms",
-        )
+        ))
         .bind(strategy as i64)
         .bind(since_ms as i64)
         .fetch_all(&self.pool)

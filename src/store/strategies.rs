@@ -8,6 +8,7 @@ use sqlx::{Any, Row, Transaction};
 
 use super::audit::audit;
 use super::record::StrategyRecord;
+use super::schema::Dialect;
 use super::{BadRow, Field, Invalid, Result, Store, StoreError};
 use crate::client::wire::strategy_api_json;
 use rate_ctl::core::model::ModelError;
@@ -44,11 +45,11 @@ impl Store {
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
             placeholders(16)
         );
-        bind_strategy(sqlx::query(&sql), &rec)
+        bind_strategy(sqlx::query(&self.sql(&sql)), &rec)
             .execute(&mut *tx)
             .await?;
         // Any's SQLite backend reports no last insert id; the name is unique.
-        let id: i64 = sqlx::query("SELECT id FROM strategies WHERE name = ?")
+        let id: i64 = sqlx::query(&self.sql("SELECT id FROM strategies WHERE name = ?"))
             .bind(&rec.name)
             .fetch_one(&mut *tx)
             .await?
@@ -113,11 +114,11 @@ impl Store {
         rec.updated_ms = unix_ms();
         rec.version = version;
         let res = bind_content(
-            sqlx::query(
+            sqlx::query(&self.sql(
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
                  warm_up_ms = ?, cold_factor = ?, updated_ms = ?, version = ? WHERE id = ?",
-            ),
+            )),
             &rec,
         )
         .bind(rec.updated_ms as i64)
@@ -168,7 +169,7 @@ impl Store {
                 )));
             }
         }
-        let res = sqlx::query("DELETE FROM strategies WHERE id = ?")
+        let res = sqlx::query(&self.sql("DELETE FROM strategies WHERE id = ?"))
             .bind(id as i64)
             .execute(&mut *tx)
             .await?;
@@ -191,9 +192,9 @@ impl Store {
     /// One strategy; `Err(NotFound)` if absent, `Err(Invalid)` if its row
     /// is not a valid strategy.
     pub async fn get_strategy(&self, id: u32) -> Result<StrategyRecord> {
-        let row = sqlx::query(&format!(
+        let row = sqlx::query(&self.sql(&format!(
             "SELECT {STRATEGY_COLUMNS} FROM strategies WHERE id = ?"
-        ))
+        )))
         .bind(id as i64)
         .fetch_optional(&self.pool)
         .await?
@@ -204,9 +205,9 @@ impl Store {
     /// All strategies by id; rows that are not valid strategies come back
     /// as [`BadRow`]s.
     pub async fn list_strategies(&self) -> Result<(Vec<StrategyRecord>, Vec<BadRow>)> {
-        let rows = sqlx::query(&format!(
+        let rows = sqlx::query(&self.sql(&format!(
             "SELECT {STRATEGY_COLUMNS} FROM strategies ORDER BY id"
-        ))
+        )))
         .fetch_all(&self.pool)
         .await?;
         Ok(split_rows(&rows))
@@ -247,12 +248,12 @@ impl Store {
         }
         let (mut tx, version) = self.begin_change().await?;
         if replace_all {
-            sqlx::query("DELETE FROM strategies")
+            sqlx::query(&self.sql("DELETE FROM strategies"))
                 .execute(&mut *tx)
                 .await?;
         } else {
             // Names must not collide with strategies the file does not replace.
-            let existing = sqlx::query("SELECT id, name FROM strategies")
+            let existing = sqlx::query(&self.sql("SELECT id, name FROM strategies"))
                 .fetch_all(&mut *tx)
                 .await?;
             for row in &existing {
@@ -278,6 +279,7 @@ impl Store {
                     "DELETE FROM strategies WHERE id IN ({})",
                     placeholders(chunk.len())
                 );
+                let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
                 for id in chunk {
                     q = q.bind(*id);
@@ -303,6 +305,7 @@ impl Store {
                     INSERT_COLUMNS,
                     vec![format!("({id_mark}{})", placeholders(16)); chunk.len()].join(", ")
                 );
+                let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
                 for r in chunk {
                     q = bind_strategy(if keep_id { q.bind(r.id as i64) } else { q }, r);
@@ -330,9 +333,9 @@ pub(super) async fn strategy_in_tx(
     tx: &mut Transaction<'static, Any>,
     id: u32,
 ) -> Result<Option<serde_json::Value>> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(&Dialect::of(tx).sql(&format!(
         "SELECT {STRATEGY_COLUMNS} FROM strategies WHERE id = ?"
-    ))
+    )))
     .bind(id as i64)
     .fetch_optional(&mut **tx)
     .await?;
@@ -352,7 +355,7 @@ async fn ensure_name_free(
     name: &str,
     own_id: Option<u32>,
 ) -> Result<()> {
-    let row = sqlx::query("SELECT id FROM strategies WHERE name = ?")
+    let row = sqlx::query(&Dialect::of(tx).sql("SELECT id FROM strategies WHERE name = ?"))
         .bind(name)
         .fetch_optional(&mut **tx)
         .await?;

@@ -1,6 +1,7 @@
 //! Helpers shared by the store and agent integration tests: the `rate-ctl`
 //! binary, the stores to run against (a fresh SQLite file always, a fresh
-//! MariaDB database when `RATE_CTL_TEST_MYSQL_URL` is set) and raw SQL.
+//! MariaDB database when `RATE_CTL_TEST_MYSQL_URL` is set, a fresh
+//! PostgreSQL database when `RATE_CTL_TEST_POSTGRES_URL` is set) and raw SQL.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use sqlx::AnyPool;
 use sqlx::Row;
 
 pub const MYSQL_ENV: &str = "RATE_CTL_TEST_MYSQL_URL";
+pub const POSTGRES_ENV: &str = "RATE_CTL_TEST_POSTGRES_URL";
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_rate-ctl")
@@ -71,7 +73,16 @@ impl Drop for TestStore {
     fn drop(&mut self) {
         if let Some((admin, db)) = self.admin.take() {
             let rt = rt();
-            let _ = rt.block_on(exec(&admin, &format!("DROP DATABASE IF EXISTS {db}")));
+            // PostgreSQL: FORCE ends the connections a killed process left.
+            let force = if admin.starts_with("postgres") {
+                " WITH (FORCE)"
+            } else {
+                ""
+            };
+            let _ = rt.block_on(exec(
+                &admin,
+                &format!("DROP DATABASE IF EXISTS {db}{force}"),
+            ));
         }
     }
 }
@@ -170,10 +181,39 @@ pub fn mariadb_store(test: &str) -> Option<TestStore> {
     })
 }
 
-/// SQLite always, MariaDB when configured.
+/// A fresh database on the PostgreSQL server named by
+/// `RATE_CTL_TEST_POSTGRES_URL`, or `None` with a loud message when it is unset.
+pub fn postgres_store(test: &str) -> Option<TestStore> {
+    let Ok(base) = std::env::var(POSTGRES_ENV) else {
+        eprintln!(
+            "\n!!!!!! {test}: SKIPPING the PostgreSQL half: {POSTGRES_ENV} is not set.\n\
+             !!!!!! Start a server with `scripts/postgres-test-server.sh start` and export its URL.\n"
+        );
+        return None;
+    };
+    let (server, _db) = base
+        .rsplit_once('/')
+        .expect("postgres://user:pass@host:port/db");
+    let db = format!(
+        "rate_ctl_t{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    rt().block_on(exec(&base, &format!("CREATE DATABASE {db}")))
+        .expect("create a test database (the test user needs CREATEDB)");
+    Some(TestStore {
+        label: "postgres",
+        url: format!("{server}/{db}"),
+        admin: Some((base.clone(), db)),
+        _dir: None,
+    })
+}
+
+/// SQLite always, MariaDB and PostgreSQL when configured.
 pub fn stores(test: &str) -> Vec<TestStore> {
     let mut v = vec![sqlite_store()];
     v.extend(mariadb_store(test));
+    v.extend(postgres_store(test));
     v
 }
 

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# A throw-away PostgreSQL server for the store and serve tests.
+#
+#   scripts/postgres-test-server.sh start [DIR]   # prints the postgres:// URL on stdout
+#   scripts/postgres-test-server.sh stop  [DIR]   # stops the server started in DIR (by PID)
+#   scripts/postgres-test-server.sh url   [DIR]   # prints the URL of a running server
+#
+# DIR defaults to $POSTGRES_TEST_DIR or /tmp/rate-ctl-postgres. The server
+# runs Debian's postgres binary as the user `postgres` (it refuses root) with
+# its own data directory and socket under DIR, listens on 127.0.0.1 only
+# (port $POSTGRES_TEST_PORT, else the first free port from 54320), and has a
+# database `rate_ctl` owned by the user `rate_ctl` / password `rate_ctl`, who
+# may create databases (the tests make one each). Debian's `postgresql`
+# package is installed with apt-get if missing; its own cluster is not started.
+set -euo pipefail
+# shellcheck source=scripts/lib/packages.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/packages.sh"
+
+cmd=${1:-}
+dir=${2:-${POSTGRES_TEST_DIR:-/tmp/rate-ctl-postgres}}
+
+log() { echo "postgres-test-server: $*" >&2; }
+
+bindir() {
+    local d
+    d=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n1)
+    [ -n "$d" ] && [ -x "$d/postgres" ] && echo "$d"
+}
+
+install_server() {
+    bindir >/dev/null && return 0
+    # Keep the package from starting its own cluster on 5432.
+    local policy=/usr/sbin/policy-rc.d created_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        created_policy=1
+    fi
+    local rc=0
+    need_packages postgres-test-server postgresql || rc=$?
+    [ "$created_policy" = 1 ] && rm -f "$policy"
+    return $rc
+}
+
+port_free() {
+    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+running() {
+    [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null
+}
+
+# As the user postgres, exec'ing (no parent left behind: the PID is the server's).
+as_pg() {
+    if [ "$(id -un)" = postgres ]; then "$@"; else setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; fi
+}
+
+start() {
+    install_server
+    local bin
+    bin=$(bindir)
+    mkdir -p "$dir"
+    chmod 0755 "$dir"
+    if running; then
+        cat "$dir/url"
+        return 0
+    fi
+    local fresh=0
+    if [ ! -f "$dir/data/PG_VERSION" ]; then
+        fresh=1
+        rm -rf "$dir/data" "$dir/sock"
+        install -d -o postgres -g postgres -m 0700 "$dir/data"
+        as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
+            >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
+    fi
+    install -d -o postgres -g postgres -m 0755 "$dir/sock"
+    local port
+    if [ -f "$dir/port" ]; then
+        port=$(cat "$dir/port")
+    else
+        port=${POSTGRES_TEST_PORT:-54320}
+        while ! port_free "$port"; do port=$((port + 1)); done
+        echo "$port" >"$dir/port"
+    fi
+    touch "$dir/server.log"
+    chown postgres "$dir/server.log"
+    # setsid: the server must not die with the shell or test that started it.
+    # fsync off: a test server, thrown away.
+    setsid setpriv --reuid=postgres --regid=postgres --init-groups -- "$bin/postgres" -D "$dir/data" -h 127.0.0.1 -p "$port" \
+        -k "$dir/sock" -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+        -c max_connections=300 -c shared_buffers=32MB \
+        </dev/null >>"$dir/server.log" 2>&1 &
+    echo $! >"$dir/pid"
+    local _
+    for _ in $(seq 1 300); do
+        if as_pg "$bin/pg_isready" -q -h "$dir/sock" -p "$port"; then break; fi
+        if ! running; then
+            log "server exited; see $dir/server.log"
+            tail -20 "$dir/server.log" >&2 || true
+            exit 1
+        fi
+        sleep 0.1
+    done
+    as_pg "$bin/pg_isready" -q -h "$dir/sock" -p "$port"
+    if [ "$fresh" = 1 ]; then
+        as_pg "$bin/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir/sock" -p "$port" -U postgres -d postgres <<'SQL'
+CREATE ROLE rate_ctl LOGIN PASSWORD 'rate_ctl' CREATEDB;
+CREATE DATABASE rate_ctl OWNER rate_ctl ENCODING 'UTF8';
+SQL
+    fi
+    echo "postgres://rate_ctl:rate_ctl@127.0.0.1:$port/rate_ctl" >"$dir/url"
+    log "running as PID $(cat "$dir/pid") on 127.0.0.1:$port (data in $dir/data)"
+    cat "$dir/url"
+}
+
+stop() {
+    if ! running; then
+        rm -f "$dir/pid"
+        return 0
+    fi
+    local pid _
+    pid=$(cat "$dir/pid")
+    # SIGINT: fast shutdown.
+    kill -INT "$pid"
+    for _ in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "PID $pid did not stop in 30 s; killing it"
+        kill -KILL "$pid" || true
+    fi
+    rm -f "$dir/pid"
+    log "stopped PID $pid"
+}
+
+case "$cmd" in
+start) start ;;
+stop) stop ;;
+url) running && cat "$dir/url" ;;
+*)
+    echo "usage: $0 start|stop|url [DIR]" >&2
+    exit 2
+    ;;
+esac
