@@ -13,8 +13,8 @@
 # one server). Debian's `mariadb-server` is installed with apt-get if missing;
 # the package's own service is not started.
 set -euo pipefail
-# shellcheck source=scripts/lib/packages.sh
-. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/packages.sh"
+# shellcheck source=scripts/lib/test-server.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/test-server.sh"
 
 cmd=${1:-}
 dir=${2:-${MARIADB_TEST_DIR:-/tmp/rate-ctl-mariadb}}
@@ -35,25 +35,7 @@ install_server() {
         return 0
     fi
     log "installing mariadb-server with apt-get"
-    # Keep the package's init script from starting a system-wide server on 3306.
-    local policy=/usr/sbin/policy-rc.d created_policy=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' >"$policy"
-        chmod 755 "$policy"
-        created_policy=1
-    fi
-    local rc=0
-    need_packages mariadb-test-server mariadb-server mariadb-client || rc=$?
-    [ "$created_policy" = 1 ] && rm -f "$policy"
-    return $rc
-}
-
-port_free() {
-    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-running() {
-    [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null
+    install_without_service mariadb-test-server mariadb-server mariadb-client
 }
 
 client() {
@@ -82,13 +64,7 @@ start() {
             { cat "$dir/install.log" >&2; exit 1; }
     fi
     local port
-    if [ -f "$dir/port" ]; then
-        port=$(cat "$dir/port")
-    else
-        port=${MARIADB_TEST_PORT:-33060}
-        while ! port_free "$port"; do port=$((port + 1)); done
-        echo "$port" >"$dir/port"
-    fi
+    port=$(server_port "${MARIADB_TEST_PORT:-33060}")
     # setsid: the server must not die with the shell or test that started it.
     setsid "$bin" --no-defaults --user="$(id -un)" --datadir="$dir/data" \
         --bind-address=127.0.0.1 --port="$port" --socket="$dir/mysqld.sock" \
@@ -125,32 +101,4 @@ SQL
     cat "$dir/url"
 }
 
-stop() {
-    if ! running; then
-        rm -f "$dir/pid"
-        return 0
-    fi
-    local pid
-    pid=$(cat "$dir/pid")
-    kill -TERM "$pid"
-    for _ in $(seq 1 300); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        log "PID $pid did not stop in 30 s; killing it"
-        kill -KILL "$pid" || true
-    fi
-    rm -f "$dir/pid"
-    log "stopped PID $pid"
-}
-
-case "$cmd" in
-start) start ;;
-stop) stop ;;
-url) running && cat "$dir/url" ;;
-*)
-    echo "usage: $0 start|stop|url [DIR]" >&2
-    exit 2
-    ;;
-esac
+server_main "$cmd" TERM

@@ -13,8 +13,8 @@
 # may create databases (the tests make one each). Debian's `postgresql`
 # package is installed with apt-get if missing; its own cluster is not started.
 set -euo pipefail
-# shellcheck source=scripts/lib/packages.sh
-. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/packages.sh"
+# shellcheck source=scripts/lib/test-server.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/test-server.sh"
 
 cmd=${1:-}
 dir=${2:-${POSTGRES_TEST_DIR:-/tmp/rate-ctl-postgres}}
@@ -29,25 +29,7 @@ bindir() {
 
 install_server() {
     bindir >/dev/null && return 0
-    # Keep the package from starting its own cluster on 5432.
-    local policy=/usr/sbin/policy-rc.d created_policy=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' >"$policy"
-        chmod 755 "$policy"
-        created_policy=1
-    fi
-    local rc=0
-    need_packages postgres-test-server postgresql || rc=$?
-    [ "$created_policy" = 1 ] && rm -f "$policy"
-    return $rc
-}
-
-port_free() {
-    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-running() {
-    [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null
+    install_without_service postgres-test-server postgresql
 }
 
 # As the user postgres, exec'ing (no parent left behind: the PID is the server's).
@@ -75,13 +57,7 @@ start() {
     fi
     install -d -o postgres -g postgres -m 0755 "$dir/sock"
     local port
-    if [ -f "$dir/port" ]; then
-        port=$(cat "$dir/port")
-    else
-        port=${POSTGRES_TEST_PORT:-54320}
-        while ! port_free "$port"; do port=$((port + 1)); done
-        echo "$port" >"$dir/port"
-    fi
+    port=$(server_port "${POSTGRES_TEST_PORT:-54320}")
     touch "$dir/server.log"
     chown postgres "$dir/server.log"
     # setsid: the server must not die with the shell or test that started it.
@@ -113,33 +89,5 @@ SQL
     cat "$dir/url"
 }
 
-stop() {
-    if ! running; then
-        rm -f "$dir/pid"
-        return 0
-    fi
-    local pid _
-    pid=$(cat "$dir/pid")
-    # SIGINT: fast shutdown.
-    kill -INT "$pid"
-    for _ in $(seq 1 300); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        log "PID $pid did not stop in 30 s; killing it"
-        kill -KILL "$pid" || true
-    fi
-    rm -f "$dir/pid"
-    log "stopped PID $pid"
-}
-
-case "$cmd" in
-start) start ;;
-stop) stop ;;
-url) running && cat "$dir/url" ;;
-*)
-    echo "usage: $0 start|stop|url [DIR]" >&2
-    exit 2
-    ;;
-esac
+# SIGINT: PostgreSQL's fast shutdown.
+server_main "$cmd" INT
