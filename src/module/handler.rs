@@ -168,10 +168,8 @@ fn handle(r: &mut Request) -> Status {
     let now_ms = unix_ms();
     let log = r.log();
     with_worker(mc, |w| {
-        if w.log.due(now_ms) {
-            // The worker's context: the summary is not this request's.
-            w.log.flush(super::worker::cycle_log(), now_ms);
-        }
+        // Rejection summaries are written by the worker's timer (armed when
+        // a window opens) and at exit, never on the request path.
         w.refresh(mc, now_ns, log);
         let (outcome, hold) = decide(w, mc, r, now_ns, now_ms, lc);
         act(r, mc, lc, &mut w.log, outcome, hold, now_ms)

@@ -93,12 +93,6 @@ impl EventLog {
         arm_flush_timer();
     }
 
-    /// Whether a summary is due; one compare per request.
-    #[inline]
-    pub fn due(&self, now_ms: u64) -> bool {
-        !self.entries.is_empty() && now_ms.saturating_sub(self.window_start_ms) >= LOG_WINDOW_MS
-    }
-
     /// Writes the summary lines and opens a new window.
     pub fn flush(&mut self, log: *mut ngx_log_t, now_ms: u64) {
         let secs = now_ms.saturating_sub(self.window_start_ms) as f64 / 1000.0;
