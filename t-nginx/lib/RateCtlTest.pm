@@ -20,7 +20,17 @@ use POSIX qw(:sys_wait_h fmod);
 use Time::HiRes qw(sleep time);
 use Test::More;
 
-our @EXPORT = qw(targets for_each_target root tool publish window_ahead);
+our @EXPORT = qw(targets for_each_target root tool publish window_ahead stats_server);
+
+# The server block of a test that limits every location and reads the
+# counts at /rate_ctl (not itself limited).
+sub stats_server {
+    return q{
+            rate_ctl on;
+            location / { empty_gif; }
+            location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
+        };
+}
 
 my $ROOT = abs_path(dirname(__FILE__) . '/../..');
 sub root { $ROOT }
