@@ -104,10 +104,7 @@ for_each_target(sub {
         # 240 KiB at 8 KiB/s: a request lasts about 30 s.
         location /slow/ { limit_rate 8k; limit_rate_after 0; }
     });
-    mkdir $n->dir . '/html/slow';
-    open my $fh, '>', $n->dir . '/html/slow/big' or die;
-    print $fh 'x' x (240 * 1024);
-    close $fh;
+    $n->slow_file;
     publish($n->shm, "strategy id=3 algorithm=concurrency rate=2 when api=/slow/big\n", 1);
     $n->start;
     my @bg;
@@ -154,10 +151,7 @@ for_each_target(sub {
         location / { empty_gif; }
         location /slow/ { limit_rate 8k; limit_rate_after 0; }
     });
-    mkdir $n->dir . '/html/slow';
-    open my $fh, '>', $n->dir . '/html/slow/big' or die;
-    print $fh 'x' x (240 * 1024);
-    close $fh;
+    $n->slow_file;
     my $table = sub {
         my ($v) = @_;
         join '', "strategy id=1 algorithm=concurrency rate=100 when api=/slow/big\n",

@@ -245,6 +245,16 @@ sub access_log {
     return map { chomp; $_ } <$fh>;
 }
 
+# slow_file: html/slow/big, 240 KiB; under `location /slow/ { limit_rate 8k;
+# limit_rate_after 0; }` a request for it lasts about 30 s.
+sub slow_file {
+    my ($self) = @_;
+    mkdir "$self->{dir}/html/slow";
+    open my $fh, '>', "$self->{dir}/html/slow/big" or die "html/slow/big: $!";
+    print $fh 'x' x (240 * 1024);
+    close $fh or die "html/slow/big: $!";
+}
+
 # Asserts that error.log has no [alert], [crit] or [emerg] line.
 sub no_alerts {
     my ($self) = @_;
