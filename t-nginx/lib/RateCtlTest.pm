@@ -255,6 +255,15 @@ sub slow_file {
     close $fh or die "html/slow/big: $!";
 }
 
+# background_get($path, $max_s): a curl for $path in a child process that
+# gives up after $max_s seconds; returns its pid (for kill and waitpid).
+sub background_get {
+    my ($self, $path, $max_s) = @_;
+    my $pid = fork // die "fork: $!";
+    if (!$pid) { exec 'curl', '-s', '-o', '/dev/null', '-m', $max_s, $self->url($path); exit 1 }
+    return $pid;
+}
+
 # Asserts that error.log has no [alert], [crit] or [emerg] line.
 sub no_alerts {
     my ($self) = @_;
