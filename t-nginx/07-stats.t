@@ -10,11 +10,7 @@ use RateCtlTest;
 for_each_target(sub {
     my ($t) = @_;
     my $n = RateCtlTest->new($t,
-        server => q{
-            rate_ctl on;
-            location / { empty_gif; }
-            location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
-        });
+        server => stats_server);
     publish($n->shm, <<'T', 42);
 strategy id=11 algorithm=fixed_window rate=4 per=day when api=/s1
 strategy id=12 algorithm=token_bucket rate=100 per=second burst=100 when api=/s2

@@ -104,18 +104,11 @@ for_each_target(sub {
         # 240 KiB at 8 KiB/s: a request lasts about 30 s.
         location /slow/ { limit_rate 8k; limit_rate_after 0; }
     });
-    mkdir $n->dir . '/html/slow';
-    open my $fh, '>', $n->dir . '/html/slow/big' or die;
-    print $fh 'x' x (240 * 1024);
-    close $fh;
+    $n->slow_file;
     publish($n->shm, "strategy id=3 algorithm=concurrency rate=2 when api=/slow/big\n", 1);
     $n->start;
     my @bg;
-    for (1 .. 2) {
-        my $pid = fork // die;
-        if (!$pid) { exec 'curl', '-s', '-o', '/dev/null', '-m', '40', $n->url('/slow/big'); exit 1 }
-        push @bg, $pid;
-    }
+    push @bg, $n->background_get('/slow/big', 40) for 1 .. 2;
     sleep 0.5;
     is($n->get('/slow/big', '-m 0.3')->{code}, 503, 'two slow requests hold both units: a third is refused');
     # Kill every worker holding units (all of them): nginx starts new ones.
@@ -132,11 +125,7 @@ for_each_target(sub {
     is($given, 2, 'the reclaim is logged with the units given back');
     # And the limit still holds afterwards.
     @bg = ();
-    for (1 .. 2) {
-        my $pid = fork // die;
-        if (!$pid) { exec 'curl', '-s', '-o', '/dev/null', '-m', '3', $n->url('/slow/big'); exit 1 }
-        push @bg, $pid;
-    }
+    push @bg, $n->background_get('/slow/big', 3) for 1 .. 2;
     sleep 0.5;
     is($n->get('/slow/big', '-m 0.3')->{code}, 503, 'the limit of 2 holds after the reclaim');
     kill 'TERM', @bg;
@@ -154,10 +143,7 @@ for_each_target(sub {
         location / { empty_gif; }
         location /slow/ { limit_rate 8k; limit_rate_after 0; }
     });
-    mkdir $n->dir . '/html/slow';
-    open my $fh, '>', $n->dir . '/html/slow/big' or die;
-    print $fh 'x' x (240 * 1024);
-    close $fh;
+    $n->slow_file;
     my $table = sub {
         my ($v) = @_;
         join '', "strategy id=1 algorithm=concurrency rate=100 when api=/slow/big\n",
@@ -174,9 +160,7 @@ for_each_target(sub {
     is($n->get('/s2')->{code}, 200, 'table loaded');
     my @bg;
     my $slow = sub {
-        my $pid = fork // die;
-        if (!$pid) { exec 'curl', '-s', '-o', '/dev/null', '-m', '60', $n->url('/slow/big'); exit 1 }
-        push @bg, $pid;
+        push @bg, $n->background_get('/slow/big', 60);
     };
     $slow->();
     sleep 0.3;

@@ -22,11 +22,7 @@ sub logged_rejections {
 for_each_target(sub {
     my ($t) = @_;
     my $n = RateCtlTest->new($t,
-        server => q{
-            rate_ctl on;
-            location / { empty_gif; }
-            location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
-        });
+        server => stats_server);
     publish($n->shm, <<'T');
 strategy id=1 algorithm=fixed_window rate=1 per=day when api=/r
 strategy id=2 algorithm=fixed_window rate=1 per=day when api=/q

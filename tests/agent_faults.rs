@@ -144,23 +144,16 @@ fn sigterm_and_sigint_exit_zero_and_restart_adopts_the_file() {
     );
 }
 
-#[test]
-fn capacity_exceeded_names_the_limit_and_keeps_the_previous_table() {
-    let st = sqlite_store();
-    let s = st.url.as_str();
-    let dir = tempfile::tempdir().unwrap();
-    let shm = dir.path().join("f.shm");
+/// Four strategies named `{prefix}0`..`{prefix}3` in the store, an agent
+/// capped at four (`--max-strategies` after SMALL_CAPS overrides it) on
+/// `dir/f.shm` logging to `dir/a.log`, and a reader that has seen the full
+/// table published at the store's version `v`.
+fn full_table_of_four(s: &str, dir: &std::path::Path, prefix: &str) -> (AgentProc, Reader, u64) {
+    let shm = dir.join("f.shm");
     for i in 0..4 {
-        add(s, &format!("s{i}"), 10);
+        add(s, &format!("{prefix}{i}"), 10);
     }
-    // --max-strategies after SMALL_CAPS overrides it.
-    let a = AgentProc::start(
-        s,
-        &shm,
-        "h",
-        &dir.path().join("a.log"),
-        &["--max-strategies", "4"],
-    );
+    let a = AgentProc::start(s, &shm, "h", &dir.join("a.log"), &["--max-strategies", "4"]);
     let mut r = Reader::open(&shm);
     let v = version(s) as u64;
     assert_eq!(
@@ -170,6 +163,15 @@ fn capacity_exceeded_names_the_limit_and_keeps_the_previous_table() {
             .len(),
         4
     );
+    (a, r, v)
+}
+
+#[test]
+fn capacity_exceeded_names_the_limit_and_keeps_the_previous_table() {
+    let st = sqlite_store();
+    let s = st.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, mut r, v) = full_table_of_four(s, dir.path(), "s");
     let fifth = add(s, "s4", 10);
     let found = wait_for(Duration::from_secs(5), || {
         a.log_text()
@@ -205,20 +207,7 @@ fn replace_import_of_a_full_table_is_published_in_stages() {
     let st = sqlite_store();
     let s = st.url.as_str();
     let dir = tempfile::tempdir().unwrap();
-    let shm = dir.path().join("f.shm");
-    for i in 0..4 {
-        add(s, &format!("old{i}"), 10);
-    }
-    let a = AgentProc::start(
-        s,
-        &shm,
-        "h",
-        &dir.path().join("a.log"),
-        &["--max-strategies", "4"],
-    );
-    let mut r = Reader::open(&shm);
-    let v = version(s) as u64;
-    r.wait_version(v, Duration::from_secs(10)).unwrap();
+    let (a, mut r, _) = full_table_of_four(s, dir.path(), "old");
     // Four new strategies replace the four: the table fits, but their slots
     // are taken until this very publish frees them (and 2 s more).
     let file = dir.path().join("new.jsonl");

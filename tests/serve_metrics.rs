@@ -150,6 +150,18 @@ fn metrics_from_reports_and_the_dashboard_names_real_series() {
             "web-1",
             json!({"applied_version": version, "counters": c1(25, 7)}),
         );
+        // A change after web-1 applied `version`: web-1 now lags by one, so
+        // the lag gauge is checked against a real difference, not 0 = 0.
+        let (c, b) = s.req(
+            "POST",
+            "/api/v1/strategies",
+            Some(
+                &json!({"name": "later", "match": {"api": "/later"},
+                         "algorithm": "token_bucket", "rate": 10})
+                .to_string(),
+            ),
+        );
+        assert_eq!(c, 201, "{b}");
 
         let (m, families) = metrics(&s, "read-secret");
         let get = |k: &str| {
@@ -174,6 +186,7 @@ fn metrics_from_reports_and_the_dashboard_names_real_series() {
             4.0
         );
         let now_version = s.get("/api/v1/version")["version"].as_u64().unwrap();
+        assert!(now_version > version, "{now_version} after {version}");
         assert_eq!(get("rate_ctl_store_config_version"), now_version as f64);
         assert_eq!(get("rate_ctl_host_weight{host=\"web-2\"}"), 3.0);
         assert_eq!(get("rate_ctl_host_fresh{host=\"web-1\"}"), 1.0);

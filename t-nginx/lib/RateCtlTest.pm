@@ -20,7 +20,17 @@ use POSIX qw(:sys_wait_h fmod);
 use Time::HiRes qw(sleep time);
 use Test::More;
 
-our @EXPORT = qw(targets for_each_target root tool publish window_ahead);
+our @EXPORT = qw(targets for_each_target root tool publish window_ahead stats_server);
+
+# The server block of a test that limits every location and reads the
+# counts at /rate_ctl (not itself limited).
+sub stats_server {
+    return q{
+            rate_ctl on;
+            location / { empty_gif; }
+            location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
+        };
+}
 
 my $ROOT = abs_path(dirname(__FILE__) . '/../..');
 sub root { $ROOT }
@@ -233,6 +243,25 @@ sub access_log {
     my ($self) = @_;
     open my $fh, '<', "$self->{dir}/logs/access.log" or return ();
     return map { chomp; $_ } <$fh>;
+}
+
+# slow_file: html/slow/big, 240 KiB; under `location /slow/ { limit_rate 8k;
+# limit_rate_after 0; }` a request for it lasts about 30 s.
+sub slow_file {
+    my ($self) = @_;
+    mkdir "$self->{dir}/html/slow";
+    open my $fh, '>', "$self->{dir}/html/slow/big" or die "html/slow/big: $!";
+    print $fh 'x' x (240 * 1024);
+    close $fh or die "html/slow/big: $!";
+}
+
+# background_get($path, $max_s): a curl for $path in a child process that
+# gives up after $max_s seconds; returns its pid (for kill and waitpid).
+sub background_get {
+    my ($self, $path, $max_s) = @_;
+    my $pid = fork // die "fork: $!";
+    if (!$pid) { exec 'curl', '-s', '-o', '/dev/null', '-m', $max_s, $self->url($path); exit 1 }
+    return $pid;
 }
 
 # Asserts that error.log has no [alert], [crit] or [emerg] line.
