@@ -214,15 +214,7 @@ impl Store {
 
     /// The current config version (the one row agents poll).
     pub async fn version(&self) -> Result<u64> {
-        let v: i64 = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT version FROM config_version WHERE id = 1"),
-        )
-        .fetch_one(&self.pool)
-        .await?
-        .try_get(0)?;
-        Ok(v as u64)
+        read_version(self.dialect, &self.pool).await
     }
 
     /// Starts a change: bumps the version first (taking the write lock) and
@@ -237,15 +229,8 @@ impl Store {
         .bind(unix_ms() as i64)
         .execute(&mut *tx)
         .await?;
-        let v: i64 = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT version FROM config_version WHERE id = 1"),
-        )
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
-        Ok((tx, v as u64))
+        let v = read_version(self.dialect, &mut *tx).await?;
+        Ok((tx, v))
     }
 
     // ---- agent ---------------------------------------------------------
@@ -262,14 +247,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        let version: i64 = sqlx::query(
-            &self
-                .dialect
-                .sql("SELECT version FROM config_version WHERE id = 1"),
-        )
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
+        let version = read_version(self.dialect, &mut *tx).await?;
         let rows = sqlx::query(&self.sql(&format!(
             "SELECT {STRATEGY_COLUMNS} FROM strategies ORDER BY id"
         )))
@@ -289,12 +267,25 @@ impl Store {
             }
         }
         Ok(Snapshot {
-            version: version as u64,
+            version,
             strategies,
             bad_rows,
             blacklist,
         })
     }
+}
+
+/// The config version row, read on the pool or inside a transaction
+/// (`version`, `begin_change` and `snapshot` all need the same query).
+async fn read_version<'c, E>(dialect: Dialect, ex: E) -> Result<u64>
+where
+    E: sqlx::Executor<'c, Database = Any>,
+{
+    let v: i64 = sqlx::query(&dialect.sql("SELECT version FROM config_version WHERE id = 1"))
+        .fetch_one(ex)
+        .await?
+        .try_get(0)?;
+    Ok(v as u64)
 }
 
 /// The URL with its password replaced by `***`, for logs and messages.
