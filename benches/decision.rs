@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::engine::Engine;
 use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
+use rate_ctl::core::reader::Reader;
 use rate_ctl::core::segment::read_segment;
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::table::{Request, Scratch, Table};
@@ -103,7 +103,7 @@ fn setup(n: u32, dir: &std::path::Path) -> (Arc<Table>, Writer) {
         })
         .collect();
     w.publish(&list, &bl, 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     (e.table().unwrap().clone(), w)
 }
@@ -195,7 +195,7 @@ fn publish(list: &[Strategy], path: &std::path::Path) -> (Arc<Table>, Writer) {
     };
     let mut w = Writer::create_or_adopt(path, caps, 0o600).unwrap();
     w.publish(list, &[], 1).unwrap();
-    let mut e = Engine::new(path);
+    let mut e = Reader::new(path);
     e.refresh(1);
     (e.table().unwrap().clone(), w)
 }

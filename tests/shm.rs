@@ -1,4 +1,4 @@
-//! Writer → file → engine, in one process: publishing, slot stability,
+//! Writer → file → reader, in one process: publishing, slot stability,
 //! capacity errors, refusal of corrupt or hostile files, fail-open states.
 
 #[path = "support/shm.rs"]
@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering;
 
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::engine::{Engine, LogLevel, RECHECK_NS};
 use rate_ctl::core::model::{Action, Algorithm, Unit};
+use rate_ctl::core::reader::{LogLevel, Reader, RECHECK_NS};
 use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Outcome, Request, Table};
@@ -63,7 +63,7 @@ fn publish_then_enforce_a_combination() {
     );
     let r = w.publish(&[s], &[], 11).unwrap();
     assert_eq!((r.seq, r.strategies, r.new_slots), (1, 1, 1));
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     let change = e.refresh(1).expect("state change reported");
     assert_eq!(change.level, LogLevel::Notice);
     assert!(
@@ -113,7 +113,7 @@ fn slots_are_stable_across_publishes_and_reset_when_reassigned() {
     let a = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
     let b = strategy(2, &[("api", "/b")], Algorithm::FixedWindow, 5, Unit::Hour);
     w.publish(&[a.clone(), b.clone()], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t1 = e.table().unwrap().clone();
     let va = values(&t1, &[("api", "/a")]);
@@ -159,7 +159,7 @@ fn restart_adopts_the_file_and_keeps_counters() {
         let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
         w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
     }
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     let v = values(&t, &[("api", "/x")]);
@@ -210,7 +210,7 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         (first.strategies, first.deferred, first.freed_slots),
         (2, 4, 4)
     );
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let ids: Vec<u32> = e
         .table()
@@ -265,7 +265,7 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
     assert!(err.to_string().starts_with("strategy 1: rate"), "{err}");
     let err = w.publish(&[one.clone(), one.clone()], &[], 3).unwrap_err();
     assert!(matches!(err, ShmError::DuplicateId(1)));
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     assert_eq!(e.table().unwrap().config_version(), 1);
     assert_eq!(w.seq(), 1);
@@ -292,7 +292,7 @@ fn blacklist_through_the_table() {
         },
     ];
     w.publish(&[], &bl, 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     assert_eq!(t.dimensions(), ["userid"]);
@@ -375,7 +375,7 @@ fn created_file_has_the_requested_mode() {
 fn fail_open_states_are_logged_once_and_recover() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     let c = e.refresh(0).expect("missing file reported");
     assert_eq!(c.level, LogLevel::Error);
     assert!(e.table().is_none());
@@ -451,7 +451,7 @@ fn delay_action_reports_the_wait() {
     );
     s.action = Action::Delay { max_delay_ms: 250 };
     w.publish(&[s], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     let v = values(&t, &[("api", "/slow")]);
@@ -537,7 +537,7 @@ fn concurrency_units_are_released_in_dry_run_too() {
     );
     dry.action = Action::DryRun;
     w.publish(&[c, dry], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     for (api, location_dry_run) in [("/slow", true), ("/dry", false), ("/slow", false)] {

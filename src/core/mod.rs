@@ -5,12 +5,12 @@
 pub mod admit;
 pub mod blacklist;
 pub mod clock;
-pub mod engine;
 pub mod fuzz;
 pub mod headers;
 pub mod ledger;
 pub mod limiter;
 pub mod model;
+pub mod reader;
 pub mod region;
 pub mod segment;
 pub mod shm;

@@ -217,12 +217,12 @@ fn decide(
     lc: &LocConf,
 ) -> (Option<Outcome>, Option<Hold>) {
     let Worker {
-        engine,
+        reader,
         sources,
         scratch,
         ..
     } = w;
-    let Some(table) = engine.table() else {
+    let Some(table) = reader.table() else {
         return (None, None);
     };
     let mut held = SmallVec::new();

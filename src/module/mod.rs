@@ -1,7 +1,7 @@
 //! `ngx_http_rate_ctl_module`: registration only. Directives are in
 //! [`conf`], the PREACCESS handler in [`handler`], variables in
 //! [`variables`], the stats endpoint in [`stats`], per-worker state (the
-//! core engine) in [`worker`].
+//! core reader) in [`worker`].
 
 mod conf;
 mod decision;

@@ -42,7 +42,7 @@ fn serve(r: &mut Request) -> Status {
     let log = r.log();
     let Some(stats) = with_worker(mc, |w| {
         w.refresh(mc, now_ns, log);
-        let mut s = snapshot(&w.engine);
+        let mut s = snapshot(&w.reader);
         s.undefined_dimensions = w.undefined.clone();
         s
     }) else {

@@ -1,5 +1,5 @@
 //! Running `rate-ctl agent` processes and reading their files the way an
-//! nginx worker does (through the core engine).
+//! nginx worker does (through the core reader).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rate_ctl::core::clock::MonotonicClock;
-use rate_ctl::core::engine::Engine;
+use rate_ctl::core::reader;
 use rate_ctl::core::table::Table;
 
 /// Small file capacities so that tests stay light.
@@ -136,7 +136,7 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
 
 /// A worker's view of a file.
 pub struct Reader {
-    engine: Engine,
+    reader: reader::Reader,
 }
 
 impl Reader {
@@ -145,14 +145,14 @@ impl Reader {
         wait_for(Duration::from_secs(20), || path.exists().then_some(()))
             .unwrap_or_else(|| panic!("{} never appeared", path.display()));
         Reader {
-            engine: Engine::new(path.to_path_buf()),
+            reader: reader::Reader::new(path.to_path_buf()),
         }
     }
 
     /// The current table (reloading if the sequence moved).
     pub fn table(&mut self) -> Option<Arc<Table>> {
-        self.engine.refresh(MonotonicClock::now());
-        self.engine.table().cloned()
+        self.reader.refresh(MonotonicClock::now());
+        self.reader.table().cloned()
     }
 
     /// Waits for a table of at least `config_version`.

@@ -1,13 +1,13 @@
-//! The worker side: one [`Engine`] per nginx worker process.
+//! The worker side: one [`Reader`] per nginx worker process.
 //!
-//! Per request the engine costs one acquire load (has the sequence moved?).
+//! Per request the reader costs one acquire load (has the sequence moved?).
 //! When it moved, the active segment is copied, validated and compiled into
 //! a new [`Table`]; a bad segment is refused and the previous table stays.
-//! At most once a second (by the caller's monotonic clock) the engine also
+//! At most once a second (by the caller's monotonic clock) the reader also
 //! checks that the mapped file is still whole and still the one at the path:
 //! a truncated file is dropped before it can raise SIGBUS in a worker, and a
 //! file the agent recreated is mapped afresh. Without a usable file the
-//! engine fails open: [`Engine::table`] is `None` and requests pass.
+//! reader fails open: [`Reader::table`] is `None` and requests pass.
 //!
 //! A truncation inside that second raises SIGBUS; where the
 //! [`sigbus`](super::sigbus) guard is installed (nginx workers, the agent)
@@ -15,7 +15,7 @@
 //! the next refresh drops the mapping and fails open until the file is
 //! whole again.
 //!
-//! Every change of state is reported once by [`Engine::refresh`], never per
+//! Every change of state is reported once by [`Reader::refresh`], never per
 //! request.
 
 use std::path::PathBuf;
@@ -39,7 +39,7 @@ pub enum LogLevel {
     Notice,
 }
 
-/// A change of the engine's state, to be logged once.
+/// A change of the reader's state, to be logged once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateChange {
     pub level: LogLevel,
@@ -55,7 +55,7 @@ enum State {
     SegmentRefused,
 }
 
-pub struct Engine {
+pub struct Reader {
     path: PathBuf,
     map: Option<Arc<Mapping>>,
     table: Option<Arc<Table>>,
@@ -67,10 +67,10 @@ pub struct Engine {
     notice: Option<StateChange>,
 }
 
-impl Engine {
-    /// Opens nothing yet: the first [`Engine::refresh`] does.
-    pub fn new(path: impl Into<PathBuf>) -> Engine {
-        Engine {
+impl Reader {
+    /// Opens nothing yet: the first [`Reader::refresh`] does.
+    pub fn new(path: impl Into<PathBuf>) -> Reader {
+        Reader {
             path: path.into(),
             map: None,
             table: None,
