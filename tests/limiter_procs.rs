@@ -444,7 +444,7 @@ fn concurrency_limit_holds_across_processes() {
 /// `warm_up` from cold, four processes hammering on the real clock: the
 /// 16-byte CAS keeps the two words consistent, so together they never
 /// admit more than one saturated process could (the closed form of the
-/// ramp, src/core/warm_up.rs), and they do climb.
+/// ramp, src/core/limiter/warm_up.rs), and they do climb.
 #[test]
 fn warm_up_across_processes_never_exceeds_the_single_process_ramp() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

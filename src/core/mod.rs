@@ -20,5 +20,4 @@ pub mod stats;
 pub mod table;
 pub mod tuple_map;
 pub mod value_map;
-pub mod warm_up;
 pub mod writer;

@@ -115,9 +115,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::model::{Action, Algorithm, Strategy, MAX_WINDOW_COUNT};
-use super::slot::Slot;
-use super::warm_up::{self, WarmUpParams};
+use crate::core::model::{Action, Algorithm, Strategy, MAX_WINDOW_COUNT};
+use crate::core::slot::Slot;
+use warm_up::WarmUpParams;
+
+pub mod warm_up;
 
 /// How far beyond its legitimate horizon (at a fresh clock reading) a state
 /// word may lie before [`Limiter::repair_foreign`] takes it as foreign
@@ -156,7 +158,7 @@ enum Params {
     Concurrency {
         limit: u64,
     },
-    /// `warm_up` (src/core/warm_up.rs).
+    /// `warm_up` (src/core/limiter/warm_up.rs).
     WarmUp(WarmUpParams),
 }
 

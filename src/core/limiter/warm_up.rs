@@ -70,8 +70,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::limiter::{Outcome, Quota, Reservation, MAX_STALENESS_NS};
-use super::slot::Slot;
+use super::{Outcome, Quota, Reservation, MAX_STALENESS_NS};
+use crate::core::slot::Slot;
 
 /// Compiled `warm_up` parameters. 24 bytes, like the GCRA parameters, so
 /// that the limiter enum (and every compiled table entry) does not grow.
@@ -218,7 +218,7 @@ pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Outcome {
 
 /// Replaces state no clock could have written with a full queue and a cold
 /// bucket; `true` when it did. For the agent only: `clock` is fresh and read
-/// after the words (see [`super::limiter`], stale and foreign state).
+/// after the words (see [`super`], stale and foreign state).
 pub fn repair_foreign(p: &WarmUpParams, slot: &Slot, clock: impl FnOnce() -> u64) -> bool {
     let words = [slot.state0(), slot.state1()];
     let cur = [
