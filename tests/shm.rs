@@ -11,10 +11,10 @@ use std::sync::atomic::Ordering;
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::{Action, Algorithm, Unit};
-use rate_ctl::core::reader::{LogLevel, Reader, RECHECK_NS};
+use rate_ctl::core::reader::{Reader, Severity, RECHECK_NS};
 use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
-use rate_ctl::core::table::{Outcome, Request, Table};
+use rate_ctl::core::table::{Request, RequestOutcome, Table};
 use rate_ctl::core::writer::{Opened, Writer};
 use shm::{fresh_writer, small_caps, strategy};
 
@@ -44,9 +44,9 @@ fn values<'a>(t: &Table, pairs: &[(&str, &'a str)]) -> Vec<Option<&'a [u8]>> {
 
 fn passes(d: &rate_ctl::core::table::TableDecision) -> bool {
     match &d.outcome {
-        Outcome::NoMatch => true,
-        Outcome::Blacklisted { .. } => false,
-        Outcome::Limited(x) => !matches!(x.verdict, Verdict::Reject { .. }),
+        RequestOutcome::NoMatch => true,
+        RequestOutcome::Blacklisted { .. } => false,
+        RequestOutcome::Limited(x) => !matches!(x.verdict, Verdict::Reject { .. }),
     }
 }
 
@@ -65,7 +65,7 @@ fn publish_then_enforce_a_combination() {
     assert_eq!((r.seq, r.strategies, r.new_slots), (1, 1, 1));
     let mut e = Reader::new(&path);
     let change = e.refresh(1).expect("state change reported");
-    assert_eq!(change.level, LogLevel::Notice);
+    assert_eq!(change.level, Severity::Notice);
     assert!(
         change.message.contains("enforcing 1 strategies"),
         "{}",
@@ -100,7 +100,7 @@ fn publish_then_enforce_a_combination() {
             &[("ip", "127.0.0.2"), ("userid", "u1024"), ("api", "/pay")],
         ),
     ] {
-        assert_eq!(t.decide(&req(&other, 5)).outcome, Outcome::NoMatch);
+        assert_eq!(t.decide(&req(&other, 5)).outcome, RequestOutcome::NoMatch);
     }
     let slot = Slot::at(&t.mapping().unwrap().slots(), t.strategies()[0].slot).unwrap();
     assert_eq!(slot.counters().passed, 3);
@@ -310,25 +310,25 @@ fn blacklist_through_the_table() {
     };
     assert!(matches!(
         check("10.1.2.3", None, 10),
-        Outcome::Blacklisted {
+        RequestOutcome::Blacklisted {
             dimension_index: None
         }
     ));
     assert!(matches!(
         check("2001:db8::1", None, 10),
-        Outcome::Blacklisted { .. }
+        RequestOutcome::Blacklisted { .. }
     ));
-    assert_eq!(check("10.1.2.4", None, 10), Outcome::NoMatch);
-    assert_eq!(check("2001:db8::2", None, 10), Outcome::NoMatch);
+    assert_eq!(check("10.1.2.4", None, 10), RequestOutcome::NoMatch);
+    assert_eq!(check("2001:db8::2", None, 10), RequestOutcome::NoMatch);
     assert!(matches!(
         check("10.0.0.1", Some("evil"), 10),
-        Outcome::Blacklisted {
+        RequestOutcome::Blacklisted {
             dimension_index: Some(0)
         }
     ));
     assert_eq!(
         check("10.0.0.1", Some("evil"), 2_000),
-        Outcome::NoMatch,
+        RequestOutcome::NoMatch,
         "expired"
     );
 }
@@ -377,7 +377,7 @@ fn fail_open_states_are_logged_once_and_recover() {
     let path = dir.path().join("rc");
     let mut e = Reader::new(&path);
     let c = e.refresh(0).expect("missing file reported");
-    assert_eq!(c.level, LogLevel::Error);
+    assert_eq!(c.level, Severity::Error);
     assert!(e.table().is_none());
     assert!(
         e.refresh(RECHECK_NS).is_none(),
@@ -414,7 +414,7 @@ fn fail_open_states_are_logged_once_and_recover() {
         .unwrap()
         .store(2, Ordering::Release);
     let c = e.refresh(2 * RECHECK_NS + 1).expect("refusal reported");
-    assert_eq!(c.level, LogLevel::Error);
+    assert_eq!(c.level, Severity::Error);
     assert!(
         c.message.contains("keeping the previous table"),
         "{}",
@@ -459,7 +459,7 @@ fn delay_action_reports_the_wait() {
     let mut waits = vec![];
     for _ in 0..5 {
         match t.decide(&req(&v, t0)).outcome {
-            Outcome::Limited(d) => waits.push(d.verdict),
+            RequestOutcome::Limited(d) => waits.push(d.verdict),
             o => panic!("{o:?}"),
         }
     }

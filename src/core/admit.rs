@@ -49,7 +49,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::limiter::{Limiter, Outcome, Quota, Reservation};
+use super::limiter::{Acquired, Limiter, Quota, Reservation};
 use super::model::{Action, Algorithm};
 use super::slot::Slot;
 
@@ -220,7 +220,7 @@ fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
         return d;
     }
     match hit.limiter.acquire(&hit.slot, now) {
-        Outcome::Admitted(r) => {
+        Acquired::Admitted(r) => {
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {
                 hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
@@ -234,7 +234,7 @@ fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
                 }
             }
         }
-        Outcome::Rejected { retry_after_ns } => {
+        Acquired::Rejected { retry_after_ns } => {
             hit.slot.limited().fetch_add(1, Ordering::Relaxed);
             if dry_run_all || hit.action.is_dry_run() {
                 d.dry_run_rejected = Some(hit.id);
@@ -294,8 +294,8 @@ fn admit_in(
         }
         let now = now_both.of(hit.limiter);
         match hit.limiter.acquire(&hit.slot, now) {
-            Outcome::Admitted(r) => entries[i] = Entry::Admitted(r),
-            Outcome::Rejected { retry_after_ns } => {
+            Acquired::Admitted(r) => entries[i] = Entry::Admitted(r),
+            Acquired::Rejected { retry_after_ns } => {
                 hit.slot.limited().fetch_add(1, Ordering::Relaxed);
                 if dry_run_all || hit.action.is_dry_run() {
                     dry_run_rejected.get_or_insert(hit.id);

@@ -34,7 +34,7 @@ const BUSY_BACKOFF_NS: u64 = 200_000;
 
 /// Severity of a state change, for the caller's logger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogLevel {
+pub enum Severity {
     Error,
     Notice,
 }
@@ -42,7 +42,7 @@ pub enum LogLevel {
 /// A change of the reader's state, to be logged once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateChange {
-    pub level: LogLevel,
+    pub level: Severity,
     pub message: String,
 }
 
@@ -138,7 +138,7 @@ impl Reader {
         change
     }
 
-    fn set_state(&mut self, state: State, level: LogLevel, message: String) -> Option<StateChange> {
+    fn set_state(&mut self, state: State, level: Severity, message: String) -> Option<StateChange> {
         if self.state == state {
             return None;
         }
@@ -152,7 +152,7 @@ impl Reader {
         self.seen_seq = 0;
         self.set_state(
             State::FileUnusable,
-            LogLevel::Error,
+            Severity::Error,
             format!("rate_ctl: {err}; requests pass unlimited until the file is usable"),
         )
     }
@@ -183,7 +183,7 @@ impl Reader {
         let n = self.map.as_ref()?.reclaim_dead();
         if n > 0 {
             self.notice = Some(StateChange {
-                level: LogLevel::Notice,
+                level: Severity::Notice,
                 message: format!(
                     "rate_ctl: {}: gave back {n} concurrency units held by a process that died",
                     self.path.display()
@@ -207,7 +207,7 @@ impl Reader {
                 self.table = None;
                 return self.set_state(
                     State::NothingPublished,
-                    LogLevel::Notice,
+                    Severity::Notice,
                     format!(
                         "rate_ctl: {}: no table published yet; requests pass",
                         self.path.display()
@@ -222,7 +222,7 @@ impl Reader {
                     self.seen_seq = seq;
                     return self.set_state(
                         State::Enforcing,
-                        LogLevel::Notice,
+                        Severity::Notice,
                         format!(
                             "rate_ctl: {}: enforcing {n} strategies (config version {version})",
                             self.path.display()
@@ -245,7 +245,7 @@ impl Reader {
                     };
                     return self.set_state(
                         State::SegmentRefused,
-                        LogLevel::Error,
+                        Severity::Error,
                         format!(
                             "rate_ctl: {}: refused segment of sequence {seq}: {e}; {kept}",
                             self.path.display()

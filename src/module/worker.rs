@@ -178,7 +178,7 @@ pub fn flush_now() {
 
 /// Where a request value comes from, resolved once per table version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum ValueSource {
     /// The client address: the table matches it in binary, no value needed.
     Ip,
     Api,
@@ -193,7 +193,7 @@ pub enum Source {
 pub struct Worker {
     pub reader: Reader,
     sources_version: Option<u64>,
-    pub sources: Vec<Source>,
+    pub sources: Vec<ValueSource>,
     /// Dimensions of the current table this nginx does not define, with
     /// the strategies that use them (they never match); for stats.
     pub undefined: Vec<(String, Vec<u32>)>,
@@ -228,8 +228,8 @@ impl Worker {
         let change = self.reader.refresh(now_ns);
         for change in change.into_iter().chain(self.reader.take_notice()) {
             let level = match change.level {
-                reader::LogLevel::Error => LogLevel::Error,
-                reader::LogLevel::Notice => LogLevel::Notice,
+                reader::Severity::Error => LogLevel::Error,
+                reader::Severity::Notice => LogLevel::Notice,
             };
             ngx_log_error!(level.ngx_level(), log, "{}", change.message);
         }
@@ -259,13 +259,13 @@ impl Worker {
 /// (cleared in the others) for `rate-ctl shm inspect`.
 fn undefined_dimensions(
     t: &Table,
-    sources: &[Source],
+    sources: &[ValueSource],
     log: *mut ngx_log_t,
 ) -> Vec<(String, Vec<u32>)> {
     let mut out: Vec<(String, Vec<u32>)> = sources
         .iter()
         .zip(t.dimensions())
-        .filter(|(s, _)| **s == Source::Unbound)
+        .filter(|(s, _)| **s == ValueSource::Unbound)
         .map(|(_, name)| (name.clone(), Vec::new()))
         .collect();
     let slots = t.mapping().map(|m| m.slots());
@@ -302,13 +302,15 @@ fn undefined_dimensions(
 }
 
 /// Where the value of dimension `name` comes from.
-fn source_for(name: &str, mc: &MainConf) -> Source {
+fn source_for(name: &str, mc: &MainConf) -> ValueSource {
     match name {
-        "ip" => Source::Ip,
-        "api" => Source::Api,
-        "method" => Source::Method,
-        "host" => Source::Host,
-        other => mc.dimension(other).map_or(Source::Unbound, Source::Custom),
+        "ip" => ValueSource::Ip,
+        "api" => ValueSource::Api,
+        "method" => ValueSource::Method,
+        "host" => ValueSource::Host,
+        other => mc
+            .dimension(other)
+            .map_or(ValueSource::Unbound, ValueSource::Custom),
     }
 }
 

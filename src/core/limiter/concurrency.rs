@@ -6,23 +6,23 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Outcome, Quota, Reservation, CONCURRENCY_RETRY_NS};
+use super::{Acquired, Quota, Reservation, CONCURRENCY_RETRY_NS};
 
 /// Upper bound of the in-flight count (dry-run acquisitions may exceed the
 /// limit, never this).
 const INFLIGHT_CAP: u64 = u32::MAX as u64;
 
 #[inline(never)]
-pub(super) fn acquire(w: &AtomicU64, limit: u64) -> Outcome {
+pub(super) fn acquire(w: &AtomicU64, limit: u64) -> Acquired {
     let mut cur = w.load(Ordering::Acquire);
     loop {
         if cur >= limit {
-            return Outcome::Rejected {
+            return Acquired::Rejected {
                 retry_after_ns: CONCURRENCY_RETRY_NS,
             };
         }
         match w.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Outcome::Admitted(Reservation::default()),
+            Ok(_) => return Acquired::Admitted(Reservation::default()),
             Err(actual) => cur = actual,
         }
     }

@@ -10,10 +10,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::window::{pack, unpack, window_of, window_start};
-use super::{Outcome, Quota, Reservation};
+use super::{Acquired, Quota, Reservation};
 
 #[inline(never)]
-pub(super) fn acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Outcome {
+pub(super) fn acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Acquired {
     let w_now = window_of(now, period);
     let mut cur = w.load(Ordering::Acquire);
     loop {
@@ -22,7 +22,7 @@ pub(super) fn acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Outco
         let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
         if count >= limit {
             let end = window_start(win.saturating_add(1), period);
-            return Outcome::Rejected {
+            return Acquired::Rejected {
                 retry_after_ns: end.saturating_sub(now).max(1),
             };
         }
@@ -30,7 +30,7 @@ pub(super) fn acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Outco
         let next = pack(win, count + 1);
         match w.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
-                return Outcome::Admitted(Reservation {
+                return Acquired::Admitted(Reservation {
                     wait_ns: 0,
                     token: next,
                     prev: cur,

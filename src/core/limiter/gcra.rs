@@ -10,27 +10,33 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Outcome, Quota, Reservation, MAX_STALENESS_NS};
+use super::{Acquired, Quota, Reservation, MAX_STALENESS_NS};
 
 #[inline(always)]
-pub(super) fn acquire(w: &AtomicU64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Outcome {
+pub(super) fn acquire(
+    w: &AtomicU64,
+    now: u64,
+    interval: u64,
+    tau: u64,
+    max_delay: u64,
+) -> Acquired {
     let horizon = tau.saturating_add(max_delay);
     let mut tat = w.load(Ordering::Acquire);
     loop {
         let Some(new_tat) = tat.max(now).checked_add(interval) else {
-            return Outcome::Rejected {
+            return Acquired::Rejected {
                 retry_after_ns: u64::MAX,
             };
         };
         let ahead = new_tat - now; // new_tat > max(tat, now) ≥ now
         if ahead > horizon {
-            return Outcome::Rejected {
+            return Acquired::Rejected {
                 retry_after_ns: ahead - horizon,
             };
         }
         match w.compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
-                return Outcome::Admitted(Reservation {
+                return Acquired::Admitted(Reservation {
                     wait_ns: ahead.saturating_sub(tau),
                     token: new_tat,
                     prev: tat,
@@ -130,7 +136,7 @@ mod tests {
             let now = 5 * S;
             let waits: Vec<u64> = (0..4)
                 .map(|_| match l.acquire(slot, now) {
-                    Outcome::Admitted(r) => r.wait_ns,
+                    Acquired::Admitted(r) => r.wait_ns,
                     o => panic!("{o:?}"),
                 })
                 .collect();
@@ -139,7 +145,7 @@ mod tests {
             let ra = retry(&l, slot, now);
             assert_eq!(ra, 50 * MS);
             match l.acquire(slot, now + ra) {
-                Outcome::Admitted(r) => assert_eq!(r.wait_ns, 350 * MS),
+                Acquired::Admitted(r) => assert_eq!(r.wait_ns, 350 * MS),
                 o => panic!("{o:?}"),
             }
         });
@@ -151,16 +157,16 @@ mod tests {
         with_slot(|slot| {
             slot.state0().store(3 * S, Ordering::Relaxed);
             let before = slot.state0().load(Ordering::Relaxed);
-            let Outcome::Admitted(r) = l.acquire(slot, 7 * S) else {
+            let Acquired::Admitted(r) = l.acquire(slot, 7 * S) else {
                 panic!()
             };
             l.refund(slot, r);
             assert_eq!(slot.state0().load(Ordering::Relaxed), before);
             // Under interleaving the refund subtracts one interval.
-            let Outcome::Admitted(a) = l.acquire(slot, 7 * S) else {
+            let Acquired::Admitted(a) = l.acquire(slot, 7 * S) else {
                 panic!()
             };
-            let Outcome::Admitted(_b) = l.acquire(slot, 7 * S) else {
+            let Acquired::Admitted(_b) = l.acquire(slot, 7 * S) else {
                 panic!()
             };
             l.refund(slot, a);
@@ -230,7 +236,7 @@ mod tests {
         with_slot(|slot| {
             assert_eq!(
                 l.acquire(slot, u64::MAX),
-                Outcome::Rejected {
+                Acquired::Rejected {
                     retry_after_ns: u64::MAX
                 }
             );

@@ -32,7 +32,7 @@
 //! `leaky_bucket`: the GCRA), [`fixed_window`] and [`sliding_window`] (over the
 //! packed window words of [`window`]), [`concurrency`], [`warm_up`]. This
 //! file holds what they share: the compiled [`Limiter`] and its dispatch,
-//! the [`Outcome`] of an acquire, the [`Reservation`] a refund needs and the
+//! the [`Acquired`] of an acquire, the [`Reservation`] a refund needs and the
 //! [`Quota`] for the `RateLimit-*` headers.
 //!
 //! # Stale and backward time, foreign state
@@ -128,7 +128,7 @@ enum Params {
 
 /// Result of [`Limiter::acquire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Acquired {
     /// Admitted; the reservation may be refunded.
     Admitted(Reservation),
     /// Not admitted; the same request would be admitted `retry_after_ns`
@@ -136,9 +136,9 @@ pub enum Outcome {
     Rejected { retry_after_ns: u64 },
 }
 
-impl Outcome {
+impl Acquired {
     pub fn is_admitted(&self) -> bool {
-        matches!(self, Outcome::Admitted(_))
+        matches!(self, Acquired::Admitted(_))
     }
 }
 
@@ -255,7 +255,7 @@ impl Limiter {
     /// calls (`inline(always)`: with the sixth algorithm the compiler
     /// stopped inlining it, 25 instructions more per request).
     #[inline(always)]
-    pub fn acquire(&self, slot: &Slot, now_ns: u64) -> Outcome {
+    pub fn acquire(&self, slot: &Slot, now_ns: u64) -> Acquired {
         match self.params {
             Params::Gcra {
                 interval,
@@ -374,7 +374,7 @@ fn max_delay_ns(action: Action) -> u64 {
 #[cfg(test)]
 mod test_util {
     //! What the algorithms' tests share.
-    pub(super) use super::{Limiter, Outcome, Quota};
+    pub(super) use super::{Acquired, Limiter, Quota};
     pub(super) use crate::core::clock::{Clock, FakeClock};
     pub(super) use crate::core::model::{Action, Algorithm, Strategy, Unit};
     pub(super) use crate::core::slot::{LocalSlots, Slot};
@@ -410,7 +410,7 @@ mod test_util {
 
     pub(super) fn retry(l: &Limiter, slot: &Slot, now: u64) -> u64 {
         match l.acquire(slot, now) {
-            Outcome::Rejected { retry_after_ns } => retry_after_ns,
+            Acquired::Rejected { retry_after_ns } => retry_after_ns,
             other => panic!("expected a rejection at {now}, got {other:?}"),
         }
     }

@@ -22,7 +22,7 @@
 use std::sync::atomic::Ordering;
 
 use super::window::{pack, unpack, window_of, window_start};
-use super::{Outcome, Quota, Reservation};
+use super::{Acquired, Quota, Reservation};
 use crate::core::slot::Slot;
 
 /// `floor(prev × (period − elapsed) / period) + cur`.
@@ -115,7 +115,7 @@ impl SlidingView {
 }
 
 #[inline(never)]
-pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Outcome {
+pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Acquired {
     let words = [slot.state0(), slot.state1()];
     loop {
         let vals = [
@@ -125,7 +125,7 @@ pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Outcome
         let v = SlidingView::read(vals, now, period);
         let estimate = v.estimate(period);
         if estimate.saturating_add(1) > limit {
-            return Outcome::Rejected {
+            return Acquired::Rejected {
                 retry_after_ns: v.retry_after(now, period, limit),
             };
         }
@@ -151,7 +151,7 @@ pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Outcome
             prev: v.cur_word,
         };
         if !stale {
-            return Outcome::Admitted(r);
+            return Acquired::Admitted(r);
         }
         super::window::refund(words[pos], r);
     }

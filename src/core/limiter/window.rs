@@ -103,7 +103,7 @@ mod tests {
                     slot.state0().load(Ordering::Relaxed),
                     slot.state1().load(Ordering::Relaxed),
                 );
-                let Outcome::Admitted(r) = l.acquire(slot, 3 * S + 1) else {
+                let Acquired::Admitted(r) = l.acquire(slot, 3 * S + 1) else {
                     panic!()
                 };
                 l.refund(slot, r);
@@ -114,7 +114,7 @@ mod tests {
                 assert_eq!(before, after, "{alg}");
                 // A reservation of window 3 refunded after the window moved
                 // on does not touch window 4's count.
-                let Outcome::Admitted(r) = l.acquire(slot, 3 * S + 2) else {
+                let Acquired::Admitted(r) = l.acquire(slot, 3 * S + 2) else {
                     panic!()
                 };
                 assert!(admitted(&l, slot, 4 * S));
