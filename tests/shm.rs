@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::model::{Action, Algorithm, Unit};
+use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit, ValidStrategy};
 use rate_ctl::core::reader::{Reader, Severity, RECHECK_NS};
 use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
@@ -39,6 +39,13 @@ fn values<'a>(t: &Table, pairs: &[(&str, &'a str)]) -> Vec<Option<&'a [u8]>> {
                 .find(|(n, _)| n == d)
                 .map(|(_, v)| v.as_bytes())
         })
+        .collect()
+}
+
+/// What the agent hands the writer: validated strategies.
+fn valid(list: &[Strategy]) -> Vec<ValidStrategy> {
+    list.iter()
+        .map(|s| s.clone().into_valid().unwrap())
         .collect()
 }
 
@@ -205,7 +212,7 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         "capacity: this table needs 6 new stat slots; 2 are free now and 4 more become free \
          within 2 s (the slots of removed strategies wait before reuse; max strategies 6)"
     );
-    let first = w.publish_staged(&six, &[], 2).unwrap();
+    let first = w.publish_staged(&valid(&six), &[], 2).unwrap();
     assert_eq!(
         (first.strategies, first.deferred, first.freed_slots),
         (2, 4, 4)
@@ -221,9 +228,9 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         .collect();
     assert_eq!(ids, [11, 12], "the first stage: what fits now");
     // Within the quarantine: nothing more yet.
-    assert_eq!(w.publish_staged(&six, &[], 2).unwrap().deferred, 4);
+    assert_eq!(w.publish_staged(&valid(&six), &[], 2).unwrap().deferred, 4);
     std::thread::sleep(std::time::Duration::from_millis(2_100));
-    let done = w.publish_staged(&six, &[], 2).unwrap();
+    let done = w.publish_staged(&valid(&six), &[], 2).unwrap();
     assert_eq!((done.strategies, done.deferred), (6, 0));
 }
 
@@ -257,7 +264,7 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
     assert!(matches!(err, ShmError::Capacity { .. }), "{err}");
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     // publish_staged does not split a table over the capacity.
-    let err = w.publish_staged(&five, &[], 2).unwrap_err();
+    let err = w.publish_staged(&valid(&five), &[], 2).unwrap_err();
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     let mut bad = one.clone();
     bad.rate = 0;
