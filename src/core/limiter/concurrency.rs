@@ -29,31 +29,20 @@ pub(super) fn acquire(w: &AtomicU64, limit: u64) -> Acquired {
 }
 
 pub(super) fn release(w: &AtomicU64) {
-    let mut cur = w.load(Ordering::Acquire);
-    loop {
-        if cur == 0 {
-            return;
-        }
-        match w.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return,
-            Err(actual) => cur = actual,
-        }
-    }
+    // Never below 0 (`None` leaves it).
+    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+        cur.checked_sub(1)
+    });
 }
 
 /// Counts one more in flight even over the limit (dry run); `None` at
 /// [`INFLIGHT_CAP`].
 pub(super) fn force_acquire(w: &AtomicU64) -> Option<Reservation> {
-    let mut cur = w.load(Ordering::Acquire);
-    loop {
-        if cur >= INFLIGHT_CAP {
-            return None;
-        }
-        match w.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Some(Reservation::default()),
-            Err(actual) => cur = actual,
-        }
-    }
+    w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+        (cur < INFLIGHT_CAP).then(|| cur + 1)
+    })
+    .ok()
+    .map(|_| Reservation::default())
 }
 
 pub(super) fn quota(w: &AtomicU64, limit: u64) -> Quota {

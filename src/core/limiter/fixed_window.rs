@@ -59,9 +59,7 @@ mod tests {
         let l = limiter(Algorithm::FixedWindow, 3, Unit::Minute, 0, REJECT);
         with_slot(|slot| {
             let now = 60 * S * 10 + 15 * S;
-            for _ in 0..3 {
-                assert!(admitted(&l, slot, now));
-            }
+            admit_all(&l, slot, 3, now);
             let ra = retry(&l, slot, now);
             assert_eq!(ra, 45 * S);
             assert!(!admitted(&l, slot, now + ra - 1));
@@ -100,13 +98,9 @@ mod tests {
             with_slot(|slot| {
                 slot.state0().store(garbage, Ordering::Relaxed);
                 let clock = FakeClock::new(0);
-                for w in 100..110u64 {
-                    let n = drive(&l, slot, &clock, w * S, (w + 1) * S, MS);
-                    assert!(n <= 50, "garbage {garbage:#x}, window {w}: {n}");
-                }
+                at_most_per_window(&l, slot, &clock, 50, &format!("{garbage:#x}"));
                 // Healed by the agent's repair (or by time): the next
                 // window grants the full quota.
-                let _ = l.repair_foreign(slot, || 110 * S - 1);
                 assert_eq!(drive(&l, slot, &clock, 110 * S, 111 * S, MS), 50);
             });
         }

@@ -408,6 +408,13 @@ mod test_util {
         l.acquire(slot, now).is_admitted()
     }
 
+    /// Asserts that `n` requests at `now` are all admitted.
+    pub(super) fn admit_all(l: &Limiter, slot: &Slot, n: usize, now: u64) {
+        for i in 0..n {
+            assert!(admitted(l, slot, now), "request {i} of {n} at {now}");
+        }
+    }
+
     pub(super) fn retry(l: &Limiter, slot: &Slot, now: u64) -> u64 {
         match l.acquire(slot, now) {
             Acquired::Rejected { retry_after_ns } => retry_after_ns,
@@ -434,6 +441,23 @@ mod test_util {
         }
         n
     }
+
+    /// Drives one request a millisecond through windows 100..110 (1 s
+    /// each) from whatever the slot holds, asserting at most `per_window`
+    /// admissions in each, then lets the agent repair it at 110 s.
+    pub(super) fn at_most_per_window(
+        l: &Limiter,
+        slot: &Slot,
+        clock: &FakeClock,
+        per_window: u64,
+        what: &str,
+    ) {
+        for w in 100..110u64 {
+            let n = drive(l, slot, clock, w * S, (w + 1) * S, MS);
+            assert!(n <= per_window, "garbage {what}, window {w}: {n}");
+        }
+        let _ = l.repair_foreign(slot, || 110 * S - 1);
+    }
 }
 
 #[cfg(test)]
@@ -441,6 +465,16 @@ mod tests {
     use super::test_util::*;
     use super::window::{pack, unpack};
     use super::CONCURRENCY_RETRY_NS;
+
+    /// `Quota { limit, remaining, reset_ns, window_ns }`.
+    fn q(limit: u64, remaining: u64, reset_ns: u64, window_ns: u64) -> Quota {
+        Quota {
+            limit,
+            remaining,
+            reset_ns,
+            window_ns,
+        }
+    }
 
     impl Quota {
         fn no_window(mut self) -> Quota {
@@ -541,108 +575,34 @@ mod tests {
         with_slot(|slot| {
             let l = limiter(Algorithm::TokenBucket, 10, Unit::Second, 3, REJECT);
             let now = 50 * S;
-            assert_eq!(
-                l.quota(slot, now).no_window(),
-                Quota {
-                    limit: 3,
-                    remaining: 3,
-                    reset_ns: 0,
-                    window_ns: 0
-                }
-            );
+            assert_eq!(l.quota(slot, now).no_window(), q(3, 3, 0, 0));
             assert!(admitted(&l, slot, now));
-            assert_eq!(
-                l.quota(slot, now).no_window(),
-                Quota {
-                    limit: 3,
-                    remaining: 2,
-                    reset_ns: 100 * MS,
-                    window_ns: 0
-                }
-            );
+            assert_eq!(l.quota(slot, now).no_window(), q(3, 2, 100 * MS, 0));
             assert!(admitted(&l, slot, now));
             assert!(admitted(&l, slot, now));
-            assert_eq!(
-                l.quota(slot, now).no_window(),
-                Quota {
-                    limit: 3,
-                    remaining: 0,
-                    reset_ns: 300 * MS,
-                    window_ns: 0
-                }
-            );
+            assert_eq!(l.quota(slot, now).no_window(), q(3, 0, 300 * MS, 0));
         });
         with_slot(|slot| {
             let l = limiter(Algorithm::FixedWindow, 2, Unit::Minute, 0, REJECT);
             let now = 60 * S + 10 * S;
-            assert_eq!(
-                l.quota(slot, now).no_window(),
-                Quota {
-                    limit: 2,
-                    remaining: 2,
-                    reset_ns: 50 * S,
-                    window_ns: 0
-                }
-            );
+            assert_eq!(l.quota(slot, now).no_window(), q(2, 2, 50 * S, 0));
             assert!(admitted(&l, slot, now));
             assert!(admitted(&l, slot, now));
-            assert_eq!(
-                l.quota(slot, now).no_window(),
-                Quota {
-                    limit: 2,
-                    remaining: 0,
-                    reset_ns: 50 * S,
-                    window_ns: 0
-                }
-            );
+            assert_eq!(l.quota(slot, now).no_window(), q(2, 0, 50 * S, 0));
         });
         with_slot(|slot| {
             let l = limiter(Algorithm::SlidingWindow, 4, Unit::Second, 0, REJECT);
             assert_eq!(l.quota(slot, 5 * S).remaining, 4);
-            for _ in 0..4 {
-                assert!(admitted(&l, slot, 5 * S + 500 * MS));
-            }
-            assert_eq!(
-                l.quota(slot, 5 * S + 500 * MS),
-                Quota {
-                    limit: 4,
-                    remaining: 0,
-                    reset_ns: 1_500 * MS,
-                    window_ns: S
-                }
-            );
+            admit_all(&l, slot, 4, 5 * S + 500 * MS);
+            assert_eq!(l.quota(slot, 5 * S + 500 * MS), q(4, 0, 1_500 * MS, S));
             // Next window at 6.5 s: floor(4 × 0.5) = 2 used.
-            assert_eq!(
-                l.quota(slot, 6 * S + 500 * MS),
-                Quota {
-                    limit: 4,
-                    remaining: 2,
-                    reset_ns: 500 * MS,
-                    window_ns: S
-                }
-            );
+            assert_eq!(l.quota(slot, 6 * S + 500 * MS), q(4, 2, 500 * MS, S));
         });
         with_slot(|slot| {
             let l = limiter(Algorithm::Concurrency, 1, Unit::Second, 0, REJECT);
-            assert_eq!(
-                l.quota(slot, 0),
-                Quota {
-                    limit: 1,
-                    remaining: 1,
-                    reset_ns: 0,
-                    window_ns: 0
-                }
-            );
+            assert_eq!(l.quota(slot, 0), q(1, 1, 0, 0));
             assert!(admitted(&l, slot, 0));
-            assert_eq!(
-                l.quota(slot, 0),
-                Quota {
-                    limit: 1,
-                    remaining: 0,
-                    reset_ns: CONCURRENCY_RETRY_NS,
-                    window_ns: 0
-                }
-            );
+            assert_eq!(l.quota(slot, 0), q(1, 0, CONCURRENCY_RETRY_NS, 0));
         });
     }
 }

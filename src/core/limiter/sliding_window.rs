@@ -183,16 +183,12 @@ mod tests {
     fn sliding_window_weights_the_previous_window() {
         let l = limiter(Algorithm::SlidingWindow, 10, Unit::Second, 0, REJECT);
         with_slot(|slot| {
-            for _ in 0..10 {
-                assert!(admitted(&l, slot, 20 * S + 500 * MS));
-            }
+            admit_all(&l, slot, 10, 20 * S + 500 * MS);
             assert!(!admitted(&l, slot, 20 * S + 999 * MS));
             // At 21.25 s the previous window weighs 0.75 × 10 = 7.5 → 7:
             // three more fit.
             let t = 21 * S + 250 * MS;
-            for _ in 0..3 {
-                assert!(admitted(&l, slot, t));
-            }
+            admit_all(&l, slot, 3, t);
             // floor(10 × 0.7) + 3 = 10 at 21.3 s; floor(10 × 0.6) + 3 = 9 at 21.4 s.
             let ra = retry(&l, slot, t);
             assert_eq!(t + ra, 21 * S + 300 * MS + 1);
@@ -205,9 +201,7 @@ mod tests {
     fn sliding_window_retry_after_when_the_current_window_is_full() {
         let l = limiter(Algorithm::SlidingWindow, 4, Unit::Second, 0, REJECT);
         with_slot(|slot| {
-            for _ in 0..4 {
-                assert!(admitted(&l, slot, 7 * S + 900 * MS));
-            }
+            admit_all(&l, slot, 4, 7 * S + 900 * MS);
             // Next window: floor(4 × (P − e) / P) + 1 ≤ 4 from e = 1 ns on.
             let ra = retry(&l, slot, 7 * S + 900 * MS);
             assert_eq!(7 * S + 900 * MS + ra, 8 * S + 1);
@@ -232,9 +226,7 @@ mod tests {
     fn sliding_window_stale_time_is_evaluated_at_the_newest_window() {
         let l = limiter(Algorithm::SlidingWindow, 4, Unit::Second, 0, REJECT);
         with_slot(|slot| {
-            for _ in 0..4 {
-                assert!(admitted(&l, slot, 9 * S + 999 * MS));
-            }
+            admit_all(&l, slot, 4, 9 * S + 999 * MS);
             // floor(4 × 0.1) = 0
             assert!(admitted(&l, slot, 10 * S + 900 * MS));
             // A stale reading in window 9 (or a clock stepped back): it is
@@ -262,11 +254,7 @@ mod tests {
                 slot.state0().store(a, Ordering::Relaxed);
                 slot.state1().store(b, Ordering::Relaxed);
                 let clock = FakeClock::new(0);
-                for w in 100..110u64 {
-                    let n = drive(&l, slot, &clock, w * S, (w + 1) * S, MS);
-                    assert!(n <= 50, "garbage {a:#x}/{b:#x}, window {w}: {n}");
-                }
-                let _ = l.repair_foreign(slot, || 110 * S - 1);
+                at_most_per_window(&l, slot, &clock, 50, &format!("{a:#x}/{b:#x}"));
                 let n = drive(&l, slot, &clock, 110 * S, 120 * S, MS);
                 assert!((480..=500).contains(&n), "not healed: {n}");
             });

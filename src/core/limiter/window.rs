@@ -31,21 +31,17 @@ pub(super) fn window_start(w: u64, period: u64) -> u64 {
 /// else decrements the count of `r`'s window, if `w` still holds it.
 pub(super) fn refund(w: &AtomicU64, r: Reservation) {
     let window = r.token >> 32;
-    let mut cur = w.load(Ordering::SeqCst);
-    loop {
+    // `None`: the word no longer holds the request's window, nothing to do.
+    let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
         let (sw, sc) = unpack(cur);
-        let back = if cur == r.token {
-            r.prev
+        if cur == r.token {
+            Some(r.prev)
         } else if sw == window && sc > 0 {
-            pack(sw, sc - 1)
+            Some(pack(sw, sc - 1))
         } else {
-            return;
-        };
-        match w.compare_exchange_weak(cur, back, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(_) => return,
-            Err(actual) => cur = actual,
+            None
         }
-    }
+    });
 }
 
 /// See [`super::Limiter::repair_foreign`]: a window word beyond a fresh
