@@ -371,6 +371,17 @@ fn max_delay_ns(action: Action) -> u64 {
     }
 }
 
+/// `Quota { limit, remaining, reset_ns, window_ns }` as written (tests).
+#[cfg(test)]
+pub(crate) fn q(limit: u64, remaining: u64, reset_ns: u64, window_ns: u64) -> Quota {
+    Quota {
+        limit,
+        remaining,
+        reset_ns,
+        window_ns,
+    }
+}
+
 #[cfg(test)]
 mod test_util {
     //! What the algorithms' tests share.
@@ -464,17 +475,7 @@ mod test_util {
 mod tests {
     use super::test_util::*;
     use super::window::{pack, unpack};
-    use super::CONCURRENCY_RETRY_NS;
-
-    /// `Quota { limit, remaining, reset_ns, window_ns }`.
-    fn q(limit: u64, remaining: u64, reset_ns: u64, window_ns: u64) -> Quota {
-        Quota {
-            limit,
-            remaining,
-            reset_ns,
-            window_ns,
-        }
-    }
+    use super::{q, CONCURRENCY_RETRY_NS};
 
     impl Quota {
         fn no_window(mut self) -> Quota {
