@@ -146,6 +146,18 @@ impl Reader {
         Some(StateChange { level, message })
     }
 
+    /// [`set_state`](Self::set_state) with a message about the file:
+    /// `rate_ctl: PATH: what`.
+    fn file_state(
+        &mut self,
+        state: State,
+        level: Severity,
+        what: std::fmt::Arguments<'_>,
+    ) -> Option<StateChange> {
+        let message = format!("rate_ctl: {}: {what}", self.path.display());
+        self.set_state(state, level, message)
+    }
+
     fn fail_open(&mut self, err: &ShmError) -> Option<StateChange> {
         self.map = None;
         self.table = None;
@@ -205,13 +217,10 @@ impl Reader {
             if seq == 0 {
                 self.seen_seq = 0;
                 self.table = None;
-                return self.set_state(
+                return self.file_state(
                     State::NothingPublished,
                     Severity::Notice,
-                    format!(
-                        "rate_ctl: {}: no table published yet; requests pass",
-                        self.path.display()
-                    ),
+                    format_args!("no table published yet; requests pass"),
                 );
             }
             match read_segment(&map.segment((seq & 1) as usize), seq, &mut self.buf) {
@@ -220,13 +229,10 @@ impl Reader {
                     let version = decoded.config_version;
                     self.table = Some(Arc::new(Table::build(decoded, Some(map.clone()))));
                     self.seen_seq = seq;
-                    return self.set_state(
+                    return self.file_state(
                         State::Enforcing,
                         Severity::Notice,
-                        format!(
-                            "rate_ctl: {}: enforcing {n} strategies (config version {version})",
-                            self.path.display()
-                        ),
+                        format_args!("enforcing {n} strategies (config version {version})"),
                     );
                 }
                 // The writer published again while we copied: read afresh.
@@ -243,13 +249,10 @@ impl Reader {
                     } else {
                         "requests pass"
                     };
-                    return self.set_state(
+                    return self.file_state(
                         State::SegmentRefused,
                         Severity::Error,
-                        format!(
-                            "rate_ctl: {}: refused segment of sequence {seq}: {e}; {kept}",
-                            self.path.display()
-                        ),
+                        format_args!("refused segment of sequence {seq}: {e}; {kept}"),
                     );
                 }
             }

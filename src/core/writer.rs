@@ -107,6 +107,17 @@ struct Assigned {
     limiter: Limiter,
 }
 
+impl Assigned {
+    fn of(p: &Published) -> Assigned {
+        Assigned {
+            slot: p.slot,
+            generation: p.generation,
+            algorithm: p.strategy.algorithm,
+            limiter: Limiter::from_strategy(&p.strategy),
+        }
+    }
+}
+
 pub struct Writer {
     map: Arc<Mapping>,
     assigned: HashMap<u32, Assigned>,
@@ -429,16 +440,8 @@ impl Writer {
             // written; the active one is whole.
             if let Ok(d) = segment::read_segment(&map.segment((seq & 1) as usize), seq, &mut buf) {
                 count = d.strategies.len();
-                for p in d.strategies {
-                    assigned.insert(
-                        p.strategy.id,
-                        Assigned {
-                            slot: p.slot,
-                            generation: p.generation,
-                            algorithm: p.strategy.algorithm,
-                            limiter: Limiter::from_strategy(&p.strategy),
-                        },
-                    );
+                for p in &d.strategies {
+                    assigned.insert(p.strategy.id, Assigned::of(p));
                 }
             }
         }
@@ -856,17 +859,7 @@ impl Writer {
         self.seq = next;
         self.assigned = plan
             .iter()
-            .map(|p| {
-                (
-                    p.strategy.id,
-                    Assigned {
-                        slot: p.slot,
-                        generation: p.generation,
-                        algorithm: p.strategy.algorithm,
-                        limiter: Limiter::from_strategy(&p.strategy),
-                    },
-                )
-            })
+            .map(|p| (p.strategy.id, Assigned::of(p)))
             .collect();
         Ok(PublishReport {
             seq: next,
