@@ -169,22 +169,15 @@ fn metrics_from_reports_and_the_dashboard_names_real_series() {
                 .unwrap_or_else(|| panic!("[{}] no series {k}; have {m:?}", st.label))
         };
         let lab = |h: &str| format!("{{strategy=\"{id}\",name=\"pay \\\"eu\\\"\",host=\"{h}\"}}");
-        assert_eq!(
-            get(&format!("rate_ctl_fleet_passed_total{}", lab("web-1"))),
-            25.0
-        );
-        assert_eq!(
-            get(&format!("rate_ctl_fleet_limited_total{}", lab("web-1"))),
-            7.0
-        );
-        assert_eq!(
-            get(&format!("rate_ctl_fleet_passed_total{}", lab("web-2"))),
-            5.0
-        );
-        assert_eq!(
-            get(&format!("rate_ctl_fleet_delayed_total{}", lab("web-2"))),
-            4.0
-        );
+        for (counter, h, want) in [
+            ("passed", "web-1", 25.0),
+            ("limited", "web-1", 7.0),
+            ("passed", "web-2", 5.0),
+            ("delayed", "web-2", 4.0),
+        ] {
+            let series = format!("rate_ctl_fleet_{counter}_total{}", lab(h));
+            assert_eq!(get(&series), want, "{series}");
+        }
         let now_version = s.get("/api/v1/version")["version"].as_u64().unwrap();
         assert!(now_version > version, "{now_version} after {version}");
         assert_eq!(get("rate_ctl_store_config_version"), now_version as f64);
