@@ -53,17 +53,7 @@ fn strategies(n: u32) -> Vec<Strategy> {
                     Condition::new(DIMS[d], v)
                 })
                 .collect();
-            Strategy {
-                id,
-                conditions,
-                algorithm: Algorithm::TokenBucket,
-                rate: 1_000_000,
-                per: Unit::Second,
-                burst: 1_000_000,
-                action: Action::Reject { status: None },
-                enabled: true,
-                warm_up: Default::default(),
-            }
+            never_full(id, conditions)
         })
         .collect()
 }
@@ -110,12 +100,18 @@ fn setup(n: u32, dir: &std::path::Path) -> (Arc<Table>, Writer) {
 
 /// A strategy that never rejects, on `conds`.
 fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
+    let conditions = conds
+        .iter()
+        .map(|(d, v)| Condition::new(*d, v.as_str()))
+        .collect();
+    never_full(id, conditions)
+}
+
+/// A token bucket of a million a second: every request passes.
+fn never_full(id: u32, conditions: Vec<Condition>) -> Strategy {
     Strategy {
         id,
-        conditions: conds
-            .iter()
-            .map(|(d, v)| Condition::new(*d, v.as_str()))
-            .collect(),
+        conditions,
         algorithm: Algorithm::TokenBucket,
         rate: 1_000_000,
         per: Unit::Second,
