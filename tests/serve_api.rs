@@ -128,11 +128,7 @@ fn crud_errors_tokens_audit() {
 
         let mut put = a.clone();
         put["rate"] = json!(250);
-        let (c, p) = s.req(
-            "PUT",
-            &format!("/api/v1/strategies/{id_a}"),
-            Some(&put.to_string()),
-        );
+        let (c, p) = s.put_strategy(id_a, &put);
         assert_eq!(c, 200, "{p}");
         assert_eq!(p["rate"], 250);
         assert!(p["version"].as_u64() > a["version"].as_u64());
@@ -421,13 +417,7 @@ fn crud_errors_tokens_audit() {
             ),
         );
         assert_eq!(c, 200, "{r}");
-        let me = r["hosts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h["host_id"] == "web-1")
-            .unwrap()
-            .clone();
+        let me = serve::find(&r["hosts"], "host_id", "web-1");
         assert_eq!(
             (
                 me["weight"].as_u64(),

@@ -102,11 +102,7 @@ fn two_instances_two_agents_on(st: &cli::TestStore) {
         std::thread::sleep(Duration::from_millis(37 * (i % 5)));
         let mut put = cur.clone();
         put["rate"] = json!(800 + i * 4);
-        let (c, v) = via.req(
-            "PUT",
-            &format!("/api/v1/strategies/{id}"),
-            Some(&put.to_string()),
-        );
+        let (c, v) = via.put_strategy(id, &put);
         let committed = Instant::now();
         assert_eq!(c, 200, "{v}");
         let ver = v["version"].as_u64().unwrap();
@@ -163,11 +159,7 @@ fn two_instances_two_agents_on(st: &cli::TestStore) {
     std::thread::sleep(Duration::from_millis(1500));
     let mut put = cur.clone();
     put["rate"] = json!(999);
-    let (c, v) = a.req(
-        "PUT",
-        &format!("/api/v1/strategies/{id}"),
-        Some(&put.to_string()),
-    );
+    let (c, v) = a.put_strategy(id, &put);
     let committed = Instant::now();
     assert_eq!(c, 200, "{v}");
     let ((code, snap), answered) = waiter.join().unwrap();
