@@ -7,7 +7,7 @@ mod cli;
 
 use std::time::Instant;
 
-use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, version};
+use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, version, PAY_MATCHES};
 use serde_json::Value;
 
 /// `rate-ctl KIND list --store STORE --json`, one value per row.
@@ -27,18 +27,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
             "pay-u1024",
             "token_bucket",
             "100",
-            &[
-                "--match",
-                "ip=::ffff:1.2.3.4",
-                "--match",
-                "userid=u1024",
-                "--match",
-                "api=/pay",
-                "--per",
-                "second",
-                "--burst",
-                "20",
-            ],
+            &[&PAY_MATCHES[..], &["--per", "second", "--burst", "20"]].concat(),
         )
         .trim()
         .parse()

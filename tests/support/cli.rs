@@ -226,6 +226,17 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i]
 }
 
+/// The conditions of the `pay-u1024` strategy the CLI tests add (an
+/// IPv4-mapped address, a user, an api), as `--match` arguments.
+pub const PAY_MATCHES: [&str; 6] = [
+    "--match",
+    "ip=::ffff:1.2.3.4",
+    "--match",
+    "userid=u1024",
+    "--match",
+    "api=/pay",
+];
+
 /// `rate-ctl strategy add --store STORE --name NAME --algorithm ALGORITHM
 /// --rate RATE` and the `extra` arguments; must succeed; its stdout.
 pub fn add_strategy(
