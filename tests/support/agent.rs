@@ -92,6 +92,19 @@ impl AgentProc {
     pub fn log_text(&self) -> String {
         strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
+
+    /// Asserts that the agent exits within 10 s with a non-zero code (an
+    /// error, not a signal); returns its log. `what` names the case.
+    pub fn exits_with_error(&mut self, what: &str) -> String {
+        let status = wait_for(Duration::from_secs(10), || self.child.try_wait().unwrap());
+        let text = self.log_text();
+        let st = status.unwrap_or_else(|| panic!("{what}: agent did not exit\n{text}"));
+        assert!(
+            st.code().is_some_and(|c| c != 0),
+            "{what}: exits with an error, not a signal: {st:?}\n{text}"
+        );
+        text
+    }
 }
 
 impl Drop for AgentProc {
