@@ -14,7 +14,7 @@ use rate_ctl::core::reader::{Reader, RECHECK_NS};
 use rate_ctl::core::shm::{Mapping, ShmError};
 use rate_ctl::core::table::Request;
 use rate_ctl::core::writer::Writer;
-use shm::{fresh_writer, small_caps, strategy};
+use shm::{api_bucket, fresh_writer, small_caps, strategy};
 
 /// A valid file with strategies and a blacklist, as bytes.
 fn good_image(dir: &Path) -> Vec<u8> {
@@ -110,13 +110,7 @@ fn truncation_in_every_region_is_refused() {
 #[test]
 fn a_worker_keeps_its_table_when_the_file_is_corrupted_under_it() {
     let (_dir, path, mut w) = fresh_writer();
-    let s = strategy(
-        1,
-        &[("api", "/a")],
-        Algorithm::TokenBucket,
-        10,
-        Unit::Second,
-    );
+    let s = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
     w.publish(std::slice::from_ref(&s), &[], 2).unwrap(); // sequence 2, segment 0
     let mut e = Reader::new(&path);

@@ -16,7 +16,7 @@ use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Request, RequestOutcome, Table};
 use rate_ctl::core::writer::{Opened, Writer};
-use shm::{fresh_writer, small_caps, strategy};
+use shm::{api_bucket, fresh_writer, small_caps, strategy};
 
 fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
     Request {
@@ -191,16 +191,7 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
     caps.max_strategies = 6;
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
     let make = |ids: std::ops::RangeInclusive<u32>| -> Vec<_> {
-        ids.map(|i| {
-            strategy(
-                i,
-                &[("api", "/a")],
-                Algorithm::TokenBucket,
-                10,
-                Unit::Second,
-            )
-        })
-        .collect()
+        ids.map(|i| api_bucket(i, "/a")).collect()
     };
     w.publish(&make(1..=4), &[], 1).unwrap();
     // Six new strategies for the four: 2 slots free now, 4 held until freed.
@@ -241,25 +232,9 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
     let mut caps = small_caps();
     caps.max_strategies = 4;
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
-    let one = strategy(
-        1,
-        &[("api", "/a")],
-        Algorithm::TokenBucket,
-        10,
-        Unit::Second,
-    );
+    let one = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&one), &[], 1).unwrap();
-    let five: Vec<_> = (1..=5)
-        .map(|i| {
-            strategy(
-                i,
-                &[("api", "/a")],
-                Algorithm::TokenBucket,
-                10,
-                Unit::Second,
-            )
-        })
-        .collect();
+    let five: Vec<_> = (1..=5).map(|i| api_bucket(i, "/a")).collect();
     let err = w.publish(&five, &[], 2).unwrap_err();
     assert!(matches!(err, ShmError::Capacity { .. }), "{err}");
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
@@ -392,13 +367,7 @@ fn fail_open_states_are_logged_once_and_recover() {
     );
     // The agent creates the file: enforcement resumes within a second.
     let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
-    let s = strategy(
-        1,
-        &[("api", "/a")],
-        Algorithm::TokenBucket,
-        10,
-        Unit::Second,
-    );
+    let s = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&s), &[], 5).unwrap();
     assert!(
         e.refresh(RECHECK_NS + 1).is_none(),

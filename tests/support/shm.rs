@@ -46,6 +46,17 @@ pub fn strategy(
     }
 }
 
+/// A token bucket of 10 a second on `api` (the tests' usual strategy).
+pub fn api_bucket(id: u32, api: &str) -> Strategy {
+    strategy(
+        id,
+        &[("api", api)],
+        Algorithm::TokenBucket,
+        10,
+        Unit::Second,
+    )
+}
+
 /// Runs the current test binary again as a child playing `role`: the test
 /// function named `test` sees RATE_CTL_TEST_ROLE and does the role's work
 /// instead of the test. Real processes, no fork in a threaded harness.
