@@ -7,7 +7,7 @@ mod cli;
 
 use std::time::Instant;
 
-use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, version, PAY_MATCHES};
+use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, the_one, version, PAY_MATCHES};
 use serde_json::Value;
 
 /// `rate-ctl KIND list --store STORE --json`, one value per row.
@@ -37,8 +37,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
         assert!(v1 > v0, "{}: add bumps the version", st.label);
 
         let list = rows("strategy", s);
-        assert_eq!(list.len(), 1);
-        let r = &list[0];
+        let r = the_one(&list);
         assert_eq!(r["id"], id);
         assert_eq!(r["match"]["ip"], "1.2.3.4", "ip stored canonical");
         assert_eq!(r["match"]["userid"], "u1024");
@@ -320,8 +319,7 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
             "--replace",
         ]);
         let all = rows("strategy", s);
-        assert_eq!(all.len(), 1);
-        assert_eq!(all[0]["name"], "only");
+        assert_eq!(the_one(&all)["name"], "only");
     }
 }
 
@@ -372,8 +370,7 @@ fn blacklist_and_hosts() {
         );
         ok(&["host", "set-weight", "--store", s, "edge-1", "2"]);
         let hosts = rows("host", s);
-        assert_eq!(hosts.len(), 1);
-        assert_eq!(hosts[0]["host_id"], "edge-1");
+        assert_eq!(the_one(&hosts)["host_id"], "edge-1");
         assert_eq!(hosts[0]["weight"], 2);
         assert_eq!(hosts[0]["fresh"], false, "never heartbeated");
     }
@@ -422,8 +419,7 @@ fn rows_broken_in_the_database_are_reported_not_fatal() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("rate: must be greater than 0"), "{err}");
         let list = json_lines(&String::from_utf8_lossy(&o.stdout));
-        assert_eq!(list.len(), 1);
-        assert_eq!(list[0]["name"], "good");
+        assert_eq!(the_one(&list)["name"], "good");
     }
 }
 

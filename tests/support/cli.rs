@@ -226,6 +226,12 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i]
 }
 
+/// The only element of `list` (asserting that there is exactly one).
+pub fn the_one(list: &[serde_json::Value]) -> &serde_json::Value {
+    assert_eq!(list.len(), 1, "{list:?}");
+    &list[0]
+}
+
 /// The conditions of the `pay-u1024` strategy the CLI tests add (an
 /// IPv4-mapped address, a user, an api), as `--match` arguments.
 pub const PAY_MATCHES: [&str; 6] = [
