@@ -16,7 +16,7 @@ use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Request, RequestOutcome, Table};
 use rate_ctl::core::writer::{Opened, Writer};
-use shm::{api_bucket, fresh_writer, small_caps, strategy};
+use shm::{adopt, api_bucket, fresh_writer, small_caps, strategy};
 
 fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
     Request {
@@ -163,7 +163,7 @@ fn restart_adopts_the_file_and_keeps_counters() {
     let path = dir.path().join("rc");
     let s = strategy(7, &[("api", "/x")], Algorithm::FixedWindow, 100, Unit::Hour);
     {
-        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        let mut w = adopt(&path);
         w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
     }
     let mut e = Reader::new(&path);
@@ -173,7 +173,7 @@ fn restart_adopts_the_file_and_keeps_counters() {
     for _ in 0..10 {
         t.decide(&req(&v, 5));
     }
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let mut w = adopt(&path);
     assert!(matches!(w.opened(), Opened::Adopted { strategies: 1, .. }));
     let r = w.publish(&[s], &[], 2).unwrap();
     assert_eq!(r.new_slots, 0, "unchanged strategy keeps its slot");
@@ -366,7 +366,7 @@ fn fail_open_states_are_logged_once_and_recover() {
         "one line per state, not per check"
     );
     // The agent creates the file: enforcement resumes within a second.
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let mut w = adopt(&path);
     let s = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&s), &[], 5).unwrap();
     assert!(
@@ -401,7 +401,7 @@ fn fail_open_states_are_logged_once_and_recover() {
 
     // The agent recreates the file (new inode): picked up within a second.
     std::fs::remove_file(&path).unwrap();
-    let mut w2 = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let mut w2 = adopt(&path);
     w2.publish(&[s], &[], 9).unwrap();
     e.refresh(4 * RECHECK_NS);
     assert_eq!(e.table().unwrap().config_version(), 9);
@@ -472,13 +472,13 @@ fn adoption_frees_slots_no_published_strategy_owns() {
     let path = dir.path().join("rc");
     let s = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
     {
-        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        let mut w = adopt(&path);
         w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
         // A writer killed after marking slots 5 and 6 but before publishing.
         let bm = w.mapping().bitmap();
         bm.store(0, bm.load(0) | 0b110_0000);
     }
-    let w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let w = adopt(&path);
     let bm = w.mapping().bitmap();
     let word = bm.load(0);
     assert_eq!(word & 0b110_0000, 0, "leaked slots freed on adoption");

@@ -15,13 +15,23 @@ use std::process::Command;
 use std::time::Duration;
 
 use agent::{wait_for, AgentProc, Reader};
-use cli::{ok, sqlite_store, version};
+use cli::{ok, sqlite_store, version, TestStore};
 
 const NOBODY: u32 = 65534;
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// As root: a store holding one strategy, for a test that runs processes
+/// as `nobody` (setpriv). Otherwise `None`, having said the test is skipped.
+fn store_for_setpriv(test: &str) -> Option<TestStore> {
+    root_or_skip(test, "for setpriv").then(|| {
+        let s = sqlite_store();
+        add(&s.url, "one");
+        s
+    })
 }
 
 /// `true` as root; otherwise says loudly that `test` is skipped and why.
@@ -145,14 +155,9 @@ fn a_full_tmpfs_is_an_error_line_not_a_crash() {
 
 #[test]
 fn a_file_planted_by_another_user_is_not_adopted() {
-    if !root_or_skip(
-        "a_file_planted_by_another_user_is_not_adopted",
-        "for setpriv",
-    ) {
+    let Some(s) = store_for_setpriv("a_file_planted_by_another_user_is_not_adopted") else {
         return;
-    }
-    let s = sqlite_store();
-    add(&s.url, "one");
+    };
     let dir = sticky_dir();
     let shm = dir.path().join("rc.shm");
     // A valid rate_ctl file, made by `nobody` at the agent's path.
@@ -304,14 +309,11 @@ fn a_file_truncated_under_the_agent_is_replaced_and_republished() {
 
 #[test]
 fn a_symlink_planted_at_the_path_never_changes_the_file_it_points_to() {
-    if !root_or_skip(
-        "a_symlink_planted_at_the_path_never_changes_the_file_it_points_to",
-        "for setpriv",
-    ) {
+    let Some(s) =
+        store_for_setpriv("a_symlink_planted_at_the_path_never_changes_the_file_it_points_to")
+    else {
         return;
-    }
-    let s = sqlite_store();
-    add(&s.url, "one");
+    };
     // A root-only file elsewhere, and `nobody` pointing the agent's path at it.
     let private = tempfile::tempdir().unwrap();
     let secret = private.path().join("secret");

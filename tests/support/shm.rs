@@ -22,8 +22,14 @@ pub fn small_caps() -> Capacities {
 pub fn fresh_writer() -> (tempfile::TempDir, PathBuf, Writer) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
-    let w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let w = adopt(&path);
     (dir, path, w)
+}
+
+/// The writer of the test file at `path` (small capacities), creating the
+/// file or adopting the one there, as the agent does at start.
+pub fn adopt(path: &std::path::Path) -> Writer {
+    Writer::create_or_adopt(path, small_caps(), 0o600).unwrap()
 }
 
 pub fn strategy(
