@@ -379,13 +379,7 @@ fn a_refused_token_is_a_clear_error_and_writes_nothing() {
     let st = sqlite_store();
     let store = st.url.as_str();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
-    let read_file = dir.path().join("read.token");
-    let s = Serve::start_in(
-        store,
-        dir.path(),
-        &["--read-token-file", read_file.to_str().unwrap()],
-    );
+    let s = Serve::start_with_tokens(store, dir.path(), &["read"]);
     let url = s.url();
     ok(&[
         "strategy",

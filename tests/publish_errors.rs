@@ -53,15 +53,7 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
     for st in stores("publish_errors") {
         let label = st.label;
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("agent.token"), "agent-secret\n").unwrap();
-        let s = Serve::start_in(
-            &st.url,
-            dir.path(),
-            &[
-                "--agent-token-file",
-                dir.path().join("agent.token").to_str().unwrap(),
-            ],
-        );
+        let s = Serve::start_with_tokens(&st.url, dir.path(), &["agent"]);
         // Two entries fit each agent's file; the API cannot know that.
         let caps = ["--blacklist-entries", "2"];
         let mut via_api = [&["--token", "agent-secret"][..], &caps].concat();

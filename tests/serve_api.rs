@@ -74,18 +74,7 @@ fn crud_errors_tokens_audit() {
     for st in stores("serve_api") {
         let store = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
-        std::fs::write(dir.path().join("agent.token"), "agent-secret\n").unwrap();
-        let s = Serve::start_in(
-            store,
-            dir.path(),
-            &[
-                "--read-token-file",
-                dir.path().join("read.token").to_str().unwrap(),
-                "--agent-token-file",
-                dir.path().join("agent.token").to_str().unwrap(),
-            ],
-        );
+        let s = Serve::start_with_tokens(store, dir.path(), &["read", "agent"]);
         let tf = dir.path().join("admin.token");
         // The admin token was generated, mode 0600.
         use std::os::unix::fs::PermissionsExt;

@@ -98,18 +98,7 @@ fn dashboard_metrics() -> BTreeSet<String> {
 fn metrics_from_reports_and_the_dashboard_names_real_series() {
     for st in stores("serve_metrics") {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
-        std::fs::write(dir.path().join("agent.token"), "agent-secret\n").unwrap();
-        let s = Serve::start_in(
-            &st.url,
-            dir.path(),
-            &[
-                "--read-token-file",
-                dir.path().join("read.token").to_str().unwrap(),
-                "--agent-token-file",
-                dir.path().join("agent.token").to_str().unwrap(),
-            ],
-        );
+        let s = Serve::start_with_tokens(&st.url, dir.path(), &["read", "agent"]);
         let (c, a) = s.req(
             "POST",
             "/api/v1/strategies",

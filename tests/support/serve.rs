@@ -30,6 +30,21 @@ impl Serve {
         )
     }
 
+    /// [`start_in`](Self::start_in) with a token file per name in `roles`
+    /// (`read`, `agent`): `DIR/ROLE.token` holding `ROLE-secret`, passed as
+    /// `--ROLE-token-file`.
+    pub fn start_with_tokens(store: &str, dir: &Path, roles: &[&str]) -> Serve {
+        let mut args = Vec::new();
+        for role in roles {
+            let file = dir.join(format!("{role}.token"));
+            std::fs::write(&file, format!("{role}-secret\n")).unwrap();
+            args.push(format!("--{role}-token-file"));
+            args.push(file.to_str().unwrap().to_string());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Serve::start_in(store, dir, &args)
+    }
+
     /// Starts an instance on a free loopback port with the admin token in
     /// `token_file` (created by the first instance), plus `extra` arguments.
     pub fn start(store: &str, token_file: &Path, log: &Path, extra: &[&str]) -> Serve {
