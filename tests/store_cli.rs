@@ -195,16 +195,7 @@ fn bad_arguments_name_the_argument_and_write_nothing() {
             );
             assert!(o.stdout.is_empty(), "no id printed for {args:?}");
         }
-        let o = rate_ctl(&[
-            "blacklist",
-            "add",
-            "--store",
-            s,
-            "--dimension",
-            "ip",
-            "--value",
-            "999.1.1.1",
-        ]);
+        let o = rate_ctl(&blacklist_add(s, "ip", "999.1.1.1", &[]));
         assert!(!o.status.success());
         assert!(String::from_utf8_lossy(&o.stderr).contains("--value"));
         let o = rate_ctl(&["host", "set-weight", "--store", s, "h", "0"]);
@@ -323,34 +314,37 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
     }
 }
 
+/// `blacklist add --store STORE --dimension DIM --value VALUE` and `extra`.
+fn blacklist_add<'a>(
+    store: &'a str,
+    dim: &'a str,
+    value: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let args = [
+        "blacklist",
+        "add",
+        "--store",
+        store,
+        "--dimension",
+        dim,
+        "--value",
+        value,
+    ];
+    [&args[..], extra].concat()
+}
+
 #[test]
 fn blacklist_and_hosts() {
     for st in stores("blacklist_and_hosts") {
         let s = st.url.as_str();
-        let id = ok(&[
-            "blacklist",
-            "add",
-            "--store",
+        let id = ok(&blacklist_add(
             s,
-            "--dimension",
             "ip",
-            "--value",
             "::ffff:10.0.0.1",
-            "--expires",
-            "1h",
-            "--reason",
-            "scraper",
-        ]);
-        ok(&[
-            "blacklist",
-            "add",
-            "--store",
-            s,
-            "--dimension",
-            "userid",
-            "--value",
-            "u666",
-        ]);
+            &["--expires", "1h", "--reason", "scraper"],
+        ));
+        ok(&blacklist_add(s, "userid", "u666", &[]));
         let list = rows("blacklist", s);
         assert_eq!(list.len(), 2);
         assert_eq!(list[0]["value"], "10.0.0.1");
