@@ -314,6 +314,11 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
     }
 }
 
+/// `strategy update ID --store STORE` and `extra`; must succeed.
+fn update_strategy(store: &str, id: &str, extra: &[&str]) -> String {
+    ok(&[&["strategy", "update", id, "--store", store][..], extra].concat())
+}
+
 /// `blacklist add --store STORE --dimension DIM --value VALUE` and `extra`.
 fn blacklist_add<'a>(
     store: &'a str,
@@ -517,15 +522,7 @@ fn warm_up_from_the_cli_round_trips_through_export_and_import() {
         assert_eq!(r["warm_up_ms"], 30_000);
         assert_eq!(r["cold_factor"], 3);
         let id = r["id"].to_string();
-        ok(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
-            s,
-            "--cold-factor",
-            "5",
-        ]);
+        update_strategy(s, &id, &["--cold-factor", "5"]);
         assert_eq!(rows("strategy", s)[0]["cold_factor"], 5);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("export.jsonl");
@@ -542,15 +539,7 @@ fn warm_up_from_the_cli_round_trips_through_export_and_import() {
         );
         // Switching to another algorithm drops the warm-up fields.
         let id = r["id"].to_string();
-        ok(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
-            s,
-            "--algorithm",
-            "leaky_bucket",
-        ]);
+        update_strategy(s, &id, &["--algorithm", "leaky_bucket"]);
         let r = &rows("strategy", s)[0];
         assert!(
             r.get("warm_up_ms").is_none() && r.get("cold_factor").is_none(),
