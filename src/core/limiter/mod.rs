@@ -335,29 +335,21 @@ impl Limiter {
 
     /// Quota as seen at `now_ns` (for `RateLimit-*` headers). Read-only.
     pub fn quota(&self, slot: &Slot, now_ns: u64) -> Quota {
-        let mut q = self.quota_now(slot, now_ns);
-        q.window_ns = match self.params {
-            Params::Gcra { tau, .. } => tau,
-            Params::Window { period, .. } => period,
-            Params::Concurrency { .. } => 0,
-            Params::WarmUp(p) => p.stable,
-        };
-        q
-    }
-
-    fn quota_now(&self, slot: &Slot, now_ns: u64) -> Quota {
-        match self.params {
-            Params::Gcra { interval, tau, .. } => gcra::quota(slot.state0(), now_ns, interval, tau),
-            Params::Window { period, limit } => {
-                if self.algorithm == Algorithm::SlidingWindow {
-                    sliding_window::quota(slot, now_ns, period, limit)
-                } else {
-                    fixed_window::quota(slot.state0(), now_ns, period, limit)
-                }
+        let (q, window_ns) = match self.params {
+            Params::Gcra { interval, tau, .. } => {
+                (gcra::quota(slot.state0(), now_ns, interval, tau), tau)
             }
-            Params::Concurrency { limit } => concurrency::quota(slot.state0(), limit),
-            Params::WarmUp(p) => warm_up::quota(&p, slot, now_ns),
-        }
+            Params::Window { period, limit } if self.algorithm == Algorithm::SlidingWindow => {
+                (sliding_window::quota(slot, now_ns, period, limit), period)
+            }
+            Params::Window { period, limit } => (
+                fixed_window::quota(slot.state0(), now_ns, period, limit),
+                period,
+            ),
+            Params::Concurrency { limit } => (concurrency::quota(slot.state0(), limit), 0),
+            Params::WarmUp(p) => (warm_up::quota(&p, slot, now_ns), p.stable),
+        };
+        Quota { window_ns, ..q }
     }
 }
 
@@ -579,16 +571,14 @@ mod tests {
             assert_eq!(l.quota(slot, now).no_window(), q(3, 3, 0, 0));
             assert!(admitted(&l, slot, now));
             assert_eq!(l.quota(slot, now).no_window(), q(3, 2, 100 * MS, 0));
-            assert!(admitted(&l, slot, now));
-            assert!(admitted(&l, slot, now));
+            admit_all(&l, slot, 2, now);
             assert_eq!(l.quota(slot, now).no_window(), q(3, 0, 300 * MS, 0));
         });
         with_slot(|slot| {
             let l = limiter(Algorithm::FixedWindow, 2, Unit::Minute, 0, REJECT);
             let now = 60 * S + 10 * S;
             assert_eq!(l.quota(slot, now).no_window(), q(2, 2, 50 * S, 0));
-            assert!(admitted(&l, slot, now));
-            assert!(admitted(&l, slot, now));
+            admit_all(&l, slot, 2, now);
             assert_eq!(l.quota(slot, now).no_window(), q(2, 0, 50 * S, 0));
         });
         with_slot(|slot| {
