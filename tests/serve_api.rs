@@ -74,18 +74,7 @@ fn crud_errors_tokens_audit() {
     for st in stores("serve_api") {
         let store = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
-        std::fs::write(dir.path().join("agent.token"), "agent-secret\n").unwrap();
-        let s = Serve::start_in(
-            store,
-            dir.path(),
-            &[
-                "--read-token-file",
-                dir.path().join("read.token").to_str().unwrap(),
-                "--agent-token-file",
-                dir.path().join("agent.token").to_str().unwrap(),
-            ],
-        );
+        let s = Serve::start_with_tokens(store, dir.path(), &["read", "agent"]);
         let tf = dir.path().join("admin.token");
         // The admin token was generated, mode 0600.
         use std::os::unix::fs::PermissionsExt;
@@ -128,11 +117,7 @@ fn crud_errors_tokens_audit() {
 
         let mut put = a.clone();
         put["rate"] = json!(250);
-        let (c, p) = s.req(
-            "PUT",
-            &format!("/api/v1/strategies/{id_a}"),
-            Some(&put.to_string()),
-        );
+        let (c, p) = s.put_strategy(id_a, &put);
         assert_eq!(c, 200, "{p}");
         assert_eq!(p["rate"], 250);
         assert!(p["version"].as_u64() > a["version"].as_u64());
@@ -421,13 +406,7 @@ fn crud_errors_tokens_audit() {
             ),
         );
         assert_eq!(c, 200, "{r}");
-        let me = r["hosts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h["host_id"] == "web-1")
-            .unwrap()
-            .clone();
+        let me = serve::find(&r["hosts"], "host_id", "web-1");
         assert_eq!(
             (
                 me["weight"].as_u64(),

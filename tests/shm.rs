@@ -1,4 +1,4 @@
-//! Writer → file → engine, in one process: publishing, slot stability,
+//! Writer → file → reader, in one process: publishing, slot stability,
 //! capacity errors, refusal of corrupt or hostile files, fail-open states.
 
 #[path = "support/shm.rs"]
@@ -10,13 +10,13 @@ use std::sync::atomic::Ordering;
 
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::engine::{Engine, LogLevel, RECHECK_NS};
-use rate_ctl::core::model::{Action, Algorithm, Unit};
+use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit, ValidStrategy};
+use rate_ctl::core::reader::{Reader, Severity, RECHECK_NS};
 use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
-use rate_ctl::core::table::{Outcome, Request, Table};
+use rate_ctl::core::table::{Request, RequestOutcome, Table};
 use rate_ctl::core::writer::{Opened, Writer};
-use shm::{fresh_writer, small_caps, strategy};
+use shm::{adopt, api_bucket, fresh_writer, small_caps, strategy};
 
 fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
     Request {
@@ -42,11 +42,18 @@ fn values<'a>(t: &Table, pairs: &[(&str, &'a str)]) -> Vec<Option<&'a [u8]>> {
         .collect()
 }
 
+/// What the agent hands the writer: validated strategies.
+fn valid(list: &[Strategy]) -> Vec<ValidStrategy> {
+    list.iter()
+        .map(|s| s.clone().into_valid().unwrap())
+        .collect()
+}
+
 fn passes(d: &rate_ctl::core::table::TableDecision) -> bool {
     match &d.outcome {
-        Outcome::NoMatch => true,
-        Outcome::Blacklisted { .. } => false,
-        Outcome::Limited(x) => !matches!(x.verdict, Verdict::Reject { .. }),
+        RequestOutcome::NoMatch => true,
+        RequestOutcome::Blacklisted { .. } => false,
+        RequestOutcome::Limited(x) => !matches!(x.verdict, Verdict::Reject { .. }),
     }
 }
 
@@ -63,9 +70,9 @@ fn publish_then_enforce_a_combination() {
     );
     let r = w.publish(&[s], &[], 11).unwrap();
     assert_eq!((r.seq, r.strategies, r.new_slots), (1, 1, 1));
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     let change = e.refresh(1).expect("state change reported");
-    assert_eq!(change.level, LogLevel::Notice);
+    assert_eq!(change.level, Severity::Notice);
     assert!(
         change.message.contains("enforcing 1 strategies"),
         "{}",
@@ -100,7 +107,7 @@ fn publish_then_enforce_a_combination() {
             &[("ip", "127.0.0.2"), ("userid", "u1024"), ("api", "/pay")],
         ),
     ] {
-        assert_eq!(t.decide(&req(&other, 5)).outcome, Outcome::NoMatch);
+        assert_eq!(t.decide(&req(&other, 5)).outcome, RequestOutcome::NoMatch);
     }
     let slot = Slot::at(&t.mapping().unwrap().slots(), t.strategies()[0].slot).unwrap();
     assert_eq!(slot.counters().passed, 3);
@@ -113,7 +120,7 @@ fn slots_are_stable_across_publishes_and_reset_when_reassigned() {
     let a = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
     let b = strategy(2, &[("api", "/b")], Algorithm::FixedWindow, 5, Unit::Hour);
     w.publish(&[a.clone(), b.clone()], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t1 = e.table().unwrap().clone();
     let va = values(&t1, &[("api", "/a")]);
@@ -156,17 +163,17 @@ fn restart_adopts_the_file_and_keeps_counters() {
     let path = dir.path().join("rc");
     let s = strategy(7, &[("api", "/x")], Algorithm::FixedWindow, 100, Unit::Hour);
     {
-        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        let mut w = adopt(&path);
         w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
     }
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     let v = values(&t, &[("api", "/x")]);
     for _ in 0..10 {
         t.decide(&req(&v, 5));
     }
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let mut w = adopt(&path);
     assert!(matches!(w.opened(), Opened::Adopted { strategies: 1, .. }));
     let r = w.publish(&[s], &[], 2).unwrap();
     assert_eq!(r.new_slots, 0, "unchanged strategy keeps its slot");
@@ -184,16 +191,7 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
     caps.max_strategies = 6;
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
     let make = |ids: std::ops::RangeInclusive<u32>| -> Vec<_> {
-        ids.map(|i| {
-            strategy(
-                i,
-                &[("api", "/a")],
-                Algorithm::TokenBucket,
-                10,
-                Unit::Second,
-            )
-        })
-        .collect()
+        ids.map(|i| api_bucket(i, "/a")).collect()
     };
     w.publish(&make(1..=4), &[], 1).unwrap();
     // Six new strategies for the four: 2 slots free now, 4 held until freed.
@@ -205,12 +203,12 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         "capacity: this table needs 6 new stat slots; 2 are free now and 4 more become free \
          within 2 s (the slots of removed strategies wait before reuse; max strategies 6)"
     );
-    let first = w.publish_staged(&six, &[], 2).unwrap();
+    let first = w.publish_staged(&valid(&six), &[], 2).unwrap();
     assert_eq!(
         (first.strategies, first.deferred, first.freed_slots),
         (2, 4, 4)
     );
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let ids: Vec<u32> = e
         .table()
@@ -221,9 +219,9 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         .collect();
     assert_eq!(ids, [11, 12], "the first stage: what fits now");
     // Within the quarantine: nothing more yet.
-    assert_eq!(w.publish_staged(&six, &[], 2).unwrap().deferred, 4);
+    assert_eq!(w.publish_staged(&valid(&six), &[], 2).unwrap().deferred, 4);
     std::thread::sleep(std::time::Duration::from_millis(2_100));
-    let done = w.publish_staged(&six, &[], 2).unwrap();
+    let done = w.publish_staged(&valid(&six), &[], 2).unwrap();
     assert_eq!((done.strategies, done.deferred), (6, 0));
 }
 
@@ -234,30 +232,14 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
     let mut caps = small_caps();
     caps.max_strategies = 4;
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
-    let one = strategy(
-        1,
-        &[("api", "/a")],
-        Algorithm::TokenBucket,
-        10,
-        Unit::Second,
-    );
+    let one = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&one), &[], 1).unwrap();
-    let five: Vec<_> = (1..=5)
-        .map(|i| {
-            strategy(
-                i,
-                &[("api", "/a")],
-                Algorithm::TokenBucket,
-                10,
-                Unit::Second,
-            )
-        })
-        .collect();
+    let five: Vec<_> = (1..=5).map(|i| api_bucket(i, "/a")).collect();
     let err = w.publish(&five, &[], 2).unwrap_err();
     assert!(matches!(err, ShmError::Capacity { .. }), "{err}");
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     // publish_staged does not split a table over the capacity.
-    let err = w.publish_staged(&five, &[], 2).unwrap_err();
+    let err = w.publish_staged(&valid(&five), &[], 2).unwrap_err();
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     let mut bad = one.clone();
     bad.rate = 0;
@@ -265,7 +247,7 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
     assert!(err.to_string().starts_with("strategy 1: rate"), "{err}");
     let err = w.publish(&[one.clone(), one.clone()], &[], 3).unwrap_err();
     assert!(matches!(err, ShmError::DuplicateId(1)));
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     assert_eq!(e.table().unwrap().config_version(), 1);
     assert_eq!(w.seq(), 1);
@@ -292,7 +274,7 @@ fn blacklist_through_the_table() {
         },
     ];
     w.publish(&[], &bl, 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     assert_eq!(t.dimensions(), ["userid"]);
@@ -310,25 +292,25 @@ fn blacklist_through_the_table() {
     };
     assert!(matches!(
         check("10.1.2.3", None, 10),
-        Outcome::Blacklisted {
+        RequestOutcome::Blacklisted {
             dimension_index: None
         }
     ));
     assert!(matches!(
         check("2001:db8::1", None, 10),
-        Outcome::Blacklisted { .. }
+        RequestOutcome::Blacklisted { .. }
     ));
-    assert_eq!(check("10.1.2.4", None, 10), Outcome::NoMatch);
-    assert_eq!(check("2001:db8::2", None, 10), Outcome::NoMatch);
+    assert_eq!(check("10.1.2.4", None, 10), RequestOutcome::NoMatch);
+    assert_eq!(check("2001:db8::2", None, 10), RequestOutcome::NoMatch);
     assert!(matches!(
         check("10.0.0.1", Some("evil"), 10),
-        Outcome::Blacklisted {
+        RequestOutcome::Blacklisted {
             dimension_index: Some(0)
         }
     ));
     assert_eq!(
         check("10.0.0.1", Some("evil"), 2_000),
-        Outcome::NoMatch,
+        RequestOutcome::NoMatch,
         "expired"
     );
 }
@@ -375,23 +357,17 @@ fn created_file_has_the_requested_mode() {
 fn fail_open_states_are_logged_once_and_recover() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     let c = e.refresh(0).expect("missing file reported");
-    assert_eq!(c.level, LogLevel::Error);
+    assert_eq!(c.level, Severity::Error);
     assert!(e.table().is_none());
     assert!(
         e.refresh(RECHECK_NS).is_none(),
         "one line per state, not per check"
     );
     // The agent creates the file: enforcement resumes within a second.
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
-    let s = strategy(
-        1,
-        &[("api", "/a")],
-        Algorithm::TokenBucket,
-        10,
-        Unit::Second,
-    );
+    let mut w = adopt(&path);
+    let s = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&s), &[], 5).unwrap();
     assert!(
         e.refresh(RECHECK_NS + 1).is_none(),
@@ -414,7 +390,7 @@ fn fail_open_states_are_logged_once_and_recover() {
         .unwrap()
         .store(2, Ordering::Release);
     let c = e.refresh(2 * RECHECK_NS + 1).expect("refusal reported");
-    assert_eq!(c.level, LogLevel::Error);
+    assert_eq!(c.level, Severity::Error);
     assert!(
         c.message.contains("keeping the previous table"),
         "{}",
@@ -425,7 +401,7 @@ fn fail_open_states_are_logged_once_and_recover() {
 
     // The agent recreates the file (new inode): picked up within a second.
     std::fs::remove_file(&path).unwrap();
-    let mut w2 = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let mut w2 = adopt(&path);
     w2.publish(&[s], &[], 9).unwrap();
     e.refresh(4 * RECHECK_NS);
     assert_eq!(e.table().unwrap().config_version(), 9);
@@ -451,7 +427,7 @@ fn delay_action_reports_the_wait() {
     );
     s.action = Action::Delay { max_delay_ms: 250 };
     w.publish(&[s], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     let v = values(&t, &[("api", "/slow")]);
@@ -459,7 +435,7 @@ fn delay_action_reports_the_wait() {
     let mut waits = vec![];
     for _ in 0..5 {
         match t.decide(&req(&v, t0)).outcome {
-            Outcome::Limited(d) => waits.push(d.verdict),
+            RequestOutcome::Limited(d) => waits.push(d.verdict),
             o => panic!("{o:?}"),
         }
     }
@@ -496,13 +472,13 @@ fn adoption_frees_slots_no_published_strategy_owns() {
     let path = dir.path().join("rc");
     let s = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
     {
-        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        let mut w = adopt(&path);
         w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
         // A writer killed after marking slots 5 and 6 but before publishing.
         let bm = w.mapping().bitmap();
         bm.store(0, bm.load(0) | 0b110_0000);
     }
-    let w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let w = adopt(&path);
     let bm = w.mapping().bitmap();
     let word = bm.load(0);
     assert_eq!(word & 0b110_0000, 0, "leaked slots freed on adoption");
@@ -537,7 +513,7 @@ fn concurrency_units_are_released_in_dry_run_too() {
     );
     dry.action = Action::DryRun;
     w.publish(&[c, dry], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     for (api, location_dry_run) in [("/slow", true), ("/dry", false), ("/slow", false)] {

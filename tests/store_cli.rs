@@ -7,7 +7,7 @@ mod cli;
 
 use std::time::Instant;
 
-use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, version};
+use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, the_one, version, PAY_MATCHES};
 use serde_json::Value;
 
 /// `rate-ctl KIND list --store STORE --json`, one value per row.
@@ -27,18 +27,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
             "pay-u1024",
             "token_bucket",
             "100",
-            &[
-                "--match",
-                "ip=::ffff:1.2.3.4",
-                "--match",
-                "userid=u1024",
-                "--match",
-                "api=/pay",
-                "--per",
-                "second",
-                "--burst",
-                "20",
-            ],
+            &[&PAY_MATCHES[..], &["--per", "second", "--burst", "20"]].concat(),
         )
         .trim()
         .parse()
@@ -48,8 +37,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
         assert!(v1 > v0, "{}: add bumps the version", st.label);
 
         let list = rows("strategy", s);
-        assert_eq!(list.len(), 1);
-        let r = &list[0];
+        let r = the_one(&list);
         assert_eq!(r["id"], id);
         assert_eq!(r["match"]["ip"], "1.2.3.4", "ip stored canonical");
         assert_eq!(r["match"]["userid"], "u1024");
@@ -207,16 +195,7 @@ fn bad_arguments_name_the_argument_and_write_nothing() {
             );
             assert!(o.stdout.is_empty(), "no id printed for {args:?}");
         }
-        let o = rate_ctl(&[
-            "blacklist",
-            "add",
-            "--store",
-            s,
-            "--dimension",
-            "ip",
-            "--value",
-            "999.1.1.1",
-        ]);
+        let o = rate_ctl(&blacklist_add(s, "ip", "999.1.1.1", &[]));
         assert!(!o.status.success());
         assert!(String::from_utf8_lossy(&o.stderr).contains("--value"));
         let o = rate_ctl(&["host", "set-weight", "--store", s, "h", "0"]);
@@ -331,39 +310,46 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
             "--replace",
         ]);
         let all = rows("strategy", s);
-        assert_eq!(all.len(), 1);
-        assert_eq!(all[0]["name"], "only");
+        assert_eq!(the_one(&all)["name"], "only");
     }
+}
+
+/// `strategy update ID --store STORE` and `extra`; must succeed.
+fn update_strategy(store: &str, id: &str, extra: &[&str]) -> String {
+    ok(&[&["strategy", "update", id, "--store", store][..], extra].concat())
+}
+
+/// `blacklist add --store STORE --dimension DIM --value VALUE` and `extra`.
+fn blacklist_add<'a>(
+    store: &'a str,
+    dim: &'a str,
+    value: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let args = [
+        "blacklist",
+        "add",
+        "--store",
+        store,
+        "--dimension",
+        dim,
+        "--value",
+        value,
+    ];
+    [&args[..], extra].concat()
 }
 
 #[test]
 fn blacklist_and_hosts() {
     for st in stores("blacklist_and_hosts") {
         let s = st.url.as_str();
-        let id = ok(&[
-            "blacklist",
-            "add",
-            "--store",
+        let id = ok(&blacklist_add(
             s,
-            "--dimension",
             "ip",
-            "--value",
             "::ffff:10.0.0.1",
-            "--expires",
-            "1h",
-            "--reason",
-            "scraper",
-        ]);
-        ok(&[
-            "blacklist",
-            "add",
-            "--store",
-            s,
-            "--dimension",
-            "userid",
-            "--value",
-            "u666",
-        ]);
+            &["--expires", "1h", "--reason", "scraper"],
+        ));
+        ok(&blacklist_add(s, "userid", "u666", &[]));
         let list = rows("blacklist", s);
         assert_eq!(list.len(), 2);
         assert_eq!(list[0]["value"], "10.0.0.1");
@@ -383,8 +369,7 @@ fn blacklist_and_hosts() {
         );
         ok(&["host", "set-weight", "--store", s, "edge-1", "2"]);
         let hosts = rows("host", s);
-        assert_eq!(hosts.len(), 1);
-        assert_eq!(hosts[0]["host_id"], "edge-1");
+        assert_eq!(the_one(&hosts)["host_id"], "edge-1");
         assert_eq!(hosts[0]["weight"], 2);
         assert_eq!(hosts[0]["fresh"], false, "never heartbeated");
     }
@@ -433,8 +418,7 @@ fn rows_broken_in_the_database_are_reported_not_fatal() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("rate: must be greater than 0"), "{err}");
         let list = json_lines(&String::from_utf8_lossy(&o.stdout));
-        assert_eq!(list.len(), 1);
-        assert_eq!(list[0]["name"], "good");
+        assert_eq!(the_one(&list)["name"], "good");
     }
 }
 
@@ -538,15 +522,7 @@ fn warm_up_from_the_cli_round_trips_through_export_and_import() {
         assert_eq!(r["warm_up_ms"], 30_000);
         assert_eq!(r["cold_factor"], 3);
         let id = r["id"].to_string();
-        ok(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
-            s,
-            "--cold-factor",
-            "5",
-        ]);
+        update_strategy(s, &id, &["--cold-factor", "5"]);
         assert_eq!(rows("strategy", s)[0]["cold_factor"], 5);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("export.jsonl");
@@ -563,15 +539,7 @@ fn warm_up_from_the_cli_round_trips_through_export_and_import() {
         );
         // Switching to another algorithm drops the warm-up fields.
         let id = r["id"].to_string();
-        ok(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
-            s,
-            "--algorithm",
-            "leaky_bucket",
-        ]);
+        update_strategy(s, &id, &["--algorithm", "leaky_bucket"]);
         let r = &rows("strategy", s)[0];
         assert!(
             r.get("warm_up_ms").is_none() && r.get("cold_factor").is_none(),

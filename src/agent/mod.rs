@@ -33,7 +33,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
-use rate_ctl::core::model::Strategy;
+use rate_ctl::core::model::ValidStrategy;
 use rate_ctl::core::shm::ShmError;
 use tracing::{debug, error, info, warn};
 
@@ -50,7 +50,7 @@ pub trait Sink {
     /// message naming what was refused (the previous table stays).
     fn publish(
         &mut self,
-        strategies: &[Strategy],
+        strategies: &[ValidStrategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
     ) -> Result<String, ShmError>;
@@ -445,6 +445,7 @@ mod tests {
     use crate::client::Target;
     use crate::store::record::StrategyRecord;
     use crate::store::Store;
+    use rate_ctl::core::model::Strategy;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     #[derive(Default)]
@@ -457,7 +458,7 @@ mod tests {
     impl Sink for Recorder {
         fn publish(
             &mut self,
-            strategies: &[Strategy],
+            strategies: &[ValidStrategy],
             _blacklist: &[BlacklistRecord],
             v: u64,
         ) -> Result<String, ShmError> {
@@ -470,7 +471,8 @@ mod tests {
                     });
                 }
             }
-            self.published.push((v, strategies.to_vec()));
+            self.published
+                .push((v, strategies.iter().map(|s| (**s).clone()).collect()));
             Ok(format!("{} strategies", strategies.len()))
         }
         fn heartbeat(&self, ms: u64) {

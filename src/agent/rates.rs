@@ -10,7 +10,7 @@
 //! when its last heartbeat is at most the freshness window old; this host
 //! always counts itself. `host` strategies apply as written.
 
-use rate_ctl::core::model::{Algorithm, Strategy};
+use rate_ctl::core::model::{Algorithm, ValidStrategy};
 
 use crate::store::record::{HostRecord, Scope, StrategyRecord};
 use crate::store::Invalid;
@@ -61,8 +61,10 @@ pub fn share(
 }
 
 /// The strategy this host publishes for `rec`: rates local, validated by
-/// the core model. `Err` names the field at fault.
-pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, Invalid> {
+/// the core model once, here (a share of a cluster rate is a new strategy,
+/// which may fall below the clock tick); the writer takes the proof and
+/// does not check again. `Err` names the field at fault.
+pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<ValidStrategy, Invalid> {
     let (rate, burst) = match rec.scope {
         Scope::Host => (rec.rate, rec.burst),
         Scope::Cluster => {
@@ -74,9 +76,7 @@ pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, In
             (share.of(rec.rate), burst)
         }
     };
-    let mut s = rec.to_core(rate, burst)?;
-    s.validate()?;
-    Ok(s)
+    Ok(rec.to_core(rate, burst)?.into_valid()?)
 }
 
 #[cfg(test)]

@@ -704,6 +704,14 @@ mod tests {
             .collect()
     }
 
+    /// An empty blacklist of `capacity` initialised in `w` (from
+    /// [`words`]), and its region.
+    fn fresh(w: &[AtomicU64], capacity: u32) -> (Region<'_>, Blacklist<'_>) {
+        let r = Region::from_atomics(w);
+        init(r, capacity).unwrap();
+        (r, Blacklist::open(r).unwrap())
+    }
+
     fn user(v: &str) -> BlacklistEntry {
         BlacklistEntry::new("userid", v, None)
     }
@@ -750,9 +758,7 @@ mod tests {
     #[test]
     fn probe_bound_follows_the_farthest_entry() {
         let w = words(1000);
-        let r = Region::from_atomics(&w);
-        init(r, 1000).unwrap();
-        let bl = Blacklist::open(r).unwrap();
+        let (r, bl) = fresh(&w, 1000);
         bl.rebuild(&[user("a")]).unwrap();
         assert_eq!(r.load(OFF_BOUND), 0, "one entry sits in level 0");
         let many: Vec<_> = (0..1000).map(|i| user(&format!("u{i}"))).collect();
@@ -767,9 +773,7 @@ mod tests {
     #[test]
     fn leftovers_of_a_dead_writer_do_not_survive_a_rebuild() {
         let w = words(100);
-        let r = Region::from_atomics(&w);
-        init(r, 100).unwrap();
-        let bl = Blacklist::open(r).unwrap();
+        let (r, bl) = fresh(&w, 100);
         bl.rebuild(&[user("kept")]).unwrap();
         // A writer died in pass 2 of the next rebuild, after writing
         // "ghost" with seq + 1 into some free slot.
@@ -799,9 +803,7 @@ mod tests {
     #[test]
     fn many_dimensions_fall_back_to_checking_all() {
         let w = words(100);
-        let r = Region::from_atomics(&w);
-        init(r, 100).unwrap();
-        let bl = Blacklist::open(r).unwrap();
+        let (_, bl) = fresh(&w, 100);
         let wide: Vec<_> = (0..20)
             .map(|i| BlacklistEntry::new(format!("d{i}"), "v", None))
             .collect();
@@ -825,9 +827,7 @@ mod tests {
     #[test]
     fn duplicates_merge_to_the_longest_expiry() {
         let w = words(10);
-        let r = Region::from_atomics(&w);
-        init(r, 10).unwrap();
-        let bl = Blacklist::open(r).unwrap();
+        let (_, bl) = fresh(&w, 10);
         let rep = bl
             .rebuild(&[
                 BlacklistEntry::new("userid", "a", Some(100)),

@@ -593,6 +593,36 @@ pub fn interval_ns(rate: u64, per: Unit) -> u64 {
     per.period_ns().div_ceil(rate)
 }
 
+/// A strategy that passed [`Strategy::validate`]. Only
+/// [`Strategy::into_valid`] makes one, so whoever holds it needs no second
+/// check: the writer publishes these, and each trust boundary (input, store
+/// read, the agent's share of a cluster rate) validates once to get one.
+/// (The reader's boundary is the file: it [`check`](Strategy::check)s every
+/// strategy it decodes.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidStrategy(Strategy);
+
+impl Strategy {
+    /// Validates (see [`validate`](Self::validate)) and keeps the proof.
+    pub fn into_valid(mut self) -> Result<ValidStrategy, ModelError> {
+        self.validate()?;
+        Ok(ValidStrategy(self))
+    }
+}
+
+impl ValidStrategy {
+    pub fn into_inner(self) -> Strategy {
+        self.0
+    }
+}
+
+impl std::ops::Deref for ValidStrategy {
+    type Target = Strategy;
+    fn deref(&self) -> &Strategy {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

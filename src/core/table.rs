@@ -199,7 +199,7 @@ impl<V: Values + ?Sized> Request<'_, V> {
 
 /// The outcome for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RequestOutcome {
     /// No strategy matched.
     NoMatch,
     /// The blacklist holds the client address (`None`) or the request's
@@ -212,7 +212,7 @@ pub enum Outcome {
 /// A decision plus what is needed to release concurrency slots later.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableDecision {
-    pub outcome: Outcome,
+    pub outcome: RequestOutcome,
     /// Indexes (into the table) of concurrency strategies this request
     /// holds; release them with [`Table::release`] when it ends.
     pub held: SmallVec<[u32; 2]>,
@@ -221,7 +221,7 @@ pub struct TableDecision {
 impl TableDecision {
     pub fn verdict(&self) -> Option<&Verdict> {
         match &self.outcome {
-            Outcome::Limited(d) => Some(&d.verdict),
+            RequestOutcome::Limited(d) => Some(&d.verdict),
             _ => None,
         }
     }
@@ -570,7 +570,7 @@ impl Table {
         r: &Request<'_, V>,
         held: &mut SmallVec<[u32; 2]>,
         scratch: &mut Scratch,
-    ) -> Outcome {
+    ) -> RequestOutcome {
         // An empty blacklist costs nothing per request.
         if self.bl_ip || !self.bl_dims.is_empty() {
             if let Some(o) = self.blacklisted(r) {
@@ -580,13 +580,18 @@ impl Table {
         self.match_request(r.values, r.ip, scratch);
         let matched = &scratch.matches[..];
         let (Some(map), false) = (&self.map, matched.is_empty()) else {
-            return Outcome::NoMatch;
+            return RequestOutcome::NoMatch;
         };
         let slots = map.slots();
         if let [si] = *matched {
             // The common case, without the lists below.
             let Some(hit) = self.strategies[si as usize].hit(&slots) else {
-                return Outcome::Limited(admit::admit_with(&[], r.now(), r.dry_run, r.quota));
+                return RequestOutcome::Limited(admit::admit_with(
+                    &[],
+                    r.now(),
+                    r.dry_run,
+                    r.quota,
+                ));
             };
             let decision =
                 admit::admit_with(std::slice::from_ref(&hit), r.now(), r.dry_run, r.quota);
@@ -594,9 +599,9 @@ impl Table {
                 held.push(si);
                 map.hold_unit(hit_slot(&self.strategies[si as usize]), hit.generation);
             }
-            return Outcome::Limited(decision);
+            return RequestOutcome::Limited(decision);
         }
-        Outcome::Limited(self.admit_matched(matched, map, &slots, r, held))
+        RequestOutcome::Limited(self.admit_matched(matched, map, &slots, r, held))
     }
 
     /// Admission of a request that matched several strategies (out of the
@@ -631,11 +636,11 @@ impl Table {
     /// The blacklist's verdict on the request, if it holds the client
     /// address or one of its values.
     #[cold]
-    fn blacklisted<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> Option<Outcome> {
+    fn blacklisted<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> Option<RequestOutcome> {
         let bl = self.blacklist()?;
         if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
             if bl.contains_ip(ip.addr(), r.now_unix_ms) {
-                return Some(Outcome::Blacklisted {
+                return Some(RequestOutcome::Blacklisted {
                     dimension_index: None,
                 });
             }
@@ -643,7 +648,7 @@ impl Table {
         for &(d, hash) in &self.bl_dims {
             if let Some(v) = r.values.value(d).filter(|v| !v.is_empty()) {
                 if bl.contains_hashed(hash, v, r.now_unix_ms) {
-                    return Some(Outcome::Blacklisted {
+                    return Some(RequestOutcome::Blacklisted {
                         dimension_index: Some(d),
                     });
                 }
