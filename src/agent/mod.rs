@@ -38,6 +38,7 @@ use rate_ctl::core::shm::ShmError;
 use tracing::{debug, error, info, warn};
 
 use crate::store::record::{BlacklistRecord, HostRecord};
+use crate::store::valid::Valid;
 use crate::store::{redact_url, BadRow, CounterSample, StoreError};
 use rate_ctl::core::shm::unix_ms;
 use rates::{local_strategy, share, Share};
@@ -314,6 +315,7 @@ impl<S: Sink> Agent<S> {
             .blacklist
             .into_iter()
             .filter(|b| b.expires_ms.is_none_or(|e| e > now))
+            .map(Valid::into_inner)
             .collect();
         let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
@@ -444,6 +446,7 @@ mod tests {
     use super::*;
     use crate::client::Target;
     use crate::store::record::StrategyRecord;
+    use crate::store::valid::Valid;
     use crate::store::Store;
     use rate_ctl::core::model::Strategy;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -492,10 +495,12 @@ mod tests {
         }
     }
 
-    fn rec(name: &str, rate: u64) -> StrategyRecord {
-        serde_json::from_str(&format!(
+    fn rec(name: &str, rate: u64) -> Valid<StrategyRecord> {
+        serde_json::from_str::<StrategyRecord>(&format!(
             r#"{{"name":"{name}","algorithm":"token_bucket","rate":{rate},"burst":4}}"#
         ))
+        .unwrap()
+        .into_valid()
         .unwrap()
     }
 

@@ -191,7 +191,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
     match cmd {
         StrategyCmd::Add(a) => {
             let conditions = conditions_from_args(&a.matches).map_err(Failure::invalid)?;
-            let mut rec = StrategyRecord {
+            let rec = StrategyRecord {
                 id: 0,
                 name: a.name,
                 conditions,
@@ -210,8 +210,8 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 updated_ms: 0,
                 version: 0,
             };
-            // Refuse bad arguments before touching the store.
-            rec.validate().map_err(Failure::invalid)?;
+            // Refuse bad arguments before touching the store (the one check).
+            let rec = rec.into_valid().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.add_strategy(&rec).await?;
             out_added(json, id, version);
@@ -284,7 +284,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 rec.enabled = false;
             }
             // Same messages as for `add`, whichever backend would refuse it.
-            rec.validate().map_err(Failure::invalid)?;
+            let rec = rec.into_valid().map_err(Failure::invalid)?;
             let version = store.update_strategy(&rec).await?;
             if json {
                 out(json!({"id": rec.id, "version": version}).to_string());
@@ -440,7 +440,7 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
             expires,
             reason,
         } => {
-            let mut rec = BlacklistRecord {
+            let rec = BlacklistRecord {
                 id: 0,
                 dimension,
                 value,
@@ -448,7 +448,7 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
                 reason,
                 created_ms: 0,
             };
-            rec.validate().map_err(Failure::invalid)?;
+            let rec = rec.into_valid().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.blacklist_add(&rec).await?;
             out_added(json, id, version);

@@ -593,11 +593,12 @@ pub fn interval_ns(rate: u64, per: Unit) -> u64 {
     per.period_ns().div_ceil(rate)
 }
 
-/// A strategy that passed [`Strategy::validate`]. Only
-/// [`Strategy::into_valid`] makes one, so whoever holds it needs no second
-/// check: the writer publishes these, and each trust boundary (input, store
-/// read, the agent's share of a cluster rate) validates once to get one.
-/// (The reader's boundary is the file: it [`check`](Strategy::check)s every
+/// A strategy that passed [`Strategy::validate`]. [`Strategy::into_valid`]
+/// makes one, and [`ValidStrategy::vouched`] for a caller holding its own
+/// proof of that check, so whoever holds it needs no second check: the
+/// writer publishes these. (The admin binary validates once at each trust
+/// boundary — input, store read — and its agent vouches for the result;
+/// the reader's boundary is the file: it [`check`](Strategy::check)s every
 /// strategy it decodes.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidStrategy(Strategy);
@@ -613,6 +614,20 @@ impl Strategy {
 impl ValidStrategy {
     pub fn into_inner(self) -> Strategy {
         self.0
+    }
+
+    /// Vouches for `s` without running [`Strategy::validate`]: for a caller
+    /// that holds its own proof that `s` passed it — the admin binary's
+    /// validated store record (`store::valid::Valid`, made only by the
+    /// record's `validate`, which is the core's plus the record's fields),
+    /// converted as is. That caller must still check what its conversion
+    /// changes (the agent re-checks a host's share of a cluster rate and the
+    /// clock tick; see `agent/rates.rs`). The binary is another crate, so
+    /// this cannot be crate-private. A broken promise is no memory-safety
+    /// matter: the reader still [`check`](Strategy::check)s every strategy
+    /// it decodes from the file.
+    pub fn vouched(s: Strategy) -> ValidStrategy {
+        ValidStrategy(s)
     }
 }
 

@@ -17,6 +17,7 @@ use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared, IMPORT_BODY_LIMIT};
 use crate::client::wire::{parse_strategy_lines, strategy_api_json};
 use crate::store::record::{ActionKind, Scope, StrategyRecord};
+use crate::store::valid::{valid_import, Valid};
 use rate_ctl::core::model::{canonical_ip, Algorithm, Unit};
 
 pub fn router() -> Routes {
@@ -60,12 +61,12 @@ const STRATEGY_FIELDS: &[&str] = &[
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
-/// A strategy from a POST/PUT body, validated by the record (and so by the
-/// core model).
-fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError> {
+/// Strategy `id` (0 for a new one) from a POST/PUT body, validated by the
+/// record (and so by the core model): the one check of API input.
+fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyRecord>, ApiError> {
     let f = Fields(o);
-    let mut rec = StrategyRecord {
-        id: 0,
+    let rec = StrategyRecord {
+        id,
         name: f.required("name", f.str("name")?)?,
         conditions: f.conditions()?,
         algorithm: f.required("algorithm", f.parsed::<Algorithm>("algorithm")?)?,
@@ -85,9 +86,9 @@ fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError
         updated_ms: 0,
         version: 0,
     };
-    rec.validate()
-        .map_err(|e| ApiError::from_invalid(&e, Some(&rec)))?;
-    Ok(rec)
+    rec.clone()
+        .into_valid()
+        .map_err(|e| ApiError::from_invalid(&e, Some(&rec)))
 }
 
 fn strategy_id(s: &str) -> Result<u32, ApiError> {
@@ -119,7 +120,7 @@ pub async fn list_strategies(
             (None, Some(v)) => r.conditions.values().any(|x| x == v),
             (None, None) => true,
         })
-        .map(strategy_api_json)
+        .map(|r| strategy_api_json(r))
         .collect();
     ok(json!({"version": snap.version, "strategies": list}))
 }
@@ -128,7 +129,7 @@ pub async fn list_strategies(
 /// wakes this instance's long-polls, answers with the stored strategy.
 async fn save_strategy(
     st: &Shared,
-    rec: &StrategyRecord,
+    rec: &Valid<StrategyRecord>,
     based_on: u64,
     who: &'static str,
     action: &str,
@@ -148,7 +149,7 @@ pub async fn create_strategy(
     body: Bytes,
 ) -> ApiResult {
     let o = object(&body, STRATEGY_FIELDS)?;
-    let rec = strategy_from_body(&o)?;
+    let rec = strategy_from_body(&o, 0)?;
     let stored = st
         .store
         .add_strategy_full(&rec, who.name())
@@ -189,8 +190,7 @@ pub async fn put_strategy(
         }
     }
     let based_on = f.required("version", f.uint("version", u64::MAX)?)?;
-    let mut rec = strategy_from_body(&o)?;
-    rec.id = id;
+    let rec = strategy_from_body(&o, id)?;
     save_strategy(&st, &rec, based_on, who.name(), "strategy.update").await
 }
 
@@ -219,6 +219,10 @@ pub async fn patch_strategy(
         Some(false) => rec.action = rec.enforcing_action(),
         None => {}
     }
+    let rec = rec
+        .clone()
+        .into_valid()
+        .map_err(|e| ApiError::from_invalid(&e, Some(&rec)))?;
     save_strategy(&st, &rec, based_on, who.name(), "strategy.patch").await
 }
 
@@ -315,7 +319,7 @@ pub async fn import_strategies(
     let records = import_records(&body)?;
     let (n, v) = st
         .store
-        .import(records, replace, who.name())
+        .import(valid_import(records)?, replace, who.name())
         .await
         .map_err(ApiError::from)?;
     st.announce(v);
