@@ -63,6 +63,7 @@ fn strategies(n: u32) -> Vec<Strategy> {
                 action: Action::Reject { status: None },
                 enabled: true,
                 warm_up: Default::default(),
+                priority: 0,
             }
         })
         .collect()
@@ -123,6 +124,7 @@ fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        priority: 0,
     }
 }
 

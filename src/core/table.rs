@@ -31,8 +31,9 @@ use smallvec::SmallVec;
 
 use super::admit::{self, Decision, Hit, Verdict};
 use super::blacklist::Blacklist;
+use super::ipnet::{parse_ip_net, prefix_mask};
 use super::limiter::Limiter;
-use super::model::{parse_ip, Algorithm, Strategy};
+use super::model::{parse_ip, Action, Algorithm, Strategy};
 use super::region::Region;
 use super::segment::{Decoded, MAX_TABLE_DIMENSIONS};
 use super::shm::Mapping;
@@ -105,6 +106,13 @@ impl Compiled {
             generation: self.generation,
         })
     }
+}
+
+/// The networks of one prefix length (see [`Table::ip_ranges`]).
+struct IpRanges {
+    dim: usize,
+    mask: u128,
+    nets: ValueMap<u128, ValueEntry>,
 }
 
 #[derive(Default)]
@@ -207,6 +215,10 @@ pub enum Outcome {
     Blacklisted { dimension_index: Option<usize> },
     /// Strategies matched; see the decision.
     Limited(Decision),
+    /// An `allow` strategy (this id) at the highest priority the request
+    /// matched: it passes unlimited, counted as passed by that strategy
+    /// only.
+    Allowed { id: u32 },
 }
 
 /// A decision plus what is needed to release concurrency slots later.
@@ -238,6 +250,14 @@ pub struct Table {
     /// The `ip` dimension, matched on the binary address (no text form).
     ip_dim: Option<usize>,
     ip_index: ValueMap<u128, ValueEntry>,
+    /// Address ranges: per prefix length in use (longest first), the
+    /// pseudo-dimension `ip/<len>` it is matched as, the mask, and the
+    /// networks of that length (see [`ipnet`](super::ipnet)). A request
+    /// probes each once with its address masked to that length.
+    ip_ranges: Vec<IpRanges>,
+    /// Some enabled strategy has a priority other than 0 or is an `allow`:
+    /// the matches are ranked before admission (else nothing to do).
+    ranked: bool,
     /// The other dimensions some strategy names a value of: the only ones
     /// a request is asked for (by index).
     lookups: Box<[usize]>,
@@ -276,6 +296,7 @@ impl Table {
         // the `ip` dimension's values by address (see `ip_index`).
         let mut index: Vec<DimIndex> = Vec::new();
         let mut ip_index: ValueMap<u128, ValueEntry> = ValueMap::default();
+        let mut ip_ranges: Vec<IpRanges> = Vec::new();
         // Strategies per interned value id.
         let mut counts: Vec<u32> = Vec::new();
         let mut published = decoded.strategies;
@@ -287,7 +308,27 @@ impl Table {
             }
             let mut conds = Vec::with_capacity(p.strategy.conditions.len());
             for c in &p.strategy.conditions {
-                let Some(d) = dim_of(&mut dims, &c.dimension) else {
+                // A network is matched as the pseudo-dimension `ip/<len>`
+                // (`len` over the IPv6 form), one per prefix length: a
+                // strategy names it at most once, like any dimension, so
+                // anchoring and tuple-space groups need nothing more.
+                let net = if c.dimension == "ip" {
+                    parse_ip_net(&c.value).ok()
+                } else {
+                    None
+                };
+                let name = match net {
+                    Some(n) if !n.is_host() => {
+                        // The text form of a request's address is read
+                        // through `ip` (callers without a binary address).
+                        if dim_of(&mut dims, "ip").is_none() {
+                            continue 'next;
+                        }
+                        std::borrow::Cow::Owned(format!("ip/{}", n.len))
+                    }
+                    _ => std::borrow::Cow::Borrowed(c.dimension.as_str()),
+                };
+                let Some(d) = dim_of(&mut dims, &name) else {
                     continue 'next; // over the dimension limit: the writer refuses this
                 };
                 if index.len() <= d {
@@ -302,13 +343,30 @@ impl Table {
                 } else {
                     None
                 };
-                let id = match ip {
-                    Some(ip) => {
+                let id = match (net, ip) {
+                    (Some(n), _) if !n.is_host() => {
+                        let r = match ip_ranges.iter().position(|r| r.dim == d) {
+                            Some(r) => r,
+                            None => {
+                                ip_ranges.push(IpRanges {
+                                    dim: d,
+                                    mask: prefix_mask(n.len),
+                                    nets: ValueMap::default(),
+                                });
+                                ip_ranges.len() - 1
+                            }
+                        };
+                        ip_ranges[r]
+                            .nets
+                            .get_or_insert_with(&n.addr, || ValueEntry::new(next))
+                            .id
+                    }
+                    (_, Some(ip)) => {
                         ip_index
                             .get_or_insert_with(&ip.0, || ValueEntry::new(next))
                             .id
                     }
-                    None => {
+                    (_, None) => {
                         index[d]
                             .values
                             .get_or_insert_with(&c.value[..], || ValueEntry::new(next))
@@ -375,7 +433,8 @@ impl Table {
         }
         let (groups, group_lists, spans) = group_heavy_values(&strategies, &anchored, &starts);
         let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
-        for e in entries.chain(ip_index.values_mut()) {
+        let ranges = ip_ranges.iter_mut().flat_map(|r| r.nets.values_mut());
+        for e in entries.chain(ip_index.values_mut()).chain(ranges) {
             (e.start, e.len) = spans[e.id as usize];
             if e.len == 1 {
                 let si = anchored[e.start as usize];
@@ -385,6 +444,11 @@ impl Table {
             }
         }
         let ip_dim = dims.iter().position(|d| d == "ip");
+        // Longest prefix first (any order gives the same matches).
+        ip_ranges.sort_by_key(|r| std::cmp::Reverse(r.mask.count_ones()));
+        let ranked = strategies
+            .iter()
+            .any(|c| c.strategy.priority != 0 || c.strategy.action == Action::Allow);
         let lookups = (0..dims.len())
             .filter(|&d| Some(d) != ip_dim && !index[d].values.is_empty())
             .collect();
@@ -397,6 +461,8 @@ impl Table {
             index,
             ip_dim,
             ip_index,
+            ip_ranges,
+            ranked,
             lookups,
             anchored,
             groups,
@@ -508,6 +574,9 @@ impl Table {
         if let Some(d) = self.ip_dim {
             found(d, ip.and_then(|ip| self.ip_index.get(&ip.0)));
         }
+        for r in &self.ip_ranges {
+            found(r.dim, ip.and_then(|ip| r.nets.get(&(ip.0 & r.mask))));
+        }
         for &d in self.lookups.iter() {
             let e = match values.value(d) {
                 Some(v) if !v.is_empty() => self.index[d].values.get(v),
@@ -578,6 +647,11 @@ impl Table {
             }
         }
         self.match_request(r.values, r.ip, scratch);
+        if self.ranked {
+            if let Some(id) = self.rank(&mut scratch.matches) {
+                return Outcome::Allowed { id };
+            }
+        }
         let matched = &scratch.matches[..];
         let (Some(map), false) = (&self.map, matched.is_empty()) else {
             return Outcome::NoMatch;
@@ -597,6 +671,37 @@ impl Table {
             return Outcome::Limited(decision);
         }
         Outcome::Limited(self.admit_matched(matched, map, &slots, r, held))
+    }
+
+    /// Priorities and `allow`: keeps in `matched` only the strategies at
+    /// the highest priority present; if one of them is an `allow`, the
+    /// request passes on it: counted as passed by the first such strategy
+    /// (lowest id, if its slot is still its own), whose id is returned.
+    #[cold]
+    fn rank(&self, matched: &mut Vec<u32>) -> Option<u32> {
+        let prio = |si: &u32| self.strategies[*si as usize].strategy.priority;
+        let top = matched.iter().map(prio).max()?;
+        matched.retain(|si| prio(si) == top);
+        let &si = matched
+            .iter()
+            .find(|&&si| self.strategies[si as usize].strategy.action == Action::Allow)?;
+        let c = &self.strategies[si as usize];
+        if let Some(map) = &self.map {
+            let slots = map.slots();
+            if let Some(hit) = c.hit(&slots) {
+                if hit
+                    .slot
+                    .generation()
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    == hit.generation
+                {
+                    hit.slot
+                        .passed()
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        Some(c.strategy.id)
     }
 
     /// Admission of a request that matched several strategies (out of the

@@ -304,7 +304,9 @@ fn undefined_dimensions(
 /// Where the value of dimension `name` comes from.
 fn source_for(name: &str, mc: &MainConf) -> Source {
     match name {
+        // `ip/<len>`: the table's address ranges of one prefix length.
         "ip" => Source::Ip,
+        range if range.starts_with("ip/") => Source::Ip,
         "api" => Source::Api,
         "method" => Source::Method,
         "host" => Source::Host,
