@@ -113,6 +113,9 @@ struct IpRanges {
     dim: usize,
     mask: u128,
     nets: ValueMap<u128, ValueEntry>,
+    /// The lowest and highest network address of this length.
+    lo: u128,
+    hi: u128,
 }
 
 #[derive(Default)]
@@ -255,6 +258,11 @@ pub struct Table {
     /// networks of that length (see [`ipnet`](super::ipnet)). A request
     /// probes each once with its address masked to that length.
     ip_ranges: Vec<IpRanges>,
+    /// The dimension indexes of `ip_ranges` (contiguous), and the span of
+    /// addresses any of their networks holds: a request outside it (most
+    /// traffic, when the ranges are a few networks) skips every probe.
+    range_dims: std::ops::Range<usize>,
+    ip_span: (u128, u128),
     /// Some enabled strategy has a priority other than 0 or is an `allow`:
     /// the matches are ranked before admission (else nothing to do).
     ranked: bool,
@@ -302,6 +310,26 @@ impl Table {
         let mut published = decoded.strategies;
         published.sort_by_key(|p| p.strategy.id);
         published.dedup_by_key(|p| p.strategy.id);
+        // The prefix lengths of the networks in use become dimensions
+        // first, longest first, so that their indexes are contiguous
+        // (`range_dims`: one fill clears them for a request outside).
+        let mut lens: Vec<u8> = published
+            .iter()
+            .filter(|p| p.strategy.enabled)
+            .flat_map(|p| &p.strategy.conditions)
+            .filter(|c| c.dimension == "ip")
+            .filter_map(|c| parse_ip_net(&c.value).ok())
+            .filter(|n| !n.is_host())
+            .map(|n| n.len)
+            .collect();
+        lens.sort_unstable_by(|a, b| b.cmp(a));
+        lens.dedup();
+        if !lens.is_empty() {
+            dim_of(&mut dims, "ip");
+        }
+        for l in &lens {
+            dim_of(&mut dims, &format!("ip/{l}"));
+        }
         'next: for p in published {
             if !p.strategy.enabled {
                 continue;
@@ -352,10 +380,14 @@ impl Table {
                                     dim: d,
                                     mask: prefix_mask(n.len),
                                     nets: ValueMap::default(),
+                                    lo: n.addr,
+                                    hi: n.addr,
                                 });
                                 ip_ranges.len() - 1
                             }
                         };
+                        let span = &mut ip_ranges[r];
+                        (span.lo, span.hi) = (span.lo.min(n.addr), span.hi.max(n.addr));
                         ip_ranges[r]
                             .nets
                             .get_or_insert_with(&n.addr, || ValueEntry::new(next))
@@ -446,6 +478,23 @@ impl Table {
         let ip_dim = dims.iter().position(|d| d == "ip");
         // Longest prefix first (any order gives the same matches).
         ip_ranges.sort_by_key(|r| std::cmp::Reverse(r.mask.count_ones()));
+        let range_dims = match (ip_ranges.first(), ip_ranges.last()) {
+            (Some(a), Some(b)) => a.dim..b.dim + 1,
+            _ => 0..0,
+        };
+        // Contiguous by construction (see `lens`); a table over the
+        // dimension limit dropped some: then no fast path.
+        let contiguous = ip_ranges
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.dim == range_dims.start + i);
+        let ip_span = if contiguous {
+            ip_ranges.iter().fold((u128::MAX, 0), |(lo, hi), r| {
+                (lo.min(r.lo), hi.max(r.hi | !r.mask))
+            })
+        } else {
+            (0, u128::MAX)
+        };
         let ranked = strategies
             .iter()
             .any(|c| c.strategy.priority != 0 || c.strategy.action == Action::Allow);
@@ -462,6 +511,8 @@ impl Table {
             ip_dim,
             ip_index,
             ip_ranges,
+            range_dims,
+            ip_span,
             ranked,
             lookups,
             anchored,
@@ -557,6 +608,16 @@ impl Table {
             sources = 1;
         }
         let mut ns = 0;
+        // Address ranges: probed only for an address some network may hold.
+        let mut in_ranges = None;
+        if !self.ip_ranges.is_empty() {
+            match ip {
+                Some(ip) if self.ip_span.0 <= ip.0 && ip.0 <= self.ip_span.1 => {
+                    in_ranges = Some(ip)
+                }
+                _ => req[self.range_dims.clone()].fill(NONE),
+            }
+        }
         let mut found = |d: usize, e: Option<&ValueEntry>| {
             let Some(e) = e else {
                 req[d] = NONE;
@@ -574,8 +635,16 @@ impl Table {
         if let Some(d) = self.ip_dim {
             found(d, ip.and_then(|ip| self.ip_index.get(&ip.0)));
         }
-        for r in &self.ip_ranges {
-            found(r.dim, ip.and_then(|ip| r.nets.get(&(ip.0 & r.mask))));
+        if let Some(ip) = in_ranges {
+            for r in &self.ip_ranges {
+                let m = ip.0 & r.mask;
+                let e = if r.lo <= m && m <= r.hi {
+                    r.nets.get(&m)
+                } else {
+                    None
+                };
+                found(r.dim, e);
+            }
         }
         for &d in self.lookups.iter() {
             let e = match values.value(d) {
