@@ -482,6 +482,73 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await apiCall('DELETE', `/strategies/${made.body.id}`);
   });
 
+  await step('a range strategy and an allow strategy made in the form: nginx limits the network, then lets it through', async () => {
+    // 127.0.0.0/8 (the test's client is 127.0.0.1): 2 a minute on /range.
+    await page.getByRole('button', { name: '+ New strategy' }).click();
+    let dlg = page.getByRole('dialog', { name: 'New strategy' });
+    await dlg.getByLabel('Name').fill('loopback-range');
+    await dlg.getByLabel('Condition 1 dimension').fill('api');
+    await dlg.getByLabel('Condition 1 value').fill('/range');
+    await dlg.getByRole('button', { name: '+ Add condition' }).click();
+    await dlg.getByLabel('Condition 2 dimension').fill('ip');
+    await dlg.getByLabel('Condition 2 value').fill('127.0.0.1/8');
+    await dlg.getByLabel('Algorithm').selectOption('fixed_window');
+    await dlg.getByLabel('Rate (requests)').fill('2');
+    await dlg.getByLabel('Per', { exact: true }).selectOption('minute');
+    await dlg.getByLabel('Scope').selectOption('host');
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    // Host bits set: refused, the message under the ip condition names the network.
+    const condError = dlg.locator('.cond-error').nth(1);
+    await condError.waitFor({ state: 'visible' });
+    assert.match(await condError.innerText(), /^match\.ip: .*the network is 127\.0\.0\.0\/8/);
+    await dlg.getByLabel('Condition 2 value').fill('127.0.0.0/8');
+    const t0 = Date.now();
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    await untilStatus('/range', (st) => st === 503, t0, 5000);
+    assert.equal(await nginxStatus('/range'), 503, 'the network is limited');
+    let row = page.locator('#strategies-table tbody tr', { hasText: 'loopback-range' });
+    await row.waitFor();
+    assert.match(await row.innerText(), /ip=127\.0\.0\.0\/8/);
+
+    // An allow for 127.0.0.0/24 at the same priority: the rate fields go
+    // away, and once saved every request passes.
+    await page.getByRole('button', { name: '+ New strategy' }).click();
+    dlg = page.getByRole('dialog', { name: 'New strategy' });
+    await dlg.getByLabel('Name').fill('loopback-allow');
+    await dlg.getByLabel('Condition 1 dimension').fill('ip');
+    await dlg.getByLabel('Condition 1 value').fill('127.0.0.0/24');
+    await dlg.getByLabel('On overflow').selectOption('allow');
+    assert.equal(await dlg.getByLabel('Rate (requests)').isVisible(), false, 'an allow has no rate');
+    assert.equal(await dlg.getByLabel('Algorithm').isVisible(), false, 'an allow has no algorithm');
+    await dlg.locator('#s-help summary').click();
+    assert.match(await dlg.locator('#s-help').innerText(), /highest priority present/);
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    await untilStatus('/range', (st) => st === 200, Date.now(), 5000);
+    for (let i = 0; i < 5; i++) assert.equal(await nginxStatus('/range'), 200, 'allowed: never limited');
+    row = page.locator('#strategies-table tbody tr', { hasText: 'loopback-allow' });
+    await row.waitFor();
+    assert.match(await row.innerText(), /allow \(never limited\)/);
+    const all = (await apiCall('GET', '/strategies')).body.strategies;
+    const allow = all.find((x) => x.name === 'loopback-allow');
+    assert.equal(allow.action, 'allow');
+    assert.deepEqual(allow.match, { ip: '127.0.0.0/24' });
+    assert.equal(allow.priority, 0);
+
+    // Priority 5 on the range limit: it alone applies again (the allow is below it).
+    await page.getByRole('button', { name: 'Edit loopback-range' }).click();
+    dlg = page.getByRole('dialog', { name: 'Edit strategy' });
+    await dlg.getByLabel('Priority').fill('5');
+    await dlg.getByRole('button', { name: 'Save changes' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    await untilStatus('/range', (st) => st === 503, Date.now(), 5000);
+    const range = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'loopback-range');
+    assert.equal(range.priority, 5);
+    await page.screenshot({ path: path.join(ARTIFACTS, 'ranges.png') });
+    for (const s of [range, allow]) await apiCall('DELETE', `/strategies/${s.id}`);
+  });
+
   await step('blacklist: blocking 127.0.0.1 with an expiry gives 403, removing it lets requests in', async () => {
     await page.getByRole('tab', { name: 'Blacklist' }).click();
     const panel = page.locator('#panel-blacklist');
