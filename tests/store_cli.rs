@@ -661,19 +661,23 @@ fn ranges_allow_and_priority_from_the_cli() {
                 .unwrap()["priority"],
             -5
         );
-        let o = rate_ctl(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
-            s,
+        // `rate-ctl CMD --store S`, CMD split on spaces.
+        let run = |cmd: &str| {
+            let mut args: Vec<&str> = cmd.split(' ').collect();
+            args.extend(["--store", s]);
+            rate_ctl(&args)
+        };
+        // A refusal names the flag and the network the value would be.
+        let refused = |cmd: &str, flag: &str, network: &str| {
+            let o = run(cmd);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{cmd}");
+            assert!(err.contains(flag) && err.contains(network), "{err}");
+        };
+        refused(
+            &format!("strategy update {id} --match ip=10.0.0.1/8"),
             "--match",
-            "ip=10.0.0.1/8",
-        ]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(
-            !o.status.success() && err.contains("--match") && err.contains("10.0.0.0/8"),
-            "{err}"
+            "10.0.0.0/8",
         );
         // Export / import keeps priority and allow.
         let dir = tempfile::tempdir().unwrap();
@@ -700,34 +704,14 @@ fn ranges_allow_and_priority_from_the_cli() {
         ok(&["strategy", "import", "--store", s, "--replace", file]);
         assert_eq!(written(rows("strategy", s)), before, "{}", st.label);
         // Blacklist networks.
-        ok(&[
-            "blacklist",
-            "add",
-            "--store",
-            s,
-            "--dimension",
-            "ip",
-            "--value",
-            "203.0.113.0/24",
-            "--expires",
-            "1h",
-        ]);
+        let o = run("blacklist add --dimension ip --value 203.0.113.0/24 --expires 1h");
+        assert!(o.status.success(), "{o:?}");
         let bl = rows("blacklist", s);
         assert_eq!(bl[0]["value"], "203.0.113.0/24");
-        let o = rate_ctl(&[
-            "blacklist",
-            "add",
-            "--store",
-            s,
-            "--dimension",
-            "ip",
+        refused(
+            "blacklist add --dimension ip --value 203.0.113.9/24",
             "--value",
-            "203.0.113.9/24",
-        ]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(
-            !o.status.success() && err.contains("--value") && err.contains("203.0.113.0/24"),
-            "{err}"
+            "203.0.113.0/24",
         );
     }
 }

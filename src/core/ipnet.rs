@@ -26,14 +26,32 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 const V4_MAPPED: u128 = 0xffff_0000_0000;
 
 /// Why a value is not a usable address or network.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IpNetError {
-    #[error("not an IPv4 or IPv6 address or network")]
+    /// Neither `address` nor `address/length` with an address std parses.
     NotAnAddress,
-    #[error("prefix length {len:?} is not a number from 0 to {max}")]
+    /// `max` is 32 for IPv4, 128 for IPv6.
     BadPrefix { len: String, max: u8 },
-    #[error("host bits are set past the /{len} prefix; the network is {network}")]
+    /// Refused rather than canonicalised (see the module documentation);
+    /// `len` as written, `network` the value without the host bits.
     HostBits { len: u8, network: String },
+}
+
+impl std::error::Error for IpNetError {}
+
+impl fmt::Display for IpNetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IpNetError::NotAnAddress => f.write_str("not an IPv4 or IPv6 address or network"),
+            IpNetError::BadPrefix { len, max } => {
+                write!(f, "prefix length {len:?} is not a number from 0 to {max}")
+            }
+            IpNetError::HostBits { len, network } => write!(
+                f,
+                "host bits are set past the /{len} prefix; the network is {network}"
+            ),
+        }
+    }
 }
 
 /// An address range: `addr` (IPv6 form, IPv4 v4-mapped) with only its

@@ -127,6 +127,27 @@ async function untilStatus(p, pred, t0, ms = 5000) {
   }
 }
 
+// Opens the new-strategy form filled in as `name`: the conditions of
+// `match` (in order), fixed_window 2 per minute, host scope; returns the
+// dialog, not yet saved.
+async function newTwoPerMinute(name, match) {
+  await page.getByRole('button', { name: '+ New strategy' }).click();
+  const dlg = page.getByRole('dialog', { name: 'New strategy' });
+  await dlg.getByLabel('Name').fill(name);
+  let n = 0;
+  for (const [d, v] of Object.entries(match)) {
+    n += 1;
+    if (n > 1) await dlg.getByRole('button', { name: '+ Add condition' }).click();
+    await dlg.getByLabel(`Condition ${n} dimension`).fill(d);
+    await dlg.getByLabel(`Condition ${n} value`).fill(v);
+  }
+  await dlg.getByLabel('Algorithm').selectOption('fixed_window');
+  await dlg.getByLabel('Rate (requests)').fill('2');
+  await dlg.getByLabel('Per', { exact: true }).selectOption('minute');
+  await dlg.getByLabel('Scope').selectOption('host');
+  return dlg;
+}
+
 // ------------------------------------------------------------------ setup
 
 before(async () => {
@@ -245,15 +266,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
 
   await step('a strategy created in the form is enforced by nginx within 1 s of clicking save', async () => {
     assert.equal(await nginxStatus('/pay'), 200, 'no limit before the strategy exists');
-    await page.getByRole('button', { name: '+ New strategy' }).click();
-    const dlg = page.getByRole('dialog', { name: 'New strategy' });
-    await dlg.getByLabel('Name').fill('pay-limit');
-    await dlg.getByLabel('Condition 1 dimension').fill('api');
-    await dlg.getByLabel('Condition 1 value').fill('/pay');
-    await dlg.getByLabel('Algorithm').selectOption('fixed_window');
-    await dlg.getByLabel('Rate (requests)').fill('2');
-    await dlg.getByLabel('Per', { exact: true }).selectOption('minute');
-    await dlg.getByLabel('Scope').selectOption('host');
+    const dlg = await newTwoPerMinute('pay-limit', { api: '/pay' });
     const t0 = Date.now();
     await dlg.getByRole('button', { name: 'Create strategy' }).click();
 
@@ -484,18 +497,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
 
   await step('a range strategy and an allow strategy made in the form: nginx limits the network, then lets it through', async () => {
     // 127.0.0.0/8 (the test's client is 127.0.0.1): 2 a minute on /range.
-    await page.getByRole('button', { name: '+ New strategy' }).click();
-    let dlg = page.getByRole('dialog', { name: 'New strategy' });
-    await dlg.getByLabel('Name').fill('loopback-range');
-    await dlg.getByLabel('Condition 1 dimension').fill('api');
-    await dlg.getByLabel('Condition 1 value').fill('/range');
-    await dlg.getByRole('button', { name: '+ Add condition' }).click();
-    await dlg.getByLabel('Condition 2 dimension').fill('ip');
-    await dlg.getByLabel('Condition 2 value').fill('127.0.0.1/8');
-    await dlg.getByLabel('Algorithm').selectOption('fixed_window');
-    await dlg.getByLabel('Rate (requests)').fill('2');
-    await dlg.getByLabel('Per', { exact: true }).selectOption('minute');
-    await dlg.getByLabel('Scope').selectOption('host');
+    let dlg = await newTwoPerMinute('loopback-range', { api: '/range', ip: '127.0.0.1/8' });
     await dlg.getByRole('button', { name: 'Create strategy' }).click();
     // Host bits set: refused, the message under the ip condition names the network.
     const condError = dlg.locator('.cond-error').nth(1);
