@@ -116,6 +116,9 @@ struct IpRanges {
     /// The lowest and highest network address of this length.
     lo: u128,
     hi: u128,
+    /// Its distinct networks (for `v4_dir`).
+    addrs: Vec<u128>,
+    len: u8,
 }
 
 #[derive(Default)]
@@ -263,6 +266,12 @@ pub struct Table {
     /// traffic, when the ranges are a few networks) skips every probe.
     range_dims: std::ops::Range<usize>,
     ip_span: (u128, u128),
+    /// For an IPv4 client: per /16 of the address (65,536 entries, empty
+    /// without IPv4 networks), bit `i` set when `ip_ranges[i]` has a
+    /// network that may hold an address of that /16 (exact: never unset
+    /// for a network that holds one). A request probes only those lengths:
+    /// usually none or a few, whatever the number of lengths in use.
+    v4_dir: Box<[u64]>,
     /// Some enabled strategy has a priority other than 0 or is an `allow`:
     /// the matches are ranked before admission (else nothing to do).
     ranked: bool,
@@ -382,16 +391,22 @@ impl Table {
                                     nets: ValueMap::default(),
                                     lo: n.addr,
                                     hi: n.addr,
+                                    addrs: Vec::new(),
+                                    len: n.len,
                                 });
                                 ip_ranges.len() - 1
                             }
                         };
                         let span = &mut ip_ranges[r];
                         (span.lo, span.hi) = (span.lo.min(n.addr), span.hi.max(n.addr));
-                        ip_ranges[r]
+                        let id = ip_ranges[r]
                             .nets
                             .get_or_insert_with(&n.addr, || ValueEntry::new(next))
-                            .id
+                            .id;
+                        if id == next {
+                            ip_ranges[r].addrs.push(n.addr);
+                        }
+                        id
                     }
                     (_, Some(ip)) => {
                         ip_index
@@ -495,6 +510,14 @@ impl Table {
         } else {
             (0, u128::MAX)
         };
+        let v4_dir = if contiguous && ip_ranges.len() <= 64 {
+            v4_directory(&ip_ranges)
+        } else {
+            Box::default()
+        };
+        for r in &mut ip_ranges {
+            r.addrs = Vec::new();
+        }
         let ranked = strategies
             .iter()
             .any(|c| c.strategy.priority != 0 || c.strategy.action == Action::Allow);
@@ -513,6 +536,7 @@ impl Table {
             ip_ranges,
             range_dims,
             ip_span,
+            v4_dir,
             ranked,
             lookups,
             anchored,
@@ -612,8 +636,16 @@ impl Table {
         let mut in_ranges = None;
         if !self.ip_ranges.is_empty() {
             match ip {
+                // IPv4 with a directory: only the lengths it names.
+                Some(ip) if ip.0 >> 32 == 0xffff && !self.v4_dir.is_empty() => {
+                    req[self.range_dims.clone()].fill(NONE);
+                    let bits = self.v4_dir[(ip.0 as u32 >> 16) as usize];
+                    if bits != 0 {
+                        in_ranges = Some((ip, bits));
+                    }
+                }
                 Some(ip) if self.ip_span.0 <= ip.0 && ip.0 <= self.ip_span.1 => {
-                    in_ranges = Some(ip)
+                    in_ranges = Some((ip, u64::MAX))
                 }
                 _ => req[self.range_dims.clone()].fill(NONE),
             }
@@ -635,16 +667,28 @@ impl Table {
         if let Some(d) = self.ip_dim {
             found(d, ip.and_then(|ip| self.ip_index.get(&ip.0)));
         }
-        if let Some(ip) = in_ranges {
-            for r in &self.ip_ranges {
-                let m = ip.0 & r.mask;
-                let e = if r.lo <= m && m <= r.hi {
-                    r.nets.get(&m)
-                } else {
-                    None
-                };
-                found(r.dim, e);
+        match in_ranges {
+            Some((ip, u64::MAX)) => {
+                for r in &self.ip_ranges {
+                    let m = ip.0 & r.mask;
+                    let e = if r.lo <= m && m <= r.hi {
+                        r.nets.get(&m)
+                    } else {
+                        None
+                    };
+                    found(r.dim, e);
+                }
             }
+            Some((ip, mut bits)) => {
+                while bits != 0 {
+                    let r = &self.ip_ranges[bits.trailing_zeros() as usize];
+                    bits &= bits - 1;
+                    if let Some(e) = r.nets.get(&(ip.0 & r.mask)) {
+                        found(r.dim, Some(e));
+                    }
+                }
+            }
+            None => {}
         }
         for &d in self.lookups.iter() {
             let e = match values.value(d) {
@@ -854,6 +898,37 @@ impl Table {
         let map = self.map.as_ref()?;
         Blacklist::open(map.blacklist()).ok()
     }
+}
+
+/// [`Table::v4_dir`] for `ranges` (at most 64): an IPv4 network `/l`
+/// (IPv6-form length `96 + l`) marks the /16 entries it covers (one for
+/// `l >= 16`, `2^(16-l)` below: at most 65,536 marks per length, whatever
+/// the number of networks); a shorter IPv6 network holding the v4-mapped
+/// space marks every entry. Empty when no network can hold an IPv4 address.
+fn v4_directory(ranges: &[IpRanges]) -> Box<[u64]> {
+    const V4_MAPPED: u128 = 0xffff_0000_0000;
+    let mut dir: Vec<u64> = Vec::new();
+    for (i, r) in ranges.iter().enumerate() {
+        let bit = 1u64 << i;
+        for &a in &r.addrs {
+            let (from, count) = if r.len >= 96 && a >> 32 == V4_MAPPED >> 32 {
+                let l4 = u32::from(r.len - 96);
+                let first = (a as u32 >> 16) as usize;
+                (first, if l4 >= 16 { 1 } else { 1usize << (16 - l4) })
+            } else if V4_MAPPED & r.mask == a {
+                (0, 1 << 16)
+            } else {
+                continue; // an IPv6 network: no IPv4 address is in it
+            };
+            if dir.is_empty() {
+                dir = vec![0; 1 << 16];
+            }
+            for e in &mut dir[from..from + count] {
+                *e |= bit;
+            }
+        }
+    }
+    dir.into_boxed_slice()
 }
 
 /// The set of dimensions a strategy constrains, one bit per dimension
