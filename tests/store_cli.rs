@@ -644,13 +644,16 @@ fn ranges_allow_and_priority_from_the_cli() {
         assert_eq!(by("office")["action"], "allow");
         assert_eq!(by("office")["match"]["ip"], "198.51.100.0/24");
         assert_eq!(by("vip")["priority"], 10);
-        // Text listing says allow.
+        // The text listing says allow, and the priority.
         let text = ok(&["strategy", "list", "--store", s]);
         assert!(
             text.lines()
                 .any(|l| l.contains("office") && l.contains("allow")),
             "{text}"
         );
+        assert!(text.lines().next().unwrap().contains(" PRIO "), "{text}");
+        let vip_line = text.lines().find(|l| l.contains("vip")).unwrap();
+        assert!(vip_line.contains(" 10 userid=vip"), "{text}");
         // update --priority; a bad prefix names the value's network.
         let id = by("vip")["id"].to_string();
         ok(&["strategy", "update", &id, "--store", s, "--priority", "-5"]);

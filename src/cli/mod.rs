@@ -430,8 +430,8 @@ fn read_jsonl(file: &PathBuf) -> Result<(String, Vec<(usize, StrategyRecord)>), 
 
 fn print_strategies(recs: &[StrategyRecord]) {
     out(format!(
-        "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} MATCH",
-        "ID", "NAME", "ALGORITHM", "RATE", "PER", "BURST", "ACTION", "SCOPE", "ON"
+        "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {:>5} MATCH",
+        "ID", "NAME", "ALGORITHM", "RATE", "PER", "BURST", "ACTION", "SCOPE", "ON", "PRIO"
     ));
     for r in recs {
         let action = match r.action {
@@ -449,7 +449,7 @@ fn print_strategies(recs: &[StrategyRecord]) {
             .map(|(d, v)| format!("{d}={v}"))
             .collect();
         out(format!(
-            "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {}",
+            "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {:>5} {}",
             r.id,
             r.name,
             r.algorithm.as_str(),
@@ -459,6 +459,7 @@ fn print_strategies(recs: &[StrategyRecord]) {
             action,
             r.scope.as_str(),
             if r.enabled { "yes" } else { "no" },
+            r.priority,
             if cond.is_empty() {
                 "(all requests)".into()
             } else {
