@@ -24,7 +24,10 @@ use smallvec::SmallVec;
 /// table hardly ever overlap: a request inside one matches that one, and
 /// the benchmark measures the lookups, not the admission of many
 /// matches); returns them and an address inside the first network.
-fn ranges(n: u32, lens: &[u8]) -> (Vec<Strategy>, IpAddr) {
+/// With `v4`: IPv4 networks (`lens` over the 32 bits) anywhere in
+/// 1.0.0.0 … 223.255.255.255, as `scripts/bench-instructions.sh`'s
+/// `ranges` case (short ones overlap).
+fn ranges(n: u32, lens: &[u8], v4: bool) -> (Vec<Strategy>, IpAddr) {
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut rnd = move || {
         x ^= x << 13;
@@ -36,7 +39,11 @@ fn ranges(n: u32, lens: &[u8]) -> (Vec<Strategy>, IpAddr) {
     let list = (1..=n)
         .map(|id| {
             let len = lens[(id as usize) % lens.len()];
-            let addr = (u128::from(rnd()) << 64 | u128::from(rnd())) >> 3 | 0x2 << 124;
+            let addr = match v4 {
+                true => 0xffff_0000_0000 | u128::from((rnd() as u32 % (223 << 24)).max(1 << 24)),
+                false => (u128::from(rnd()) << 64 | u128::from(rnd())) >> 3 | 0x2 << 124,
+            };
+            let len = if v4 { 96 + len } else { len };
             let net = addr & (u128::MAX << (128 - u32::from(len)));
             first.get_or_insert(Ipv6Addr::from(net | 1));
             let mut s = Strategy::unconditioned(
@@ -48,10 +55,8 @@ fn ranges(n: u32, lens: &[u8]) -> (Vec<Strategy>, IpAddr) {
             )
             .expect("valid");
             s.id = id;
-            s.conditions = vec![Condition::new(
-                "ip",
-                format!("{}/{len}", Ipv6Addr::from(net)),
-            )];
+            let net = rate_ctl::core::model::IpNet { addr: net, len };
+            s.conditions = vec![Condition::new("ip", net.to_string())];
             s
         })
         .collect();
@@ -63,11 +68,14 @@ fn decide_ranges(c: &mut Criterion) {
     let mut g = c.benchmark_group("decide_ranges");
     g.throughput(Throughput::Elements(1));
     let lens24: Vec<u8> = (40..64).collect();
+    let lens24_v4: Vec<u8> = (8..32).collect();
     for (name, n, lens) in [
         ("10000x24", 10_000u32, &lens24[..]),
         ("100000x4", 100_000, &[48, 56, 60, 64][..]),
+        ("10000x24_v4", 10_000, &lens24_v4[..]),
     ] {
-        let (list, inside) = ranges(n, lens);
+        let v4 = name.ends_with("_v4");
+        let (list, inside) = ranges(n, lens, v4);
         let path = dir.path().join(name);
         let caps = Capacities {
             max_strategies: 131_072,
@@ -81,7 +89,16 @@ fn decide_ranges(c: &mut Criterion) {
         let t = reader.table().unwrap().clone();
         let values: Vec<Option<&[u8]>> = vec![None; t.dimensions().len()];
         let outside: IpAddr = "10.1.2.3".parse().unwrap();
-        for (case, ip) in [("inside", inside), ("outside", outside)] {
+        // IPv4: the nginx benchmark's client, inside two or three of the
+        // short networks (per-/16 directory), and an IPv6 one.
+        let cases = match v4 {
+            true => [
+                ("127.0.0.1", "127.0.0.1".parse().unwrap()),
+                ("outside", "2001:db8::1".parse().unwrap()),
+            ],
+            false => [("inside", inside), ("outside", outside)],
+        };
+        for (case, ip) in cases {
             let mut scratch = Scratch::default();
             scratch.fit(&t);
             let mut now = 1_000_000_000u64;
@@ -98,7 +115,7 @@ fn decide_ranges(c: &mut Criterion) {
             let o = t.decide_into(&r(now), &mut held, &mut scratch);
             assert_eq!(
                 matches!(o, Outcome::Limited(_)),
-                case == "inside",
+                case != "outside",
                 "{name} {case}: {o:?}"
             );
             g.bench_function(format!("{name}/{case}"), |b| {
