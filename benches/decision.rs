@@ -119,6 +119,7 @@ fn never_full(id: u32, conditions: Vec<Condition>) -> Strategy {
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        priority: 0,
     }
 }
 

@@ -51,7 +51,7 @@ fn valid(list: &[Strategy]) -> Vec<ValidStrategy> {
 
 fn passes(d: &rate_ctl::core::table::TableDecision) -> bool {
     match &d.outcome {
-        RequestOutcome::NoMatch => true,
+        RequestOutcome::NoMatch | RequestOutcome::Allowed { .. } => true,
         RequestOutcome::Blacklisted { .. } => false,
         RequestOutcome::Limited(x) => !matches!(x.verdict, Verdict::Reject { .. }),
     }
@@ -560,4 +560,40 @@ fn a_zero_capacity_is_refused_with_its_name() {
         "capacity: max strategies must be at least 1"
     );
     assert!(!dir.path().join("rc").exists(), "nothing created");
+}
+
+/// An nginx module of one layout version and a file of another (after an
+/// upgrade of only one side): the worker fails open with one line naming
+/// both versions, never misreads records laid out otherwise; the agent
+/// replaces the file and enforcement resumes. Here the file is made to
+/// claim the previous version (2, before priorities).
+#[test]
+fn a_file_of_another_layout_version_fails_open_and_the_agent_replaces_it() {
+    use rate_ctl::core::shm::{H_VERSION_INIT, LAYOUT_VERSION};
+    use std::os::unix::fs::FileExt;
+    let (_dir, path, mut w) = fresh_writer();
+    let s = strategy(1, &[("api", "/pay")], Algorithm::FixedWindow, 1, Unit::Hour);
+    w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+    drop(w);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_at(&(LAYOUT_VERSION - 1).to_le_bytes(), H_VERSION_INIT as u64)
+        .unwrap();
+    let mut e = Reader::new(&path);
+    let c = e.refresh(1).expect("refusal reported");
+    assert_eq!(c.level, Severity::Error);
+    let want = format!(
+        "layout version {}, this build reads {LAYOUT_VERSION}",
+        LAYOUT_VERSION - 1
+    );
+    assert!(c.message.contains(&want), "{}", c.message);
+    assert!(e.table().is_none(), "fails open");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    assert!(
+        matches!(w.opened(), Opened::Recreated { reason } if reason.contains(&want)),
+        "{:?}",
+        w.opened()
+    );
+    w.publish(&[s], &[], 2).unwrap();
+    e.refresh(RECHECK_NS + 1);
+    assert_eq!(e.table().map(|t| t.config_version()), Some(2));
 }

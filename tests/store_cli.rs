@@ -177,6 +177,19 @@ fn bad_arguments_name_the_argument_and_write_nothing() {
             (wu("--warm-up 2h"), "--warm-up"),
             (wu("--warm-up 30s --cold-factor 11"), "--cold-factor"),
             (tb("--warm-up 30s"), "--warm-up"),
+            // Issue 14: networks, priorities, allow.
+            (tb("--match ip=10.0.0.1/8"), "--match"),
+            (tb("--match ip=10.0.0.0/33"), "--match"),
+            (tb("--priority 1001"), "--priority"),
+            (tb("--priority -1001"), "--priority"),
+            ("--name a --action allow --rate 5".into(), "--rate"),
+            (
+                "--name a --action allow --algorithm fixed_window".into(),
+                "--algorithm",
+            ),
+            ("--name a --action allow --status 429".into(), "--status"),
+            ("--name a --algorithm token_bucket".into(), "--rate"),
+            ("--name a --rate 5".into(), "--algorithm"),
         ];
         for (line, flag) in &cases {
             let args: Vec<&str> = line
@@ -544,6 +557,132 @@ fn warm_up_from_the_cli_round_trips_through_export_and_import() {
         assert!(
             r.get("warm_up_ms").is_none() && r.get("cold_factor").is_none(),
             "{r}"
+        );
+    }
+}
+
+#[test]
+fn ranges_allow_and_priority_from_the_cli() {
+    for st in stores("ranges_cli") {
+        let s = st.url.as_str();
+        let add = |args: &[&str]| {
+            let mut full = vec!["strategy", "add", "--store", s];
+            full.extend_from_slice(args);
+            ok(&full)
+        };
+        add(&[
+            "--name",
+            "clients",
+            "--match",
+            "ip=::ffff:10.0.0.0/104",
+            "--algorithm",
+            "token_bucket",
+            "--rate",
+            "10",
+        ]);
+        add(&[
+            "--name",
+            "office",
+            "--match",
+            "ip=198.51.100.0/24",
+            "--action",
+            "allow",
+        ]);
+        add(&[
+            "--name",
+            "vip",
+            "--match",
+            "userid=vip",
+            "--algorithm",
+            "token_bucket",
+            "--rate",
+            "1000",
+            "--priority",
+            "10",
+        ]);
+        let list = rows("strategy", s);
+        let by = |n: &str| list.iter().find(|r| r["name"] == n).unwrap().clone();
+        assert_eq!(
+            by("clients")["match"]["ip"],
+            "10.0.0.0/8",
+            "{}: canonical network",
+            st.label
+        );
+        assert_eq!(by("clients")["priority"], 0);
+        assert_eq!(by("office")["action"], "allow");
+        assert_eq!(by("office")["match"]["ip"], "198.51.100.0/24");
+        assert_eq!(by("vip")["priority"], 10);
+        // The text listing says allow, and the priority.
+        let text = ok(&["strategy", "list", "--store", s]);
+        assert!(
+            text.lines()
+                .any(|l| l.contains("office") && l.contains("allow")),
+            "{text}"
+        );
+        assert!(text.lines().next().unwrap().contains(" PRIO "), "{text}");
+        let vip_line = text.lines().find(|l| l.contains("vip")).unwrap();
+        assert!(vip_line.contains(" 10 userid=vip"), "{text}");
+        // update --priority; a bad prefix names the value's network.
+        let id = by("vip")["id"].to_string();
+        ok(&["strategy", "update", &id, "--store", s, "--priority", "-5"]);
+        assert_eq!(
+            rows("strategy", s)
+                .iter()
+                .find(|r| r["name"] == "vip")
+                .unwrap()["priority"],
+            -5
+        );
+        // `rate-ctl CMD --store S`, CMD split on spaces.
+        let run = |cmd: &str| {
+            let mut args: Vec<&str> = cmd.split(' ').collect();
+            args.extend(["--store", s]);
+            rate_ctl(&args)
+        };
+        // A refusal names the flag and the network the value would be.
+        let refused = |cmd: &str, flag: &str, network: &str| {
+            let o = run(cmd);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{cmd}");
+            assert!(err.contains(flag) && err.contains(network), "{err}");
+        };
+        refused(
+            &format!("strategy update {id} --match ip=10.0.0.1/8"),
+            "--match",
+            "10.0.0.0/8",
+        );
+        // Export / import keeps priority and allow.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("export.jsonl");
+        let file = file.to_str().unwrap();
+        ok(&["strategy", "export", "--store", s, file]);
+        let exported = std::fs::read_to_string(file).unwrap();
+        assert!(
+            exported.contains("\"priority\":-5") && exported.contains("\"action\":\"allow\""),
+            "{exported}"
+        );
+        // Versions and times move on import; compare what the operator wrote.
+        let written = |rows: Vec<Value>| -> Vec<Value> {
+            rows.into_iter()
+                .map(|mut r| {
+                    for k in ["version", "created_ms", "updated_ms"] {
+                        r.as_object_mut().unwrap().remove(k);
+                    }
+                    r
+                })
+                .collect()
+        };
+        let before = written(rows("strategy", s));
+        ok(&["strategy", "import", "--store", s, "--replace", file]);
+        assert_eq!(written(rows("strategy", s)), before, "{}", st.label);
+        // Blacklist networks.
+        let o = run("blacklist add --dimension ip --value 203.0.113.0/24 --expires 1h");
+        assert!(o.status.success(), "{o:?}");
+        let bl = rows("blacklist", s);
+        assert_eq!(bl[0]["value"], "203.0.113.0/24");
+        refused(
+            "blacklist add --dimension ip --value 203.0.113.9/24",
+            "--value",
+            "203.0.113.0/24",
         );
     }
 }

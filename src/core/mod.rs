@@ -7,6 +7,7 @@ pub mod blacklist;
 pub mod clock;
 pub mod fuzz;
 pub mod headers;
+pub mod ipnet;
 pub mod ledger;
 pub mod limiter;
 pub mod model;

@@ -688,10 +688,19 @@ impl Writer {
         }
         let mut dims: Vec<&str> = Vec::new();
         let mut bl_dims: Vec<String> = Vec::new();
+        // Each prefix length of an `ip` network is one more dimension to
+        // the matcher (see core::ipnet).
+        let mut prefixes: Vec<u8> = Vec::new();
         for s in &list {
             for c in &s.conditions {
                 if !dims.contains(&c.dimension.as_str()) {
                     dims.push(&c.dimension);
+                }
+                if c.dimension == "ip" {
+                    match super::ipnet::parse_ip_net(&c.value) {
+                        Ok(n) if !n.is_host() && !prefixes.contains(&n.len) => prefixes.push(n.len),
+                        _ => {}
+                    }
                 }
             }
         }
@@ -701,6 +710,7 @@ impl Writer {
             }
         }
         let all_dims = dims.len()
+            + prefixes.len()
             + bl_dims
                 .iter()
                 .filter(|d| !dims.contains(&d.as_str()))

@@ -262,6 +262,13 @@ fn act(
     let error = Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     let d = match outcome {
         Some(RequestOutcome::Limited(d)) => d,
+        Some(RequestOutcome::Allowed { id }) => {
+            return if record(r, mc, ReqStatus::Allowed, id, hold) {
+                Status::NGX_DECLINED
+            } else {
+                error
+            };
+        }
         other => {
             let (status, answer, blacklisted) = match other {
                 // A dry-run location only reports what it would have refused.

@@ -304,7 +304,9 @@ fn undefined_dimensions(
 /// Where the value of dimension `name` comes from.
 fn source_for(name: &str, mc: &MainConf) -> ValueSource {
     match name {
+        // `ip/<len>`: the table's address ranges of one prefix length.
         "ip" => ValueSource::Ip,
+        range if range.starts_with("ip/") => ValueSource::Ip,
         "api" => ValueSource::Api,
         "method" => ValueSource::Method,
         "host" => ValueSource::Host,

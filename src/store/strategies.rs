@@ -17,7 +17,7 @@ use rate_ctl::core::shm::unix_ms;
 
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
-     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
+     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, created_ms, updated_ms, version";
 
 impl Store {
     /// Stores a new strategy (validated by whoever received it); returns
@@ -46,7 +46,7 @@ impl Store {
         rec.version = version;
         let sql = format!(
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
-            placeholders(16)
+            placeholders(17)
         );
         bind_strategy(sqlx::query(&self.sql(&sql)), &rec)
             .execute(&mut *tx)
@@ -119,7 +119,7 @@ impl Store {
             sqlx::query(&self.sql(
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
-                 warm_up_ms = ?, cold_factor = ?, updated_ms = ?, version = ? WHERE id = ?",
+                 warm_up_ms = ?, cold_factor = ?, priority = ?, updated_ms = ?, version = ? WHERE id = ?",
             )),
             &rec,
         )
@@ -295,7 +295,7 @@ impl Store {
                 let sql = format!(
                     "INSERT INTO strategies ({id_column}{}) VALUES {}",
                     INSERT_COLUMNS,
-                    vec![format!("({id_mark}{})", placeholders(16)); chunk.len()].join(", ")
+                    vec![format!("({id_mark}{})", placeholders(17)); chunk.len()].join(", ")
                 );
                 let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
@@ -367,7 +367,7 @@ async fn ensure_name_free(
 
 pub(super) const INSERT_COLUMNS: &str =
     "name, conditions, algorithm, rate, per, burst, action, status, \
-     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
+     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, created_ms, updated_ms, version";
 
 pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -375,7 +375,7 @@ pub(super) fn placeholders(n: usize) -> String {
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 16 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 17 columns of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
@@ -383,7 +383,7 @@ pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery
         .bind(r.version as i64)
 }
 
-/// Binds the 13 columns `name` to `cold_factor` of [`INSERT_COLUMNS`] in order.
+/// Binds the 14 columns `name` to `priority` of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     let conditions: Vec<[&str; 2]> = r
         .conditions
@@ -403,6 +403,7 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.scope.as_str())
         .bind(r.warm_up_ms.map(|m| m as i64))
         .bind(r.cold_factor.map(|c| c as i64))
+        .bind(i64::from(r.priority))
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<Valid<StrategyRecord>>, Vec<BadRow>) {
@@ -513,6 +514,16 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
             None => None,
         },
+        priority: {
+            let p = get_i("priority")?;
+            i32::try_from(p).map_err(|_| {
+                bad(Invalid::from(ModelError::BadPriority(if p < 0 {
+                    i32::MIN
+                } else {
+                    i32::MAX
+                })))
+            })?
+        },
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
         version: get_i("version")?.max(0) as u64,
@@ -533,6 +544,7 @@ fn column(col: &'static str) -> Field {
         "warm_up_ms" => Field::WarmUpMs,
         "cold_factor" => Field::ColdFactor,
         "enabled" => Field::Enabled,
+        "priority" => Field::Priority,
         other => Field::Column(other),
     }
 }

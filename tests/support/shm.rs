@@ -49,6 +49,7 @@ pub fn strategy(
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        priority: 0,
     }
 }
 
