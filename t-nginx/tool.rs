@@ -39,6 +39,7 @@ fn caps() -> Capacities {
         max_strategies: env("RATE_CTL_TOOL_MAX_STRATEGIES", 16_384) as u32,
         segment_bytes: (env("RATE_CTL_TOOL_SEGMENT_MB", 4) as u64) << 20,
         blacklist_entries: 1024,
+        keys: env("RATE_CTL_TOOL_KEYS", 65_536) as u32,
     }
 }
 

@@ -126,6 +126,11 @@ pub struct AgentArgs {
     /// Capacity of a new file: blacklist entries.
     #[arg(long, default_value_t = 65_536, value_name = "N")]
     pub blacklist_entries: u32,
+    /// Capacity of a new file: entries of the per-key table (16 bytes
+    /// each; one per client address, user or value tuple of the
+    /// strategies with `each`).
+    #[arg(long, default_value_t = rate_ctl::core::keys::DEFAULT_KEYS, value_name = "N", value_parser = clap::value_parser!(u32).range(8..))]
+    pub keys: u32,
     /// Permission bits of a new file (octal); nginx workers must be able to
     /// read and write it. To keep other local users out, use 0660 with
     /// --group set to the workers' group.

@@ -586,6 +586,7 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         max_strategies: a.max_strategies,
         segment_bytes: a.segment_bytes,
         blacklist_entries: a.blacklist_entries,
+        keys: a.keys,
     };
     // Mode and group are applied on the open file, never through the path.
     let sink = publish::open(&a.shm, caps, a.mode, a.group)

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod engine;
 pub mod fuzz;
 pub mod headers;
+pub mod keys;
 pub mod ledger;
 pub mod limiter;
 pub mod model;

@@ -22,7 +22,8 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// Version of the whole layout (header, segments, slots, blacklist).
 /// 2: the concurrency ledger region (`H_LEDGER_OFF`, `H_LEDGER_LEN`) and
 /// the warm-up fields of a segment's strategy record.
-pub const LAYOUT_VERSION: u32 = 2;
+/// 3: the per-key table region (`H_KEYS_*`, [`super::keys`]).
+pub const LAYOUT_VERSION: u32 = 3;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
@@ -52,6 +53,11 @@ pub const H_WRITER_PID: usize = 160;
 pub const H_CONFIG_VERSION: usize = 168;
 pub const H_LEDGER_OFF: usize = 176;
 pub const H_LEDGER_LEN: usize = 184;
+pub const H_KEYS_OFF: usize = 192;
+pub const H_KEYS_LEN: usize = 200;
+pub const H_KEYS_CAPACITY: usize = 208;
+/// 16 bytes: the key table's hash secret (random per file).
+pub const H_KEYS_SECRET: usize = 216;
 /// Geometry fields covered by the CRC at `H_GEOMETRY_CRC`.
 const GEOMETRY: std::ops::Range<usize> = H_FILE_SIZE..H_GEOMETRY_CRC;
 
@@ -64,6 +70,9 @@ pub struct Capacities {
     pub segment_bytes: u64,
     /// Blacklist entries.
     pub blacklist_entries: u32,
+    /// Entries of the per-key table (one per client, user or value tuple
+    /// of the strategies with `each`), rounded up to whole cache lines.
+    pub keys: u32,
 }
 
 impl Default for Capacities {
@@ -72,6 +81,7 @@ impl Default for Capacities {
             max_strategies: 65_536,
             segment_bytes: 16 << 20,
             blacklist_entries: 65_536,
+            keys: super::keys::DEFAULT_KEYS,
         }
     }
 }
@@ -170,6 +180,10 @@ pub struct Geometry {
     pub bl_capacity: u32,
     pub ledger_off: u64,
     pub ledger_len: u64,
+    pub keys_off: u64,
+    pub keys_len: u64,
+    /// Entries of the key table.
+    pub keys_capacity: u64,
 }
 
 fn page_up(n: u64) -> u64 {
@@ -200,8 +214,11 @@ impl Geometry {
         let bl_len = page_up(super::blacklist::region_bytes(c.blacklist_entries));
         let ledger_off = bl_off + bl_len;
         let ledger_len = super::ledger::region_bytes();
+        let keys_off = ledger_off + ledger_len;
+        let keys_capacity = super::keys::capacity_for(c.keys)?;
+        let keys_len = page_up(super::keys::region_bytes(c.max_strategies, keys_capacity));
         Ok(Geometry {
-            file_size: ledger_off + ledger_len,
+            file_size: keys_off + keys_len,
             slot_count: c.max_strategies,
             bitmap_off,
             bitmap_len,
@@ -214,6 +231,9 @@ impl Geometry {
             bl_capacity: c.blacklist_entries,
             ledger_off,
             ledger_len,
+            keys_off,
+            keys_len,
+            keys_capacity,
         })
     }
 
@@ -236,6 +256,9 @@ impl Geometry {
         h.store(H_GEOMETRY_CRC, geometry_crc(h) as u64);
         h.store(H_LEDGER_OFF, self.ledger_off);
         h.store(H_LEDGER_LEN, self.ledger_len);
+        h.store(H_KEYS_OFF, self.keys_off);
+        h.store(H_KEYS_LEN, self.keys_len);
+        h.store(H_KEYS_CAPACITY, self.keys_capacity);
     }
 
     /// Reads and validates the geometry of a mapped file of `actual_size`.
@@ -269,6 +292,9 @@ impl Geometry {
             bl_capacity: h.load(H_BL_CAPACITY).min(u32::MAX as u64) as u32,
             ledger_off: h.load(H_LEDGER_OFF),
             ledger_len: h.load(H_LEDGER_LEN),
+            keys_off: h.load(H_KEYS_OFF),
+            keys_len: h.load(H_KEYS_LEN),
+            keys_capacity: h.load(H_KEYS_CAPACITY),
         };
         if g.file_size > actual_size {
             return Err(ShmError::Truncated {
@@ -286,6 +312,7 @@ impl Geometry {
             (g.slots_off, g.slots_len),
             (g.bl_off, g.bl_len),
             (g.ledger_off, g.ledger_len),
+            (g.keys_off, g.keys_len),
         ];
         let mut end = HEADER_SIZE;
         for (off, len) in regions {
@@ -304,6 +331,9 @@ impl Geometry {
             || g.slot_count as u64 * SLOT_SIZE as u64 > g.slots_len
         {
             return Err(bad("slot count does not fit its regions"));
+        }
+        if !super::keys::fits(g.slot_count, g.keys_capacity, g.keys_len) {
+            return Err(bad("key table capacity does not fit its region"));
         }
         Ok(g)
     }
@@ -459,6 +489,21 @@ impl Mapping {
         self.region().sub(g.bl_off, g.bl_len).expect("validated")
     }
 
+    /// The per-key table (see [`super::keys`]).
+    pub fn keys(&self) -> super::keys::KeyTable<'_> {
+        let g = &self.geometry;
+        let mut secret = [0u8; 16];
+        self.header().read_bytes(H_KEYS_SECRET, &mut secret);
+        super::keys::KeyTable::new(
+            self.region()
+                .sub(g.keys_off, g.keys_len)
+                .expect("validated"),
+            g.slot_count,
+            g.keys_capacity,
+            secret,
+        )
+    }
+
     /// The concurrency ledger (see [`super::ledger`]).
     pub fn ledger(&self) -> super::ledger::Ledger<'_> {
         let g = &self.geometry;
@@ -583,6 +628,7 @@ impl Mapping {
         h.store(H_CREATED, now_ms);
         h.write_bytes(H_BOOT_ID, &boot_id);
         h.store(H_WRITER_PID, std::process::id() as u64);
+        h.write_bytes(H_KEYS_SECRET, &super::keys::new_secret());
     }
 
     /// Writer side: mark the file initialised (Release, after everything else).
