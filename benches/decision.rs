@@ -63,6 +63,7 @@ fn strategies(n: u32) -> Vec<Strategy> {
                 action: Action::Reject { status: None },
                 enabled: true,
                 warm_up: Default::default(),
+                each: Default::default(),
             }
         })
         .collect()
@@ -124,6 +125,7 @@ fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        each: Default::default(),
     }
 }
 

@@ -13,6 +13,8 @@
 //! strategy id=2 algorithm=leaky_bucket rate=10 per=second action=delay max_delay_ms=500
 //! strategy id=3 algorithm=concurrency rate=2 action=dry_run when api=/slow
 //! strategy id=4 algorithm=warm_up rate=100 warm_up_ms=2000 cold_factor=3 when api=/cold
+//! strategy id=5 rate=5 per=minute burst=5 each=ip ipv6_prefix=64 on_full=reject when api=/login
+//! strategy id=6 rate=2 per=hour burst=2 each=userid,api   # per (userid, api) pair
 //! blacklist ip 127.0.0.1 ttl_ms=1500
 //! blacklist userid u666
 //! ```
@@ -54,6 +56,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        each: Default::default(),
     };
     if words.contains(&"algorithm=warm_up") {
         s.warm_up.cold_factor = rate_ctl::core::model::DEFAULT_COLD_FACTOR;
@@ -86,6 +89,10 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             "max_delay_ms" => max_delay_ms = num()? as u32,
             "enabled" => s.enabled = v == "true",
             "warm_up_ms" => s.warm_up.period_ms = num()? as u32,
+            "each" => s.each.dims = v.split(',').map(str::to_string).collect(),
+            "ipv4_prefix" => s.each.ipv4_prefix = num()? as u8,
+            "ipv6_prefix" => s.each.ipv6_prefix = num()? as u8,
+            "on_full" => s.each.on_full = v.parse().map_err(|e| format!("{e}"))?,
             "cold_factor" => {
                 s.warm_up.cold_factor = num()?.try_into().map_err(|e| format!("{k}: {e}"))?
             }

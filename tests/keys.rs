@@ -9,13 +9,16 @@ mod shm;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rate_ctl::core::admit::Now;
+use rate_ctl::core::admit::{Now, Verdict};
+use rate_ctl::core::each::{Each, OnFull};
+use rate_ctl::core::engine::Engine;
 use rate_ctl::core::keys::{Charge, KeyId, KeyLimiter, KeyTable};
 use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit};
 use rate_ctl::core::shm::{Capacities, Mapping, ShmError, H_VERSION_INIT, LAYOUT_VERSION};
 use rate_ctl::core::slot::Slot;
+use rate_ctl::core::table::{Outcome, Request, Scratch, Table};
 use rate_ctl::core::writer::{Opened, Writer};
-use shm::{role, small_caps, spawn_role};
+use shm::{role, small_caps, spawn_role, strategy};
 
 const S: u64 = 1_000_000_000;
 const PROCS: usize = 4;
@@ -249,4 +252,222 @@ fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
         Mapping::open(&path),
         Err(ShmError::Version { .. })
     ));
+}
+
+// ---- Per-key strategies through the table (publish → decide) ----------
+
+/// A per-key strategy: `each` over `dims`, on `conds`.
+fn keyed(
+    id: u32,
+    conds: &[(&str, &str)],
+    dims: &[&str],
+    alg: Algorithm,
+    rate: u64,
+    per: Unit,
+) -> Strategy {
+    let mut s = strategy(id, conds, alg, rate, per);
+    s.burst = rate as u32;
+    s.each = Each::of(dims);
+    s
+}
+
+/// Publishes `list` into a new file with `keys` entries; the table.
+fn table_of(list: &[Strategy], keys: u32) -> (tempfile::TempDir, Writer, std::sync::Arc<Table>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, caps(keys), 0o600).unwrap();
+    w.publish(list, &[], 1).unwrap();
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    let t = e.table().unwrap().clone();
+    (dir, w, t)
+}
+
+/// One request from `ip` with `pairs` as values, at `now_ns`; the verdict
+/// (`None`: no strategy matched) and the key text of the deciding strategy.
+fn ask(t: &Table, ip: &str, pairs: &[(&str, &str)], now_ns: u64) -> Option<Verdict> {
+    let values: Vec<Option<&[u8]>> = t
+        .dimensions()
+        .iter()
+        .map(|d| {
+            pairs
+                .iter()
+                .find(|(n, _)| n == d)
+                .map(|(_, v)| v.as_bytes())
+        })
+        .collect();
+    let r = Request {
+        values: &values[..],
+        ip: Some(ip.parse::<std::net::IpAddr>().unwrap().into()),
+        now_ns,
+        now_unix_ms: now_ns / 1_000_000,
+        dry_run: false,
+        quota: false,
+    };
+    match t.decide(&r).outcome {
+        Outcome::Limited(d) => Some(d.verdict),
+        _ => None,
+    }
+}
+
+fn passed(v: Option<Verdict>) -> bool {
+    !matches!(v, Some(Verdict::Reject { .. }))
+}
+
+fn count(t: &Table, ip: &str, pairs: &[(&str, &str)], n: usize, now: u64) -> usize {
+    (0..n).filter(|_| passed(ask(t, ip, pairs, now))).count()
+}
+
+#[test]
+fn each_client_address_has_its_own_bucket() {
+    let s = keyed(
+        1,
+        &[("api", "/login")],
+        &["ip"],
+        Algorithm::TokenBucket,
+        3,
+        Unit::Minute,
+    );
+    let (_d, _w, t) = table_of(&[s], 4096);
+    let login = [("api", "/login")];
+    assert_eq!(count(&t, "192.0.2.1", &login, 10, NOW), 3);
+    assert_eq!(count(&t, "192.0.2.2", &login, 10, NOW), 3);
+    assert_eq!(
+        count(&t, "::ffff:192.0.2.1", &login, 10, NOW),
+        0,
+        "v4-mapped = v4"
+    );
+    // Another api is not selected by the conditions.
+    assert_eq!(count(&t, "192.0.2.1", &[("api", "/home")], 10, NOW), 10);
+    // 20 s later (rate 3/min) each client has exactly one more.
+    assert_eq!(count(&t, "192.0.2.1", &login, 5, NOW + 20 * S), 1);
+    let d = ask(&t, "192.0.2.1", &login, NOW + 20 * S);
+    let Some(Verdict::Reject { id, .. }) = d else {
+        panic!("{d:?}")
+    };
+    let values: Vec<Option<&[u8]>> = t
+        .dimensions()
+        .iter()
+        .map(|d| (d == "api").then_some(&b"/login"[..]))
+        .collect();
+    let r = Request {
+        values: &values[..],
+        ip: Some("192.0.2.1".parse::<std::net::IpAddr>().unwrap().into()),
+        now_ns: 0,
+        now_unix_ms: 0,
+        dry_run: false,
+        quota: false,
+    };
+    assert_eq!(t.key_text(id, &r).as_deref(), Some("ip=192.0.2.1"));
+    let map = t.mapping().unwrap();
+    assert_eq!(map.keys().counters(t.strategies()[0].slot).in_use, 2);
+}
+
+#[test]
+fn addresses_in_one_ipv6_prefix_share_a_bucket() {
+    let s = keyed(1, &[], &["ip"], Algorithm::FixedWindow, 5, Unit::Hour);
+    let (_d, _w, t) = table_of(&[s], 4096);
+    // 10,000 addresses inside 2001:db8:0:1::/64: five pass in all.
+    let mut admitted = 0;
+    for i in 0..10_000u32 {
+        let ip = format!("2001:db8:0:1:{:x}:{:x}::{:x}", i >> 8, i & 0xff, i % 7 + 1);
+        admitted += passed(ask(&t, &ip, &[], NOW)) as usize;
+    }
+    assert_eq!(admitted, 5);
+    // The next /64 is another key.
+    assert_eq!(count(&t, "2001:db8:0:2::1", &[], 10, NOW), 5);
+    let map = t.mapping().unwrap();
+    assert_eq!(map.keys().counters(t.strategies()[0].slot).in_use, 2);
+    // /56 aggregation puts both in one key.
+    let mut s = keyed(1, &[], &["ip"], Algorithm::FixedWindow, 5, Unit::Hour);
+    s.each.ipv6_prefix = 56;
+    let (_d, _w, t) = table_of(&[s], 4096);
+    assert_eq!(count(&t, "2001:db8:0:1::1", &[], 3, NOW), 3);
+    assert_eq!(count(&t, "2001:db8:0:2::1", &[], 5, NOW), 2);
+}
+
+/// nginx-tests limit_req2.t: keys from two variables, two per-key
+/// strategies on one request.
+#[test]
+fn two_per_key_strategies_and_empty_values() {
+    let a = keyed(1, &[], &["a"], Algorithm::TokenBucket, 2, Unit::Hour);
+    let b = keyed(2, &[], &["b"], Algorithm::TokenBucket, 3, Unit::Hour);
+    let (_d, _w, t) = table_of(&[a, b], 4096);
+    let ip = "10.0.0.1";
+    // a=x b=y: a allows 2 → 2 pass; the third is rejected by strategy 1
+    // and b is not charged for it.
+    assert_eq!(count(&t, ip, &[("a", "x"), ("b", "y")], 5, NOW), 2);
+    // b=y has one left: a=z (fresh) b=y passes once, then b rejects and
+    // a=z is not charged (it still has 1 of 2 left afterwards).
+    assert_eq!(count(&t, ip, &[("a", "z"), ("b", "y")], 3, NOW), 1);
+    assert_eq!(count(&t, ip, &[("a", "z")], 5, NOW), 1);
+    // Empty or missing values are not counted.
+    assert_eq!(count(&t, ip, &[("a", ""), ("b", "")], 20, NOW), 20);
+    assert_eq!(count(&t, ip, &[], 20, NOW), 20);
+    // Length-prefixed: per-value buckets are per exact value.
+    assert_eq!(count(&t, ip, &[("a", "x2")], 5, NOW), 2);
+}
+
+#[test]
+fn on_full_decides_for_new_keys_only() {
+    for (on_full, expect_new) in [
+        (OnFull::Reject, 0),
+        (OnFull::Allow, 20),
+        (OnFull::Overflow, 4),
+    ] {
+        let mut s = keyed(1, &[], &["u"], Algorithm::TokenBucket, 4, Unit::Hour);
+        s.each.on_full = on_full;
+        // 8 entries: one probe range.
+        let (_d, _w, t) = table_of(&[s], 8);
+        for i in 0..8 {
+            assert_eq!(count(&t, "10.0.0.1", &[("u", &format!("k{i}"))], 1, NOW), 1);
+        }
+        // The ninth key finds the table full.
+        let n = count(&t, "10.0.0.1", &[("u", "new")], 20, NOW);
+        assert_eq!(n, expect_new, "{on_full}");
+        let map = t.mapping().unwrap();
+        let c = map.keys().counters(t.strategies()[0].slot);
+        assert_eq!(c.full, 20, "{on_full}");
+        assert_eq!(
+            c.overflow_admits,
+            if on_full == OnFull::Overflow { 4 } else { 0 }
+        );
+        // An old key is still charged on its own entry.
+        assert_eq!(count(&t, "10.0.0.1", &[("u", "k0")], 5, NOW), 3);
+    }
+}
+
+#[test]
+fn per_key_concurrency_is_released_when_the_request_ends() {
+    let s = keyed(1, &[], &["ip"], Algorithm::Concurrency, 2, Unit::Second);
+    let (_d, _w, t) = table_of(&[s], 4096);
+    let values: Vec<Option<&[u8]>> = vec![None; t.dimensions().len()];
+    let req = |ip: &str| Request {
+        values: &values[..],
+        ip: Some(ip.parse::<std::net::IpAddr>().unwrap().into()),
+        now_ns: NOW,
+        now_unix_ms: 1,
+        dry_run: false,
+        quota: false,
+    };
+    let mut scratch = Scratch::default();
+    let mut held_units = Vec::new();
+    let mut pass = |ip: &str, held_units: &mut Vec<_>| {
+        let mut held = smallvec::SmallVec::new();
+        let o = t.decide_into(&req(ip), &mut held, &mut scratch);
+        let ok =
+            matches!(o, Outcome::Limited(ref d) if !matches!(d.verdict, Verdict::Reject { .. }));
+        if let Some(u) = t.units_with_keys(&held, &mut scratch) {
+            held_units.push(u);
+        }
+        ok
+    };
+    assert!(pass("10.1.1.1", &mut held_units));
+    assert!(pass("10.1.1.1", &mut held_units));
+    assert!(!pass("10.1.1.1", &mut held_units));
+    assert!(pass("10.1.1.2", &mut held_units), "another client");
+    assert_eq!(held_units.len(), 3);
+    held_units.remove(0).release();
+    assert!(pass("10.1.1.1", &mut held_units));
+    assert!(!pass("10.1.1.1", &mut held_units));
 }

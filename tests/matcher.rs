@@ -43,6 +43,7 @@ fn strategy(id: u32, spec: &[Option<usize>; 4], enabled: bool) -> Published {
             action: Action::Reject { status: None },
             enabled,
             warm_up: Default::default(),
+            each: Default::default(),
         },
         slot: id - 1,
         generation: 1,

@@ -51,12 +51,16 @@
 //! a worker killed while holding them stay held until the key's entry is
 //! cleared by a new file.
 
+mod decide;
 mod hash;
+pub mod segment;
 pub mod state;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub(crate) use decide::decide;
+pub use decide::{KeyHolds, KeyPlan};
 pub use hash::Sip13;
 pub use state::{KeyLimiter, Step};
 
@@ -174,6 +178,9 @@ pub enum Charge {
     Admitted {
         at: KeyRef,
         wait_ns: u64,
+        /// A dry-run `concurrency` unit taken over the limit (the key
+        /// rejected the request; see `force`).
+        forced: bool,
         /// The word written and the word replaced (for a refund).
         token: u64,
         prev: u64,
@@ -459,9 +466,9 @@ impl<'a> KeyTable<'a> {
                 return Charge::Full;
             };
             let next = match lim.step(0, t) {
-                Step::Admit { next, wait_ns } => (next, wait_ns),
+                Step::Admit { next, wait_ns } => (next, wait_ns, false),
                 Step::Reject { retry_after_ns } => match force.then(|| lim.force(0)).flatten() {
-                    Some(n) => (n, 0),
+                    Some(n) => (n, 0, true),
                     None => return Charge::Rejected { retry_after_ns },
                 },
             };
@@ -494,6 +501,7 @@ impl<'a> KeyTable<'a> {
                     ident: key.ident,
                 },
                 wait_ns: next.1,
+                forced: next.2,
                 token: next.0,
                 prev: 0,
             };
@@ -560,12 +568,12 @@ impl<'a> KeyTable<'a> {
         force: bool,
     ) -> Option<Charge> {
         loop {
-            let (next, wait_ns) = match lim.step(st, t) {
-                Step::Admit { next, wait_ns } => (next, wait_ns),
+            let (next, wait_ns, forced) = match lim.step(st, t) {
+                Step::Admit { next, wait_ns } => (next, wait_ns, false),
                 Step::Reject { retry_after_ns } => {
                     let forced = if force { lim.force(st) } else { None };
                     match forced {
-                        Some(n) => (n, 0),
+                        Some(n) => (n, 0, true),
                         None => {
                             // A rejection writes nothing: check that the
                             // word read was this key's.
@@ -585,6 +593,7 @@ impl<'a> KeyTable<'a> {
                             ident,
                         },
                         wait_ns,
+                        forced,
                         token: next,
                         prev: st,
                     })

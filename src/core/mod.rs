@@ -5,6 +5,7 @@
 pub mod admit;
 pub mod blacklist;
 pub mod clock;
+pub mod each;
 pub mod engine;
 pub mod fuzz;
 pub mod headers;

@@ -96,6 +96,8 @@ pub enum ModelError {
     WarmUpNeedsWarmUp(Algorithm),
     #[error("action: delay needs token_bucket, leaky_bucket or warm_up, not {0}")]
     DelayNeedsBucket(Algorithm),
+    #[error(transparent)]
+    Each(#[from] super::each::EachError),
     #[error("{field}: unknown value {value:?} (expected one of {expected})")]
     UnknownKeyword {
         field: &'static str,
@@ -318,6 +320,9 @@ pub struct Strategy {
     pub enabled: bool,
     /// `warm_up` only; [`WarmUp::NONE`] otherwise.
     pub warm_up: WarmUp,
+    /// Per-key: one limiter state per value tuple of these dimensions
+    /// (empty: one shared state).
+    pub each: super::each::Each,
 }
 
 /// Is `name` a valid dimension name: `[a-z][a-z0-9_]*`, at most 32 bytes.
@@ -405,6 +410,7 @@ impl Strategy {
             action,
             enabled: true,
             warm_up: WarmUp::NONE,
+            each: Default::default(),
         };
         if s.algorithm == Algorithm::LeakyBucket {
             s.burst = 1;
@@ -575,6 +581,7 @@ impl Strategy {
             }
             _ => {}
         }
+        self.each.check(self.algorithm, self.rate)?;
         Ok(())
     }
 
@@ -611,6 +618,7 @@ mod tests {
             action: Action::Reject { status: None },
             enabled: true,
             warm_up: WarmUp::NONE,
+            each: Default::default(),
         }
     }
 

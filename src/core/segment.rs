@@ -98,6 +98,7 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
             out.extend_from_slice(&(c.value.len() as u16).to_le_bytes());
             out.extend_from_slice(&c.value);
         }
+        super::keys::segment::encode(&s.each, &mut out);
         while out.len() % 8 != 0 {
             out.push(0);
         }
@@ -301,6 +302,8 @@ pub fn decode_payload(
             let value = r.take(vl).ok_or_else(trunc)?;
             conditions.push(Condition::new(dim, value));
         }
+        let rest = &r.b[r.pos..];
+        let each = super::keys::segment::decode(rest).map_err(bad)?;
         let strategy = Strategy {
             id,
             conditions,
@@ -314,6 +317,7 @@ pub fn decode_payload(
                 period_ms: warm_up_ms,
                 cold_factor,
             },
+            each,
         };
         strategy
             .check()
@@ -364,6 +368,15 @@ mod tests {
             action: Action::Reject { status: Some(429) },
             enabled: true,
             warm_up: WarmUp::NONE,
+            each: if id % 2 == 0 {
+                crate::core::each::Each {
+                    ipv6_prefix: 56,
+                    on_full: crate::core::each::OnFull::Reject,
+                    ..crate::core::each::Each::of(&["ip", "userid"])
+                }
+            } else {
+                Default::default()
+            },
         };
         s.validate().unwrap();
         Published {

@@ -33,7 +33,7 @@ use super::ext::number_in_pool;
 use super::parse;
 use super::RateCtlModule;
 
-type GetHandler =
+pub(super) type GetHandler =
     unsafe extern "C" fn(*mut ngx_http_request_t, *mut ngx_http_variable_value_t, usize) -> isize;
 
 /// The hidden variable whose per-request slot holds the decision.
@@ -79,6 +79,25 @@ pub unsafe fn add_variables(cf: *mut ngx_conf_t) -> Status {
             (*v).get_handler = Some(get);
             (*v).data = 0;
         }
+    }
+    Status::NGX_OK
+}
+
+/// Registers one more variable (`$rate_ctl_key`, whose getter lives
+/// with the request path in `handler.rs`).
+///
+/// # Safety
+/// `cf` must be the configuration nginx passes to preconfiguration.
+pub unsafe fn add_variable(cf: *mut ngx_conf_t, mut name: ngx_str_t, get: GetHandler) -> Status {
+    // SAFETY: cf is valid (contract); nginx copies the name.
+    let v = unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as _) };
+    if v.is_null() {
+        return Status::NGX_ERROR;
+    }
+    // SAFETY: v was just returned non-null by nginx.
+    unsafe {
+        (*v).get_handler = Some(get);
+        (*v).data = 0;
     }
     Status::NGX_OK
 }
@@ -270,7 +289,7 @@ pub fn record(r: &mut ngx_http_request_t, index: usize, d: Decided) -> bool {
     true
 }
 
-fn set_value(v: &mut ngx_http_variable_value_t, data: *mut u8, len: usize) {
+pub(super) fn set_value(v: &mut ngx_http_variable_value_t, data: *mut u8, len: usize) {
     v.set_len(len as u32);
     v.set_valid(1);
     v.set_no_cacheable(1);
@@ -279,13 +298,13 @@ fn set_value(v: &mut ngx_http_variable_value_t, data: *mut u8, len: usize) {
     v.data = data;
 }
 
-fn not_found(v: &mut ngx_http_variable_value_t) {
+pub(super) fn not_found(v: &mut ngx_http_variable_value_t) {
     v.set_len(0);
     v.set_not_found(1);
 }
 
 /// The decision of the request `r` whose variable is being read.
-fn decision_of(r: &Request) -> Option<Decided> {
+pub(super) fn decision_of(r: &Request) -> Option<Decided> {
     let mc = RateCtlModule::main_conf(r)?;
     decided(r.as_ref(), mc.decision_index)
 }

@@ -277,6 +277,7 @@ impl StrategyRecord {
             action: self.core_action()?,
             enabled: self.enabled,
             warm_up: self.core_warm_up()?,
+            each: Default::default(),
         })
     }
 

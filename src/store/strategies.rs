@@ -540,6 +540,10 @@ fn column(col: &'static str) -> Field {
         "max_delay_ms" => Field::MaxDelayMs,
         "warm_up_ms" => Field::WarmUpMs,
         "cold_factor" => Field::ColdFactor,
+        "each" => Field::Each,
+        "ipv4_prefix" => Field::Ipv4Prefix,
+        "ipv6_prefix" => Field::Ipv6Prefix,
+        "on_full" => Field::OnFull,
         "enabled" => Field::Enabled,
         other => Field::Column(other),
     }

@@ -44,6 +44,7 @@ pub fn strategy(
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        each: Default::default(),
     }
 }
 
