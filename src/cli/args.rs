@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use super::flags::{parse_duration_ms, BadValue};
 use crate::store::record::{ActionKind, Scope};
 use crate::store::Invalid;
+use rate_ctl::core::each::OnFull;
 use rate_ctl::core::model::{Algorithm, ModelError, Unit};
 
 #[derive(Parser, Debug)]
@@ -250,6 +251,20 @@ pub struct StrategyAdd {
     /// at least 1 (token-bucket burst split alike). host: per host as written.
     #[arg(long, default_value = "cluster", value_parser = parse_scope)]
     pub scope: Scope,
+    /// Per-key: one limit per value of this dimension (repeat for a tuple,
+    /// at most 4), e.g. --each ip or --each userid --each api.
+    #[arg(long = "each", value_name = "DIMENSION")]
+    pub each: Vec<String>,
+    /// Per-key: aggregate IPv4 client addresses to this prefix (default 32).
+    #[arg(long)]
+    pub ipv4_prefix: Option<u8>,
+    /// Per-key: aggregate IPv6 client addresses to this prefix (default 64).
+    #[arg(long)]
+    pub ipv6_prefix: Option<u8>,
+    /// Per-key: a new key when the key table is full: overflow (a shared
+    /// limiter at the strategy's rate, default), reject or allow.
+    #[arg(long, value_parser = parse_on_full)]
+    pub on_full: Option<OnFull>,
     /// Store it disabled.
     #[arg(long)]
     pub disabled: bool,
@@ -289,6 +304,18 @@ pub struct StrategyUpdate {
     pub cold_factor: Option<u8>,
     #[arg(long, value_parser = parse_scope)]
     pub scope: Option<Scope>,
+    /// Per-key dimensions; replaces the strategy's when given.
+    #[arg(long = "each", value_name = "DIMENSION")]
+    pub each: Vec<String>,
+    /// Make it a shared limit again (no per-key state).
+    #[arg(long, conflicts_with = "each")]
+    pub no_each: bool,
+    #[arg(long)]
+    pub ipv4_prefix: Option<u8>,
+    #[arg(long)]
+    pub ipv6_prefix: Option<u8>,
+    #[arg(long, value_parser = parse_on_full)]
+    pub on_full: Option<OnFull>,
     #[arg(long, conflicts_with = "disable")]
     pub enable: bool,
     #[arg(long)]
@@ -310,6 +337,11 @@ pub fn parse_unit(s: &str) -> Result<Unit, ModelError> {
 pub fn parse_action(s: &str) -> Result<ActionKind, Invalid> {
     s.parse()
 }
+pub fn parse_on_full(s: &str) -> Result<OnFull, Invalid> {
+    s.parse()
+        .map_err(|e: rate_ctl::core::each::EachError| Invalid::from(ModelError::from(e)))
+}
+
 pub fn parse_scope(s: &str) -> Result<Scope, Invalid> {
     s.parse()
 }

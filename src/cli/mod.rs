@@ -206,6 +206,10 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 scope: a.scope,
                 warm_up_ms: a.warm_up,
                 cold_factor: a.cold_factor,
+                each: a.each,
+                ipv4_prefix: a.ipv4_prefix,
+                ipv6_prefix: a.ipv6_prefix,
+                on_full: a.on_full,
                 created_ms: 0,
                 updated_ms: 0,
                 version: 0,
@@ -246,6 +250,24 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
             if let Some(c) = u.cold_factor {
                 rec.cold_factor = Some(c);
+            }
+            if !u.each.is_empty() {
+                rec.each = u.each;
+            }
+            if u.no_each {
+                rec.each.clear();
+                rec.ipv4_prefix = None;
+                rec.ipv6_prefix = None;
+                rec.on_full = None;
+            }
+            if let Some(p) = u.ipv4_prefix {
+                rec.ipv4_prefix = Some(p);
+            }
+            if let Some(p) = u.ipv6_prefix {
+                rec.ipv6_prefix = Some(p);
+            }
+            if let Some(o) = u.on_full {
+                rec.on_full = Some(o);
             }
             if let Some(r) = u.rate {
                 rec.rate = r;
@@ -407,11 +429,28 @@ fn print_strategies(recs: &[StrategyRecord]) {
             ActionKind::Delay => format!("delay:{}ms", r.max_delay_ms.unwrap_or(0)),
             ActionKind::DryRun => "dry_run".into(),
         };
-        let cond: Vec<String> = r
+        let mut cond: Vec<String> = r
             .conditions
             .iter()
             .map(|(d, v)| format!("{d}={v}"))
             .collect();
+        if cond.is_empty() {
+            cond.push("(all requests)".into());
+        }
+        if !r.each.is_empty() {
+            // Per-key: the key, and the options that differ from the defaults.
+            cond.push(format!("each={}", r.each.join(",")));
+            let d = rate_ctl::core::each::Each::default();
+            if let Some(p) = r.ipv4_prefix.filter(|p| *p != d.ipv4_prefix) {
+                cond.push(format!("ipv4_prefix={p}"));
+            }
+            if let Some(p) = r.ipv6_prefix.filter(|p| *p != d.ipv6_prefix) {
+                cond.push(format!("ipv6_prefix={p}"));
+            }
+            if let Some(o) = r.on_full.filter(|o| *o != d.on_full) {
+                cond.push(format!("on_full={o}"));
+            }
+        }
         out(format!(
             "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {}",
             r.id,
@@ -423,11 +462,7 @@ fn print_strategies(recs: &[StrategyRecord]) {
             action,
             r.scope.as_str(),
             if r.enabled { "yes" } else { "no" },
-            if cond.is_empty() {
-                "(all requests)".into()
-            } else {
-                cond.join(" ")
-            }
+            cond.join(" ")
         ));
     }
 }

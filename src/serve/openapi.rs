@@ -92,6 +92,14 @@ fn schemas() -> Value {
                        "description": "warm_up only (required there): time a saturated strategy takes from cold to the full rate"},
         "cold_factor": {"type": ["integer", "null"], "minimum": 2, "maximum": 10,
                         "description": "warm_up only: the interval between admissions when cold is cold_factor × 1/rate (default 3)"},
+        "each": {"type": "array", "items": {"type": "string"}, "maxItems": 4, "default": [],
+                 "description": "per-key: one limiter state per distinct value tuple of these dimensions (e.g. [\"ip\"]: per client address); a request with an empty value is not counted; not for warm_up"},
+        "ipv4_prefix": {"type": ["integer", "null"], "minimum": 1, "maximum": 32,
+                        "description": "per-key only: IPv4 client addresses are aggregated to this prefix (default 32)"},
+        "ipv6_prefix": {"type": ["integer", "null"], "minimum": 1, "maximum": 128,
+                        "description": "per-key only: IPv6 client addresses are aggregated to this prefix (default 64; IPv4-mapped IPv6 counts as IPv4)"},
+        "on_full": {"type": ["string", "null"], "enum": ["overflow", "reject", "allow", null],
+                    "description": "per-key only: a new key when its part of the key table is full: overflow (default; charged against one shared limiter at the strategy's rate), reject or allow"},
     });
     let mut strategy = strategy_fields.clone();
     let o = strategy.as_object_mut().expect("object");
@@ -129,6 +137,10 @@ fn schemas() -> Value {
         ("updated_at", json!(1763800000000u64)),
         ("warm_up_ms", json!(null)),
         ("cold_factor", json!(null)),
+        ("each", json!([])),
+        ("ipv4_prefix", json!(null)),
+        ("ipv6_prefix", json!(null)),
+        ("on_full", json!(null)),
     ] {
         example[k] = v;
     }

@@ -57,6 +57,10 @@ const STRATEGY_FIELDS: &[&str] = &[
     "scope",
     "warm_up_ms",
     "cold_factor",
+    "each",
+    "ipv4_prefix",
+    "ipv6_prefix",
+    "on_full",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -81,6 +85,10 @@ fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError
         scope: f.parsed("scope")?.unwrap_or(Scope::Cluster),
         warm_up_ms: f.uint("warm_up_ms", u32::MAX as u64)?.map(|m| m as u32),
         cold_factor: f.uint("cold_factor", u8::MAX as u64)?.map(|c| c as u8),
+        each: f.strings("each")?,
+        ipv4_prefix: f.uint("ipv4_prefix", u8::MAX as u64)?.map(|p| p as u8),
+        ipv6_prefix: f.uint("ipv6_prefix", u8::MAX as u64)?.map(|p| p as u8),
+        on_full: f.parsed("on_full")?,
         created_ms: 0,
         updated_ms: 0,
         version: 0,

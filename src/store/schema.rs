@@ -253,6 +253,16 @@ pub const MIGRATIONS: &[Migration] = &[
             Step::AddColumn("hosts", "publish_error_ms BIGINT NULL"),
         ],
     },
+    Migration {
+        version: 6,
+        description: "per-key strategies: each, ipv4_prefix, ipv6_prefix, on_full",
+        steps: &[
+            Step::AddColumn("strategies", "each_dims VARCHAR(200) NULL"),
+            Step::AddColumn("strategies", "ipv4_prefix BIGINT NULL"),
+            Step::AddColumn("strategies", "ipv6_prefix BIGINT NULL"),
+            Step::AddColumn("strategies", "on_full VARCHAR(16) NULL"),
+        ],
+    },
 ];
 
 #[cfg(test)]

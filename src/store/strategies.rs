@@ -16,7 +16,8 @@ use rate_ctl::core::shm::unix_ms;
 
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
-     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
+     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, each_dims, ipv4_prefix, \
+     ipv6_prefix, on_full, created_ms, updated_ms, version";
 
 impl Store {
     /// Validates and stores a new strategy; returns its id and the new version.
@@ -43,7 +44,7 @@ impl Store {
         rec.version = version;
         let sql = format!(
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
-            placeholders(16)
+            placeholders(INSERT_COUNT)
         );
         bind_strategy(sqlx::query(&self.sql(&sql)), &rec)
             .execute(&mut *tx)
@@ -117,7 +118,8 @@ impl Store {
             sqlx::query(&self.sql(
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
-                 warm_up_ms = ?, cold_factor = ?, updated_ms = ?, version = ? WHERE id = ?",
+                 warm_up_ms = ?, cold_factor = ?, each_dims = ?, ipv4_prefix = ?, \
+                 ipv6_prefix = ?, on_full = ?, updated_ms = ?, version = ? WHERE id = ?",
             )),
             &rec,
         )
@@ -303,7 +305,8 @@ impl Store {
                 let sql = format!(
                     "INSERT INTO strategies ({id_column}{}) VALUES {}",
                     INSERT_COLUMNS,
-                    vec![format!("({id_mark}{})", placeholders(16)); chunk.len()].join(", ")
+                    vec![format!("({id_mark}{})", placeholders(INSERT_COUNT)); chunk.len()]
+                        .join(", ")
                 );
                 let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
@@ -375,7 +378,11 @@ async fn ensure_name_free(
 
 pub(super) const INSERT_COLUMNS: &str =
     "name, conditions, algorithm, rate, per, burst, action, status, \
-     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
+     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, each_dims, ipv4_prefix, \
+     ipv6_prefix, on_full, created_ms, updated_ms, version";
+
+/// Columns in [`INSERT_COLUMNS`].
+const INSERT_COUNT: usize = 20;
 
 pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -383,7 +390,7 @@ pub(super) fn placeholders(n: usize) -> String {
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 16 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 20 columns of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
@@ -391,7 +398,7 @@ pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery
         .bind(r.version as i64)
 }
 
-/// Binds the 13 columns `name` to `cold_factor` of [`INSERT_COLUMNS`] in order.
+/// Binds the 17 columns `name` to `on_full` of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     let conditions: Vec<[&str; 2]> = r
         .conditions
@@ -411,6 +418,10 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.scope.as_str())
         .bind(r.warm_up_ms.map(|m| m as i64))
         .bind(r.cold_factor.map(|c| c as i64))
+        .bind((!r.each.is_empty()).then(|| r.each.join(",")))
+        .bind(r.ipv4_prefix.map(|p| p as i64))
+        .bind(r.ipv6_prefix.map(|p| p as i64))
+        .bind(r.on_full.map(|o| o.as_str()))
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<StrategyRecord>, Vec<BadRow>) {
@@ -438,6 +449,10 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
     };
     let get_oi = |col: &'static str| -> Result<Option<i64>, BadRow> {
         row.try_get::<Option<i64>, _>(col)
+            .map_err(|e| unreadable(col, e))
+    };
+    let get_os = |col: &'static str| -> Result<Option<String>, BadRow> {
+        row.try_get::<Option<String>, _>(col)
             .map_err(|e| unreadable(col, e))
     };
     let get_s = |col: &'static str| -> Result<String, BadRow> {
@@ -479,51 +494,70 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
             })));
         }
     }
-    let mut rec = StrategyRecord {
-        id: id_u32,
-        name: get_s("name")?,
-        conditions,
-        algorithm: get_s("algorithm")?
-            .parse()
-            .map_err(|e: ModelError| bad(e.into()))?,
-        rate: in_range("rate", get_i("rate")?, u64::MAX)?,
-        per: get_s("per")?
-            .parse()
-            .map_err(|e: ModelError| bad(e.into()))?,
-        burst: in_range("burst", get_i("burst")?, u32::MAX as u64)? as u32,
-        action: get_s("action")?.parse().map_err(bad)?,
-        status: match get_oi("status")? {
-            Some(s) => Some(in_range("status", s, u16::MAX as u64)? as u16),
-            None => None,
-        },
-        max_delay_ms: match get_oi("max_delay_ms")? {
-            Some(s) => Some(in_range("max_delay_ms", s, u32::MAX as u64)? as u32),
-            None => None,
-        },
-        enabled: match get_i("enabled")? {
-            0 => false,
-            1 => true,
-            v => {
-                return Err(bad(Invalid::new(
-                    Field::Enabled,
-                    "enabled",
-                    format!("{v} is neither 0 nor 1"),
-                )))
-            }
-        },
-        scope: get_s("scope")?.parse().map_err(bad)?,
-        warm_up_ms: match get_oi("warm_up_ms")? {
-            Some(s) => Some(in_range("warm_up_ms", s, u32::MAX as u64)? as u32),
-            None => None,
-        },
-        cold_factor: match get_oi("cold_factor")? {
-            Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
-            None => None,
-        },
-        created_ms: get_i("created_ms")?.max(0) as u64,
-        updated_ms: get_i("updated_ms")?.max(0) as u64,
-        version: get_i("version")?.max(0) as u64,
-    };
+    let mut rec =
+        StrategyRecord {
+            id: id_u32,
+            name: get_s("name")?,
+            conditions,
+            algorithm: get_s("algorithm")?
+                .parse()
+                .map_err(|e: ModelError| bad(e.into()))?,
+            rate: in_range("rate", get_i("rate")?, u64::MAX)?,
+            per: get_s("per")?
+                .parse()
+                .map_err(|e: ModelError| bad(e.into()))?,
+            burst: in_range("burst", get_i("burst")?, u32::MAX as u64)? as u32,
+            action: get_s("action")?.parse().map_err(bad)?,
+            status: match get_oi("status")? {
+                Some(s) => Some(in_range("status", s, u16::MAX as u64)? as u16),
+                None => None,
+            },
+            max_delay_ms: match get_oi("max_delay_ms")? {
+                Some(s) => Some(in_range("max_delay_ms", s, u32::MAX as u64)? as u32),
+                None => None,
+            },
+            enabled: match get_i("enabled")? {
+                0 => false,
+                1 => true,
+                v => {
+                    return Err(bad(Invalid::new(
+                        Field::Enabled,
+                        "enabled",
+                        format!("{v} is neither 0 nor 1"),
+                    )))
+                }
+            },
+            scope: get_s("scope")?.parse().map_err(bad)?,
+            warm_up_ms: match get_oi("warm_up_ms")? {
+                Some(s) => Some(in_range("warm_up_ms", s, u32::MAX as u64)? as u32),
+                None => None,
+            },
+            cold_factor: match get_oi("cold_factor")? {
+                Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
+                None => None,
+            },
+            each: match get_os("each_dims")? {
+                Some(s) if !s.is_empty() => s.split(',').map(str::to_string).collect(),
+                _ => Vec::new(),
+            },
+            ipv4_prefix: match get_oi("ipv4_prefix")? {
+                Some(s) => Some(in_range("ipv4_prefix", s, u8::MAX as u64)? as u8),
+                None => None,
+            },
+            ipv6_prefix: match get_oi("ipv6_prefix")? {
+                Some(s) => Some(in_range("ipv6_prefix", s, u8::MAX as u64)? as u8),
+                None => None,
+            },
+            on_full: match get_os("on_full")? {
+                Some(s) => Some(s.parse().map_err(|e: rate_ctl::core::each::EachError| {
+                    bad(ModelError::from(e).into())
+                })?),
+                None => None,
+            },
+            created_ms: get_i("created_ms")?.max(0) as u64,
+            updated_ms: get_i("updated_ms")?.max(0) as u64,
+            version: get_i("version")?.max(0) as u64,
+        };
     rec.validate().map_err(bad)?;
     Ok(rec)
 }
