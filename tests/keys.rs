@@ -471,3 +471,84 @@ fn per_key_concurrency_is_released_when_the_request_ends() {
     assert!(pass("10.1.1.1", &mut held_units));
     assert!(!pass("10.1.1.1", &mut held_units));
 }
+
+#[test]
+fn key_figures_in_stats_prometheus_and_shm_inspect() {
+    let mut s = keyed(7, &[], &["u"], Algorithm::TokenBucket, 1, Unit::Hour);
+    s.each.on_full = OnFull::Reject;
+    let plain = strategy(8, &[("api", "/x")], Algorithm::TokenBucket, 5, Unit::Second);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, caps(8), 0o600).unwrap();
+    w.publish(&[s, plain], &[], 1).unwrap();
+    let mut e = Engine::new(&path);
+    e.refresh(1);
+    let t = e.table().unwrap().clone();
+    for i in 0..8 {
+        assert_eq!(count(&t, "10.0.0.1", &[("u", &format!("k{i}"))], 1, NOW), 1);
+    }
+    // Two new keys find the single range full (on_full reject); an hour
+    // later the old keys are fresh and a new key reclaims one entry.
+    assert_eq!(count(&t, "10.0.0.1", &[("u", "n1")], 2, NOW), 0);
+    assert_eq!(count(&t, "10.0.0.1", &[("u", "n2")], 1, NOW + 3600 * S), 1);
+    let stats = rate_ctl::core::stats::snapshot(&e);
+    let json = rate_ctl::core::stats::render_json(&stats, 0);
+    assert!(
+        json.contains(r#"{"id":7,"passed":9,"limited":2,"delayed":0,"keys":{"in_use":8,"reclaims":1,"full":2,"overflow_admits":0}}"#),
+        "{json}"
+    );
+    assert!(
+        json.contains(r#"{"id":8,"passed":0,"limited":0,"delayed":0}"#),
+        "{json}"
+    );
+    assert!(
+        json.contains(r#""key_table":{"capacity":8,"occupied":8,"max_probe":"#),
+        "{json}"
+    );
+    let probe = stats.key_table.max_probe;
+    assert!((1..=8).contains(&probe), "{probe}");
+    let prom = rate_ctl::core::stats::render_prometheus(&stats, 0);
+    for line in [
+        "rate_ctl_keys_in_use{strategy=\"7\"} 8",
+        "rate_ctl_key_reclaims_total{strategy=\"7\"} 1",
+        "rate_ctl_key_table_full_total{strategy=\"7\"} 2",
+        "rate_ctl_key_table_occupied 8",
+    ] {
+        assert!(prom.lines().any(|l| l == line), "{line} missing:\n{prom}");
+    }
+    let probe_line = format!("rate_ctl_key_table_max_probe {probe}");
+    assert!(prom.lines().any(|l| l == probe_line), "{prom}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
+        .args(["shm", "inspect", "--json", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["key_table"]["occupied"], 8, "{doc}");
+    assert_eq!(doc["key_table"]["bytes_per_key"], 16);
+    let row = doc["strategies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == 7)
+        .unwrap();
+    assert_eq!(row["each"], serde_json::json!(["u"]));
+    assert_eq!(row["keys"]["reclaims"], 1);
+    assert_eq!(row["on_full"], "reject");
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
+        .args(["shm", "inspect", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let want =
+        format!("key table:       8 of 8 entries in use (16 bytes each), longest probe {probe}");
+    assert!(text.contains(&want), "{text}");
+    assert!(
+        text.contains("each=u (keys 8, reclaims 1, on_full reject 2)"),
+        "{text}"
+    );
+}
