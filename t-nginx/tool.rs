@@ -5,6 +5,7 @@
 //! rate-ctl-test-tool publish PATH TABLE_FILE [CONFIG_VERSION]
 //! rate-ctl-test-tool corrupt PATH      # publish a segment with a bad checksum
 //! rate-ctl-test-tool heartbeat PATH
+//! rate-ctl-test-tool fill-keys PATH N [dim=value ...]  # N requests from 10.0.0.0 + i
 //! ```
 //!
 //! TABLE_FILE, one item per line (`#` starts a comment):
@@ -170,6 +171,46 @@ fn run(args: &[String]) -> Result<(), String> {
             seg.store(16, next);
             m.header().store(H_SEQ, next);
             println!("announced corrupt seq {next}");
+            Ok(())
+        }
+        [cmd, path, n, pairs @ ..] if cmd == "fill-keys" => {
+            // N requests from N client addresses with the given values,
+            // through the table as a worker decides: one key each for the
+            // per-key strategies they match (the instruction benchmark's
+            // occupied key table).
+            let n: u32 = n.parse().map_err(|e| format!("N: {e}"))?;
+            let mut e = rate_ctl::core::engine::Engine::new(Path::new(path));
+            e.refresh(rate_ctl::core::clock::MonotonicClock::now());
+            let t = e.table().ok_or("no table in the file")?.clone();
+            let values: Vec<Option<&[u8]>> = t
+                .dimensions()
+                .iter()
+                .map(|d| {
+                    pairs
+                        .iter()
+                        .find_map(|p| p.strip_prefix(d.as_str())?.strip_prefix('='))
+                        .map(str::as_bytes)
+                })
+                .collect();
+            // The benchmark's own client first, so that it has an entry
+            // whatever the filler leaves free.
+            let own = std::iter::once(std::net::IpAddr::from([127, 0, 0, 1]));
+            let filler = (0..n).map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+            for ip in own.chain(filler) {
+                t.decide(&rate_ctl::core::table::Request {
+                    values: &values[..],
+                    ip: Some(ip.into()),
+                    now_ns: rate_ctl::core::clock::MonotonicClock::now(),
+                    now_unix_ms: unix_ms(),
+                    dry_run: false,
+                    quota: false,
+                });
+            }
+            let s = t.mapping().ok_or("no mapping")?.keys().stats();
+            println!(
+                "key table: {} of {} entries occupied, longest probe {}",
+                s.occupied, s.capacity, s.max_probe
+            );
             Ok(())
         }
         [cmd, path] if cmd == "heartbeat" => {

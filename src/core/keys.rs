@@ -192,13 +192,37 @@ pub enum Charge {
     Full,
 }
 
-/// Hashes a key tuple: strategy id, then each part length-prefixed.
+/// Hashes a key tuple: strategy id, then each part length-prefixed, as
+/// 64-bit words (a part's last word zero-padded).
 pub struct KeyHasher(Sip13);
 
 impl KeyHasher {
+    /// A value part: its length, then its bytes.
+    #[inline]
     pub fn part(&mut self, bytes: &[u8]) {
-        self.0.write_u32(bytes.len() as u32);
-        self.0.write(bytes);
+        self.0.word(bytes.len() as u64);
+        self.0.padded(bytes);
+    }
+
+    /// A client-address part, aggregated (see [`IpPrefix`]): the same
+    /// words as [`part`](Self::part) of [`IpPrefix::bytes`], computed
+    /// from the matcher's 128-bit form without an `IpAddr`.
+    #[inline]
+    pub fn ip(&mut self, k: u128, v4: u8, v6: u8) {
+        if k >> 32 == 0xffff {
+            let p = v4.min(32);
+            let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+            let a = (k as u32 & mask).to_be_bytes();
+            self.part(&[4, a[0], a[1], a[2], a[3], p]);
+        } else {
+            let p = v6.min(128);
+            let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
+            let mut b = [0u8; 18];
+            b[0] = 6;
+            b[1..17].copy_from_slice(&(k & mask).to_be_bytes());
+            b[17] = p;
+            self.part(&b);
+        }
     }
 }
 
@@ -242,6 +266,7 @@ pub struct KeyTable<'a> {
 
 impl<'a> KeyTable<'a> {
     /// The table in `region` (validated by the header checks).
+    #[inline]
     pub fn new(
         region: Region<'a>,
         slot_count: u32,
@@ -306,7 +331,7 @@ impl<'a> KeyTable<'a> {
     #[inline]
     pub fn hasher(&self, strategy_id: u32) -> KeyHasher {
         let mut h = Sip13::new(self.secret);
-        h.write_u32(strategy_id);
+        h.word(strategy_id as u64);
         KeyHasher(h)
     }
 
@@ -325,22 +350,39 @@ impl<'a> KeyTable<'a> {
         })
     }
 
-    #[inline]
-    fn entry(&self, i: u64) -> &'a AtomicU64 {
-        let off = (i % self.capacity) * ENTRY_BYTES;
-        self.entries.u64_at(off as usize).expect("inside the table")
+    /// Entry `p` of the probe range starting at `start` (< capacity).
+    #[inline(always)]
+    fn at(&self, start: u64, p: u64) -> u64 {
+        let i = start + p;
+        if i >= self.capacity {
+            i - self.capacity
+        } else {
+            i
+        }
     }
 
-    #[inline]
-    fn load(&self, i: u64) -> (u64, u64) {
-        let id = self.entry(i);
-        let ident = id.load(Ordering::Acquire);
-        let st = self
-            .entries
-            .u64_at(((i % self.capacity) * ENTRY_BYTES + 8) as usize)
+    /// The two words of entry `i` (< capacity; anything else is wrapped).
+    #[inline(always)]
+    fn words(&self, i: u64) -> &'a [AtomicU64; 2] {
+        let i = if i < self.capacity {
+            i
+        } else {
+            i % self.capacity
+        };
+        self.entries
+            .words_at::<2>((i * ENTRY_BYTES) as usize)
             .expect("inside the table")
-            .load(Ordering::Acquire);
-        (ident, st)
+    }
+
+    #[inline(always)]
+    fn entry(&self, i: u64) -> &'a AtomicU64 {
+        &self.words(i)[0]
+    }
+
+    #[inline(always)]
+    fn load(&self, i: u64) -> (u64, u64) {
+        let w = self.words(i);
+        (w[0].load(Ordering::Acquire), w[1].load(Ordering::Acquire))
     }
 
     #[inline]
@@ -443,25 +485,23 @@ impl<'a> KeyTable<'a> {
         let t = lim.clock(now);
         // Bounded: each round either commits or saw another process commit.
         for _ in 0..64 {
-            let mut candidate = None;
-            let mut found = None;
-            for p in 0..PROBE {
-                let i = key.start + p;
-                let (ident, st) = self.load(i);
-                if ident == key.ident {
-                    found = Some((i, st));
-                    break;
-                }
-                if candidate.is_none() && self.reusable(ident, st, now, slots, &owner) {
-                    candidate = Some((p, ident, st));
-                }
-            }
-            if let Some((i, st)) = found {
+            // The key's entry: idents only (the common case, one pass).
+            if let Some(i) = (0..PROBE)
+                .map(|p| self.at(key.start, p))
+                .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)
+            {
+                let st = self.words(i)[1].load(Ordering::Acquire);
                 match self.charge_at(i, key.ident, st, lim, t, force) {
                     Some(c) => return c,
                     None => continue, // the entry moved on: look again
                 }
             }
+            // A new key: the first entry that is empty or as new.
+            let candidate = (0..PROBE).find_map(|p| {
+                let (ident, st) = self.load(self.at(key.start, p));
+                (ident != key.ident && self.reusable(ident, st, now, slots, &owner))
+                    .then_some((p, ident, st))
+            });
             let Some((p, old_ident, old_st)) = candidate else {
                 return Charge::Full;
             };
@@ -472,7 +512,7 @@ impl<'a> KeyTable<'a> {
                     None => return Charge::Rejected { retry_after_ns },
                 },
             };
-            let i = key.start + p;
+            let i = self.at(key.start, p);
             if self
                 .cas(i, [old_ident, old_st], [key.ident, next.0])
                 .is_err()
@@ -483,7 +523,7 @@ impl<'a> KeyTable<'a> {
             // A racing process may have claimed an earlier entry for this
             // key after our scan: the first copy wins.
             for q in 0..p {
-                let j = key.start + q;
+                let j = self.at(key.start, q);
                 let (ident, st) = self.load(j);
                 if ident == key.ident {
                     if self.cas(i, [key.ident, next.0], [0, 0]).is_ok() {
@@ -497,7 +537,7 @@ impl<'a> KeyTable<'a> {
             }
             return Charge::Admitted {
                 at: KeyRef {
-                    entry: i % self.capacity,
+                    entry: i,
                     ident: key.ident,
                 },
                 wait_ns: next.1,
@@ -588,10 +628,7 @@ impl<'a> KeyTable<'a> {
             match self.cas(i, [ident, st], [ident, next]) {
                 Ok(()) => {
                     return Some(Charge::Admitted {
-                        at: KeyRef {
-                            entry: i % self.capacity,
-                            ident,
-                        },
+                        at: KeyRef { entry: i, ident },
                         wait_ns,
                         forced,
                         token: next,
@@ -639,7 +676,7 @@ impl<'a> KeyTable<'a> {
     /// The key's word (`None`: not in the table), for quotas and tests.
     pub fn peek(&self, key: &KeyId) -> Option<u64> {
         (0..PROBE).find_map(|p| {
-            let (ident, st) = self.load(key.start + p);
+            let (ident, st) = self.load(self.at(key.start, p));
             (ident == key.ident).then_some(st)
         })
     }

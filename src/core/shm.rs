@@ -358,6 +358,8 @@ pub struct Mapping {
     pub dev_ino: (u64, u64),
     /// This process's row in the concurrency ledger (claimed on first use).
     ledger_row: std::sync::atomic::AtomicUsize,
+    /// The key table's hash secret (header, written once at creation).
+    key_secret: [u8; 16],
 }
 
 const NO_ROW: usize = usize::MAX;
@@ -436,7 +438,10 @@ impl Mapping {
             return Err(ShmError::Uninitialised(path.to_path_buf()));
         }
         let geometry = Geometry::read(&h, size, path)?;
+        let mut key_secret = [0u8; 16];
+        h.read_bytes(H_KEYS_SECRET, &mut key_secret);
         Ok(Mapping {
+            key_secret,
             guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
@@ -490,17 +495,16 @@ impl Mapping {
     }
 
     /// The per-key table (see [`super::keys`]).
+    #[inline]
     pub fn keys(&self) -> super::keys::KeyTable<'_> {
         let g = &self.geometry;
-        let mut secret = [0u8; 16];
-        self.header().read_bytes(H_KEYS_SECRET, &mut secret);
         super::keys::KeyTable::new(
             self.region()
                 .sub(g.keys_off, g.keys_len)
                 .expect("validated"),
             g.slot_count,
             g.keys_capacity,
-            secret,
+            self.key_secret,
         )
     }
 

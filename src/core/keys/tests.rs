@@ -280,3 +280,23 @@ fn threads_racing_on_keys_admit_exactly_the_allowance() {
         assert_eq!(a.load(Ordering::Relaxed), 5);
     }
 }
+
+#[test]
+fn the_ip_part_is_the_prefix_bytes_part() {
+    let f = Fixture::new(64);
+    let t = f.table(64);
+    for (text, v4, v6) in [
+        ("203.0.113.7", 24, 64),
+        ("::ffff:203.0.113.7", 32, 64),
+        ("2001:db8:1:2:3::9", 32, 56),
+        ("2001:db8::1", 32, 128),
+    ] {
+        let addr: IpAddr = text.parse().unwrap();
+        let mut a = t.hasher(3);
+        a.ip(crate::core::table::IpKey::from(addr).0, v4, v6);
+        let mut b = t.hasher(3);
+        let (bytes, n) = IpPrefix::new(addr, v4, v6).bytes();
+        b.part(&bytes[..n]);
+        assert_eq!(t.key(a, 0, 1), t.key(b, 0, 1), "{text}");
+    }
+}
