@@ -29,11 +29,13 @@ const RESIDENT: u32 = 1_000_000;
 /// Entries of the table: 1,000,000 keys fill it to 48 %.
 const CAPACITY: u32 = 1 << 21;
 
+/// One token an hour, a burst of a million: every request passes and a
+/// charged key stays limited (resident) for an hour.
 fn per_ip() -> Strategy {
     let mut s = Strategy::unconditioned(
         Algorithm::TokenBucket,
-        1_000_000,
-        Unit::Second,
+        1,
+        Unit::Hour,
         1_000_000,
         Action::Reject { status: None },
     )

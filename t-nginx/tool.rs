@@ -182,16 +182,12 @@ fn run(args: &[String]) -> Result<(), String> {
             let mut e = rate_ctl::core::engine::Engine::new(Path::new(path));
             e.refresh(rate_ctl::core::clock::MonotonicClock::now());
             let t = e.table().ok_or("no table in the file")?.clone();
-            let values: Vec<Option<&[u8]>> = t
-                .dimensions()
+            let pairs: Vec<(&str, &[u8])> = pairs
                 .iter()
-                .map(|d| {
-                    pairs
-                        .iter()
-                        .find_map(|p| p.strip_prefix(d.as_str())?.strip_prefix('='))
-                        .map(str::as_bytes)
-                })
+                .filter_map(|p| p.split_once('='))
+                .map(|(d, v)| (d, v.as_bytes()))
                 .collect();
+            let values = t.values_of(&pairs);
             // The benchmark's own client first, so that it has an entry
             // whatever the filler leaves free.
             let own = std::iter::once(std::net::IpAddr::from([127, 0, 0, 1]));

@@ -286,16 +286,8 @@ fn table_of(list: &[Strategy], keys: u32) -> (tempfile::TempDir, Writer, std::sy
 /// One request from `ip` with `pairs` as values, at `now_ns`; the verdict
 /// (`None`: no strategy matched) and the key text of the deciding strategy.
 fn ask(t: &Table, ip: &str, pairs: &[(&str, &str)], now_ns: u64) -> Option<Verdict> {
-    let values: Vec<Option<&[u8]>> = t
-        .dimensions()
-        .iter()
-        .map(|d| {
-            pairs
-                .iter()
-                .find(|(n, _)| n == d)
-                .map(|(_, v)| v.as_bytes())
-        })
-        .collect();
+    let pairs: Vec<(&str, &[u8])> = pairs.iter().map(|&(d, v)| (d, v.as_bytes())).collect();
+    let values = t.values_of(&pairs);
     let r = Request {
         values: &values[..],
         ip: Some(ip.parse::<std::net::IpAddr>().unwrap().into()),

@@ -11,6 +11,13 @@ mod serve;
 use cli::{add_strategy, json_lines, ok, rate_ctl, stores};
 use serde_json::{json, Value};
 
+/// `rate-ctl strategy update ID --store STORE` with `extra`; must succeed.
+fn update(store: &str, id: &str, extra: &[&str]) {
+    let mut args = vec!["strategy", "update", id, "--store", store];
+    args.extend_from_slice(extra);
+    ok(&args);
+}
+
 fn rows(store: &str) -> Vec<Value> {
     json_lines(&ok(&["strategy", "list", "--store", store, "--json"]))
 }
@@ -45,34 +52,22 @@ fn per_key_fields_round_trip_through_the_cli_and_the_store() {
         let list = ok(&["strategy", "list", "--store", s]);
         assert!(list.contains("api=/login each=ip ipv6_prefix=56"), "{list}");
         let id = r["id"].to_string();
-        ok(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
+        update(
             s,
-            "--each",
-            "userid",
-            "--each",
-            "api",
-            "--on-full",
-            "reject",
-        ]);
+            &id,
+            &["--each", "userid", "--each", "api", "--on-full", "reject"],
+        );
         let r = &rows(s)[0];
         assert_eq!(r["each"], json!(["userid", "api"]));
         assert_eq!(r["on_full"], "reject");
         // Export, remove, import: the fields come back.
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("export.jsonl");
-        let file = file.to_str().unwrap();
-        ok(&["strategy", "export", "--store", s, file]);
-        let exported = std::fs::read_to_string(file).unwrap();
+        let (_dir, file, exported) = cli::export_strategies(s);
         assert!(
             exported.contains(r#""each":["userid","api"]"#),
             "{exported}"
         );
         ok(&["strategy", "rm", &id, "--store", s]);
-        ok(&["strategy", "import", "--store", s, file]);
+        ok(&["strategy", "import", "--store", s, &file]);
         let r = &rows(s)[0];
         assert_eq!(
             (&r["each"], &r["ipv6_prefix"], &r["on_full"]),
@@ -80,7 +75,7 @@ fn per_key_fields_round_trip_through_the_cli_and_the_store() {
         );
         // Back to one shared limit.
         let id = r["id"].to_string();
-        ok(&["strategy", "update", &id, "--store", s, "--no-each"]);
+        update(s, &id, &["--no-each"]);
         let r = &rows(s)[0];
         assert!(r.get("each").is_none() && r.get("on_full").is_none(), "{r}");
     }

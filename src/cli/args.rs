@@ -251,20 +251,8 @@ pub struct StrategyAdd {
     /// at least 1 (token-bucket burst split alike). host: per host as written.
     #[arg(long, default_value = "cluster", value_parser = parse_scope)]
     pub scope: Scope,
-    /// Per-key: one limit per value of this dimension (repeat for a tuple,
-    /// at most 4), e.g. --each ip or --each userid --each api.
-    #[arg(long = "each", value_name = "DIMENSION")]
-    pub each: Vec<String>,
-    /// Per-key: aggregate IPv4 client addresses to this prefix (default 32).
-    #[arg(long)]
-    pub ipv4_prefix: Option<u8>,
-    /// Per-key: aggregate IPv6 client addresses to this prefix (default 64).
-    #[arg(long)]
-    pub ipv6_prefix: Option<u8>,
-    /// Per-key: a new key when the key table is full: overflow (a shared
-    /// limiter at the strategy's rate, default), reject or allow.
-    #[arg(long, value_parser = parse_on_full)]
-    pub on_full: Option<OnFull>,
+    #[command(flatten)]
+    pub per_key: PerKeyArgs,
     /// Store it disabled.
     #[arg(long)]
     pub disabled: bool,
@@ -304,22 +292,35 @@ pub struct StrategyUpdate {
     pub cold_factor: Option<u8>,
     #[arg(long, value_parser = parse_scope)]
     pub scope: Option<Scope>,
-    /// Per-key dimensions; replaces the strategy's when given.
-    #[arg(long = "each", value_name = "DIMENSION")]
-    pub each: Vec<String>,
+    #[command(flatten)]
+    pub per_key: PerKeyArgs,
     /// Make it a shared limit again (no per-key state).
     #[arg(long, conflicts_with = "each")]
     pub no_each: bool,
-    #[arg(long)]
-    pub ipv4_prefix: Option<u8>,
-    #[arg(long)]
-    pub ipv6_prefix: Option<u8>,
-    #[arg(long, value_parser = parse_on_full)]
-    pub on_full: Option<OnFull>,
     #[arg(long, conflicts_with = "disable")]
     pub enable: bool,
     #[arg(long)]
     pub disable: bool,
+}
+
+/// The per-key flags of `strategy add` and `update` (on update, `--each`
+/// replaces the strategy's list when given).
+#[derive(Args, Debug)]
+pub struct PerKeyArgs {
+    /// Per-key: one limit per value of this dimension (repeat for a tuple,
+    /// at most 4), e.g. --each ip or --each userid --each api.
+    #[arg(long = "each", value_name = "DIMENSION")]
+    pub each: Vec<String>,
+    /// Per-key: aggregate IPv4 client addresses to this prefix (default 32).
+    #[arg(long)]
+    pub ipv4_prefix: Option<u8>,
+    /// Per-key: aggregate IPv6 client addresses to this prefix (default 64).
+    #[arg(long)]
+    pub ipv6_prefix: Option<u8>,
+    /// Per-key: a new key when the key table is full: overflow (a shared
+    /// limiter at the strategy's rate, default), reject or allow.
+    #[arg(long, value_parser = parse_on_full)]
+    pub on_full: Option<OnFull>,
 }
 
 /// `--warm-up`: a duration in ms (the range is the model's check).

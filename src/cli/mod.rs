@@ -206,10 +206,10 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 scope: a.scope,
                 warm_up_ms: a.warm_up,
                 cold_factor: a.cold_factor,
-                each: a.each,
-                ipv4_prefix: a.ipv4_prefix,
-                ipv6_prefix: a.ipv6_prefix,
-                on_full: a.on_full,
+                each: a.per_key.each,
+                ipv4_prefix: a.per_key.ipv4_prefix,
+                ipv6_prefix: a.per_key.ipv6_prefix,
+                on_full: a.per_key.on_full,
                 created_ms: 0,
                 updated_ms: 0,
                 version: 0,
@@ -251,24 +251,16 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             if let Some(c) = u.cold_factor {
                 rec.cold_factor = Some(c);
             }
-            if !u.each.is_empty() {
-                rec.each = u.each;
-            }
+            let k = u.per_key;
             if u.no_each {
                 rec.each.clear();
-                rec.ipv4_prefix = None;
-                rec.ipv6_prefix = None;
-                rec.on_full = None;
+                (rec.ipv4_prefix, rec.ipv6_prefix, rec.on_full) = (None, None, None);
+            } else if !k.each.is_empty() {
+                rec.each = k.each;
             }
-            if let Some(p) = u.ipv4_prefix {
-                rec.ipv4_prefix = Some(p);
-            }
-            if let Some(p) = u.ipv6_prefix {
-                rec.ipv6_prefix = Some(p);
-            }
-            if let Some(o) = u.on_full {
-                rec.on_full = Some(o);
-            }
+            rec.ipv4_prefix = k.ipv4_prefix.or(rec.ipv4_prefix);
+            rec.ipv6_prefix = k.ipv6_prefix.or(rec.ipv6_prefix);
+            rec.on_full = k.on_full.or(rec.on_full);
             if let Some(r) = u.rate {
                 rec.rate = r;
             }

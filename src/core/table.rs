@@ -470,6 +470,15 @@ impl Table {
         &self.dims
     }
 
+    /// A request's values by dimension name, laid out as the table asks
+    /// for them (tests, tools).
+    pub fn values_of<'v>(&self, pairs: &[(&str, &'v [u8])]) -> Vec<Option<&'v [u8]>> {
+        self.dims
+            .iter()
+            .map(|d| pairs.iter().find(|(n, _)| n == d).map(|&(_, v)| v))
+            .collect()
+    }
+
     pub fn dimension_index(&self, name: &str) -> Option<usize> {
         self.dims.iter().position(|d| d == name)
     }

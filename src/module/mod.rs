@@ -22,7 +22,6 @@ use ngx::ffi::{
     ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_HTTP_MODULE,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
-use ngx::ngx_string;
 
 pub struct RateCtlModule;
 
@@ -80,11 +79,7 @@ impl HttpModule for RateCtlModule {
 
     unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         // SAFETY: nginx passes the configuration being parsed.
-        if unsafe { variables::add_variables(cf) } != Status::NGX_OK {
-            return Status::NGX_ERROR.0;
-        }
-        // SAFETY: as above.
-        unsafe { variables::add_variable(cf, ngx_string!("rate_ctl_key"), handler::key_variable) }.0
+        unsafe { variables::add_variables(cf, handler::key_variable) }.0
     }
 
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {

@@ -46,12 +46,14 @@ fn static_str(s: &'static str) -> ngx_str_t {
     }
 }
 
-/// Registers the variables; called from preconfiguration.
+/// Registers the variables; called from preconfiguration. `key` is the
+/// getter of `$rate_ctl_key`, which lives with the request path
+/// (`handler.rs`).
 ///
 /// # Safety
 /// `cf` must be the configuration nginx passes to preconfiguration.
-pub unsafe fn add_variables(cf: *mut ngx_conf_t) -> Status {
-    let vars: [(ngx_str_t, GetHandler, u32); 3] = [
+pub unsafe fn add_variables(cf: *mut ngx_conf_t, key: GetHandler) -> Status {
+    let vars: [(ngx_str_t, GetHandler, u32); 4] = [
         (
             ngx_string!("rate_ctl_status"),
             status_variable,
@@ -67,6 +69,7 @@ pub unsafe fn add_variables(cf: *mut ngx_conf_t) -> Status {
             undecided_variable,
             NGX_HTTP_VAR_NOHASH,
         ),
+        (ngx_string!("rate_ctl_key"), key, NGX_HTTP_VAR_NOCACHEABLE),
     ];
     for (mut name, get, flags) in vars {
         // SAFETY: cf is valid (contract); nginx copies the name.
@@ -79,25 +82,6 @@ pub unsafe fn add_variables(cf: *mut ngx_conf_t) -> Status {
             (*v).get_handler = Some(get);
             (*v).data = 0;
         }
-    }
-    Status::NGX_OK
-}
-
-/// Registers one more variable (`$rate_ctl_key`, whose getter lives
-/// with the request path in `handler.rs`).
-///
-/// # Safety
-/// `cf` must be the configuration nginx passes to preconfiguration.
-pub unsafe fn add_variable(cf: *mut ngx_conf_t, mut name: ngx_str_t, get: GetHandler) -> Status {
-    // SAFETY: cf is valid (contract); nginx copies the name.
-    let v = unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as _) };
-    if v.is_null() {
-        return Status::NGX_ERROR;
-    }
-    // SAFETY: v was just returned non-null by nginx.
-    unsafe {
-        (*v).get_handler = Some(get);
-        (*v).data = 0;
     }
     Status::NGX_OK
 }

@@ -151,91 +151,7 @@ pub(crate) fn decide<V: Values + ?Sized>(
             return d;
         }
     }
-    decide_all(table, matched, map, slots, r, held, key_holds)
-}
-
-/// The common case, one enforcing per-key strategy, without the lists of
-/// [`decide_all`]: the same decision and effects. `None` (nothing
-/// charged) for what it does not handle: a dry run, a full range.
-#[inline(always)]
-fn decide_one<V: Values + ?Sized>(
-    table: &Table,
-    si: u32,
-    map: &Mapping,
-    slots: &Region<'_>,
-    r: &Request<'_, V>,
-    key_holds: &mut KeyHolds,
-) -> Option<Decision> {
-    let c = &table.strategies()[si as usize];
-    let plan = c.key.as_ref()?;
-    if r.dry_run || c.strategy.action.is_dry_run() {
-        return None;
-    }
-    let slot = Slot::at(slots, c.slot)?;
-    let id = c.strategy.id;
-    let mut d = Decision {
-        verdict: Verdict::Pass,
-        dry_run_rejected: None,
-        would_delay: None,
-        tightest: None,
-        passed_by: None,
-    };
-    if slot.generation().load(Ordering::Acquire) != c.generation {
-        return Some(d); // stale table
-    }
-    let kt = map.keys();
-    let mut h = kt.hasher(id);
-    if !plan.hash(r, &mut h) {
-        return Some(d); // an empty value: not counted
-    }
-    let key = kt.key(h, c.slot, c.generation)?;
-    let now = r.now();
-    let owner = |s: u32| table.key_owner(s);
-    match kt.charge(&key, &plan.limiter, now, false, slots, owner) {
-        Charge::Admitted {
-            at, wait_ns, token, ..
-        } => {
-            slot.passed().fetch_add(1, Ordering::Relaxed);
-            if wait_ns > 0 {
-                slot.delayed().fetch_add(1, Ordering::Relaxed);
-                d.verdict = Verdict::Delay { id, wait_ns };
-            }
-            if plan.limiter.is_concurrency() {
-                key_holds.push((at, plan.limiter));
-            }
-            d.passed_by = Some(id);
-            if r.quota {
-                d.tightest = Some((id, plan.limiter.quota(token, plan.limiter.clock(now))));
-            }
-            Some(d)
-        }
-        Charge::Rejected { retry_after_ns } => {
-            slot.limited().fetch_add(1, Ordering::Relaxed);
-            d.verdict = Verdict::Reject {
-                id,
-                status: reject_status(c.strategy.action),
-                retry_after_ns,
-            };
-            if r.quota {
-                let t = plan.limiter.clock(now);
-                d.tightest = quota_of(&kt, table, si, None, t).map(|q| (id, q));
-            }
-            Some(d)
-        }
-        Charge::Full => None,
-    }
-}
-
-/// Any number of matched strategies, per-key and shared.
-fn decide_all<V: Values + ?Sized>(
-    table: &Table,
-    matched: &[u32],
-    map: &Mapping,
-    slots: &Region<'_>,
-    r: &Request<'_, V>,
-    held: &mut SmallVec<[u32; 2]>,
-    key_holds: &mut KeyHolds,
-) -> Decision {
+    // Any number of matched strategies, per-key and shared.
     let kt = map.keys();
     let now = r.now();
     let owner = |slot: u32| table.key_owner(slot);
@@ -338,13 +254,7 @@ fn decide_all<V: Values + ?Sized>(
         };
     }
     let mut d = if shared.is_empty() {
-        Decision {
-            verdict: Verdict::Pass,
-            dry_run_rejected: None,
-            would_delay: None,
-            tightest: None,
-            passed_by: None,
-        }
+        Decision::pass()
     } else {
         admit::admit_with(&shared, now, r.dry_run, r.quota)
     };
@@ -415,6 +325,72 @@ fn decide_all<V: Values + ?Sized>(
         }
     }
     d
+}
+
+/// The common case, one enforcing per-key strategy, without the lists of
+/// [`decide_all`]: the same decision and effects. `None` (nothing
+/// charged) for what it does not handle: a dry run, a full range.
+#[inline(always)]
+fn decide_one<V: Values + ?Sized>(
+    table: &Table,
+    si: u32,
+    map: &Mapping,
+    slots: &Region<'_>,
+    r: &Request<'_, V>,
+    key_holds: &mut KeyHolds,
+) -> Option<Decision> {
+    let c = &table.strategies()[si as usize];
+    let plan = c.key.as_ref()?;
+    if r.dry_run || c.strategy.action.is_dry_run() {
+        return None;
+    }
+    let slot = Slot::at(slots, c.slot)?;
+    let id = c.strategy.id;
+    let mut d = Decision::pass();
+    if slot.generation().load(Ordering::Acquire) != c.generation {
+        return Some(d); // stale table
+    }
+    let kt = map.keys();
+    let mut h = kt.hasher(id);
+    if !plan.hash(r, &mut h) {
+        return Some(d); // an empty value: not counted
+    }
+    let key = kt.key(h, c.slot, c.generation)?;
+    let now = r.now();
+    let owner = |s: u32| table.key_owner(s);
+    match kt.charge(&key, &plan.limiter, now, false, slots, owner) {
+        Charge::Admitted {
+            at, wait_ns, token, ..
+        } => {
+            slot.passed().fetch_add(1, Ordering::Relaxed);
+            if wait_ns > 0 {
+                slot.delayed().fetch_add(1, Ordering::Relaxed);
+                d.verdict = Verdict::Delay { id, wait_ns };
+            }
+            if plan.limiter.is_concurrency() {
+                key_holds.push((at, plan.limiter));
+            }
+            d.passed_by = Some(id);
+            if r.quota {
+                d.tightest = Some((id, plan.limiter.quota(token, plan.limiter.clock(now))));
+            }
+            Some(d)
+        }
+        Charge::Rejected { retry_after_ns } => {
+            slot.limited().fetch_add(1, Ordering::Relaxed);
+            d.verdict = Verdict::Reject {
+                id,
+                status: reject_status(c.strategy.action),
+                retry_after_ns,
+            };
+            if r.quota {
+                let t = plan.limiter.clock(now);
+                d.tightest = quota_of(&kt, table, si, None, t).map(|q| (id, q));
+            }
+            Some(d)
+        }
+        Charge::Full => None,
+    }
 }
 
 /// The quota of strategy `si`'s key: from the word this request wrote, or
