@@ -544,3 +544,38 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
         "{text}"
     );
 }
+
+/// Memory never grows with the number of distinct keys: after 2,000,000
+/// new keys the file has the same size, and this process's resident
+/// memory grew by at most the key region it touched (bounded by `--keys`).
+#[test]
+fn two_million_distinct_keys_change_neither_file_size_nor_memory_beyond_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let _w = Writer::create_or_adopt(&path, caps(65_536), 0o600).unwrap();
+    let size = std::fs::metadata(&path).unwrap().len();
+    let map = Mapping::open(&path).unwrap();
+    let t = map.keys();
+    let l = limiter();
+    let rss_kib = || -> u64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    // Touch the whole table once, then measure from there.
+    for i in 0..200_000u32 {
+        charge(&t, &map, &key(&t, &map, &format!("warm{i}")), &l, NOW);
+    }
+    let before = rss_kib();
+    let mut full = 0u64;
+    for i in 0..2_000_000u32 {
+        let mut h = t.hasher(1);
+        h.part(&i.to_le_bytes());
+        let k = t.key(h, 0, 0).unwrap();
+        full += (charge(&t, &map, &k, &l, NOW) == Charge::Full) as u64;
+    }
+    assert!(full > 1_900_000, "the table was full for new keys: {full}");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    let grown = rss_kib().saturating_sub(before);
+    assert!(grown < 4 * 1024, "resident memory grew by {grown} KiB");
+}
