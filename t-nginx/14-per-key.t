@@ -118,6 +118,33 @@ for_each_target(sub {
         'a new rate applies to an existing key at once (4 per hour: one more)');
     is_deeply([codes_from($n, '/keep', 1, '198.51.100.8')], [200], 'another client passes');
     $n->no_alerts;
+
+    # A key table of 8 entries (one probe range), on_full reject: the
+    # ninth client is refused, logged at most once a second, counted in
+    # the stats; the limited clients stay limited.
+    my $f = RateCtlTest->new($t,
+        server => q{
+            set_real_ip_from 127.0.0.1;
+            real_ip_header X-Forwarded-For;
+            rate_ctl on;
+            location / { empty_gif; }
+            location /stats { rate_ctl off; rate_ctl_stats; }
+        });
+    {
+        local $ENV{RATE_CTL_TOOL_KEYS} = 8;
+        publish($f->shm, "strategy id=6 algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");
+    }
+    $f->start;
+    my @first = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 1 .. 8;
+    is_deeply(\@first, [(200) x 8], 'eight clients take the eight entries');
+    my @new = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 9 .. 12;
+    is_deeply(\@new, [(503) x 4], 'on_full reject: new clients are refused while every entry is limited');
+    is_deeply([codes_from($f, '/full', 1, '203.0.113.1')], [503], 'an old client is still limited');
+    my @lines = grep { /strategy 6: a new key found the key table full \(on_full reject\)/ } split /\n/, $f->error_log;
+    ok(@lines >= 1 && @lines <= 2 * $f->{workers}, scalar(@lines) . ' log line(s) for 4 refusals: at most one per worker per second');
+    like($f->get('/stats')->{body}, qr/"keys":\{"in_use":8,"reclaims":0,"full":4,"overflow_admits":0\}/,
+        'the stats count the four on_full events');
+    $f->no_alerts;
 });
 
 done_testing;

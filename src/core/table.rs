@@ -66,12 +66,21 @@ pub struct Scratch {
     matches: Vec<u32>,
     /// Per-key concurrency units the last request took ([`Table::units_with_keys`]).
     key_holds: super::keys::KeyHolds,
+    /// The first per-key strategy whose key found the table full in the
+    /// last request, with its `on_full` (for the worker's log).
+    key_full: Option<(u32, super::each::OnFull)>,
 }
 
 /// Matches room is made for when a table is loaded (more: the vector grows).
 const MATCHES_ROOM: usize = 16;
 
 impl Scratch {
+    /// The per-key strategy (id, `on_full`) whose new key found the key
+    /// table full in the request decided last with this working space.
+    pub fn key_table_full(&self) -> Option<(u32, super::each::OnFull)> {
+        self.key_full
+    }
+
     /// Makes room for `table` now (when a worker loads it), so that no
     /// request allocates.
     pub fn fit(&mut self, table: &Table) {
@@ -656,8 +665,16 @@ impl Table {
         {
             let matched = std::mem::take(&mut scratch.matches);
             scratch.key_holds.clear();
-            let d =
-                super::keys::decide(self, &matched, map, &slots, r, held, &mut scratch.key_holds);
+            scratch.key_full = None;
+            let d = super::keys::decide(
+                self,
+                &matched,
+                map,
+                &slots,
+                r,
+                held,
+                (&mut scratch.key_holds, &mut scratch.key_full),
+            );
             scratch.matches = matched;
             return Outcome::Limited(d);
         }

@@ -229,6 +229,7 @@ fn decide(
         engine,
         sources,
         scratch,
+        log,
         ..
     } = w;
     let Some(table) = engine.table() else {
@@ -250,6 +251,18 @@ fn decide(
         scratch,
     );
     let hold = table.units_with_keys(&held, scratch);
+    if let Some((id, on_full)) = scratch.key_table_full() {
+        // At most one line per strategy per second (the rest summarised).
+        let level = lc.log_level().lower();
+        if log.record(id, Event::KeyTableFull, level, now_ms) {
+            ngx_log_error!(
+                level.ngx_level(),
+                r.log(),
+                "rate_ctl: strategy {id}: a new key found the key table full (on_full {on_full}); \
+                 see rate_ctl_key_table_full_total, or give the agent more --keys"
+            );
+        }
+    }
     (Some(outcome), hold)
 }
 
@@ -448,6 +461,7 @@ fn log_event(
             Event::DryRunRejected => "would reject request (dry run)",
             Event::DryRunDelayed => "would delay request (dry run)",
             Event::Blacklisted => "refusing blacklisted request",
+            Event::KeyTableFull => "key table full for a new key",
         };
         if id == 0 {
             ngx_log_error!(level.ngx_level(), r.log(), "rate_ctl: {what}");

@@ -25,6 +25,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use super::super::admit::{self, Decision, Hit, Verdict};
+use super::super::each::OnFull;
 use super::super::limiter::Quota;
 use super::super::model::{Action, Algorithm};
 use super::super::region::Region;
@@ -144,7 +145,7 @@ pub(crate) fn decide<V: Values + ?Sized>(
     slots: &Region<'_>,
     r: &Request<'_, V>,
     held: &mut SmallVec<[u32; 2]>,
-    key_holds: &mut KeyHolds,
+    (key_holds, full): (&mut KeyHolds, &mut Option<(u32, OnFull)>),
 ) -> Decision {
     if let [si] = *matched {
         if let Some(d) = decide_one(table, si, map, slots, r, key_holds) {
@@ -210,7 +211,7 @@ pub(crate) fn decide<V: Values + ?Sized>(
             }
             Charge::Rejected { retry_after_ns } => retry_after_ns,
             Charge::Full => {
-                use super::super::each::OnFull;
+                full.get_or_insert((c.strategy.id, plan.on_full));
                 match plan.on_full {
                     OnFull::Overflow => {
                         if let Some(h) = c.hit(slots) {
