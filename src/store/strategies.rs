@@ -470,6 +470,16 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
             Ok(v as u64)
         }
     };
+    let on_full_of = |s: String| -> Result<rate_ctl::core::each::OnFull, BadRow> {
+        s.parse()
+            .map_err(|e: rate_ctl::core::each::EachError| bad(ModelError::from(e).into()))
+    };
+    // A small optional column (the per-key prefixes).
+    let opt_u8 = |col: &'static str| -> Result<Option<u8>, BadRow> {
+        get_oi(col)?
+            .map(|v| in_range(col, v, u8::MAX as u64).map(|v| v as u8))
+            .transpose()
+    };
     let id_u32 = u32::try_from(id).ok().filter(|i| *i > 0).ok_or_else(|| {
         bad(Invalid::new(
             Field::Id,
@@ -494,70 +504,58 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
             })));
         }
     }
-    let mut rec =
-        StrategyRecord {
-            id: id_u32,
-            name: get_s("name")?,
-            conditions,
-            algorithm: get_s("algorithm")?
-                .parse()
-                .map_err(|e: ModelError| bad(e.into()))?,
-            rate: in_range("rate", get_i("rate")?, u64::MAX)?,
-            per: get_s("per")?
-                .parse()
-                .map_err(|e: ModelError| bad(e.into()))?,
-            burst: in_range("burst", get_i("burst")?, u32::MAX as u64)? as u32,
-            action: get_s("action")?.parse().map_err(bad)?,
-            status: match get_oi("status")? {
-                Some(s) => Some(in_range("status", s, u16::MAX as u64)? as u16),
-                None => None,
-            },
-            max_delay_ms: match get_oi("max_delay_ms")? {
-                Some(s) => Some(in_range("max_delay_ms", s, u32::MAX as u64)? as u32),
-                None => None,
-            },
-            enabled: match get_i("enabled")? {
-                0 => false,
-                1 => true,
-                v => {
-                    return Err(bad(Invalid::new(
-                        Field::Enabled,
-                        "enabled",
-                        format!("{v} is neither 0 nor 1"),
-                    )))
-                }
-            },
-            scope: get_s("scope")?.parse().map_err(bad)?,
-            warm_up_ms: match get_oi("warm_up_ms")? {
-                Some(s) => Some(in_range("warm_up_ms", s, u32::MAX as u64)? as u32),
-                None => None,
-            },
-            cold_factor: match get_oi("cold_factor")? {
-                Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
-                None => None,
-            },
-            each: match get_os("each_dims")? {
-                Some(s) if !s.is_empty() => s.split(',').map(str::to_string).collect(),
-                _ => Vec::new(),
-            },
-            ipv4_prefix: match get_oi("ipv4_prefix")? {
-                Some(s) => Some(in_range("ipv4_prefix", s, u8::MAX as u64)? as u8),
-                None => None,
-            },
-            ipv6_prefix: match get_oi("ipv6_prefix")? {
-                Some(s) => Some(in_range("ipv6_prefix", s, u8::MAX as u64)? as u8),
-                None => None,
-            },
-            on_full: match get_os("on_full")? {
-                Some(s) => Some(s.parse().map_err(|e: rate_ctl::core::each::EachError| {
-                    bad(ModelError::from(e).into())
-                })?),
-                None => None,
-            },
-            created_ms: get_i("created_ms")?.max(0) as u64,
-            updated_ms: get_i("updated_ms")?.max(0) as u64,
-            version: get_i("version")?.max(0) as u64,
-        };
+    let mut rec = StrategyRecord {
+        id: id_u32,
+        name: get_s("name")?,
+        conditions,
+        algorithm: get_s("algorithm")?
+            .parse()
+            .map_err(|e: ModelError| bad(e.into()))?,
+        rate: in_range("rate", get_i("rate")?, u64::MAX)?,
+        per: get_s("per")?
+            .parse()
+            .map_err(|e: ModelError| bad(e.into()))?,
+        burst: in_range("burst", get_i("burst")?, u32::MAX as u64)? as u32,
+        action: get_s("action")?.parse().map_err(bad)?,
+        status: match get_oi("status")? {
+            Some(s) => Some(in_range("status", s, u16::MAX as u64)? as u16),
+            None => None,
+        },
+        max_delay_ms: match get_oi("max_delay_ms")? {
+            Some(s) => Some(in_range("max_delay_ms", s, u32::MAX as u64)? as u32),
+            None => None,
+        },
+        enabled: match get_i("enabled")? {
+            0 => false,
+            1 => true,
+            v => {
+                return Err(bad(Invalid::new(
+                    Field::Enabled,
+                    "enabled",
+                    format!("{v} is neither 0 nor 1"),
+                )))
+            }
+        },
+        scope: get_s("scope")?.parse().map_err(bad)?,
+        warm_up_ms: match get_oi("warm_up_ms")? {
+            Some(s) => Some(in_range("warm_up_ms", s, u32::MAX as u64)? as u32),
+            None => None,
+        },
+        cold_factor: match get_oi("cold_factor")? {
+            Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
+            None => None,
+        },
+        each: match get_os("each_dims")? {
+            Some(s) if !s.is_empty() => s.split(',').map(str::to_string).collect(),
+            _ => Vec::new(),
+        },
+        ipv4_prefix: opt_u8("ipv4_prefix")?,
+        ipv6_prefix: opt_u8("ipv6_prefix")?,
+        on_full: get_os("on_full")?.map(on_full_of).transpose()?,
+        created_ms: get_i("created_ms")?.max(0) as u64,
+        updated_ms: get_i("updated_ms")?.max(0) as u64,
+        version: get_i("version")?.max(0) as u64,
+    };
     rec.validate().map_err(bad)?;
     Ok(rec)
 }
