@@ -579,3 +579,72 @@ fn two_million_distinct_keys_change_neither_file_size_nor_memory_beyond_the_tabl
     let grown = rss_kib().saturating_sub(before);
     assert!(grown < 4 * 1024, "resident memory grew by {grown} KiB");
 }
+
+/// Every action per key: delay queues each key on its own, dry_run counts
+/// and passes; a sliding window counts per key.
+#[test]
+fn delay_dry_run_and_sliding_window_per_key() {
+    let mut delay = keyed(
+        1,
+        &[("api", "/d")],
+        &["ip"],
+        Algorithm::LeakyBucket,
+        10,
+        Unit::Second,
+    );
+    delay.burst = 1;
+    delay.action = Action::Delay { max_delay_ms: 250 };
+    let mut dry = keyed(
+        2,
+        &[("api", "/r")],
+        &["ip"],
+        Algorithm::FixedWindow,
+        1,
+        Unit::Hour,
+    );
+    dry.action = Action::DryRun;
+    let sliding = keyed(
+        3,
+        &[("api", "/s")],
+        &["ip"],
+        Algorithm::SlidingWindow,
+        2,
+        Unit::Minute,
+    );
+    let (_d, _w, t) = table_of(&[delay, dry, sliding], 4096);
+    let d = [("api", "/d")];
+    assert_eq!(ask(&t, "10.0.0.1", &d, NOW), Some(Verdict::Pass));
+    assert_eq!(
+        ask(&t, "10.0.0.1", &d, NOW),
+        Some(Verdict::Delay {
+            id: 1,
+            wait_ns: 100_000_000
+        }),
+        "the key's second request waits one interval"
+    );
+    assert_eq!(
+        ask(&t, "10.0.0.2", &d, NOW),
+        Some(Verdict::Pass),
+        "another key does not wait"
+    );
+    // dry_run: over the limit still passes; limited is counted.
+    for _ in 0..3 {
+        assert_eq!(
+            ask(&t, "10.0.0.1", &[("api", "/r")], NOW),
+            Some(Verdict::Pass)
+        );
+    }
+    let map = t.mapping().unwrap();
+    let slot = rate_ctl::core::slot::Slot::at(&map.slots(), t.strategies()[1].slot).unwrap();
+    let c = slot.counters();
+    assert_eq!(
+        (c.passed, c.limited),
+        (1, 2),
+        "dry run: 1 passed, 2 would have been rejected"
+    );
+    // Sliding window 2/min, per key.
+    let s = [("api", "/s")];
+    let wall = 1_700_000_040 * S; // 40 s into a minute
+    assert_eq!(count(&t, "10.0.0.1", &s, 4, wall), 2);
+    assert_eq!(count(&t, "10.0.0.2", &s, 4, wall), 2);
+}
