@@ -85,9 +85,11 @@ table_for() {
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     reject) echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench" ;;
     args) echo "strategy id=20003 algorithm=token_bucket rate=1000000 per=second burst=1000000 when a=a5 b=b5" ;;
-    perkey) echo "strategy id=20004 algorithm=token_bucket rate=1000000 per=second burst=1000000 each=ip when api=/bench" ;;
+    # One token an hour, a burst of a million: every request passes and the
+    # client's key, once charged, is never reusable during the run.
+    perkey) echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench" ;;
     perkey90)
-        echo "strategy id=20004 algorithm=token_bucket rate=1000000 per=second burst=1000000 each=ip when api=/bench"
+        echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench"
         # The filler: keys that stay limited (not reusable) all day.
         echo "strategy id=20005 algorithm=fixed_window rate=10 per=day each=ip when api=/fill" ;;
     grid*)
