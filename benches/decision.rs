@@ -64,6 +64,7 @@ fn setup(n: u32, dir: &std::path::Path) -> (Arc<Table>, Writer) {
         max_strategies: 131_072,
         segment_bytes: 32 << 20,
         blacklist_entries: 4096,
+        keys: 4096,
     };
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
     let mut list = strategies(n);
@@ -120,6 +121,7 @@ fn never_full(id: u32, conditions: Vec<Condition>) -> Strategy {
         enabled: true,
         warm_up: Default::default(),
         priority: 0,
+        each: Default::default(),
     }
 }
 
@@ -189,6 +191,7 @@ fn publish(list: &[Strategy], path: &std::path::Path) -> (Arc<Table>, Writer) {
         max_strategies: 262_144,
         segment_bytes: 64 << 20,
         blacklist_entries: 16,
+        keys: 4096,
     };
     let mut w = Writer::create_or_adopt(path, caps, 0o600).unwrap();
     w.publish(list, &[], 1).unwrap();

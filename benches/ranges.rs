@@ -81,6 +81,7 @@ fn decide_ranges(c: &mut Criterion) {
             max_strategies: 131_072,
             segment_bytes: 32 << 20,
             blacklist_entries: 16,
+            keys: 4096,
         };
         let mut writer = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
         writer.publish(&list, &[], 1).unwrap();

@@ -19,6 +19,12 @@
 #               probed) instead of the 10,000 exact ones, and `api=/bench`
 #               (compare with ratectl: the bar is ratectl + 100)
 #   ranges_out  the same over 10.0.0.0/8 only (127.0.0.1 outside the span)
+#   perkey      rate_ctl, the 10,000 and one per-address strategy (`each
+#               ip`, the key table's 1,048,576 entries empty but the
+#               client's): the counterpart of limitreq
+#   perkey90    the same with the key table about 90 % occupied (943,718
+#               other addresses charged before the run by a per-address
+#               strategy whose keys stay limited all day)
 #   *_bg        (ratectl_bg args_bg grid10_bg grid100_bg grid250_bg) the
 #               same table plus 100,000 strategies of other shapes
 #               ({a, api}, {b, c}, {userid}, {a, b, c}), many sharing the
@@ -61,7 +67,7 @@ cleanup() {
 trap cleanup EXIT
 # The tables, built only for the cases asked for (a 160,000-strategy
 # file takes a few seconds to publish).
-export RATE_CTL_TOOL_MAX_STRATEGIES=262144 RATE_CTL_TOOL_SEGMENT_MB=48
+export RATE_CTL_TOOL_MAX_STRATEGIES=262144 RATE_CTL_TOOL_SEGMENT_MB=48 RATE_CTL_TOOL_KEYS=1048576
 # 100,000 strategies of shapes other than the cases' own, never matching
 # the benchmark request (ids from 100,001).
 other_shapes() {
@@ -108,6 +114,13 @@ table_for() {
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     reject) echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench" ;;
     args) echo "strategy id=20003 algorithm=token_bucket rate=1000000 per=second burst=1000000 when a=a5 b=b5" ;;
+    # One token an hour, a burst of a million: every request passes and the
+    # client's key, once charged, is never reusable during the run.
+    perkey) echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench" ;;
+    perkey90)
+        echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench"
+        # The filler: keys that stay limited (not reusable) all day.
+        echo "strategy id=20005 algorithm=fixed_window rate=10 per=day each=ip when api=/fill" ;;
     grid*)
         n=${kind%_bg}
         n=${n#grid}
@@ -124,6 +137,13 @@ publish_for() {
     [ -e "$dir/shm.$kind" ] && return
     table_for "$kind" >"$dir/table.$kind"
     (umask 0 && "$tool" publish "$dir/shm.$kind" "$dir/table.$kind" 1 >/dev/null)
+    case $kind in
+    perkey90)
+        # The client's own key first, then 90 % of the table.
+        "$tool" fill-keys "$dir/shm.$kind" 0 api=/bench >&2
+        "$tool" fill-keys "$dir/shm.$kind" 943718 api=/fill >&2
+        ;;
+    esac
 }
 port=$((30000 + RANDOM % 10000))
 

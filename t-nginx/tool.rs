@@ -5,6 +5,7 @@
 //! rate-ctl-test-tool publish PATH TABLE_FILE [CONFIG_VERSION]
 //! rate-ctl-test-tool corrupt PATH      # publish a segment with a bad checksum
 //! rate-ctl-test-tool heartbeat PATH
+//! rate-ctl-test-tool fill-keys PATH N [dim=value ...]  # N requests from 10.0.0.0 + i
 //! ```
 //!
 //! TABLE_FILE, one item per line (`#` starts a comment):
@@ -14,6 +15,8 @@
 //! strategy id=3 algorithm=concurrency rate=2 action=dry_run when api=/slow
 //! strategy id=4 algorithm=warm_up rate=100 warm_up_ms=2000 cold_factor=3 when api=/cold
 //! strategy id=5 rate=1 action=allow priority=10 when ip=10.0.0.0/8
+//! strategy id=5 rate=5 per=minute burst=5 each=ip ipv6_prefix=64 on_full=reject when api=/login
+//! strategy id=6 rate=2 per=hour burst=2 each=userid,api   # per (userid, api) pair
 //! blacklist ip 127.0.0.1 ttl_ms=1500
 //! blacklist userid u666
 //! ```
@@ -40,6 +43,7 @@ fn caps() -> Capacities {
         max_strategies: env("RATE_CTL_TOOL_MAX_STRATEGIES", 16_384) as u32,
         segment_bytes: (env("RATE_CTL_TOOL_SEGMENT_MB", 4) as u64) << 20,
         blacklist_entries: 1024,
+        keys: env("RATE_CTL_TOOL_KEYS", 65_536) as u32,
     }
 }
 
@@ -55,6 +59,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
         enabled: true,
         warm_up: Default::default(),
         priority: 0,
+        each: Default::default(),
     };
     if words.contains(&"algorithm=warm_up") {
         s.warm_up.cold_factor = rate_ctl::core::model::DEFAULT_COLD_FACTOR;
@@ -88,6 +93,10 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             "enabled" => s.enabled = v == "true",
             "priority" => s.priority = v.parse().map_err(|e| format!("{k}: {e}"))?,
             "warm_up_ms" => s.warm_up.period_ms = num()? as u32,
+            "each" => s.each.dims = v.split(',').map(str::to_string).collect(),
+            "ipv4_prefix" => s.each.ipv4_prefix = num()? as u8,
+            "ipv6_prefix" => s.each.ipv6_prefix = num()? as u8,
+            "on_full" => s.each.on_full = v.parse().map_err(|e| format!("{e}"))?,
             "cold_factor" => {
                 s.warm_up.cold_factor = num()?.try_into().map_err(|e| format!("{k}: {e}"))?
             }
@@ -166,6 +175,42 @@ fn run(args: &[String]) -> Result<(), String> {
             seg.store(16, next);
             m.header().store(H_SEQ, next);
             println!("announced corrupt seq {next}");
+            Ok(())
+        }
+        [cmd, path, n, pairs @ ..] if cmd == "fill-keys" => {
+            // N requests from N client addresses with the given values,
+            // through the table as a worker decides: one key each for the
+            // per-key strategies they match (the instruction benchmark's
+            // occupied key table).
+            let n: u32 = n.parse().map_err(|e| format!("N: {e}"))?;
+            let mut e = rate_ctl::core::reader::Reader::new(Path::new(path));
+            e.refresh(rate_ctl::core::clock::MonotonicClock::now());
+            let t = e.table().ok_or("no table in the file")?.clone();
+            let pairs: Vec<(&str, &[u8])> = pairs
+                .iter()
+                .filter_map(|p| p.split_once('='))
+                .map(|(d, v)| (d, v.as_bytes()))
+                .collect();
+            let values = t.values_of(&pairs);
+            // The benchmark's own client first, so that it has an entry
+            // whatever the filler leaves free.
+            let own = std::iter::once(std::net::IpAddr::from([127, 0, 0, 1]));
+            let filler = (0..n).map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+            for ip in own.chain(filler) {
+                t.decide(&rate_ctl::core::table::Request {
+                    values: &values[..],
+                    ip: Some(ip.into()),
+                    now_ns: rate_ctl::core::clock::MonotonicClock::now(),
+                    now_unix_ms: unix_ms(),
+                    dry_run: false,
+                    quota: false,
+                });
+            }
+            let s = t.mapping().ok_or("no mapping")?.keys().stats();
+            println!(
+                "key table: {} of {} entries occupied, longest probe {}",
+                s.occupied, s.capacity, s.max_probe
+            );
             Ok(())
         }
         [cmd, path] if cmd == "heartbeat" => {

@@ -44,6 +44,7 @@ fn strategy(id: u32, spec: &[Option<usize>; 4], enabled: bool) -> Published {
             enabled,
             warm_up: Default::default(),
             priority: 0,
+            each: Default::default(),
         },
         slot: id - 1,
         generation: 1,

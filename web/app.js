@@ -242,6 +242,7 @@ function describeLimit(s) {
   let t = `${s.rate} / ${s.per}`;
   if (s.algorithm === 'token_bucket' && s.burst > 1) t += `, burst ${s.burst}`;
   if (s.algorithm === 'warm_up') t += `, warm-up ${s.warm_up_ms / 1000} s ×${s.cold_factor}`;
+  if (s.each && s.each.length) t += ` per ${s.each.join(' + ')}`;
   return t;
 }
 
@@ -428,7 +429,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'scope', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match'];
 
 function conditionRow(dim = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -504,6 +505,11 @@ function fillForm(s) {
   $('#s-burst').value = s ? s.burst : 1;
   $('#s-warm-up').value = s && s.warm_up_ms ? s.warm_up_ms / 1000 : 30;
   $('#s-cold-factor').value = s && s.cold_factor ? s.cold_factor : 3;
+  $('#s-each').value = s && s.each ? s.each.join(', ') : '';
+  $('#s-ipv4-prefix').value = s && s.ipv4_prefix ? s.ipv4_prefix : 32;
+  $('#s-ipv6-prefix').value = s && s.ipv6_prefix ? s.ipv6_prefix : 64;
+  $('#s-on-full').value = s && s.on_full ? s.on_full : 'overflow';
+  $('#s-per-key-fields').hidden = $('#s-each').value.trim() === '';
   $('#s-scope').value = s ? s.scope : 'cluster';
   $('#s-action').value = s ? s.action : 'reject';
   $('#s-status').value = s && s.status ? s.status : '';
@@ -535,6 +541,9 @@ async function openStrategyForm(s) {
 }
 
 $('#new-strategy').addEventListener('click', () => openStrategyForm(null));
+$('#s-each').addEventListener('input', () => {
+  $('#s-per-key-fields').hidden = $('#s-each').value.trim() === '';
+});
 $('#s-cancel').addEventListener('click', () => $('#strategy-dialog').close());
 
 function numberOrText(v) {
@@ -565,6 +574,14 @@ function readForm() {
     if (w !== null) body.warm_up_ms = typeof w === 'number' ? Math.round(w * 1000) : w;
     const cf = numberOrText($('#s-cold-factor').value);
     if (cf !== null) body.cold_factor = cf;
+  }
+  body.each = $('#s-each').value.split(',').map((d) => d.trim()).filter((d) => d !== '');
+  if (body.each.length) {
+    const p4 = numberOrText($('#s-ipv4-prefix').value);
+    if (p4 !== null) body.ipv4_prefix = p4;
+    const p6 = numberOrText($('#s-ipv6-prefix').value);
+    if (p6 !== null) body.ipv6_prefix = p6;
+    body.on_full = $('#s-on-full').value;
   }
   body.scope = $('#s-scope').value;
   body.action = $('#s-action').value;

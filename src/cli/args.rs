@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use super::flags::{parse_duration_ms, BadValue};
 use crate::store::record::{ActionKind, Scope};
 use crate::store::Invalid;
+use rate_ctl::core::each::OnFull;
 use rate_ctl::core::model::{Algorithm, ModelError, Unit};
 
 #[derive(Parser, Debug)]
@@ -126,6 +127,11 @@ pub struct AgentArgs {
     /// Capacity of a new file: blacklist entries.
     #[arg(long, default_value_t = 65_536, value_name = "N")]
     pub blacklist_entries: u32,
+    /// Capacity of a new file: entries of the per-key table (16 bytes
+    /// each; one per client address, user or value tuple of the
+    /// strategies with `each`).
+    #[arg(long, default_value_t = rate_ctl::core::keys::DEFAULT_KEYS, value_name = "N", value_parser = clap::value_parser!(u32).range(8..))]
+    pub keys: u32,
     /// Permission bits of a new file (octal); nginx workers must be able to
     /// read and write it. To keep other local users out, use 0660 with
     /// --group set to the workers' group.
@@ -252,6 +258,8 @@ pub struct StrategyAdd {
     /// at least 1 (token-bucket burst split alike). host: per host as written.
     #[arg(long, default_value = "cluster", value_parser = parse_scope)]
     pub scope: Scope,
+    #[command(flatten)]
+    pub per_key: PerKeyArgs,
     /// Store it disabled.
     #[arg(long)]
     pub disabled: bool,
@@ -293,10 +301,35 @@ pub struct StrategyUpdate {
     pub cold_factor: Option<u8>,
     #[arg(long, value_parser = parse_scope)]
     pub scope: Option<Scope>,
+    #[command(flatten)]
+    pub per_key: PerKeyArgs,
+    /// Make it a shared limit again (no per-key state).
+    #[arg(long, conflicts_with = "each")]
+    pub no_each: bool,
     #[arg(long, conflicts_with = "disable")]
     pub enable: bool,
     #[arg(long)]
     pub disable: bool,
+}
+
+/// The per-key flags of `strategy add` and `update` (on update, `--each`
+/// replaces the strategy's list when given).
+#[derive(Args, Debug)]
+pub struct PerKeyArgs {
+    /// Per-key: one limit per value of this dimension (repeat for a tuple,
+    /// at most 4), e.g. --each ip or --each userid --each api.
+    #[arg(long = "each", value_name = "DIMENSION")]
+    pub each: Vec<String>,
+    /// Per-key: aggregate IPv4 client addresses to this prefix (default 32).
+    #[arg(long)]
+    pub ipv4_prefix: Option<u8>,
+    /// Per-key: aggregate IPv6 client addresses to this prefix (default 64).
+    #[arg(long)]
+    pub ipv6_prefix: Option<u8>,
+    /// Per-key: a new key when the key table is full: overflow (a shared
+    /// limiter at the strategy's rate, default), reject or allow.
+    #[arg(long, value_parser = parse_on_full)]
+    pub on_full: Option<OnFull>,
 }
 
 /// `--warm-up`: a duration in ms (the range is the model's check).
@@ -314,6 +347,11 @@ pub fn parse_unit(s: &str) -> Result<Unit, ModelError> {
 pub fn parse_action(s: &str) -> Result<ActionKind, Invalid> {
     s.parse()
 }
+pub fn parse_on_full(s: &str) -> Result<OnFull, Invalid> {
+    s.parse()
+        .map_err(|e: rate_ctl::core::each::EachError| Invalid::from(ModelError::from(e)))
+}
+
 pub fn parse_scope(s: &str) -> Result<Scope, Invalid> {
     s.parse()
 }

@@ -29,6 +29,10 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::WarmUpMs) => "--warm-up",
         Some(Field::ColdFactor) => "--cold-factor",
         Some(Field::Priority) => "--priority",
+        Some(Field::Each) => "--each",
+        Some(Field::Ipv4Prefix) => "--ipv4-prefix",
+        Some(Field::Ipv6Prefix) => "--ipv6-prefix",
+        Some(Field::OnFull) => "--on-full",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }

@@ -237,6 +237,10 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 scope: a.scope,
                 warm_up_ms: a.warm_up,
                 cold_factor: a.cold_factor,
+                each: a.per_key.each,
+                ipv4_prefix: a.per_key.ipv4_prefix,
+                ipv6_prefix: a.per_key.ipv6_prefix,
+                on_full: a.per_key.on_full,
                 created_ms: 0,
                 updated_ms: 0,
                 version: 0,
@@ -278,6 +282,16 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             if let Some(c) = u.cold_factor {
                 rec.cold_factor = Some(c);
             }
+            let k = u.per_key;
+            if u.no_each {
+                rec.each.clear();
+                (rec.ipv4_prefix, rec.ipv6_prefix, rec.on_full) = (None, None, None);
+            } else if !k.each.is_empty() {
+                rec.each = k.each;
+            }
+            rec.ipv4_prefix = k.ipv4_prefix.or(rec.ipv4_prefix);
+            rec.ipv6_prefix = k.ipv6_prefix.or(rec.ipv6_prefix);
+            rec.on_full = k.on_full.or(rec.on_full);
             if let Some(r) = u.rate {
                 rec.rate = r;
             }
@@ -443,11 +457,28 @@ fn print_strategies(recs: &[StrategyRecord]) {
             ActionKind::DryRun => "dry_run".into(),
             ActionKind::Allow => "allow".into(),
         };
-        let cond: Vec<String> = r
+        let mut cond: Vec<String> = r
             .conditions
             .iter()
             .map(|(d, v)| format!("{d}={v}"))
             .collect();
+        if cond.is_empty() {
+            cond.push("(all requests)".into());
+        }
+        if !r.each.is_empty() {
+            // Per-key: the key, and the options that differ from the defaults.
+            cond.push(format!("each={}", r.each.join(",")));
+            let d = rate_ctl::core::each::Each::default();
+            if let Some(p) = r.ipv4_prefix.filter(|p| *p != d.ipv4_prefix) {
+                cond.push(format!("ipv4_prefix={p}"));
+            }
+            if let Some(p) = r.ipv6_prefix.filter(|p| *p != d.ipv6_prefix) {
+                cond.push(format!("ipv6_prefix={p}"));
+            }
+            if let Some(o) = r.on_full.filter(|o| *o != d.on_full) {
+                cond.push(format!("on_full={o}"));
+            }
+        }
         out(format!(
             "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {:>5} {}",
             r.id,
@@ -623,6 +654,7 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         max_strategies: a.max_strategies,
         segment_bytes: a.segment_bytes,
         blacklist_entries: a.blacklist_entries,
+        keys: a.keys,
     };
     // Mode and group are applied on the open file, never through the path.
     let sink = publish::open(&a.shm, caps, a.mode, a.group)

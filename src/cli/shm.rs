@@ -33,6 +33,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
     let heartbeat_age_ms = (heartbeat > 0).then(|| now.saturating_sub(heartbeat));
     let decoded = read_active(&map).map_err(|e| Failure::other(e.to_string()))?;
     let slots = map.slots();
+    let keys = map.keys();
     let mut rows = Vec::new();
     if let Some(d) = &decoded {
         for p in &d.strategies {
@@ -76,6 +77,20 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 // match's dimensions: the strategy never matches there.
                 "dimension_undefined_in_nginx": current && undefined,
             }));
+            if s.each.is_keyed() {
+                let k = keys.counters(p.slot);
+                let row = rows.last_mut().expect("just pushed");
+                row["each"] = json!(s.each.dims);
+                row["ipv4_prefix"] = json!(s.each.ipv4_prefix);
+                row["ipv6_prefix"] = json!(s.each.ipv6_prefix);
+                row["on_full"] = json!(s.each.on_full.as_str());
+                row["keys"] = json!({
+                    "in_use": if current { k.in_use } else { 0 },
+                    "reclaims": if current { k.reclaims } else { 0 },
+                    "full": if current { k.full } else { 0 },
+                    "overflow_admits": if current { k.overflow_admits } else { 0 },
+                });
+            }
         }
     }
     let blacklist_entries = Blacklist::open(map.blacklist())
@@ -100,6 +115,14 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
             "strategies": g.slot_count,
             "segment_bytes": g.seg_len,
             "blacklist_entries": g.bl_capacity,
+            "keys": g.keys_capacity,
+        },
+        "key_table": {
+            "capacity": keys.capacity(),
+            "occupied": keys.scan_occupied(),
+            "max_probe": keys.stats().max_probe,
+            "claims": keys.stats().claims,
+            "bytes_per_key": rate_ctl::core::keys::ENTRY_BYTES,
         },
         "slots_in_use": used_slots,
         "blacklist_entries": blacklist_entries,
@@ -140,6 +163,14 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
         g.bl_capacity
     );
     outln!("blacklist:       {blacklist_entries} entries");
+    let kt = &summary["key_table"];
+    outln!(
+        "key table:       {} of {} entries in use ({} bytes each), longest probe {}",
+        kt["occupied"],
+        kt["capacity"],
+        kt["bytes_per_key"],
+        kt["max_probe"]
+    );
     outln!("strategies:      {}", rows.len());
     if !rows.is_empty() {
         outln!(
@@ -155,7 +186,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
             "DELAYED"
         );
         for r in &rows {
-            let m: Vec<String> = r["match"]
+            let mut m: Vec<String> = r["match"]
                 .as_object()
                 .map(|o| {
                     o.iter()
@@ -163,6 +194,21 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                         .collect()
                 })
                 .unwrap_or_default();
+            if m.is_empty() {
+                m.push("(all requests)".into());
+            }
+            if let Some(each) = r["each"].as_array() {
+                let dims: Vec<&str> = each.iter().filter_map(|d| d.as_str()).collect();
+                let k = &r["keys"];
+                m.push(format!(
+                    "each={} (keys {}, reclaims {}, on_full {} {})",
+                    dims.join(","),
+                    k["in_use"],
+                    k["reclaims"],
+                    r["on_full"].as_str().unwrap_or(""),
+                    k["full"]
+                ));
+            }
             let n = |k: &str| r[k].to_string();
             outln!(
                 "{:>8} {:<14} {:>10} {:<7} {:>6} {:>6} {:>12} {:>12} {:>10}  {}",
@@ -175,11 +221,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 n("passed"),
                 n("limited"),
                 n("delayed"),
-                if m.is_empty() {
-                    "(all requests)".into()
-                } else {
-                    m.join(" ")
-                }
+                m.join(" ")
             );
         }
         let undefined: Vec<String> = rows

@@ -87,6 +87,21 @@ pub struct Decision {
     pub passed_by: Option<u32>,
 }
 
+impl Decision {
+    /// A pass that no strategy reported on (nothing current, nothing
+    /// counted): what a decision starts from.
+    #[inline(always)]
+    pub fn pass() -> Decision {
+        Decision {
+            verdict: Verdict::Pass,
+            dry_run_rejected: None,
+            would_delay: None,
+            tightest: None,
+            passed_by: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Pass,
@@ -209,13 +224,7 @@ pub fn admit_listed(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota:
 #[inline(always)]
 fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
     let now = now.of(hit.limiter);
-    let mut d = Decision {
-        verdict: Verdict::Pass,
-        dry_run_rejected: None,
-        would_delay: None,
-        tightest: None,
-        passed_by: None,
-    };
+    let mut d = Decision::pass();
     if !current(hit) {
         return d;
     }

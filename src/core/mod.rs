@@ -5,9 +5,11 @@
 pub mod admit;
 pub mod blacklist;
 pub mod clock;
+pub mod each;
 pub mod fuzz;
 pub mod headers;
 pub mod ipnet;
+pub mod keys;
 pub mod ledger;
 pub mod limiter;
 pub mod model;

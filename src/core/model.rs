@@ -110,6 +110,8 @@ pub enum ModelError {
     WarmUpNeedsWarmUp(Algorithm),
     #[error("action: delay needs token_bucket, leaky_bucket or warm_up, not {0}")]
     DelayNeedsBucket(Algorithm),
+    #[error(transparent)]
+    Each(#[from] super::each::EachError),
     #[error("{field}: unknown value {value:?} (expected one of {expected})")]
     UnknownKeyword {
         field: &'static str,
@@ -342,6 +344,9 @@ pub struct Strategy {
     /// strategies a request matches only those at the highest priority
     /// present apply (see [`table`](super::table)).
     pub priority: i32,
+    /// Per-key: one limiter state per value tuple of these dimensions
+    /// (empty: one shared state).
+    pub each: super::each::Each,
 }
 
 /// Is `name` a valid dimension name: `[a-z][a-z0-9_]*`, at most 32 bytes.
@@ -430,6 +435,7 @@ impl Strategy {
             enabled: true,
             warm_up: WarmUp::NONE,
             priority: 0,
+            each: Default::default(),
         };
         if s.algorithm == Algorithm::LeakyBucket {
             s.burst = 1;
@@ -617,6 +623,7 @@ impl Strategy {
             }
             _ => {}
         }
+        self.each.check(self.algorithm, self.rate)?;
         Ok(())
     }
 
@@ -699,6 +706,7 @@ mod tests {
             enabled: true,
             warm_up: WarmUp::NONE,
             priority: 0,
+            each: Default::default(),
         }
     }
 

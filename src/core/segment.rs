@@ -102,6 +102,7 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
             out.extend_from_slice(&(c.value.len() as u16).to_le_bytes());
             out.extend_from_slice(&c.value);
         }
+        super::keys::segment::encode(&s.each, &mut out);
         while out.len() % 8 != 0 {
             out.push(0);
         }
@@ -308,6 +309,8 @@ pub fn decode_payload(
             let value = r.take(vl).ok_or_else(trunc)?;
             conditions.push(Condition::new(dim, value));
         }
+        let rest = &r.b[r.pos..];
+        let each = super::keys::segment::decode(rest).map_err(bad)?;
         let strategy = Strategy {
             id,
             conditions,
@@ -322,6 +325,7 @@ pub fn decode_payload(
                 cold_factor,
             },
             priority,
+            each,
         };
         strategy
             .check()
@@ -373,6 +377,15 @@ mod tests {
             enabled: true,
             warm_up: WarmUp::NONE,
             priority: id as i32 - 5,
+            each: if id % 2 == 0 {
+                crate::core::each::Each {
+                    ipv6_prefix: 56,
+                    on_full: crate::core::each::OnFull::Reject,
+                    ..crate::core::each::Each::of(&["ip", "userid"])
+                }
+            } else {
+                Default::default()
+            },
         };
         if id == 3 {
             s.action = Action::Allow;

@@ -24,7 +24,9 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// the warm-up fields of a segment's strategy record. 3: the priority
 /// in the strategy record (56 fixed bytes), action 4 `allow`, and address
 /// ranges in the blacklist (tags 3..=131, prefix bitset at 224).
-pub const LAYOUT_VERSION: u32 = 3;
+/// 4: the per-key table region (`H_KEYS_*`, [`super::keys`]) and the
+/// per-key fields after a strategy record's conditions.
+pub const LAYOUT_VERSION: u32 = 4;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
@@ -54,6 +56,11 @@ pub const H_WRITER_PID: usize = 160;
 pub const H_CONFIG_VERSION: usize = 168;
 pub const H_LEDGER_OFF: usize = 176;
 pub const H_LEDGER_LEN: usize = 184;
+pub const H_KEYS_OFF: usize = 192;
+pub const H_KEYS_LEN: usize = 200;
+pub const H_KEYS_CAPACITY: usize = 208;
+/// 16 bytes: the key table's hash secret (random per file).
+pub const H_KEYS_SECRET: usize = 216;
 /// Geometry fields covered by the CRC at `H_GEOMETRY_CRC`.
 const GEOMETRY: std::ops::Range<usize> = H_FILE_SIZE..H_GEOMETRY_CRC;
 
@@ -66,6 +73,9 @@ pub struct Capacities {
     pub segment_bytes: u64,
     /// Blacklist entries.
     pub blacklist_entries: u32,
+    /// Entries of the per-key table (one per client, user or value tuple
+    /// of the strategies with `each`), rounded up to whole cache lines.
+    pub keys: u32,
 }
 
 impl Default for Capacities {
@@ -74,6 +84,7 @@ impl Default for Capacities {
             max_strategies: 65_536,
             segment_bytes: 16 << 20,
             blacklist_entries: 65_536,
+            keys: super::keys::DEFAULT_KEYS,
         }
     }
 }
@@ -172,6 +183,10 @@ pub struct Geometry {
     pub bl_capacity: u32,
     pub ledger_off: u64,
     pub ledger_len: u64,
+    pub keys_off: u64,
+    pub keys_len: u64,
+    /// Entries of the key table.
+    pub keys_capacity: u64,
 }
 
 fn page_up(n: u64) -> u64 {
@@ -202,8 +217,11 @@ impl Geometry {
         let bl_len = page_up(super::blacklist::region_bytes(c.blacklist_entries));
         let ledger_off = bl_off + bl_len;
         let ledger_len = super::ledger::region_bytes();
+        let keys_off = ledger_off + ledger_len;
+        let keys_capacity = super::keys::capacity_for(c.keys)?;
+        let keys_len = page_up(super::keys::region_bytes(c.max_strategies, keys_capacity));
         Ok(Geometry {
-            file_size: ledger_off + ledger_len,
+            file_size: keys_off + keys_len,
             slot_count: c.max_strategies,
             bitmap_off,
             bitmap_len,
@@ -216,6 +234,9 @@ impl Geometry {
             bl_capacity: c.blacklist_entries,
             ledger_off,
             ledger_len,
+            keys_off,
+            keys_len,
+            keys_capacity,
         })
     }
 
@@ -238,6 +259,9 @@ impl Geometry {
         h.store(H_GEOMETRY_CRC, geometry_crc(h) as u64);
         h.store(H_LEDGER_OFF, self.ledger_off);
         h.store(H_LEDGER_LEN, self.ledger_len);
+        h.store(H_KEYS_OFF, self.keys_off);
+        h.store(H_KEYS_LEN, self.keys_len);
+        h.store(H_KEYS_CAPACITY, self.keys_capacity);
     }
 
     /// Reads and validates the geometry of a mapped file of `actual_size`.
@@ -271,6 +295,9 @@ impl Geometry {
             bl_capacity: h.load(H_BL_CAPACITY).min(u32::MAX as u64) as u32,
             ledger_off: h.load(H_LEDGER_OFF),
             ledger_len: h.load(H_LEDGER_LEN),
+            keys_off: h.load(H_KEYS_OFF),
+            keys_len: h.load(H_KEYS_LEN),
+            keys_capacity: h.load(H_KEYS_CAPACITY),
         };
         if g.file_size > actual_size {
             return Err(ShmError::Truncated {
@@ -288,6 +315,7 @@ impl Geometry {
             (g.slots_off, g.slots_len),
             (g.bl_off, g.bl_len),
             (g.ledger_off, g.ledger_len),
+            (g.keys_off, g.keys_len),
         ];
         let mut end = HEADER_SIZE;
         for (off, len) in regions {
@@ -306,6 +334,9 @@ impl Geometry {
             || g.slot_count as u64 * SLOT_SIZE as u64 > g.slots_len
         {
             return Err(bad("slot count does not fit its regions"));
+        }
+        if !super::keys::fits(g.slot_count, g.keys_capacity, g.keys_len) {
+            return Err(bad("key table capacity does not fit its region"));
         }
         Ok(g)
     }
@@ -330,6 +361,8 @@ pub struct Mapping {
     pub dev_ino: (u64, u64),
     /// This process's row in the concurrency ledger (claimed on first use).
     ledger_row: std::sync::atomic::AtomicUsize,
+    /// The key table's hash secret (header, written once at creation).
+    key_secret: [u8; 16],
 }
 
 const NO_ROW: usize = usize::MAX;
@@ -408,7 +441,10 @@ impl Mapping {
             return Err(ShmError::Uninitialised(path.to_path_buf()));
         }
         let geometry = Geometry::read(&h, size, path)?;
+        let mut key_secret = [0u8; 16];
+        h.read_bytes(H_KEYS_SECRET, &mut key_secret);
         Ok(Mapping {
+            key_secret,
             guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
@@ -459,6 +495,20 @@ impl Mapping {
     pub fn blacklist(&self) -> Region<'_> {
         let g = &self.geometry;
         self.region().sub(g.bl_off, g.bl_len).expect("validated")
+    }
+
+    /// The per-key table (see [`super::keys`]).
+    #[inline]
+    pub fn keys(&self) -> super::keys::KeyTable<'_> {
+        let g = &self.geometry;
+        super::keys::KeyTable::new(
+            self.region()
+                .sub(g.keys_off, g.keys_len)
+                .expect("validated"),
+            g.slot_count,
+            g.keys_capacity,
+            self.key_secret,
+        )
     }
 
     /// The concurrency ledger (see [`super::ledger`]).
@@ -585,6 +635,7 @@ impl Mapping {
         h.store(H_CREATED, now_ms);
         h.write_bytes(H_BOOT_ID, &boot_id);
         h.store(H_WRITER_PID, std::process::id() as u64);
+        h.write_bytes(H_KEYS_SECRET, &super::keys::new_secret());
     }
 
     /// Writer side: mark the file initialised (Release, after everything else).

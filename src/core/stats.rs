@@ -15,6 +15,8 @@ pub struct StrategyStats {
     pub passed: u64,
     pub limited: u64,
     pub delayed: u64,
+    /// Per-key strategies: their key table figures.
+    pub keys: Option<super::keys::KeyCounters>,
 }
 
 /// What the endpoint reports.
@@ -29,6 +31,8 @@ pub struct Stats {
     /// Dimensions this nginx does not define, with the strategies using
     /// them (which never match here).
     pub undefined_dimensions: Vec<(String, Vec<u32>)>,
+    /// The key table (per-key strategies), table-wide.
+    pub key_table: super::keys::TableStats,
 }
 
 /// Reads the reader's mapping and the current table's slots.
@@ -45,7 +49,9 @@ pub fn snapshot(reader: &Reader) -> Stats {
         heartbeat_unix_ms: map.heartbeat_unix_ms(),
         strategies: Vec::new(),
         undefined_dimensions: Vec::new(),
+        key_table: map.keys().stats(),
     };
+    let keys = map.keys();
     if let Some(t) = reader.table() {
         s.config_version = t.config_version();
         let slots = map.slots();
@@ -59,6 +65,7 @@ pub fn snapshot(reader: &Reader) -> Stats {
                     passed: k.passed,
                     limited: k.limited,
                     delayed: k.delayed,
+                    keys: c.key.as_ref().map(|_| keys.counters(c.slot)),
                 })
             })
             .collect();
@@ -87,11 +94,25 @@ pub fn render_json(s: &Stats, now_unix_ms: u64) -> String {
         }
         let _ = write!(
             o,
-            "{{\"id\":{},\"passed\":{},\"limited\":{},\"delayed\":{}}}",
+            "{{\"id\":{},\"passed\":{},\"limited\":{},\"delayed\":{}",
             st.id, st.passed, st.limited, st.delayed
         );
+        if let Some(k) = st.keys {
+            let _ = write!(
+                o,
+                ",\"keys\":{{\"in_use\":{},\"reclaims\":{},\"full\":{},\"overflow_admits\":{}}}",
+                k.in_use, k.reclaims, k.full, k.overflow_admits
+            );
+        }
+        o.push('}');
     }
-    o.push_str("],\"undefined_dimensions\":{");
+    let kt = &s.key_table;
+    let _ = write!(
+        o,
+        "],\"key_table\":{{\"capacity\":{},\"occupied\":{},\"max_probe\":{}}}",
+        kt.capacity, kt.occupied, kt.max_probe
+    );
+    o.push_str(",\"undefined_dimensions\":{");
     for (i, (name, ids)) in s.undefined_dimensions.iter().enumerate() {
         if i > 0 {
             o.push(',');
@@ -163,7 +184,66 @@ pub fn render_prometheus(s: &Stats, now_unix_ms: u64) -> String {
             let _ = writeln!(o, "{name}{{strategy=\"{}\"}} {}", st.id, get(st));
         }
     }
+    render_keys_prometheus(&mut o, s);
     o
+}
+
+/// The key table's series: per per-key strategy, and table-wide.
+fn render_keys_prometheus(o: &mut String, s: &Stats) {
+    type Get = fn(&super::keys::KeyCounters) -> u64;
+    for (name, kind, help, get) in [
+        (
+            "rate_ctl_keys_in_use",
+            "gauge",
+            "Key table entries held by a per-key strategy's keys.",
+            (|k| k.in_use) as Get,
+        ),
+        (
+            "rate_ctl_key_reclaims_total",
+            "counter",
+            "Entries a per-key strategy took over from a key whose state was as new.",
+            |k| k.reclaims,
+        ),
+        (
+            "rate_ctl_key_table_full_total",
+            "counter",
+            "Requests of new keys that found their part of the key table full (on_full applied).",
+            |k| k.full,
+        ),
+        (
+            "rate_ctl_key_overflow_admits_total",
+            "counter",
+            "Of those, requests the strategy's overflow limiter admitted (on_full overflow).",
+            |k| k.overflow_admits,
+        ),
+    ] {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for st in &s.strategies {
+            if let Some(k) = &st.keys {
+                let _ = writeln!(o, "{name}{{strategy=\"{}\"}} {}", st.id, get(k));
+            }
+        }
+    }
+    let kt = &s.key_table;
+    for (name, help, v) in [
+        (
+            "rate_ctl_key_table_capacity",
+            "Entries of the key table.",
+            kt.capacity,
+        ),
+        (
+            "rate_ctl_key_table_occupied",
+            "Key table entries ever claimed (reused in place, never freed).",
+            kt.occupied,
+        ),
+        (
+            "rate_ctl_key_table_max_probe",
+            "Longest probe (entries, at most 8) a new key needed.",
+            kt.max_probe,
+        ),
+    ] {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
 }
 
 fn heartbeat_age_ms(s: &Stats, now_unix_ms: u64) -> Option<u64> {
@@ -192,8 +272,20 @@ mod tests {
                 passed: 5,
                 limited: 15,
                 delayed: 0,
+                keys: Some(crate::core::keys::KeyCounters {
+                    in_use: 4,
+                    reclaims: 2,
+                    full: 1,
+                    overflow_admits: 1,
+                }),
             }],
             undefined_dimensions: vec![("usrid".into(), vec![3, 7])],
+            key_table: crate::core::keys::TableStats {
+                capacity: 64,
+                occupied: 4,
+                max_probe: 2,
+                claims: 6,
+            },
         }
     }
 
@@ -202,7 +294,7 @@ mod tests {
         let j = render_json(&sample(), 1_500);
         assert_eq!(
             j,
-            "{\"enforcing\":true,\"sequence\":7,\"active_segment\":1,\"config_version\":3,\"heartbeat_age_ms\":500,\"strategies\":[{\"id\":12,\"passed\":5,\"limited\":15,\"delayed\":0}],\"undefined_dimensions\":{\"usrid\":[3, 7]}}\n"
+            "{\"enforcing\":true,\"sequence\":7,\"active_segment\":1,\"config_version\":3,\"heartbeat_age_ms\":500,\"strategies\":[{\"id\":12,\"passed\":5,\"limited\":15,\"delayed\":0,\"keys\":{\"in_use\":4,\"reclaims\":2,\"full\":1,\"overflow_admits\":1}}],\"key_table\":{\"capacity\":64,\"occupied\":4,\"max_probe\":2},\"undefined_dimensions\":{\"usrid\":[3, 7]}}\n"
         );
     }
 
@@ -217,6 +309,15 @@ mod tests {
             p.contains("rate_ctl_agent_heartbeat_age_seconds 0.500\n"),
             "{p}"
         );
+        assert!(
+            p.contains("rate_ctl_keys_in_use{strategy=\"12\"} 4\n"),
+            "{p}"
+        );
+        assert!(
+            p.contains("rate_ctl_key_reclaims_total{strategy=\"12\"} 2\n"),
+            "{p}"
+        );
+        assert!(p.contains("rate_ctl_key_table_max_probe 2\n"), "{p}");
         for line in p.lines().filter(|l| !l.starts_with('#')) {
             let (_, v) = line.rsplit_once(' ').expect(line);
             v.parse::<f64>().expect(line);

@@ -65,12 +65,23 @@ pub struct Scratch {
     spans: Vec<(u32, u32)>,
     /// Matched strategy indexes.
     matches: Vec<u32>,
+    /// Per-key concurrency units the last request took ([`Table::units_with_keys`]).
+    key_holds: super::keys::KeyHolds,
+    /// The first per-key strategy whose key found the table full in the
+    /// last request, with its `on_full` (for the worker's log).
+    key_full: Option<(u32, super::each::OnFull)>,
 }
 
 /// Matches room is made for when a table is loaded (more: the vector grows).
 const MATCHES_ROOM: usize = 16;
 
 impl Scratch {
+    /// The per-key strategy (id, `on_full`) whose new key found the key
+    /// table full in the request decided last with this working space.
+    pub fn key_table_full(&self) -> Option<(u32, super::each::OnFull)> {
+        self.key_full
+    }
+
     /// Makes room for `table` now (when a worker loads it), so that no
     /// request allocates.
     pub fn fit(&mut self, table: &Table) {
@@ -93,11 +104,13 @@ pub struct Compiled {
     /// it is anchored under comes first and is not re-checked (implied by
     /// where the matcher found the strategy).
     conds: Box<[(u8, u32)]>,
+    /// Per-key strategies (`each`): how the key is built, its limiter.
+    pub key: Option<super::keys::KeyPlan>,
 }
 
 impl Compiled {
     /// This strategy's admission input, over its slot in `slots`.
-    fn hit<'a>(&'a self, slots: &Region<'a>) -> Option<Hit<'a>> {
+    pub(crate) fn hit<'a>(&'a self, slots: &Region<'a>) -> Option<Hit<'a>> {
         Some(Hit {
             id: self.strategy.id,
             limiter: &self.limiter,
@@ -203,7 +216,7 @@ impl<V: Values + ?Sized> Request<'_, V> {
     /// Both clocks for admission: buckets on `now_ns`, windows on the wall
     /// clock (see [`admit::Now`]).
     #[inline]
-    fn now(&self) -> admit::Now {
+    pub(crate) fn now(&self) -> admit::Now {
         admit::Now {
             mono_ns: self.now_ns,
             wall_ns: self.now_unix_ms.saturating_mul(1_000_000),
@@ -291,6 +304,11 @@ pub struct Table {
     /// The blacklist held client addresses when this table was published
     /// (blacklist and table are published together).
     bl_ip: bool,
+    /// Some strategy is per-key (`each`).
+    keyed: bool,
+    /// Stat slot → per-key limiter, sorted by slot (whether another
+    /// strategy's key entry is fresh).
+    key_owners: Vec<(u32, super::keys::KeyLimiter)>,
 }
 
 impl Table {
@@ -426,12 +444,35 @@ impl Table {
                 counts[id as usize] += 1;
                 conds.push((d as u8, id));
             }
+            let key = if p.strategy.each.is_keyed() {
+                let e = &p.strategy.each;
+                let Some(limiter) = super::keys::KeyLimiter::from_strategy(&p.strategy) else {
+                    continue 'next; // the model refuses it
+                };
+                let mut kd = SmallVec::new();
+                for name in &e.dims {
+                    let Some(d) = dim_of(&mut dims, name) else {
+                        continue 'next;
+                    };
+                    kd.push((d, name == "ip"));
+                }
+                Some(super::keys::KeyPlan {
+                    dims: kd,
+                    ipv4_prefix: e.ipv4_prefix,
+                    ipv6_prefix: e.ipv6_prefix,
+                    on_full: e.on_full,
+                    limiter,
+                })
+            } else {
+                None
+            };
             strategies.push(Compiled {
                 limiter: Limiter::from_strategy(&p.strategy),
                 strategy: p.strategy,
                 slot: p.slot,
                 generation: p.generation,
                 conds: conds.into_boxed_slice(),
+                key,
             });
         }
         let mut bl_dims = Vec::new();
@@ -490,6 +531,11 @@ impl Table {
                 }
             }
         }
+        let mut key_owners: Vec<_> = strategies
+            .iter()
+            .filter_map(|c| Some((c.slot, c.key.as_ref()?.limiter)))
+            .collect();
+        key_owners.sort_by_key(|o| o.0);
         let ip_dim = dims.iter().position(|d| d == "ip");
         // Longest prefix first (any order gives the same matches).
         ip_ranges.sort_by_key(|r| std::cmp::Reverse(r.mask.count_ones()));
@@ -546,12 +592,41 @@ impl Table {
             strategies,
             bl_dims,
             bl_ip,
+            keyed: !key_owners.is_empty(),
+            key_owners,
         }
+    }
+
+    /// The per-key limiter of the strategy in stat slot `slot`.
+    #[inline]
+    pub fn key_owner(&self, slot: u32) -> Option<&super::keys::KeyLimiter> {
+        let i = self.key_owners.binary_search_by_key(&slot, |o| o.0).ok()?;
+        Some(&self.key_owners[i].1)
+    }
+
+    /// The key of per-key strategy `id` for this request, as text
+    /// (`$rate_ctl_key`, log lines): `ip=203.0.113.0/24,userid=u1`. `None`
+    /// for a strategy without `each` or a request with an empty value.
+    pub fn key_text<V: Values + ?Sized>(&self, id: u32, r: &Request<'_, V>) -> Option<String> {
+        let i = self
+            .strategies
+            .binary_search_by_key(&id, |c| c.strategy.id)
+            .ok()?;
+        self.strategies[i].key.as_ref()?.text(&self.dims, r)
     }
 
     /// Dimension names the request must supply, by index.
     pub fn dimensions(&self) -> &[String] {
         &self.dims
+    }
+
+    /// A request's values by dimension name, laid out as the table asks
+    /// for them (tests, tools).
+    pub fn values_of<'v>(&self, pairs: &[(&str, &'v [u8])]) -> Vec<Option<&'v [u8]>> {
+        self.dims
+            .iter()
+            .map(|d| pairs.iter().find(|(n, _)| n == d).map(|&(_, v)| v))
+            .collect()
     }
 
     pub fn dimension_index(&self, name: &str) -> Option<usize> {
@@ -770,6 +845,26 @@ impl Table {
             return RequestOutcome::NoMatch;
         };
         let slots = map.slots();
+        if self.keyed
+            && matched
+                .iter()
+                .any(|&si| self.strategies[si as usize].key.is_some())
+        {
+            let matched = std::mem::take(&mut scratch.matches);
+            scratch.key_holds.clear();
+            scratch.key_full = None;
+            let d = super::keys::decide(
+                self,
+                &matched,
+                map,
+                &slots,
+                r,
+                held,
+                (&mut scratch.key_holds, &mut scratch.key_full),
+            );
+            scratch.matches = matched;
+            return RequestOutcome::Limited(d);
+        }
         if let [si] = *matched {
             // The common case, without the lists below.
             let Some(hit) = self.strategies[si as usize].hit(&slots) else {
@@ -896,7 +991,19 @@ impl Table {
         Some(Units {
             map: map.clone(),
             units,
+            keys: SmallVec::new(),
         })
+    }
+
+    /// [`units`](Self::units) plus the per-key units the request decided
+    /// last with `scratch` took; `None` when it holds nothing.
+    pub fn units_with_keys(&self, held: &[u32], scratch: &mut Scratch) -> Option<Units> {
+        if held.is_empty() && scratch.key_holds.is_empty() {
+            return None;
+        }
+        let mut u = self.units(held)?;
+        u.keys = std::mem::take(&mut scratch.key_holds);
+        Some(u)
     }
 
     fn blacklist(&self) -> Option<Blacklist<'_>> {
@@ -1022,6 +1129,8 @@ fn hit_slot(c: &Compiled) -> u32 {
 pub struct Units {
     map: Arc<Mapping>,
     units: SmallVec<[(u32, u64); 2]>,
+    /// Per-key units: the key's entry and its limiter.
+    keys: super::keys::KeyHolds,
 }
 
 impl Units {
@@ -1030,6 +1139,10 @@ impl Units {
     pub fn release(self) {
         for &(slot, generation) in &self.units {
             self.map.release_unit(slot, generation);
+        }
+        let kt = self.map.keys();
+        for (at, lim) in &self.keys {
+            kt.release(*at, lim);
         }
     }
 }

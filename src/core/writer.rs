@@ -461,6 +461,8 @@ impl Writer {
                 }
             }
             header.write_bytes(shm::H_BOOT_ID, &boot);
+            // Per-key states are monotonic times too: every key starts new.
+            map.keys().clear();
             // Pids of another boot mean nothing; the counts were zeroed above.
             let ledger = map.ledger();
             for row in 0..super::ledger::ROWS as usize {
@@ -832,11 +834,13 @@ impl Writer {
         let bl = Blacklist::open(self.map.blacklist())?;
         let bl_report = bl.rebuild(blacklist)?;
         // 3. Slots: reset the new ones, free the ones no longer used.
+        let keys = self.map.keys();
         for &i in &fresh {
             let p = &plan[i];
             if let Some(s) = Slot::at(&slots, p.slot) {
                 s.reset(p.strategy.id, p.generation);
             }
+            keys.reset_counters(p.slot);
             self.set_slot_bit(p.slot, true);
         }
         let mut freed = 0;

@@ -14,12 +14,19 @@ pub(super) fn number_in_pool(r: &Request, n: u64) -> Option<ngx::ffi::ngx_str_t>
     let mut cur = std::io::Cursor::new(&mut buf[..]);
     write!(cur, "{n}").ok()?;
     let len = cur.position() as usize;
+    bytes_in_pool(r, &buf[..len])
+}
+
+/// `bytes` copied into the request pool; `None` if the pool is out of
+/// memory.
+pub(super) fn bytes_in_pool(r: &Request, bytes: &[u8]) -> Option<ngx::ffi::ngx_str_t> {
+    let len = bytes.len();
     // SAFETY: the request pool is live; we allocate `len` bytes from it.
     let data = unsafe { ngx_pnalloc(r.pool().as_ptr(), len) }.cast::<u8>();
     if data.is_null() {
         return None;
     }
-    // SAFETY: data has room for len bytes; buf holds them.
-    unsafe { ptr::copy_nonoverlapping(buf.as_ptr(), data, len) };
+    // SAFETY: data has room for len bytes; `bytes` holds them.
+    unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), data, len) };
     Some(ngx::ffi::ngx_str_t { len, data })
 }

@@ -10,8 +10,9 @@ use ngx::core::Status;
 use ngx::ffi::{
     ngx_add_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
     ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
-    ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events,
-    ngx_table_elt_t, sockaddr_in, sockaddr_in6, AF_INET, AF_INET6, NGX_HTTP_INTERNAL_SERVER_ERROR,
+    ngx_http_variable_value_t, ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_pool_cleanup_add,
+    ngx_post_event, ngx_posted_events, ngx_table_elt_t, sockaddr_in, sockaddr_in6, AF_INET,
+    AF_INET6, NGX_HTTP_INTERNAL_SERVER_ERROR,
 };
 use ngx::http::{
     HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule, Request,
@@ -22,6 +23,7 @@ use smallvec::SmallVec;
 
 use super::conf::{LocConf, MainConf};
 use super::decision::ReqStatus;
+use super::ext::bytes_in_pool;
 use super::time::{monotonic_ns, unix_ms};
 use super::variables::{self, Decided};
 use super::worker::{with_worker, Event, EventLog, ValueSource, Worker};
@@ -172,7 +174,14 @@ fn handle(r: &mut Request) -> Status {
         // a window opens) and at exit, never on the request path.
         w.refresh(mc, now_ns, log);
         let (outcome, hold) = decide(w, mc, r, now_ns, now_ms, lc);
-        act(r, mc, lc, &mut w.log, outcome, hold, now_ms)
+        let Worker {
+            reader,
+            sources,
+            log,
+            ..
+        } = w;
+        let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
+        act(r, mc, lc, log, outcome, hold, now_ms, &key_of)
     })
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
@@ -220,6 +229,7 @@ fn decide(
         reader,
         sources,
         scratch,
+        log,
         ..
     } = w;
     let Some(table) = reader.table() else {
@@ -240,16 +250,80 @@ fn decide(
         &mut held,
         scratch,
     );
-    let hold = if held.is_empty() {
-        None
-    } else {
-        table.units(&held)
-    };
+    let hold = table.units_with_keys(&held, scratch);
+    if let Some((id, on_full)) = scratch.key_table_full() {
+        // At most one line per strategy per second (the rest summarised).
+        let level = lc.log_level().lower();
+        if log.record(id, Event::KeyTableFull, level, now_ms) {
+            ngx_log_error!(
+                level.ngx_level(),
+                r.log(),
+                "rate_ctl: strategy {id}: a new key found the key table full (on_full {on_full}); \
+                 see rate_ctl_key_table_full_total, or give the agent more --keys"
+            );
+        }
+    }
     (Some(outcome), hold)
 }
 
+/// The key of per-key strategy `id` for request `r`, as text (`None`: no
+/// table, not a per-key strategy, or an empty value).
+fn key_text(
+    reader: &crate::core::reader::Reader,
+    sources: &[Source],
+    mc: &MainConf,
+    r: &Request,
+    id: u32,
+) -> Option<String> {
+    reader.table()?.key_text(
+        id,
+        &TableRequest {
+            values: &RequestValues { r, mc, sources },
+            ip: client_ip(r.as_ref()),
+            now_ns: 0,
+            now_unix_ms: 0,
+            dry_run: false,
+            quota: false,
+        },
+    )
+}
+
+/// `$rate_ctl_key`: the key of the per-key strategy that decided the
+/// request (`$rate_ctl_strategy`), as text; not found otherwise. Formatted
+/// only when read.
+pub unsafe extern "C" fn key_variable(
+    r: *mut ngx_http_request_t,
+    v: *mut ngx_http_variable_value_t,
+    _data: usize,
+) -> isize {
+    // SAFETY: nginx calls variable getters with a live request and value.
+    let (r, v) = unsafe { (Request::from_ngx_http_request(r), &mut *v) };
+    let id = variables::decision_of(r)
+        .map(|d| d.strategy)
+        .filter(|&id| id != 0);
+    let text = match (id, RateCtlModule::main_conf(r)) {
+        (Some(id), Some(mc)) => {
+            with_worker(mc, |w| key_text(&w.reader, &w.sources, mc, r, id)).flatten()
+        }
+        _ => None,
+    };
+    let Some(text) = text else {
+        variables::not_found(v);
+        return Status::NGX_OK.0;
+    };
+    let Some(s) = bytes_in_pool(r, text.as_bytes()) else {
+        return Status::NGX_ERROR.0;
+    };
+    variables::set_value(v, s.data, s.len);
+    Status::NGX_OK.0
+}
+
+/// How a log line names the key of the strategy that decided.
+type KeyOf<'a> = &'a dyn Fn(&Request, u32) -> Option<String>;
+
 /// Records the decision in the request context and answers: pass on,
 /// delay, or refuse.
+#[allow(clippy::too_many_arguments)]
 fn act(
     r: &mut Request,
     mc: &MainConf,
@@ -258,6 +332,7 @@ fn act(
     outcome: Option<RequestOutcome>,
     hold: Option<Hold>,
     now_ms: u64,
+    key_of: KeyOf<'_>,
 ) -> Status {
     let error = Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     let d = match outcome {
@@ -288,7 +363,15 @@ fn act(
                 return error;
             }
             if blacklisted {
-                log_event(r, events, 0, Event::Blacklisted, lc.log_level(), now_ms);
+                log_event(
+                    r,
+                    events,
+                    0,
+                    Event::Blacklisted,
+                    lc.log_level(),
+                    now_ms,
+                    None,
+                );
             }
             return answer;
         }
@@ -327,7 +410,16 @@ fn act(
     match d.verdict {
         Admission::Pass => {
             if let Some(id) = d.dry_run_rejected {
-                log_event(r, events, id, Event::DryRunRejected, lc.log_level(), now_ms);
+                let level = lc.log_level();
+                log_event(
+                    r,
+                    events,
+                    id,
+                    Event::DryRunRejected,
+                    level,
+                    now_ms,
+                    Some(key_of),
+                );
             } else if let Some((id, wait_ns)) = d.would_delay {
                 let level = lc.log_level().lower();
                 if events.record(id, Event::DryRunDelayed, level, now_ms) {
@@ -343,12 +435,13 @@ fn act(
         }
         Admission::Reject { id, status, .. } => {
             // Retry-After went out with the headers above.
-            log_event(r, events, id, Event::Rejected, lc.log_level(), now_ms);
+            let level = lc.log_level();
+            log_event(r, events, id, Event::Rejected, level, now_ms, Some(key_of));
             Status(status.unwrap_or(lc.status()) as ngx_int_t)
         }
         Admission::Delay { id, wait_ns } => {
             let level = lc.log_level().lower();
-            log_event(r, events, id, Event::Delayed, level, now_ms);
+            log_event(r, events, id, Event::Delayed, level, now_ms, Some(key_of));
             let ms = wait_ns.div_ceil(1_000_000);
             if ms == 0 || background(r) {
                 return Status::NGX_DECLINED;
@@ -365,17 +458,26 @@ fn log_event(
     event: Event,
     level: super::parse::LogLevel,
     now_ms: u64,
+    key_of: Option<KeyOf<'_>>,
 ) {
     if events.record(id, event, level, now_ms) {
+        let key = key_of.and_then(|k| k(r, id));
         let what = match event {
             Event::Rejected => "rejecting request",
             Event::Delayed => "delaying request",
             Event::DryRunRejected => "would reject request (dry run)",
             Event::DryRunDelayed => "would delay request (dry run)",
             Event::Blacklisted => "refusing blacklisted request",
+            Event::KeyTableFull => "key table full for a new key",
         };
         if id == 0 {
             ngx_log_error!(level.ngx_level(), r.log(), "rate_ctl: {what}");
+        } else if let Some(key) = key {
+            ngx_log_error!(
+                level.ngx_level(),
+                r.log(),
+                "rate_ctl: {what} by strategy {id} for key {key}"
+            );
         } else {
             ngx_log_error!(
                 level.ngx_level(),

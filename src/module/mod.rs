@@ -171,7 +171,7 @@ impl HttpModule for RateCtlModule {
 
     unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         // SAFETY: nginx passes the configuration being parsed.
-        unsafe { variables::add_variables(cf) }.0
+        unsafe { variables::add_variables(cf, handler::key_variable) }.0
     }
 
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {

@@ -33,7 +33,7 @@ use super::ext::number_in_pool;
 use super::parse;
 use super::RateCtlModule;
 
-type GetHandler =
+pub(super) type GetHandler =
     unsafe extern "C" fn(*mut ngx_http_request_t, *mut ngx_http_variable_value_t, usize) -> isize;
 
 /// The hidden variable whose per-request slot holds the decision.
@@ -46,12 +46,14 @@ fn static_str(s: &'static str) -> ngx_str_t {
     }
 }
 
-/// Registers the variables; called from preconfiguration.
+/// Registers the variables; called from preconfiguration. `key` is the
+/// getter of `$rate_ctl_key`, which lives with the request path
+/// (`handler.rs`).
 ///
 /// # Safety
 /// `cf` must be the configuration nginx passes to preconfiguration.
-pub unsafe fn add_variables(cf: *mut ngx_conf_t) -> Status {
-    let vars: [(ngx_str_t, GetHandler, u32); 3] = [
+pub unsafe fn add_variables(cf: *mut ngx_conf_t, key: GetHandler) -> Status {
+    let vars: [(ngx_str_t, GetHandler, u32); 4] = [
         (
             ngx_string!("rate_ctl_status"),
             status_variable,
@@ -67,6 +69,7 @@ pub unsafe fn add_variables(cf: *mut ngx_conf_t) -> Status {
             undecided_variable,
             NGX_HTTP_VAR_NOHASH,
         ),
+        (ngx_string!("rate_ctl_key"), key, NGX_HTTP_VAR_NOCACHEABLE),
     ];
     for (mut name, get, flags) in vars {
         // SAFETY: cf is valid (contract); nginx copies the name.
@@ -270,7 +273,7 @@ pub fn record(r: &mut ngx_http_request_t, index: usize, d: Decided) -> bool {
     true
 }
 
-fn set_value(v: &mut ngx_http_variable_value_t, data: *mut u8, len: usize) {
+pub(super) fn set_value(v: &mut ngx_http_variable_value_t, data: *mut u8, len: usize) {
     v.set_len(len as u32);
     v.set_valid(1);
     v.set_no_cacheable(1);
@@ -279,13 +282,13 @@ fn set_value(v: &mut ngx_http_variable_value_t, data: *mut u8, len: usize) {
     v.data = data;
 }
 
-fn not_found(v: &mut ngx_http_variable_value_t) {
+pub(super) fn not_found(v: &mut ngx_http_variable_value_t) {
     v.set_len(0);
     v.set_not_found(1);
 }
 
 /// The decision of the request `r` whose variable is being read.
-fn decision_of(r: &Request) -> Option<Decided> {
+pub(super) fn decision_of(r: &Request) -> Option<Decided> {
     let mc = RateCtlModule::main_conf(r)?;
     decided(r.as_ref(), mc.decision_index)
 }

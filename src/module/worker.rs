@@ -26,6 +26,8 @@ pub enum Event {
     DryRunRejected,
     DryRunDelayed,
     Blacklisted,
+    /// A new key of a per-key strategy found the key table full.
+    KeyTableFull,
 }
 
 impl Event {
@@ -36,6 +38,7 @@ impl Event {
             Event::DryRunRejected => "would have rejected (dry run)",
             Event::DryRunDelayed => "would have delayed (dry run)",
             Event::Blacklisted => "refused (blacklisted)",
+            Event::KeyTableFull => "found the key table full for the new keys of",
         }
     }
 }

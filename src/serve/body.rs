@@ -208,6 +208,21 @@ impl Fields<'_> {
             }),
         }
     }
+    /// A list of strings (`each`); absent or null = empty.
+    pub fn strings(&self, k: &str) -> Result<Vec<String>, ApiError> {
+        match self.present(k) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    _ => Err(ApiError::invalid(&format!("{k}[{i}]"), "must be a string")),
+                })
+                .collect(),
+            Some(_) => Err(ApiError::invalid(k, "must be a list of strings")),
+        }
+    }
     pub fn conditions(&self) -> Result<BTreeMap<String, String>, ApiError> {
         match self.present("match") {
             None => Ok(BTreeMap::new()),

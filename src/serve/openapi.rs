@@ -95,6 +95,14 @@ fn schemas() -> Value {
                         "description": "warm_up only: the interval between admissions when cold is cold_factor × 1/rate (default 3)"},
         "priority": {"type": "integer", "minimum": -1000, "maximum": 1000, "default": 0,
                      "description": "only the matched strategies at the highest priority present apply; there an allow wins"},
+        "each": {"type": "array", "items": {"type": "string"}, "maxItems": 4, "default": [],
+                 "description": "per-key: one limiter state per distinct value tuple of these dimensions (e.g. [\"ip\"]: per client address); a request with an empty value is not counted; not for warm_up"},
+        "ipv4_prefix": {"type": ["integer", "null"], "minimum": 1, "maximum": 32,
+                        "description": "per-key only: IPv4 client addresses are aggregated to this prefix (default 32)"},
+        "ipv6_prefix": {"type": ["integer", "null"], "minimum": 1, "maximum": 128,
+                        "description": "per-key only: IPv6 client addresses are aggregated to this prefix (default 64; IPv4-mapped IPv6 counts as IPv4)"},
+        "on_full": {"type": ["string", "null"], "enum": ["overflow", "reject", "allow", null],
+                    "description": "per-key only: a new key when its part of the key table is full: overflow (default; charged against one shared limiter at the strategy's rate), reject or allow"},
     });
     // algorithm and rate are required unless the action is allow.
     let rate_required = json!({
@@ -137,6 +145,10 @@ fn schemas() -> Value {
         ("warm_up_ms", json!(null)),
         ("cold_factor", json!(null)),
         ("priority", json!(0)),
+        ("each", json!([])),
+        ("ipv4_prefix", json!(null)),
+        ("ipv6_prefix", json!(null)),
+        ("on_full", json!(null)),
     ] {
         example[k] = v;
     }

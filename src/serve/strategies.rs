@@ -59,6 +59,10 @@ const STRATEGY_FIELDS: &[&str] = &[
     "warm_up_ms",
     "cold_factor",
     "priority",
+    "each",
+    "ipv4_prefix",
+    "ipv6_prefix",
+    "on_full",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -103,6 +107,10 @@ fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyR
         warm_up_ms: f.uint("warm_up_ms", u32::MAX as u64)?.map(|m| m as u32),
         cold_factor: f.uint("cold_factor", u8::MAX as u64)?.map(|c| c as u8),
         priority: f.int("priority")?.unwrap_or(0),
+        each: f.strings("each")?,
+        ipv4_prefix: f.uint("ipv4_prefix", u8::MAX as u64)?.map(|p| p as u8),
+        ipv6_prefix: f.uint("ipv6_prefix", u8::MAX as u64)?.map(|p| p as u8),
+        on_full: f.parsed("on_full")?,
         created_ms: 0,
         updated_ms: 0,
         version: 0,

@@ -26,6 +26,11 @@ pub enum Field {
     WarmUpMs,
     ColdFactor,
     Priority,
+    /// `each` (per-key dimensions) and its options.
+    Each,
+    Ipv4Prefix,
+    Ipv6Prefix,
+    OnFull,
     Enabled,
     Scope,
     Dimension,
@@ -135,6 +140,7 @@ impl From<ModelError> for Invalid {
             E::BadPriority(_) => (Field::Priority, "priority".to_string()),
             E::DelayNeedsBucket(_) => (Field::Action, "action".to_string()),
             E::UnknownKeyword { field, .. } => (Field::of_keyword(field), field.to_string()),
+            E::Each(each) => each_field(each),
         };
         let message = e.to_string();
         // The model's messages are "name: text"; `name` is known from the variant.
@@ -142,6 +148,21 @@ impl From<ModelError> for Invalid {
             Some(text) => Invalid::new(field, name, text),
             None => Invalid::whole(Some(field), message),
         }
+    }
+}
+
+/// The field (and its name in the message) of a per-key error.
+fn each_field(e: &rate_ctl::core::each::EachError) -> (Field, String) {
+    use rate_ctl::core::each::EachError as E;
+    match e {
+        E::BadDimension { index, .. } | E::Duplicate { index, .. } => {
+            (Field::Each, format!("each[{index}]"))
+        }
+        E::TooMany(_) | E::Algorithm(_) => (Field::Each, "each".into()),
+        E::SlidingCount(_) => (Field::Rate, "rate".into()),
+        E::Ipv4Prefix(_) | E::NeedsEach("ipv4_prefix") => (Field::Ipv4Prefix, "ipv4_prefix".into()),
+        E::Ipv6Prefix(_) | E::NeedsEach("ipv6_prefix") => (Field::Ipv6Prefix, "ipv6_prefix".into()),
+        E::OnFull(_) | E::NeedsEach(_) => (Field::OnFull, "on_full".into()),
     }
 }
 

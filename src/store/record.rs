@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{Field, Invalid};
 
+use rate_ctl::core::each::OnFull;
 use rate_ctl::core::model::{
     parse_ip_net, valid_dimension_name, Action, Algorithm, Condition, ModelError, Strategy, Unit,
     WarmUp, DEFAULT_COLD_FACTOR, MAX_VALUE_LEN,
@@ -146,6 +147,21 @@ pub struct StrategyRecord {
     /// highest priority present apply.
     #[serde(default)]
     pub priority: i32,
+    /// Per-key: one limiter state per value tuple of these dimensions
+    /// (1–4; empty: one shared state).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub each: Vec<String>,
+    /// Per-key: IPv4 client addresses aggregated to this prefix (default
+    /// 32, filled in by validation for a per-key strategy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4_prefix: Option<u8>,
+    /// Per-key: IPv6 client addresses aggregated to this prefix (default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_prefix: Option<u8>,
+    /// Per-key: what a new key gets when its part of the key table is full
+    /// (default overflow).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_keyword")]
+    pub on_full: Option<OnFull>,
     /// Unix ms; set by the store.
     #[serde(default)]
     pub created_ms: u64,
@@ -170,6 +186,33 @@ fn default_action() -> ActionKind {
 }
 fn default_scope() -> Scope {
     Scope::Cluster
+}
+
+/// [`keyword`] for an optional keyword (`null` or absent = `None`).
+mod opt_keyword {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<T: Display, S: Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<Option<T>, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        match Option::<String>::deserialize(d)? {
+            Some(s) => s.parse().map(Some).map_err(D::Error::custom),
+            None => Ok(None),
+        }
+    }
 }
 
 /// Serialises the core keyword enums (`Algorithm`, `Unit`) as their names.
@@ -308,7 +351,19 @@ impl StrategyRecord {
             enabled: self.enabled,
             warm_up: self.core_warm_up()?,
             priority: self.priority,
+            each: self.core_each(),
         })
+    }
+
+    /// The core per-key fields (defaults for what is not given).
+    fn core_each(&self) -> rate_ctl::core::each::Each {
+        let d = rate_ctl::core::each::Each::default();
+        rate_ctl::core::each::Each {
+            dims: self.each.clone(),
+            ipv4_prefix: self.ipv4_prefix.unwrap_or(d.ipv4_prefix),
+            ipv6_prefix: self.ipv6_prefix.unwrap_or(d.ipv6_prefix),
+            on_full: self.on_full.unwrap_or(d.on_full),
+        }
     }
 
     /// The core warm-up: required for `warm_up`, refused for the others.
@@ -375,6 +430,12 @@ impl StrategyRecord {
             self.cold_factor = Some(DEFAULT_COLD_FACTOR);
         }
         let mut core = self.to_core(self.rate, self.burst)?;
+        if !self.each.is_empty() {
+            // A per-key strategy shows its aggregation and on_full.
+            self.ipv4_prefix = Some(core.each.ipv4_prefix);
+            self.ipv6_prefix = Some(core.each.ipv6_prefix);
+            self.on_full = Some(core.each.on_full);
+        }
         let dry_run = self.action == ActionKind::DryRun;
         if dry_run {
             // What dry run keeps must be valid once dry run ends: check the

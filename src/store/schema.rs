@@ -261,6 +261,16 @@ pub const MIGRATIONS: &[Migration] = &[
             "priority BIGINT NOT NULL DEFAULT 0",
         )],
     },
+    Migration {
+        version: 6,
+        description: "per-key strategies: each, ipv4_prefix, ipv6_prefix, on_full",
+        steps: &[
+            Step::AddColumn("strategies", "each_dims VARCHAR(200) NULL"),
+            Step::AddColumn("strategies", "ipv4_prefix BIGINT NULL"),
+            Step::AddColumn("strategies", "ipv6_prefix BIGINT NULL"),
+            Step::AddColumn("strategies", "on_full VARCHAR(16) NULL"),
+        ],
+    },
 ];
 
 #[cfg(test)]

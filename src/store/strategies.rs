@@ -17,7 +17,8 @@ use rate_ctl::core::shm::unix_ms;
 
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
-     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, created_ms, updated_ms, version";
+     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
+     ipv6_prefix, on_full, created_ms, updated_ms, version";
 
 impl Store {
     /// Stores a new strategy (validated by whoever received it); returns
@@ -46,7 +47,7 @@ impl Store {
         rec.version = version;
         let sql = format!(
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
-            placeholders(17)
+            placeholders(INSERT_COUNT)
         );
         bind_strategy(sqlx::query(&self.sql(&sql)), &rec)
             .execute(&mut *tx)
@@ -119,7 +120,8 @@ impl Store {
             sqlx::query(&self.sql(
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
-                 warm_up_ms = ?, cold_factor = ?, priority = ?, updated_ms = ?, version = ? WHERE id = ?",
+                 warm_up_ms = ?, cold_factor = ?, priority = ?, each_dims = ?, ipv4_prefix = ?, \
+                 ipv6_prefix = ?, on_full = ?, updated_ms = ?, version = ? WHERE id = ?",
             )),
             &rec,
         )
@@ -295,7 +297,8 @@ impl Store {
                 let sql = format!(
                     "INSERT INTO strategies ({id_column}{}) VALUES {}",
                     INSERT_COLUMNS,
-                    vec![format!("({id_mark}{})", placeholders(17)); chunk.len()].join(", ")
+                    vec![format!("({id_mark}{})", placeholders(INSERT_COUNT)); chunk.len()]
+                        .join(", ")
                 );
                 let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
@@ -367,7 +370,11 @@ async fn ensure_name_free(
 
 pub(super) const INSERT_COLUMNS: &str =
     "name, conditions, algorithm, rate, per, burst, action, status, \
-     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, created_ms, updated_ms, version";
+     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
+     ipv6_prefix, on_full, created_ms, updated_ms, version";
+
+/// Columns in [`INSERT_COLUMNS`].
+const INSERT_COUNT: usize = 21;
 
 pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -375,7 +382,7 @@ pub(super) fn placeholders(n: usize) -> String {
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 17 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 21 columns of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
@@ -383,7 +390,7 @@ pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery
         .bind(r.version as i64)
 }
 
-/// Binds the 14 columns `name` to `priority` of [`INSERT_COLUMNS`] in order.
+/// Binds the 18 columns `name` to `on_full` of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     let conditions: Vec<[&str; 2]> = r
         .conditions
@@ -404,6 +411,10 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.warm_up_ms.map(|m| m as i64))
         .bind(r.cold_factor.map(|c| c as i64))
         .bind(i64::from(r.priority))
+        .bind((!r.each.is_empty()).then(|| r.each.join(",")))
+        .bind(r.ipv4_prefix.map(|p| p as i64))
+        .bind(r.ipv6_prefix.map(|p| p as i64))
+        .bind(r.on_full.map(|o| o.as_str()))
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<Valid<StrategyRecord>>, Vec<BadRow>) {
@@ -434,6 +445,10 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         row.try_get::<Option<i64>, _>(col)
             .map_err(|e| unreadable(col, e))
     };
+    let get_os = |col: &'static str| -> Result<Option<String>, BadRow> {
+        row.try_get::<Option<String>, _>(col)
+            .map_err(|e| unreadable(col, e))
+    };
     let get_s = |col: &'static str| -> Result<String, BadRow> {
         row.try_get::<String, _>(col)
             .map_err(|e| unreadable(col, e))
@@ -448,6 +463,16 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         } else {
             Ok(v as u64)
         }
+    };
+    let on_full_of = |s: String| -> Result<rate_ctl::core::each::OnFull, BadRow> {
+        s.parse()
+            .map_err(|e: rate_ctl::core::each::EachError| bad(ModelError::from(e).into()))
+    };
+    // A small optional column (the per-key prefixes).
+    let opt_u8 = |col: &'static str| -> Result<Option<u8>, BadRow> {
+        get_oi(col)?
+            .map(|v| in_range(col, v, u8::MAX as u64).map(|v| v as u8))
+            .transpose()
     };
     let id_u32 = u32::try_from(id).ok().filter(|i| *i > 0).ok_or_else(|| {
         bad(Invalid::new(
@@ -524,6 +549,13 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
                 })))
             })?
         },
+        each: match get_os("each_dims")? {
+            Some(s) if !s.is_empty() => s.split(',').map(str::to_string).collect(),
+            _ => Vec::new(),
+        },
+        ipv4_prefix: opt_u8("ipv4_prefix")?,
+        ipv6_prefix: opt_u8("ipv6_prefix")?,
+        on_full: get_os("on_full")?.map(on_full_of).transpose()?,
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
         version: get_i("version")?.max(0) as u64,
@@ -543,6 +575,10 @@ fn column(col: &'static str) -> Field {
         "max_delay_ms" => Field::MaxDelayMs,
         "warm_up_ms" => Field::WarmUpMs,
         "cold_factor" => Field::ColdFactor,
+        "each" => Field::Each,
+        "ipv4_prefix" => Field::Ipv4Prefix,
+        "ipv6_prefix" => Field::Ipv6Prefix,
+        "on_full" => Field::OnFull,
         "enabled" => Field::Enabled,
         "priority" => Field::Priority,
         other => Field::Column(other),

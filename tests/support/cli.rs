@@ -243,6 +243,21 @@ pub const PAY_MATCHES: [&str; 6] = [
     "api=/pay",
 ];
 
+/// `rate-ctl strategy export --store STORE FILE` into a new temporary
+/// directory: the directory (keep it), the file's path and its text.
+pub fn export_strategies(store: &str) -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir
+        .path()
+        .join("export.jsonl")
+        .to_str()
+        .unwrap()
+        .to_string();
+    ok(&["strategy", "export", "--store", store, &file]);
+    let text = std::fs::read_to_string(&file).unwrap();
+    (dir, file, text)
+}
+
 /// `rate-ctl strategy add --store STORE --name NAME --algorithm ALGORITHM
 /// --rate RATE` and the `extra` arguments; must succeed; its stdout.
 pub fn add_strategy(

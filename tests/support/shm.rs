@@ -14,6 +14,7 @@ pub fn small_caps() -> Capacities {
         max_strategies: 1024,
         segment_bytes: 256 << 10,
         blacklist_entries: 256,
+        keys: 4096,
     }
 }
 
@@ -50,6 +51,7 @@ pub fn strategy(
         enabled: true,
         warm_up: Default::default(),
         priority: 0,
+        each: Default::default(),
     }
 }
 

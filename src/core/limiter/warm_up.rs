@@ -322,7 +322,7 @@ fn leaky_refund(w: &AtomicU64, token: u64, prev: u64, stable: u64) {
 
 /// Can the pair of words starting at `w` be swapped in one 16-byte CAS?
 #[inline]
-fn cas128_available(w: &AtomicU64) -> bool {
+pub(crate) fn cas128_available(w: &AtomicU64) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         (w.as_ptr() as usize) % 16 == 0 && std::arch::is_x86_feature_detected!("cmpxchg16b")
@@ -339,7 +339,7 @@ fn cas128_available(w: &AtomicU64) -> bool {
 /// Callers check [`cas128_available`] first.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn cas128(w: &AtomicU64, old: [u64; 2], new: [u64; 2]) -> Result<(), [u64; 2]> {
+pub(crate) fn cas128(w: &AtomicU64, old: [u64; 2], new: [u64; 2]) -> Result<(), [u64; 2]> {
     debug_assert!(cas128_available(w));
     let dst = w.as_ptr();
     let (prev_lo, prev_hi): (u64, u64);
@@ -377,7 +377,7 @@ fn cas128(w: &AtomicU64, old: [u64; 2], new: [u64; 2]) -> Result<(), [u64; 2]> {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn cas128(_w: &AtomicU64, old: [u64; 2], _new: [u64; 2]) -> Result<(), [u64; 2]> {
+pub(crate) fn cas128(_w: &AtomicU64, old: [u64; 2], _new: [u64; 2]) -> Result<(), [u64; 2]> {
     // Unreachable: `cas128_available` is false here.
     Err(old)
 }

@@ -1,0 +1,762 @@
+//! The per-key table: one limiter state per distinct value tuple of a
+//! strategy's `each` dimensions, in a bounded, lock-free region of the
+//! shared-memory file.
+//!
+//! # Layout (region at header `H_KEYS_OFF`, see docs/SHM-LAYOUT.md)
+//!
+//! | offset | size | content |
+//! |---:|---:|---|
+//! | 0 | 4096 | table header: occupied entries, longest probe, claims |
+//! | 4096 | slots × 32, page-rounded | per stat slot: keys in use, reclaims, `on_full` events, overflow admissions |
+//! | after | capacity × 16 | entries |
+//!
+//! An **entry** is 16 bytes, four per cache line: `ident` (8 bytes) and the
+//! key's limiter word (8 bytes, [`state`]). Both change together with one
+//! 16-byte compare-and-swap (`lock cmpxchg16b`), so every update checks
+//! the key's identity: a worker holding a stale position can never charge
+//! another key (no ABA). `ident` 0 is an empty entry; otherwise
+//!
+//! ```text
+//! ident = (stat slot + 1) << 44 | (slot generation mod 4096) << 32 | tag
+//! ```
+//!
+//! where `tag` is the low 32 bits of `SipHash-1-3(secret; strategy id,
+//! tuple)` and the high 32 bits choose the probe range. The secret is 16
+//! random bytes in the file header, so positions are stable across the
+//! processes that map the file and cannot be predicted from outside. The
+//! tuple is hashed length-prefixed (`u32` length, bytes, per dimension), so
+//! ("ab","c") ≠ ("a","bc"). Two keys of one strategy share a state only if
+//! they land in the same probe range with the same 32-bit tag (about 7 in
+//! 2³² per new key): that can only over-limit, never admit more.
+//!
+//! # Probing and reuse
+//!
+//! A key's probe range is two cache lines (8 entries): the line its hash
+//! picks and the next (wrapping). A request scans the 8 idents; the key's
+//! entry is used if present. Otherwise the first entry that is empty, or
+//! whose state is **indistinguishable from a new key's** (bucket refilled,
+//! window over, nothing in flight — [`KeyLimiter::is_fresh`], judged with
+//! the owner strategy's own limiter; an entry whose strategy's slot has
+//! moved to another generation belongs to a removed strategy and is free)
+//! is claimed with the same compare-and-swap that charges the new key, so
+//! reclaiming never changes a decision and a limited key is never evicted.
+//! After a claim the entries before it are scanned again: if a racing
+//! process claimed an earlier entry for the same key, ours is given back
+//! and the request charged there (lookups always use the first copy).
+//!
+//! When no entry of the range can be used the table is full for that key:
+//! [`Charge::Full`], and the strategy's `on_full` decides (the caller).
+//!
+//! Per-key `concurrency` units are not in the concurrency ledger: units of
+//! a worker killed while holding them stay held until the key's entry is
+//! cleared by a new file.
+
+mod decide;
+mod hash;
+pub mod segment;
+pub mod state;
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) use decide::decide;
+pub use decide::{KeyHolds, KeyPlan};
+pub use hash::Sip13;
+pub use state::{KeyLimiter, Step};
+
+use super::admit::Now;
+use super::region::Region;
+use super::shm::ShmError;
+use super::slot::Slot;
+
+/// Default entries of the key table (`rate-ctl agent --keys`).
+pub const DEFAULT_KEYS: u32 = 1 << 20;
+/// Bytes per key.
+pub const ENTRY_BYTES: u64 = 16;
+const LINE_ENTRIES: u64 = 4;
+/// Entries scanned per key: two cache lines.
+pub const PROBE: u64 = 8;
+const HEADER_BYTES: u64 = 4096;
+/// Bytes of one stat slot's key counters.
+const COUNTER_BYTES: u64 = 32;
+/// Stat slots a per-key strategy may use (20 bits of the ident).
+pub const MAX_SLOT: u32 = (1 << 20) - 2;
+
+// Table header words.
+const T_OCCUPIED: usize = 0;
+const T_MAX_PROBE: usize = 8;
+const T_CLAIMS: usize = 16;
+
+// Per-slot counters.
+const C_IN_USE: usize = 0;
+const C_RECLAIMS: usize = 8;
+const C_FULL: usize = 16;
+const C_OVERFLOW: usize = 24;
+
+/// Entries for a requested `--keys`: whole cache lines, at least two.
+pub fn capacity_for(keys: u32) -> Result<u64, ShmError> {
+    if keys < PROBE as u32 {
+        return Err(ShmError::BadCapacity("keys must be at least 8"));
+    }
+    Ok((keys as u64).div_ceil(LINE_ENTRIES) * LINE_ENTRIES)
+}
+
+fn counters_bytes(slot_count: u32) -> u64 {
+    (slot_count as u64 * COUNTER_BYTES).div_ceil(4096) * 4096
+}
+
+/// Bytes of the region (before page rounding).
+pub fn region_bytes(slot_count: u32, capacity: u64) -> u64 {
+    HEADER_BYTES + counters_bytes(slot_count) + capacity * ENTRY_BYTES
+}
+
+/// Does a region of `len` bytes hold this table? (header validation)
+pub fn fits(slot_count: u32, capacity: u64, len: u64) -> bool {
+    capacity >= PROBE
+        && capacity % LINE_ENTRIES == 0
+        && capacity
+            .checked_mul(ENTRY_BYTES)
+            .and_then(|b| b.checked_add(HEADER_BYTES + counters_bytes(slot_count)))
+            .is_some_and(|need| need <= len)
+}
+
+/// 16 random bytes for a new file's hash secret.
+pub fn new_secret() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    // SAFETY: getrandom writes at most `out.len()` bytes into our buffer.
+    let n = unsafe { libc::getrandom(out.as_mut_ptr().cast(), out.len(), 0) };
+    if n != out.len() as isize {
+        // No getrandom: still unpredictable enough from outside the host.
+        let mut h = Sip13::new([std::process::id() as u64, super::shm::unix_ms()]);
+        h.write(&super::shm::boot_id());
+        let t = std::time::Instant::now();
+        h.write(format!("{t:?}").as_bytes());
+        let a = h.finish();
+        out[..8].copy_from_slice(&a.to_le_bytes());
+        out[8..].copy_from_slice(
+            &a.rotate_left(29)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .to_le_bytes(),
+        );
+    }
+    out
+}
+
+/// One key of one strategy, ready to be looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyId {
+    pub ident: u64,
+    /// First entry of the probe range.
+    pub start: u64,
+}
+
+impl KeyId {
+    /// The stat slot of the strategy the key belongs to.
+    pub fn slot(&self) -> u32 {
+        ident_slot(self.ident).unwrap_or(u32::MAX)
+    }
+}
+
+fn ident_slot(ident: u64) -> Option<u32> {
+    ((ident >> 44) as u32).checked_sub(1)
+}
+
+fn ident_generation(ident: u64) -> u64 {
+    (ident >> 32) & 0xFFF
+}
+
+/// Where a charged key lives: enough to refund or release it later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRef {
+    pub entry: u64,
+    pub ident: u64,
+}
+
+/// The result of [`KeyTable::charge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    Admitted {
+        at: KeyRef,
+        wait_ns: u64,
+        /// A dry-run `concurrency` unit taken over the limit (the key
+        /// rejected the request; see `force`).
+        forced: bool,
+        /// The word written and the word replaced (for a refund).
+        token: u64,
+        prev: u64,
+    },
+    Rejected {
+        retry_after_ns: u64,
+    },
+    /// No entry in the key's range is free or reusable.
+    Full,
+}
+
+/// Hashes a key tuple: strategy id, then each part length-prefixed, as
+/// 64-bit words (a part's last word zero-padded).
+pub struct KeyHasher(Sip13);
+
+impl KeyHasher {
+    /// A value part: its length, then its bytes.
+    #[inline]
+    pub fn part(&mut self, bytes: &[u8]) {
+        self.0.word(bytes.len() as u64);
+        self.0.padded(bytes);
+    }
+
+    /// A client-address part, aggregated (see [`IpPrefix`]): the same
+    /// words as [`part`](Self::part) of [`IpPrefix::bytes`], computed
+    /// from the matcher's 128-bit form without an `IpAddr`.
+    #[inline]
+    pub fn ip(&mut self, k: u128, v4: u8, v6: u8) {
+        if k >> 32 == 0xffff {
+            let p = v4.min(32);
+            let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+            let a = (k as u32 & mask).to_be_bytes();
+            self.part(&[4, a[0], a[1], a[2], a[3], p]);
+        } else {
+            let p = v6.min(128);
+            let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
+            let mut b = [0u8; 18];
+            b[0] = 6;
+            b[1..17].copy_from_slice(&(k & mask).to_be_bytes());
+            b[17] = p;
+            self.part(&b);
+        }
+    }
+}
+
+/// Table-wide figures (stats, `shm inspect`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub capacity: u64,
+    /// Entries ever claimed from empty (entries are reused, never emptied,
+    /// except by a claim given back to a racing copy).
+    pub occupied: u64,
+    /// Longest probe a claim needed (1..=8).
+    pub max_probe: u64,
+    pub claims: u64,
+}
+
+/// One strategy's key figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyCounters {
+    /// Entries held by the strategy's keys.
+    pub in_use: u64,
+    /// Entries taken over from a fresh-equivalent key.
+    pub reclaims: u64,
+    /// Requests of new keys that found their range full.
+    pub full: u64,
+    /// Of those, admitted by the strategy's overflow limiter.
+    pub overflow_admits: u64,
+}
+
+/// The key table of a mapped file.
+#[derive(Clone, Copy)]
+pub struct KeyTable<'a> {
+    header: Region<'a>,
+    counters: Region<'a>,
+    entries: Region<'a>,
+    slot_count: u32,
+    capacity: u64,
+    lines: u64,
+    secret: [u64; 2],
+    cas: bool,
+}
+
+impl<'a> KeyTable<'a> {
+    /// The table in `region` (validated by the header checks).
+    #[inline]
+    pub fn new(
+        region: Region<'a>,
+        slot_count: u32,
+        capacity: u64,
+        secret: [u8; 16],
+    ) -> KeyTable<'a> {
+        let cb = counters_bytes(slot_count);
+        let empty = region.sub(0, 0).expect("empty");
+        let header = region.sub(0, HEADER_BYTES).unwrap_or(empty);
+        let counters = region.sub(HEADER_BYTES, cb).unwrap_or(empty);
+        let entries = region
+            .sub(HEADER_BYTES + cb, capacity.saturating_mul(ENTRY_BYTES))
+            .unwrap_or(empty);
+        let capacity = entries.len() as u64 / ENTRY_BYTES;
+        let cas = entries
+            .u64_at(0)
+            .is_some_and(super::limiter::warm_up::cas128_available);
+        KeyTable {
+            header,
+            counters,
+            entries,
+            slot_count,
+            capacity,
+            lines: capacity / LINE_ENTRIES,
+            secret: [
+                u64::from_le_bytes(secret[..8].try_into().expect("8")),
+                u64::from_le_bytes(secret[8..].try_into().expect("8")),
+            ],
+            cas,
+        }
+    }
+
+    /// A table over process-local memory (tests, benchmarks).
+    pub fn local(
+        words: &'a [AtomicU64],
+        slot_count: u32,
+        capacity: u64,
+        secret: [u8; 16],
+    ) -> KeyTable<'a> {
+        KeyTable::new(Region::from_atomics(words), slot_count, capacity, secret)
+    }
+
+    /// Words of process-local memory for [`local`](Self::local); the
+    /// first entry must be 16-byte aligned: allocate one spare word and
+    /// use [`aligned`].
+    pub fn local_words(slot_count: u32, capacity: u64) -> Vec<AtomicU64> {
+        (0..region_bytes(slot_count, capacity) / 8 + 2)
+            .map(|_| AtomicU64::new(0))
+            .collect()
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Can this CPU and mapping run the table (16-byte CAS)?
+    pub fn usable(&self) -> bool {
+        self.cas && self.lines >= 2
+    }
+
+    /// Starts hashing a key of strategy `strategy_id`.
+    #[inline]
+    pub fn hasher(&self, strategy_id: u32) -> KeyHasher {
+        let mut h = Sip13::new(self.secret);
+        h.word(strategy_id as u64);
+        KeyHasher(h)
+    }
+
+    /// The key a finished hash names, for the strategy in stat slot `slot`
+    /// at `generation`; `None` for a slot past [`MAX_SLOT`].
+    #[inline]
+    pub fn key(&self, h: KeyHasher, slot: u32, generation: u64) -> Option<KeyId> {
+        if slot > MAX_SLOT || self.lines == 0 {
+            return None;
+        }
+        let hv = h.0.finish();
+        let line = ((hv >> 32) * self.lines) >> 32;
+        Some(KeyId {
+            ident: ((slot as u64 + 1) << 44) | ((generation & 0xFFF) << 32) | (hv & 0xFFFF_FFFF),
+            start: line * LINE_ENTRIES,
+        })
+    }
+
+    /// Entry `p` of the probe range starting at `start` (< capacity).
+    #[inline(always)]
+    fn at(&self, start: u64, p: u64) -> u64 {
+        let i = start + p;
+        if i >= self.capacity {
+            i - self.capacity
+        } else {
+            i
+        }
+    }
+
+    /// The two words of entry `i` (< capacity; anything else is wrapped).
+    #[inline(always)]
+    fn words(&self, i: u64) -> &'a [AtomicU64; 2] {
+        let i = if i < self.capacity {
+            i
+        } else {
+            i % self.capacity
+        };
+        self.entries
+            .words_at::<2>((i * ENTRY_BYTES) as usize)
+            .expect("inside the table")
+    }
+
+    #[inline(always)]
+    fn entry(&self, i: u64) -> &'a AtomicU64 {
+        &self.words(i)[0]
+    }
+
+    #[inline(always)]
+    fn load(&self, i: u64) -> (u64, u64) {
+        let w = self.words(i);
+        (w[0].load(Ordering::Acquire), w[1].load(Ordering::Acquire))
+    }
+
+    #[inline]
+    fn cas(&self, i: u64, old: [u64; 2], new: [u64; 2]) -> Result<(), [u64; 2]> {
+        super::limiter::warm_up::cas128(self.entry(i), old, new)
+    }
+
+    fn counter(&self, slot: u32, off: usize) -> Option<&'a AtomicU64> {
+        if slot >= self.slot_count {
+            return None;
+        }
+        self.counters
+            .u64_at(slot as usize * COUNTER_BYTES as usize + off)
+    }
+
+    fn bump(&self, slot: u32, off: usize) {
+        if let Some(c) = self.counter(slot, off) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn drop_in_use(&self, slot: u32) {
+        if let Some(c) = self.counter(slot, C_IN_USE) {
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        }
+    }
+
+    /// Counts a request of strategy `slot` that found its range full, and
+    /// whether its overflow limiter admitted it.
+    pub fn count_full(&self, slot: u32, overflow_admitted: bool) {
+        self.bump(slot, C_FULL);
+        if overflow_admitted {
+            self.bump(slot, C_OVERFLOW);
+        }
+    }
+
+    /// Agent side: a stat slot given to a new strategy starts with zero key
+    /// counters (its old keys are free: their generation is another).
+    pub fn reset_counters(&self, slot: u32) {
+        for off in [C_IN_USE, C_RECLAIMS, C_FULL, C_OVERFLOW] {
+            if let Some(c) = self.counter(slot, off) {
+                c.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Agent side, for a file adopted after a reboot (monotonic time
+    /// restarted): every entry empty, every counter zero.
+    pub fn clear(&self) {
+        self.header.zero(0, self.header.len());
+        self.counters.zero(0, self.counters.len());
+        self.entries.zero(0, self.entries.len());
+    }
+
+    pub fn counters(&self, slot: u32) -> KeyCounters {
+        let get = |off| {
+            self.counter(slot, off)
+                .map_or(0, |c| c.load(Ordering::Relaxed))
+        };
+        KeyCounters {
+            in_use: get(C_IN_USE),
+            reclaims: get(C_RECLAIMS),
+            full: get(C_FULL),
+            overflow_admits: get(C_OVERFLOW),
+        }
+    }
+
+    pub fn stats(&self) -> TableStats {
+        TableStats {
+            capacity: self.capacity,
+            occupied: self.header.load(T_OCCUPIED).min(self.capacity),
+            max_probe: self.header.load(T_MAX_PROBE),
+            claims: self.header.load(T_CLAIMS),
+        }
+    }
+
+    /// Counts entries whose ident is not 0 (a full scan: `shm inspect`).
+    pub fn scan_occupied(&self) -> u64 {
+        (0..self.capacity).filter(|&i| self.load(i).0 != 0).count() as u64
+    }
+
+    /// Charges one request of key `key` with `lim` at `now`. `force`: a
+    /// dry-run `concurrency` hit takes a unit even over the limit.
+    /// `owner(slot)` gives the limiter of the strategy now in a stat slot
+    /// (to judge whether another strategy's entry is fresh), `slots` the
+    /// file's stat slots (their generations say whether an entry's
+    /// strategy still exists).
+    pub fn charge<'l>(
+        &self,
+        key: &KeyId,
+        lim: &KeyLimiter,
+        now: Now,
+        force: bool,
+        slots: &Region<'_>,
+        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
+    ) -> Charge {
+        if !self.usable() {
+            return Charge::Full;
+        }
+        let t = lim.clock(now);
+        // Bounded: each round either commits or saw another process commit.
+        for _ in 0..64 {
+            // The key's entry: idents only (the common case, one pass).
+            if let Some(i) = (0..PROBE)
+                .map(|p| self.at(key.start, p))
+                .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)
+            {
+                let st = self.words(i)[1].load(Ordering::Acquire);
+                match self.charge_at(i, key.ident, st, lim, t, force) {
+                    Some(c) => return c,
+                    None => continue, // the entry moved on: look again
+                }
+            }
+            // A new key: the first entry that is empty or as new.
+            let candidate = (0..PROBE).find_map(|p| {
+                let (ident, st) = self.load(self.at(key.start, p));
+                (ident != key.ident && self.reusable(ident, st, now, slots, &owner))
+                    .then_some((p, ident, st))
+            });
+            let Some((p, old_ident, old_st)) = candidate else {
+                return Charge::Full;
+            };
+            let next = match lim.step(0, t) {
+                Step::Admit { next, wait_ns } => (next, wait_ns, false),
+                Step::Reject { retry_after_ns } => match force.then(|| lim.force(0)).flatten() {
+                    Some(n) => (n, 0, true),
+                    None => return Charge::Rejected { retry_after_ns },
+                },
+            };
+            let i = self.at(key.start, p);
+            if self
+                .cas(i, [old_ident, old_st], [key.ident, next.0])
+                .is_err()
+            {
+                continue;
+            }
+            self.claimed(key, old_ident, p);
+            // A racing process may have claimed an earlier entry for this
+            // key after our scan: the first copy wins.
+            for q in 0..p {
+                let j = self.at(key.start, q);
+                let (ident, st) = self.load(j);
+                if ident == key.ident {
+                    if self.cas(i, [key.ident, next.0], [0, 0]).is_ok() {
+                        self.drop_in_use(key.slot());
+                    }
+                    if let Some(c) = self.charge_at(j, key.ident, st, lim, t, force) {
+                        return c;
+                    }
+                    break;
+                }
+            }
+            return Charge::Admitted {
+                at: KeyRef {
+                    entry: i,
+                    ident: key.ident,
+                },
+                wait_ns: next.1,
+                forced: next.2,
+                token: next.0,
+                prev: 0,
+            };
+        }
+        Charge::Full
+    }
+
+    fn claimed(&self, key: &KeyId, old_ident: u64, p: u64) {
+        self.bump(key.slot(), C_IN_USE);
+        if old_ident == 0 {
+            if let Some(w) = self.header.u64_at(T_OCCUPIED) {
+                w.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            self.bump(key.slot(), C_RECLAIMS);
+            if let Some(old) = ident_slot(old_ident) {
+                self.drop_in_use(old);
+            }
+        }
+        if let Some(w) = self.header.u64_at(T_CLAIMS) {
+            w.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(w) = self.header.u64_at(T_MAX_PROBE) {
+            if w.load(Ordering::Relaxed) < p + 1 {
+                w.fetch_max(p + 1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// May the entry `(ident, st)` go to another key at `now`?
+    fn reusable<'l>(
+        &self,
+        ident: u64,
+        st: u64,
+        now: Now,
+        slots: &Region<'_>,
+        owner: &impl Fn(u32) -> Option<&'l KeyLimiter>,
+    ) -> bool {
+        let Some(slot) = ident_slot(ident) else {
+            return true; // empty
+        };
+        let Some(s) = Slot::at(slots, slot) else {
+            return true; // no such slot: garbage
+        };
+        if s.generation().load(Ordering::Acquire) & 0xFFF != ident_generation(ident) {
+            return true; // its strategy is gone (slot reassigned or freed)
+        }
+        match owner(slot) {
+            Some(l) => l.is_fresh(st, l.clock(now)),
+            None => false, // not in this process's table: keep it
+        }
+    }
+
+    /// One request on the key's entry `i` (last seen holding `st`); `None`
+    /// when the entry no longer holds the key.
+    #[inline]
+    fn charge_at(
+        &self,
+        i: u64,
+        ident: u64,
+        mut st: u64,
+        lim: &KeyLimiter,
+        t: u64,
+        force: bool,
+    ) -> Option<Charge> {
+        loop {
+            let (next, wait_ns, forced) = match lim.step(st, t) {
+                Step::Admit { next, wait_ns } => (next, wait_ns, false),
+                Step::Reject { retry_after_ns } => {
+                    let forced = if force { lim.force(st) } else { None };
+                    match forced {
+                        Some(n) => (n, 0, true),
+                        None => {
+                            // A rejection writes nothing: check that the
+                            // word read was this key's.
+                            if self.entry(i).load(Ordering::Acquire) != ident {
+                                return None;
+                            }
+                            return Some(Charge::Rejected { retry_after_ns });
+                        }
+                    }
+                }
+            };
+            match self.cas(i, [ident, st], [ident, next]) {
+                Ok(()) => {
+                    return Some(Charge::Admitted {
+                        at: KeyRef { entry: i, ident },
+                        wait_ns,
+                        forced,
+                        token: next,
+                        prev: st,
+                    })
+                }
+                Err([cur_ident, cur]) => {
+                    if cur_ident != ident {
+                        return None;
+                    }
+                    st = cur;
+                }
+            }
+        }
+    }
+
+    /// Applies `f` to the key's word while the entry still holds the key.
+    fn update(&self, at: KeyRef, f: impl Fn(u64) -> Option<u64>) {
+        if !self.usable() || at.entry >= self.capacity {
+            return;
+        }
+        let (mut ident, mut st) = self.load(at.entry);
+        for _ in 0..1024 {
+            if ident != at.ident {
+                return; // reclaimed: nothing of ours is left in it
+            }
+            let Some(next) = f(st) else { return };
+            match self.cas(at.entry, [ident, st], [ident, next]) {
+                Ok(()) => return,
+                Err([i, s]) => (ident, st) = (i, s),
+            }
+        }
+    }
+
+    /// Gives back an admission (a later strategy rejected the request).
+    pub fn refund(&self, at: KeyRef, lim: &KeyLimiter, token: u64, prev: u64) {
+        self.update(at, |cur| lim.refund(cur, token, prev));
+    }
+
+    /// `concurrency`: the request ended.
+    pub fn release(&self, at: KeyRef, lim: &KeyLimiter) {
+        self.update(at, |cur| lim.release(cur));
+    }
+
+    /// The key's word (`None`: not in the table), for quotas and tests.
+    pub fn peek(&self, key: &KeyId) -> Option<u64> {
+        (0..PROBE).find_map(|p| {
+            let (ident, st) = self.load(self.at(key.start, p));
+            (ident == key.ident).then_some(st)
+        })
+    }
+}
+
+/// A 16-byte-aligned sub-slice of [`KeyTable::local_words`].
+pub fn aligned(words: &[AtomicU64]) -> &[AtomicU64] {
+    let skip = (words.as_ptr() as usize % 16) / 8;
+    &words[skip..words.len() - 2 + skip]
+}
+
+/// A client address aggregated to its prefix: the bytes hashed as the
+/// `ip` part of a key, and its text for `$rate_ctl_key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpPrefix {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpPrefix {
+    /// `addr` masked to `v4` bits (IPv4, and IPv4-mapped IPv6) or `v6`
+    /// bits (IPv6).
+    pub fn new(addr: IpAddr, v4: u8, v6: u8) -> IpPrefix {
+        let addr = match addr {
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v) => IpAddr::V4(v),
+                None => IpAddr::V6(a),
+            },
+            a => a,
+        };
+        match addr {
+            IpAddr::V4(a) => {
+                let p = v4.min(32);
+                let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+                IpPrefix {
+                    addr: IpAddr::V4((u32::from(a) & mask).into()),
+                    prefix: p,
+                }
+            }
+            IpAddr::V6(a) => {
+                let p = v6.min(128);
+                let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
+                IpPrefix {
+                    addr: IpAddr::V6((u128::from(a) & mask).into()),
+                    prefix: p,
+                }
+            }
+        }
+    }
+
+    /// The bytes hashed: family, masked address, prefix length.
+    pub fn bytes(&self) -> ([u8; 18], usize) {
+        let mut b = [0u8; 18];
+        match self.addr {
+            IpAddr::V4(a) => {
+                b[0] = 4;
+                b[1..5].copy_from_slice(&a.octets());
+                b[5] = self.prefix;
+                (b, 6)
+            }
+            IpAddr::V6(a) => {
+                b[0] = 6;
+                b[1..17].copy_from_slice(&a.octets());
+                b[17] = self.prefix;
+                (b, 18)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for IpPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let full = if self.addr.is_ipv4() { 32 } else { 128 };
+        if self.prefix == full {
+            write!(f, "{}", self.addr)
+        } else {
+            write!(f, "{}/{}", self.addr, self.prefix)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,419 @@
+//! Admission of a request that matched at least one per-key strategy.
+//!
+//! The per-key strategies are charged first, each on its key's entry
+//! ([`KeyTable::charge`]); then the shared ones through
+//! [`admit::admit_with`]. The rule of the shared strategies holds across
+//! both: a request rejected by any strategy is counted by none — when a
+//! key rejects, the keys already charged are refunded and no shared
+//! strategy is asked; when a shared strategy rejects, every key charge is
+//! refunded. (So a request both a per-key and a shared strategy would
+//! reject is reported as rejected by the per-key one.)
+//!
+//! * A per-key strategy for which any `each` value of the request is
+//!   empty (or the client address unknown, for `ip`) does not count the
+//!   request.
+//! * A key whose probe range is full follows its strategy's `on_full`:
+//!   `overflow` charges the strategy's own stat slot with its shared
+//!   limiter (an ordinary hit), `reject` refuses (`retry_after` 1 s),
+//!   `allow` lets it through uncounted. Each case is counted in the key
+//!   table's per-strategy counters.
+//! * Dry runs, delays, `passed`/`limited`/`delayed` counters and quotas
+//!   behave as for the shared strategies ([`admit`]).
+
+use std::sync::atomic::Ordering;
+
+use smallvec::SmallVec;
+
+use super::super::admit::{self, Decision, Hit, Verdict};
+use super::super::each::OnFull;
+use super::super::limiter::Quota;
+use super::super::model::{Action, Algorithm};
+use super::super::region::Region;
+use super::super::shm::Mapping;
+use super::super::slot::Slot;
+use super::super::table::{IpKey, Request, Table, Values};
+use super::{Charge, IpPrefix, KeyLimiter, KeyRef, KeyTable};
+
+/// How a compiled per-key strategy builds its key.
+#[derive(Debug, Clone)]
+pub struct KeyPlan {
+    /// Table dimension index of each `each` dimension, in order; `true`
+    /// for `ip` (the client address, aggregated).
+    pub dims: SmallVec<[(usize, bool); 4]>,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+    pub on_full: super::super::each::OnFull,
+    pub limiter: KeyLimiter,
+}
+
+/// Per-key `concurrency` units a request holds until it ends.
+pub type KeyHolds = SmallVec<[(KeyRef, KeyLimiter); 1]>;
+
+/// `retry_after` of an `on_full reject` refusal (a hint: the range frees
+/// up when some key there is fresh again).
+const FULL_RETRY_NS: u64 = 1_000_000_000;
+
+/// The client address a request gives for `ip`.
+#[inline]
+fn client_addr<V: Values + ?Sized>(r: &Request<'_, V>, d: usize) -> Option<std::net::IpAddr> {
+    match r.ip {
+        Some(ip) => Some(ip.addr()),
+        None => r.values.value(d).and_then(IpKey::parse).map(IpKey::addr),
+    }
+}
+
+impl KeyPlan {
+    /// Hashes the request's key into `h`; `false` when a value is empty
+    /// (the strategy does not count the request).
+    #[inline]
+    fn hash<V: Values + ?Sized>(&self, r: &Request<'_, V>, h: &mut super::KeyHasher) -> bool {
+        for &(d, is_ip) in &self.dims {
+            if is_ip {
+                let k = match r.ip {
+                    Some(ip) => ip,
+                    None => match r.values.value(d).and_then(IpKey::parse) {
+                        Some(ip) => ip,
+                        None => return false,
+                    },
+                };
+                h.ip(k.0, self.ipv4_prefix, self.ipv6_prefix);
+            } else {
+                match r.values.value(d) {
+                    Some(v) if !v.is_empty() => h.part(v),
+                    _ => return false,
+                }
+            }
+        }
+        true
+    }
+
+    /// The key as text (`ip=203.0.113.0/24,userid=u1`), `None` when a value
+    /// is empty.
+    pub fn text<V: Values + ?Sized>(&self, names: &[String], r: &Request<'_, V>) -> Option<String> {
+        let mut out = String::new();
+        for &(d, is_ip) in &self.dims {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(names.get(d).map_or("?", |n| n.as_str()));
+            out.push('=');
+            if is_ip {
+                let p = IpPrefix::new(client_addr(r, d)?, self.ipv4_prefix, self.ipv6_prefix);
+                out.push_str(&p.to_string());
+            } else {
+                let v = r.values.value(d).filter(|v| !v.is_empty())?;
+                out.push_str(&String::from_utf8_lossy(v));
+            }
+        }
+        Some(out)
+    }
+}
+
+/// One key charged by this request.
+struct Taken {
+    si: u32,
+    at: KeyRef,
+    token: u64,
+    prev: u64,
+    wait_ns: u64,
+    forced: bool,
+}
+
+fn refund_all(kt: &KeyTable, table: &Table, taken: &[Taken]) {
+    for t in taken {
+        if let Some(plan) = &table.strategies()[t.si as usize].key {
+            kt.refund(t.at, &plan.limiter, t.token, t.prev);
+        }
+    }
+}
+
+fn reject_status(a: Action) -> Option<u16> {
+    match a {
+        Action::Reject { status } => status,
+        _ => None,
+    }
+}
+
+/// See the module documentation. `held` receives the shared concurrency
+/// strategies the request holds (as [`Table::decide_into`]), `key_holds`
+/// the per-key ones.
+#[inline(never)]
+pub(crate) fn decide<V: Values + ?Sized>(
+    table: &Table,
+    matched: &[u32],
+    map: &Mapping,
+    slots: &Region<'_>,
+    r: &Request<'_, V>,
+    held: &mut SmallVec<[u32; 2]>,
+    (key_holds, full): (&mut KeyHolds, &mut Option<(u32, OnFull)>),
+) -> Decision {
+    if let [si] = *matched {
+        if let Some(d) = decide_one(table, si, map, slots, r, key_holds) {
+            return d;
+        }
+    }
+    // Any number of matched strategies, per-key and shared.
+    let kt = map.keys();
+    let now = r.now();
+    let owner = |slot: u32| table.key_owner(slot);
+    let mut shared: SmallVec<[Hit<'_>; 8]> = SmallVec::new();
+    let mut shared_index: SmallVec<[u32; 8]> = SmallVec::new();
+    let mut overflow: SmallVec<[u32; 2]> = SmallVec::new();
+    let mut taken: SmallVec<[Taken; 4]> = SmallVec::new();
+    let mut dry_run_rejected = None;
+    let strategies = table.strategies();
+    for &si in matched {
+        let c = &strategies[si as usize];
+        let Some(plan) = &c.key else {
+            if let Some(h) = c.hit(slots) {
+                shared.push(h);
+                shared_index.push(si);
+            }
+            continue;
+        };
+        let Some(slot) = Slot::at(slots, c.slot) else {
+            continue;
+        };
+        if slot.generation().load(Ordering::Acquire) != c.generation {
+            continue; // stale table: the slot is another strategy's now
+        }
+        let mut h = kt.hasher(c.strategy.id);
+        if !plan.hash(r, &mut h) {
+            continue; // an empty value: not counted
+        }
+        let dry = r.dry_run || c.strategy.action.is_dry_run();
+        let force = dry && plan.limiter.is_concurrency();
+        let charge = match kt.key(h, c.slot, c.generation) {
+            Some(key) => kt.charge(&key, &plan.limiter, now, force, slots, owner),
+            None => Charge::Full,
+        };
+        let retry_after_ns = match charge {
+            Charge::Admitted {
+                at,
+                wait_ns,
+                forced,
+                token,
+                prev,
+            } => {
+                if forced {
+                    slot.limited().fetch_add(1, Ordering::Relaxed);
+                    dry_run_rejected.get_or_insert(c.strategy.id);
+                }
+                taken.push(Taken {
+                    si,
+                    at,
+                    token,
+                    prev,
+                    wait_ns,
+                    forced,
+                });
+                continue;
+            }
+            Charge::Rejected { retry_after_ns } => retry_after_ns,
+            Charge::Full => {
+                full.get_or_insert((c.strategy.id, plan.on_full));
+                match plan.on_full {
+                    OnFull::Overflow => {
+                        if let Some(h) = c.hit(slots) {
+                            shared.push(h);
+                            shared_index.push(si);
+                            overflow.push(si);
+                        }
+                        continue;
+                    }
+                    OnFull::Allow => {
+                        kt.count_full(c.slot, false);
+                        continue;
+                    }
+                    OnFull::Reject => {
+                        kt.count_full(c.slot, false);
+                        FULL_RETRY_NS
+                    }
+                }
+            }
+        };
+        slot.limited().fetch_add(1, Ordering::Relaxed);
+        if dry {
+            dry_run_rejected.get_or_insert(c.strategy.id);
+            continue;
+        }
+        refund_all(&kt, table, &taken);
+        let tightest = r.quota.then(|| {
+            let t = plan.limiter.clock(now);
+            (c.strategy.id, quota_of(&kt, table, si, None, t))
+        });
+        return Decision {
+            verdict: Verdict::Reject {
+                id: c.strategy.id,
+                status: reject_status(c.strategy.action),
+                retry_after_ns,
+            },
+            dry_run_rejected,
+            would_delay: None,
+            tightest: tightest.flatten_quota(),
+            passed_by: None,
+        };
+    }
+    let mut d = if shared.is_empty() {
+        Decision::pass()
+    } else {
+        admit::admit_with(&shared, now, r.dry_run, r.quota)
+    };
+    if let Verdict::Reject { .. } = d.verdict {
+        refund_all(&kt, table, &taken);
+        for &si in &overflow {
+            kt.count_full(strategies[si as usize].slot, false);
+        }
+        d.dry_run_rejected = d.dry_run_rejected.or(dry_run_rejected);
+        return d;
+    }
+    for (h, &si) in shared.iter().zip(&shared_index) {
+        if h.limiter.algorithm() == Algorithm::Concurrency {
+            held.push(si);
+            map.hold_unit(strategies[si as usize].slot, h.generation);
+        }
+    }
+    for &si in &overflow {
+        kt.count_full(strategies[si as usize].slot, true);
+    }
+    d.dry_run_rejected = d.dry_run_rejected.or(dry_run_rejected);
+    let mut longest = match d.verdict {
+        Verdict::Delay { wait_ns, .. } => wait_ns,
+        _ => 0,
+    };
+    for t in &taken {
+        let c = &strategies[t.si as usize];
+        let Some(plan) = &c.key else { continue };
+        if plan.limiter.is_concurrency() {
+            key_holds.push((t.at, plan.limiter));
+        }
+        if t.forced {
+            continue;
+        }
+        let Some(slot) = Slot::at(slots, c.slot) else {
+            continue;
+        };
+        slot.passed().fetch_add(1, Ordering::Relaxed);
+        let dry = r.dry_run || c.strategy.action.is_dry_run();
+        if t.wait_ns > 0 {
+            slot.delayed().fetch_add(1, Ordering::Relaxed);
+            if dry {
+                if d.would_delay.is_none_or(|(_, w)| t.wait_ns > w) {
+                    d.would_delay = Some((c.strategy.id, t.wait_ns));
+                }
+            } else if t.wait_ns > longest {
+                longest = t.wait_ns;
+                d.verdict = Verdict::Delay {
+                    id: c.strategy.id,
+                    wait_ns: t.wait_ns,
+                };
+            }
+        }
+        if c.strategy.action.is_dry_run() {
+            continue;
+        }
+        if d.passed_by.is_none_or(|p| c.strategy.id < p) {
+            d.passed_by = Some(c.strategy.id);
+        }
+        if r.quota {
+            let q = quota_of(&kt, table, t.si, Some(t.token), plan.limiter.clock(now));
+            if let Some(q) = q {
+                match d.tightest {
+                    Some((_, tq)) if tq.remaining <= q.remaining => {}
+                    _ => d.tightest = Some((c.strategy.id, q)),
+                }
+            }
+        }
+    }
+    d
+}
+
+/// The common case, one enforcing per-key strategy, without the lists of
+/// [`decide_all`]: the same decision and effects. `None` (nothing
+/// charged) for what it does not handle: a dry run, a full range.
+#[inline(always)]
+fn decide_one<V: Values + ?Sized>(
+    table: &Table,
+    si: u32,
+    map: &Mapping,
+    slots: &Region<'_>,
+    r: &Request<'_, V>,
+    key_holds: &mut KeyHolds,
+) -> Option<Decision> {
+    let c = &table.strategies()[si as usize];
+    let plan = c.key.as_ref()?;
+    if r.dry_run || c.strategy.action.is_dry_run() {
+        return None;
+    }
+    let slot = Slot::at(slots, c.slot)?;
+    let id = c.strategy.id;
+    let mut d = Decision::pass();
+    if slot.generation().load(Ordering::Acquire) != c.generation {
+        return Some(d); // stale table
+    }
+    let kt = map.keys();
+    let mut h = kt.hasher(id);
+    if !plan.hash(r, &mut h) {
+        return Some(d); // an empty value: not counted
+    }
+    let key = kt.key(h, c.slot, c.generation)?;
+    let now = r.now();
+    let owner = |s: u32| table.key_owner(s);
+    match kt.charge(&key, &plan.limiter, now, false, slots, owner) {
+        Charge::Admitted {
+            at, wait_ns, token, ..
+        } => {
+            slot.passed().fetch_add(1, Ordering::Relaxed);
+            if wait_ns > 0 {
+                slot.delayed().fetch_add(1, Ordering::Relaxed);
+                d.verdict = Verdict::Delay { id, wait_ns };
+            }
+            if plan.limiter.is_concurrency() {
+                key_holds.push((at, plan.limiter));
+            }
+            d.passed_by = Some(id);
+            if r.quota {
+                d.tightest = Some((id, plan.limiter.quota(token, plan.limiter.clock(now))));
+            }
+            Some(d)
+        }
+        Charge::Rejected { retry_after_ns } => {
+            slot.limited().fetch_add(1, Ordering::Relaxed);
+            d.verdict = Verdict::Reject {
+                id,
+                status: reject_status(c.strategy.action),
+                retry_after_ns,
+            };
+            if r.quota {
+                let t = plan.limiter.clock(now);
+                d.tightest = quota_of(&kt, table, si, None, t).map(|q| (id, q));
+            }
+            Some(d)
+        }
+        Charge::Full => None,
+    }
+}
+
+/// The quota of strategy `si`'s key: from the word this request wrote, or
+/// (a rejection) a fresh key's — the rejected key's own word is not kept.
+fn quota_of(kt: &KeyTable, table: &Table, si: u32, word: Option<u64>, now: u64) -> Option<Quota> {
+    let _ = kt;
+    let plan = table.strategies()[si as usize].key.as_ref()?;
+    let mut q = plan.limiter.quota(word.unwrap_or(0), now);
+    if word.is_none() {
+        q.remaining = 0;
+        q.reset_ns = q.reset_ns.max(1);
+    }
+    Some(q)
+}
+
+trait FlattenQuota {
+    fn flatten_quota(self) -> Option<(u32, Quota)>;
+}
+
+impl FlattenQuota for Option<(u32, Option<Quota>)> {
+    fn flatten_quota(self) -> Option<(u32, Quota)> {
+        let (id, q) = self?;
+        Some((id, q?))
+    }
+}

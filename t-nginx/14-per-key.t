@@ -1,0 +1,150 @@
+# Per-key strategies (`each`): one bucket per client address (after
+# realip), per $arg_a / $arg_b value (nginx-tests limit_req2.t), per IPv6
+# /64; $rate_ctl_key and the rejection log line; state kept over an nginx
+# reload, an agent restart (the file adopted by a new writer) and a rate
+# edit.
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use IO::Socket::IP;
+use RateCtlTest;
+
+# Sends one GET of $path per address in @ips (X-Forwarded-For), pipelined
+# on keep-alive connections of at most 500 requests; returns how many got
+# 200 and how many 503.
+sub flood {
+    my ($n, $path, @ips) = @_;
+    my ($ok, $limited) = (0, 0);
+    while (my @batch = splice @ips, 0, 500) {
+        my $s = IO::Socket::IP->new(PeerHost => '127.0.0.1', PeerPort => $n->port, Timeout => 10)
+            or die "connect: $!";
+        my $req = join '', map {
+            "GET $path HTTP/1.1\r\nHost: localhost\r\nX-Forwarded-For: $_\r\n\r\n"
+        } @batch;
+        $req =~ s/\r\n\r\n$/\r\nConnection: close\r\n\r\n/;
+        print $s $req;
+        local $/;
+        my $all = <$s> // '';
+        close $s;
+        $ok      += () = $all =~ m{HTTP/1\.1 200 }g;
+        $limited += () = $all =~ m{HTTP/1\.1 503 }g;
+    }
+    return ($ok, $limited);
+}
+
+sub codes_from {
+    my ($n, $path, $count, $ip) = @_;
+    return $n->codes($path, $count, "-H 'X-Forwarded-For: $ip'");
+}
+
+my $table = <<'T';
+strategy id=1 algorithm=fixed_window rate=3 per=hour each=ip when api=/login
+strategy id=2 algorithm=fixed_window rate=2 per=hour each=a when api=/ab
+strategy id=3 algorithm=fixed_window rate=3 per=hour each=b when api=/ab
+strategy id=4 algorithm=fixed_window rate=5 per=hour each=ip when api=/v6
+strategy id=5 algorithm=token_bucket rate=2 per=hour burst=2 each=ip when api=/keep
+T
+
+for_each_target(sub {
+    my ($t) = @_;
+    my $n = RateCtlTest->new($t,
+        http => q{
+            rate_ctl_dimension a $arg_a;
+            rate_ctl_dimension b $arg_b;
+            log_format keys '$rate_ctl_strategy $rate_ctl_key $status';
+        },
+        server => q{
+            set_real_ip_from 127.0.0.1;
+            real_ip_header X-Forwarded-For;
+            rate_ctl on;
+            location / { empty_gif; access_log @DIR@/logs/keys.log keys; }
+        });
+    publish($n->shm, $table);
+    $n->start;
+
+    # Two clients, two buckets, exact counts (fixed window 3/hour).
+    window_ahead(3600, 60);
+    is_deeply([codes_from($n, '/login', 5, '192.0.2.1')], [200, 200, 200, 503, 503],
+        'client 192.0.2.1: exactly 3 of 5');
+    is_deeply([codes_from($n, '/login', 5, '192.0.2.2')], [200, 200, 200, 503, 503],
+        'client 192.0.2.2: its own 3 of 5');
+    is_deeply([codes_from($n, '/login', 2, '::ffff:192.0.2.1')], [503, 503],
+        'IPv4-mapped IPv6 is the same client');
+    is_deeply([$n->codes('/other', 5, "-H 'X-Forwarded-For: 192.0.2.1'")], [(200) x 5],
+        'conditions still select: another api is not limited');
+    my @keys = do {
+        open my $fh, '<', $n->dir . '/logs/keys.log' or die $!;
+        grep { /^1 / } map { chomp; $_ } <$fh>;
+    };
+    is($keys[0], '1 ip=192.0.2.1 200', '$rate_ctl_key names the client');
+    is($keys[3], '1 ip=192.0.2.1 503', '$rate_ctl_key on a rejection');
+    like($n->error_log, qr/rejecting request by strategy 1 for key ip=192\.0\.2\.1/,
+        'the rejection log line names the key');
+
+    # limit_req2.t: keys from $arg_a and $arg_b; two per-key strategies on
+    # one request; a rejection charges neither; empty values not limited.
+    is_deeply([$n->codes('/ab?a=x&b=y', 4)], [200, 200, 503, 503], 'a=x: 2 per hour');
+    is_deeply([$n->codes('/ab?a=z&b=y', 3)], [200, 503, 503],
+        'b=y had 1 left (the a=x rejections did not charge it)');
+    is_deeply([$n->codes('/ab?a=z', 3)], [200, 503, 503],
+        'a=z had 1 left (the b=y rejections did not charge it)');
+    is_deeply([$n->codes('/ab?a=&b=', 10)], [(200) x 10], 'empty values are not limited');
+    is_deeply([$n->codes('/ab', 10)], [(200) x 10], 'missing values are not limited');
+    is_deeply([$n->codes('/ab?a=x2', 3)], [200, 200, 503], 'each value its own bucket');
+
+    # 10,000 addresses inside one /64 share one bucket of 5; two /64s do not.
+    my @one = map { sprintf '2001:db8:1:2:%x:%x:%x:1', $_ >> 8, $_ & 0xff, $_ % 13 } 0 .. 9999;
+    my ($ok, $lim) = flood($n, '/v6', @one);
+    is($ok, 5, '10,000 addresses in one /64: 5 passed in all');
+    is($lim, 9995, '... and 9,995 got 503');
+    ($ok, $lim) = flood($n, '/v6', map { "2001:db8:1:3::$_" } 1 .. 10);
+    is($ok, 5, 'the next /64 has its own 5');
+
+    # A limited key stays limited over a reload, an agent restart (a new
+    # writer adopts the file) and an edit of the rate.
+    is_deeply([codes_from($n, '/keep', 3, '198.51.100.7')], [200, 200, 503], 'burst of 2 used');
+    $n->reload;
+    is_deeply([codes_from($n, '/keep', 2, '198.51.100.7')], [503, 503], 'still limited after nginx reload');
+    publish($n->shm, $table, 2);
+    sleep 0.3;
+    is_deeply([codes_from($n, '/keep', 2, '198.51.100.7')], [503, 503],
+        'still limited after the file is adopted by a new writer (agent restart)');
+    (my $edited = $table) =~ s/rate=3 per=hour each=ip when api=\/login/rate=4 per=hour each=ip when api=\/login/;
+    publish($n->shm, $edited, 3);
+    sleep 0.3;
+    is_deeply([codes_from($n, '/login', 3, '192.0.2.1')], [200, 503, 503],
+        'a new rate applies to an existing key at once (4 per hour: one more)');
+    is_deeply([codes_from($n, '/keep', 1, '198.51.100.8')], [200], 'another client passes');
+    $n->no_alerts;
+
+    # A key table of 8 entries (one probe range), on_full reject: the
+    # ninth client is refused, logged at most once a second, counted in
+    # the stats; the limited clients stay limited.
+    my $f = RateCtlTest->new($t,
+        server => q{
+            set_real_ip_from 127.0.0.1;
+            real_ip_header X-Forwarded-For;
+            rate_ctl on;
+            location / { empty_gif; }
+            location /stats { rate_ctl off; rate_ctl_stats; }
+        });
+    {
+        local $ENV{RATE_CTL_TOOL_KEYS} = 8;
+        publish($f->shm, "strategy id=6 algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");
+    }
+    $f->start;
+    my @first = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 1 .. 8;
+    is_deeply(\@first, [(200) x 8], 'eight clients take the eight entries');
+    my @new = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 9 .. 12;
+    is_deeply(\@new, [(503) x 4], 'on_full reject: new clients are refused while every entry is limited');
+    is_deeply([codes_from($f, '/full', 1, '203.0.113.1')], [503], 'an old client is still limited');
+    my @lines = grep { /strategy 6: a new key found the key table full \(on_full reject\)/ } split /\n/, $f->error_log;
+    ok(@lines >= 1 && @lines <= 2 * $f->{workers}, scalar(@lines) . ' log line(s) for 4 refusals: at most one per worker per second');
+    like($f->get('/stats')->{body}, qr/"keys":\{"in_use":8,"reclaims":0,"full":4,"overflow_admits":0\}/,
+        'the stats count the four on_full events');
+    $f->no_alerts;
+});
+
+done_testing;

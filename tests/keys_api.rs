@@ -1,0 +1,165 @@
+//! Per-key strategies through the interfaces: the CLI (`--each`,
+//! `--ipv4-prefix`, `--ipv6-prefix`, `--on-full` on add and update), the
+//! store (migration 6) with export/import, and the REST API (JSON fields,
+//! validation naming the field).
+
+#[path = "support/cli.rs"]
+mod cli;
+#[path = "support/serve.rs"]
+mod serve;
+
+use cli::{add_strategy, json_lines, ok, rate_ctl, stores};
+use serde_json::{json, Value};
+
+/// `rate-ctl strategy update ID --store STORE` with `extra`; must succeed.
+fn update(store: &str, id: &str, extra: &[&str]) {
+    let mut args = vec!["strategy", "update", id, "--store", store];
+    args.extend_from_slice(extra);
+    ok(&args);
+}
+
+fn rows(store: &str) -> Vec<Value> {
+    json_lines(&ok(&["strategy", "list", "--store", store, "--json"]))
+}
+
+#[test]
+fn per_key_fields_round_trip_through_the_cli_and_the_store() {
+    for st in stores("per_key_cli") {
+        let s = st.url.as_str();
+        add_strategy(
+            s,
+            "login",
+            "token_bucket",
+            "5",
+            &[
+                "--per",
+                "minute",
+                "--burst",
+                "5",
+                "--match",
+                "api=/login",
+                "--each",
+                "ip",
+                "--ipv6-prefix",
+                "56",
+            ],
+        );
+        let r = &rows(s)[0];
+        assert_eq!(r["each"], json!(["ip"]), "{r}");
+        assert_eq!(r["ipv4_prefix"], 32, "defaults filled in: {r}");
+        assert_eq!(r["ipv6_prefix"], 56);
+        assert_eq!(r["on_full"], "overflow");
+        let list = ok(&["strategy", "list", "--store", s]);
+        assert!(list.contains("api=/login each=ip ipv6_prefix=56"), "{list}");
+        let id = r["id"].to_string();
+        update(
+            s,
+            &id,
+            &["--each", "userid", "--each", "api", "--on-full", "reject"],
+        );
+        let r = &rows(s)[0];
+        assert_eq!(r["each"], json!(["userid", "api"]));
+        assert_eq!(r["on_full"], "reject");
+        // Export, remove, import: the fields come back.
+        let (_dir, file, exported) = cli::export_strategies(s);
+        assert!(
+            exported.contains(r#""each":["userid","api"]"#),
+            "{exported}"
+        );
+        ok(&["strategy", "rm", &id, "--store", s]);
+        ok(&["strategy", "import", "--store", s, &file]);
+        let r = &rows(s)[0];
+        assert_eq!(
+            (&r["each"], &r["ipv6_prefix"], &r["on_full"]),
+            (&json!(["userid", "api"]), &json!(56), &json!("reject"))
+        );
+        // Back to one shared limit.
+        let id = r["id"].to_string();
+        update(s, &id, &["--no-each"]);
+        let r = &rows(s)[0];
+        assert!(r.get("each").is_none() && r.get("on_full").is_none(), "{r}");
+    }
+}
+
+#[test]
+fn bad_per_key_arguments_name_the_flag_and_store_nothing() {
+    let st = cli::sqlite_store();
+    let s = st.url.as_str();
+    let base = [
+        "strategy", "add", "--store", s, "--name", "x", "--rate", "5",
+    ];
+    for (extra, flag) in [
+        (
+            &["--each", "ip", "--algorithm", "warm_up", "--warm-up", "30s"][..],
+            "--each",
+        ),
+        (&["--each", "Bad"][..], "--each"),
+        (
+            &[
+                "--each", "a", "--each", "b", "--each", "c", "--each", "d", "--each", "e",
+            ][..],
+            "--each",
+        ),
+        (
+            &["--each", "ip", "--ipv4-prefix", "33"][..],
+            "--ipv4-prefix",
+        ),
+        (&["--each", "ip", "--ipv6-prefix", "0"][..], "--ipv6-prefix"),
+        (&["--ipv6-prefix", "48"][..], "--ipv6-prefix"),
+        (&["--on-full", "reject"][..], "--on-full"),
+        (&["--each", "ip", "--on-full", "drop"][..], "--on-full"),
+    ] {
+        let mut args = base.to_vec();
+        if !extra.contains(&"--algorithm") {
+            args.extend(["--algorithm", "token_bucket"]);
+        }
+        args.extend_from_slice(extra);
+        let o = rate_ctl(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{extra:?} accepted");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+    assert!(rows(s).is_empty());
+}
+
+#[test]
+fn the_api_takes_and_shows_the_per_key_fields() {
+    let st = cli::sqlite_store();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    let body = json!({"name": "per-user", "match": {"api": "/pay"}, "algorithm": "fixed_window",
+                      "rate": 10, "per": "minute", "each": ["userid"], "on_full": "allow"});
+    let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&body.to_string()));
+    assert_eq!(code, 201, "{v}");
+    let list = srv.get("/api/v1/strategies");
+    let s = &list["strategies"][0];
+    assert_eq!(s["each"], json!(["userid"]), "{s}");
+    assert_eq!(s["ipv4_prefix"], 32);
+    assert_eq!(s["ipv6_prefix"], 64);
+    assert_eq!(s["on_full"], "allow");
+    for (bad, field) in [
+        (json!({"each": ["ip", "ip"]}), "each"),
+        (json!({"each": "ip"}), "each"),
+        (json!({"each": ["ip"], "ipv6_prefix": 129}), "ipv6_prefix"),
+        (json!({"on_full": "allow"}), "on_full"),
+        (
+            json!({"each": ["ip"], "algorithm": "sliding_window", "rate": 2000000}),
+            "rate",
+        ),
+    ] {
+        let mut b = json!({"name": "bad", "algorithm": "token_bucket", "rate": 5});
+        for (k, v) in bad.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&b.to_string()));
+        assert_eq!(code, 422, "{b}: {v}");
+        assert_eq!(v["error"]["field"], field, "{b}: {v}");
+    }
+    assert_eq!(
+        srv.get("/api/v1/strategies")["strategies"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
