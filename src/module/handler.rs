@@ -270,7 +270,7 @@ fn decide(
 /// table, not a per-key strategy, or an empty value).
 fn key_text(
     reader: &crate::core::reader::Reader,
-    sources: &[Source],
+    sources: &[ValueSource],
     mc: &MainConf,
     r: &Request,
     id: u32,
