@@ -50,12 +50,17 @@ use std::collections::BTreeMap;
 /// How a strategy's capacity is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// Requests per second (token/leaky bucket, warm-up, concurrency): a
-    /// lease is a rate.
-    Rate,
+    /// A rate per `per_ms` (token/leaky bucket, warm-up, concurrency): a
+    /// lease is a rate in the same unit.
+    Rate { per_ms: u64 },
     /// A count per window of `window_ms`, windows aligned on multiples of
     /// it since the Unix epoch: a lease is a count for the current window.
     Window { window_ms: u64 },
+}
+
+#[cfg(test)]
+impl Kind {
+    pub const PER_SECOND: Kind = Kind::Rate { per_ms: 1000 };
 }
 
 /// Allocator tuning.
@@ -71,6 +76,9 @@ pub struct Config {
     /// Floor per live host, as a fraction of the capacity (capped at the
     /// equal share).
     pub floor_frac: f64,
+    /// A host asks for its demand × (1 + headroom) + 1: a lease exactly at
+    /// the demand would reject the jitter of its arrivals.
+    pub headroom: f64,
 }
 
 impl Default for Config {
@@ -80,6 +88,7 @@ impl Default for Config {
             live_ms: 3_000,
             alpha: 0.7,
             floor_frac: 0.02,
+            headroom: 0.05,
         }
     }
 }
@@ -117,8 +126,10 @@ pub struct Grant {
     pub expires_ms: u64,
     /// The smoothed demand it was computed from (per second).
     pub demand: f64,
-    /// For windows: the window (start ms) the count is for.
+    /// For windows: the window (start ms) the count is for, and what the
+    /// host admitted in it so far.
     pub window_start_ms: u64,
+    pub window_admitted: u64,
 }
 
 /// A lease as stored, to resume from (a new leader).
@@ -224,6 +235,7 @@ impl Allocator {
                 applied_expires_ms: g.expires_ms,
                 unacked: vec![(g.epoch, g.value, g.expires_ms)],
                 window_start_ms: g.window_start_ms,
+                window_admitted: g.window_admitted,
                 ..HostState::default()
             };
             a.hosts.insert(s.host.clone(), st);
@@ -231,6 +243,7 @@ impl Allocator {
         a
     }
 
+    #[cfg(test)]
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -244,7 +257,7 @@ impl Allocator {
 
     fn window_start(&self, now_ms: u64) -> Option<u64> {
         match self.kind {
-            Kind::Rate => None,
+            Kind::Rate { .. } => None,
             Kind::Window { window_ms } => Some(now_ms - now_ms % window_ms.max(1)),
         }
     }
@@ -289,6 +302,7 @@ impl Allocator {
     /// Σ of what every host may be enforcing at `now_ms`: never above the
     /// capacity once the hosts enforce their leases (the invariant the
     /// tests check).
+    #[cfg(test)]
     pub fn held_total(&self, now_ms: u64) -> u64 {
         let ws = self.window_start(now_ms);
         self.hosts.values().map(|h| h.held(now_ms, ws)).sum()
@@ -333,7 +347,7 @@ impl Allocator {
 
         // 2. Targets: the capacity to share and each host's want in its units.
         let (pool, admitted): (u64, Vec<u64>) = match self.kind {
-            Kind::Rate => (self.capacity, vec![0; live.len()]),
+            Kind::Rate { .. } => (self.capacity, vec![0; live.len()]),
             Kind::Window { .. } => {
                 let adm: Vec<u64> = live.iter().map(|k| self.hosts[k].window_admitted).collect();
                 // Hosts no longer live still hold what they admitted.
@@ -342,7 +356,7 @@ impl Allocator {
             }
         };
         let left_s = match self.kind {
-            Kind::Rate => 1.0,
+            Kind::Rate { per_ms } => per_ms as f64 / 1000.0,
             Kind::Window { window_ms } => {
                 let end = ws.unwrap_or(0) + window_ms;
                 (end.saturating_sub(now_ms)) as f64 / 1000.0
@@ -350,7 +364,10 @@ impl Allocator {
         };
         let wants: Vec<f64> = live
             .iter()
-            .map(|k| self.hosts[k].wants.unwrap_or(0.0) * left_s)
+            .map(|k| match self.hosts[k].wants {
+                Some(w) if w > 0.0 => (w * (1.0 + cfg.headroom) + 1.0) * left_s,
+                _ => 0.0,
+            })
             .collect();
         let weights: Vec<f64> = live
             .iter()
@@ -432,6 +449,7 @@ impl Allocator {
                 expires_ms: h.expires_ms,
                 demand: h.wants.unwrap_or(0.0),
                 window_start_ms: ws.unwrap_or(0),
+                window_admitted: h.window_admitted,
             });
         }
         out
@@ -631,7 +649,7 @@ mod tests {
                 let lim = Self::limit(h, now);
                 limits += lim;
                 let admitted = match self.kind {
-                    Kind::Rate => h.demand.min(lim),
+                    Kind::Rate { .. } => h.demand.min(lim),
                     Kind::Window { window_ms } => {
                         let ws = now - now % window_ms;
                         if h.window_start != ws {
@@ -748,7 +766,7 @@ mod tests {
     fn skew_80_15_5_converges_and_flips_within_6_ticks() {
         for (offered, label) in [(300u64, "1.0x"), (600, "2.0x")] {
             let d = [offered * 80 / 100, offered * 15 / 100, offered * 5 / 100];
-            let mut sim = Sim::new(300, Kind::Rate, &d, 7);
+            let mut sim = Sim::new(300, Kind::PER_SECOND, &d, 7);
             let t = sim.converge(20);
             eprintln!("{label}: within 5 % of the rate after {t} ticks");
             assert!(t <= 4, "{label}: {t}");
@@ -766,7 +784,7 @@ mod tests {
 
     #[test]
     fn a_host_joins_and_one_dies_the_total_holds() {
-        let mut sim = Sim::new(300, Kind::Rate, &[200, 200, 200], 11);
+        let mut sim = Sim::new(300, Kind::PER_SECOND, &[200, 200, 200], 11);
         sim.converge(20);
         sim.hosts.push(SimHost {
             name: "h3".into(),
@@ -789,7 +807,7 @@ mod tests {
 
     #[test]
     fn a_new_leader_resumes_from_the_stored_allocation() {
-        let mut sim = Sim::new(300, Kind::Rate, &[240, 45, 15], 3);
+        let mut sim = Sim::new(300, Kind::PER_SECOND, &[240, 45, 15], 3);
         sim.converge(20);
         sim.tick();
         // The stored leases: the last published ones.
@@ -804,6 +822,7 @@ mod tests {
                     expires_ms: h.enforced.unwrap().2,
                     demand: h.demand as f64,
                     window_start_ms: 0,
+                    window_admitted: 0,
                 });
                 Stored {
                     host: h.name.clone(),
@@ -814,7 +833,7 @@ mod tests {
             })
             .collect();
         assert!(stored.iter().map(|s| s.grant.value).sum::<u64>() <= 300);
-        sim.alloc = Allocator::resume(300, Kind::Rate, Config::default(), &stored);
+        sim.alloc = Allocator::resume(300, Kind::PER_SECOND, Config::default(), &stored);
         // Traffic flips at the handover: still never above (checked in
         // tick), and the new leader converges.
         sim.hosts[0].demand = 15;
@@ -846,7 +865,7 @@ mod tests {
         // 4 simulated hours at 1 s ticks, 5 hosts, demand re-drawn at random
         // moments (0 … 2× the rate per host), grants applied 0–2 ticks late,
         // hosts dying and coming back, the rate changed now and then.
-        let mut sim = Sim::new(300, Kind::Rate, &[0; 5], 0x5eed);
+        let mut sim = Sim::new(300, Kind::PER_SECOND, &[0; 5], 0x5eed);
         sim.max_delay = 2;
         let (mut admitted, mut can, mut over) = (0u64, 0u64, 0u32);
         for _ in 0..4 * 3600 {

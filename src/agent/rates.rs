@@ -61,10 +61,26 @@ pub fn share(
 }
 
 /// The strategy this host publishes for `rec`: rates local, validated by
-/// the core model. `Err` names the field at fault.
-pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, Invalid> {
+/// the core model. `Err` names the field at fault. `lease`: this host's
+/// valid lease for a `split: demand` strategy (src/agent/lease.rs), which
+/// replaces the static share (the token-bucket burst in proportion, at
+/// least 1; a lease of 0 enforces 1, the smallest rate the model takes).
+pub fn local_strategy(
+    rec: &StrategyRecord,
+    share: Share,
+    lease: Option<u64>,
+) -> Result<Strategy, Invalid> {
     let (rate, burst) = match rec.scope {
         Scope::Host => (rec.rate, rec.burst),
+        Scope::Cluster if lease.is_some() => {
+            let rate = lease.unwrap_or(0).clamp(1, rec.rate.max(1));
+            let burst = if rec.algorithm == Algorithm::TokenBucket && rec.rate > 0 {
+                ((rec.burst as u128 * rate as u128).div_ceil(rec.rate as u128)).max(1) as u32
+            } else {
+                rec.burst
+            };
+            (rate, burst)
+        }
         Scope::Cluster => {
             let burst = if rec.algorithm == Algorithm::TokenBucket {
                 share.of(rec.burst as u64) as u32
@@ -160,10 +176,15 @@ mod tests {
             weight: 1,
             total: 2,
         };
-        let s = local_strategy(&r, half).unwrap();
+        let s = local_strategy(&r, half, None).unwrap();
         assert_eq!((s.rate, s.burst), (400, 20));
         r.scope = Scope::Cluster;
-        let s = local_strategy(&r, half).unwrap();
+        let s = local_strategy(&r, half, None).unwrap();
         assert_eq!((s.id, s.rate, s.burst), (4, 200, 10));
+        // A lease replaces the share; the burst follows in proportion.
+        let s = local_strategy(&r, half, Some(300)).unwrap();
+        assert_eq!((s.rate, s.burst), (300, 15));
+        let s = local_strategy(&r, half, Some(0)).unwrap();
+        assert_eq!((s.rate, s.burst), (1, 1));
     }
 }

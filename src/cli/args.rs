@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use super::flags::{parse_duration_ms, BadValue};
-use crate::store::record::{ActionKind, Scope};
+use crate::store::record::{ActionKind, Scope, Split};
 use crate::store::Invalid;
 use rate_ctl::core::model::{Algorithm, ModelError, Unit};
 
@@ -245,6 +245,10 @@ pub struct StrategyAdd {
     /// at least 1 (token-bucket burst split alike). host: per host as written.
     #[arg(long, default_value = "cluster", value_parser = parse_scope)]
     pub scope: Scope,
+    /// cluster only: static (the weighted split above) or demand (leases
+    /// by each host's demand from the fleet leader, README "Fleet leases").
+    #[arg(long, default_value = "static", value_parser = parse_split)]
+    pub split: Split,
     /// Store it disabled.
     #[arg(long)]
     pub disabled: bool,
@@ -284,6 +288,9 @@ pub struct StrategyUpdate {
     pub cold_factor: Option<u8>,
     #[arg(long, value_parser = parse_scope)]
     pub scope: Option<Scope>,
+    /// static | demand (cluster strategies).
+    #[arg(long, value_parser = parse_split)]
+    pub split: Option<Split>,
     #[arg(long, conflicts_with = "disable")]
     pub enable: bool,
     #[arg(long)]
@@ -306,6 +313,9 @@ pub fn parse_action(s: &str) -> Result<ActionKind, Invalid> {
     s.parse()
 }
 pub fn parse_scope(s: &str) -> Result<Scope, Invalid> {
+    s.parse()
+}
+pub fn parse_split(s: &str) -> Result<Split, Invalid> {
     s.parse()
 }
 

@@ -206,6 +206,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 scope: a.scope,
                 warm_up_ms: a.warm_up,
                 cold_factor: a.cold_factor,
+                split: a.split,
                 created_ms: 0,
                 updated_ms: 0,
                 version: 0,
@@ -276,6 +277,9 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
             if let Some(s) = u.scope {
                 rec.scope = s;
+            }
+            if let Some(s) = u.split {
+                rec.split = s;
             }
             if u.enable {
                 rec.enabled = true;
@@ -495,6 +499,7 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
         HostCmd::List { freshness } => {
             let store = open(target).await?;
             let (version, hosts) = store.hosts().await?;
+            let leases = store.leases().await?;
             let now = unix_ms();
             if !json {
                 out(format!(
@@ -519,6 +524,13 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
                         "publish_error": h.publish_error,
                         "publish_error_ms": h.publish_error_ms,
                         "config_version": version,
+                        "leases": leases.iter().filter(|l| l.host_id == h.host_id).map(|l| json!({
+                            "strategy": l.strategy_id,
+                            "rate": l.value,
+                            "demand": l.demand_milli as f64 / 1000.0,
+                            "age_ms": now.saturating_sub(l.granted_ms),
+                            "expires_ms": l.expires_ms,
+                        })).collect::<Vec<_>>(),
                     })
                     .to_string());
                 } else {
@@ -541,6 +553,21 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
                             .unwrap_or_else(|| "-".into()),
                         lag.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
                     ));
+                    // Leases of split: demand strategies, one line each.
+                    for l in leases.iter().filter(|l| l.host_id == h.host_id) {
+                        out(format!(
+                            "  lease: strategy {} rate {} demand {:.1}/s age {:.1}s{}",
+                            l.strategy_id,
+                            l.value,
+                            l.demand_milli as f64 / 1000.0,
+                            now.saturating_sub(l.granted_ms) as f64 / 1000.0,
+                            if l.expires_ms <= now {
+                                " (expired)"
+                            } else {
+                                ""
+                            }
+                        ));
+                    }
                 }
             }
         }

@@ -24,6 +24,7 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
         "scope": r.scope.as_str(),
         "warm_up_ms": r.warm_up_ms,
         "cold_factor": r.cold_factor,
+        "split": r.split.as_str(),
         "version": r.version,
         "created_at": r.created_ms,
         "updated_at": r.updated_ms,

@@ -250,6 +250,34 @@ fn spawn_version_poller(state: &Shared) {
     });
 }
 
+/// The fleet leader candidate of this instance (src/agent/fleet.rs): every
+/// period, if any strategy has `split: demand`, lead if possible and
+/// allocate the leases.
+fn spawn_fleet_leader(state: &Shared, me: String) {
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut c = crate::agent::fleet::Coordinator::new(me);
+        let mut failing = false;
+        loop {
+            tokio::time::sleep(crate::agent::fleet::PERIOD).await;
+            let Some(st) = weak.upgrade() else { return };
+            let r = match st.store.snapshot().await {
+                Ok(snap) => c.tick(&st.store, &snap.strategies, st.freshness_ms).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(()) => failing = false,
+                Err(e) => {
+                    if !failing {
+                        warn!(error = %e, "fleet leases: cannot allocate; agents keep their leases until they expire");
+                        failing = true;
+                    }
+                }
+            }
+        }
+    });
+}
+
 pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
     let token_path = a
         .admin_token_file
@@ -277,6 +305,8 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
         .await
         .map_err(|e| ServeError::Listen(a.listen.clone(), e))?;
     let addr = listener.local_addr().map_err(ServeError::Io)?;
+    let leader_name = format!("serve:{addr}:{}", std::process::id());
+    spawn_fleet_leader(&state, leader_name.clone());
     {
         use std::io::Write as _;
         let mut o = std::io::stdout().lock();
@@ -300,8 +330,12 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
     let shutdown = crate::agent::shutdown_signal().map_err(ServeError::Signals)?;
     // Long-polls would hold a graceful shutdown for up to 30 s: stop at once
     // instead (nothing is lost: every change is one committed transaction).
-    tokio::select! {
+    let store = state.clone();
+    let r = tokio::select! {
         r = axum::serve(listener, router(state)) => r.map_err(ServeError::Io),
         _ = shutdown => Ok(()),
-    }
+    };
+    // Another instance takes over at once instead of after the expiry.
+    let _ = store.store.resign(&leader_name).await;
+    r
 }

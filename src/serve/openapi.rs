@@ -92,6 +92,8 @@ fn schemas() -> Value {
                        "description": "warm_up only (required there): time a saturated strategy takes from cold to the full rate"},
         "cold_factor": {"type": ["integer", "null"], "minimum": 2, "maximum": 10,
                         "description": "warm_up only: the interval between admissions when cold is cold_factor × 1/rate (default 3)"},
+        "split": {"type": "string", "enum": ["static", "demand"], "default": "static",
+                  "description": "cluster only: static = rate × weight / Σ weights of fresh hosts; demand = leases from the fleet leader by each host's demand (README, Fleet leases)"},
     });
     let mut strategy = strategy_fields.clone();
     let o = strategy.as_object_mut().expect("object");
@@ -129,6 +131,7 @@ fn schemas() -> Value {
         ("updated_at", json!(1763800000000u64)),
         ("warm_up_ms", json!(null)),
         ("cold_factor", json!(null)),
+        ("split", json!("static")),
     ] {
         example[k] = v;
     }
@@ -140,7 +143,16 @@ fn schemas() -> Value {
             "applied_at": nullable("integer"), "lag": nullable("integer"), "fresh": {"type": "boolean"},
             "publish_error": {"type": ["string", "null"], "maxLength": 1000,
                 "description": "The agent's last publish refusal (the table it was sent does not fit its file, ...); null once a publish succeeded."},
-            "publish_error_at": nullable("integer")},
+            "publish_error_at": nullable("integer"),
+            "leases": {"type": "array", "description": "Leases of split: demand strategies (none for other hosts' answers of a report)",
+                "items": {"type": "object", "additionalProperties": false,
+                    "required": ["strategy", "rate", "demand", "age_ms", "expires", "epoch", "applied_rate", "applied_epoch"],
+                    "properties": {"strategy": {"type": "integer"},
+                        "rate": {"type": "integer", "description": "leased local rate (windows: count for the current window)"},
+                        "demand": {"type": "number", "description": "smoothed demand, requests per second"},
+                        "age_ms": {"type": "integer", "description": "since the leader granted or renewed it"},
+                        "expires": {"type": "integer", "description": "Unix ms; the host falls back to the static split after it"},
+                        "epoch": {"type": "integer"}, "applied_rate": nullable("integer"), "applied_epoch": nullable("integer")}}}},
         "example": {"host_id": "web-1", "weight": 2, "last_heartbeat": 1763800000000u64, "applied_version": 40,
                     "applied_at": 1763800000000u64, "lag": 1, "fresh": true,
                     "publish_error": null, "publish_error_at": null}});
@@ -200,13 +212,21 @@ fn schemas() -> Value {
                 "publish_error": {"type": ["string", "null"],
                     "description": "The agent's last publish refusal; null clears it; absent leaves it as it is."},
                 "publish_error_at": nullable("integer"),
+                "leases": {"type": "array", "description": "What the host enforces for each split: demand strategy (epoch 0: the static split)",
+                    "items": {"type": "object", "additionalProperties": false, "required": ["strategy", "epoch", "value"],
+                        "properties": {"strategy": {"type": "integer"}, "epoch": {"type": "integer"}, "value": {"type": "integer"}}}},
                 "counters": {"type": "array", "items": {"type": "object", "additionalProperties": false,
                     "required": ["id"], "properties": {"id": {"type": "integer"}, "passed": {"type": "integer"},
                     "limited": {"type": "integer"}, "delayed": {"type": "integer"}}}}},
             "example": {"applied_version": 41, "counters": [{"id": 7, "passed": 1200, "limited": 30, "delayed": 0}]}},
         "ReportAnswer": {"type": "object", "additionalProperties": false, "required": ["ok", "version", "hosts"],
             "properties": {"ok": {"type": "boolean"}, "version": {"type": "integer"},
-                "hosts": {"type": "array", "items": schema_ref("Host")}}},
+                "hosts": {"type": "array", "items": schema_ref("Host")},
+                "leases": {"type": "array", "description": "This host's leases",
+                    "items": {"type": "object", "additionalProperties": false,
+                        "required": ["strategy", "value", "epoch", "expires", "granted"],
+                        "properties": {"strategy": {"type": "integer"}, "value": {"type": "integer"},
+                            "epoch": {"type": "integer"}, "expires": {"type": "integer"}, "granted": {"type": "integer"}}}}}},
         "Snapshot": {"type": "object", "additionalProperties": false,
             "required": ["version", "changed", "strategies", "blacklist", "hosts"],
             "properties": {"version": {"type": "integer"}, "changed": {"type": "boolean"},
@@ -218,6 +238,16 @@ fn schemas() -> Value {
                 "type": "object", "additionalProperties": false, "required": ["at", "passed_per_s", "limited_per_s", "delayed_per_s"],
                 "properties": {"at": {"type": "integer"}, "passed_per_s": {"type": "number"}, "limited_per_s": {"type": "number"}, "delayed_per_s": {"type": "number"}}}}}},
     })
+}
+
+/// `GET /api/v1/hosts`: the hosts and the fleet leader (null: none).
+fn hosts_list() -> Value {
+    let mut v = list_of("hosts", "Host", true);
+    v["properties"]["leader"] = json!({"type": ["object", "null"], "additionalProperties": false,
+        "required": ["holder", "term", "expires", "valid"],
+        "properties": {"holder": {"type": "string"}, "term": {"type": "integer"},
+            "expires": {"type": "integer"}, "valid": {"type": "boolean"}}});
+    v
 }
 
 fn list_of(key: &str, item: &str, with_version: bool) -> Value {
@@ -294,7 +324,7 @@ pub fn document() -> Value {
             "/api/v1/blacklist/{id}": {"delete": op("Remove a blacklist entry", vec![sid()], None,
                 json!({"204": {"description": "removed"}, "404": e404()}), true)},
             "/api/v1/hosts": {"get": op("Hosts with weight, heartbeat, applied version, lag", vec![], None,
-                json!({"200": answer("hosts", list_of("hosts", "Host", true))}), true)},
+                json!({"200": answer("hosts", hosts_list())}), true)},
             "/api/v1/hosts/{host_id}": {"put": op("Set a host's weight (registers an unknown host)", vec![id_param("host_id", "string")],
                 Some(body(schema_ref("HostWeight"), json!({"weight": 2}))),
                 json!({"200": answer("the host", schema_ref("Host")), "400": e400(), "422": e422()}), true)},

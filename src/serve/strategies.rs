@@ -57,6 +57,7 @@ const STRATEGY_FIELDS: &[&str] = &[
     "scope",
     "warm_up_ms",
     "cold_factor",
+    "split",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -81,6 +82,7 @@ fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError
         scope: f.parsed("scope")?.unwrap_or(Scope::Cluster),
         warm_up_ms: f.uint("warm_up_ms", u32::MAX as u64)?.map(|m| m as u32),
         cold_factor: f.uint("cold_factor", u8::MAX as u64)?.map(|c| c as u8),
+        split: f.parsed("split")?.unwrap_or_default(),
         created_ms: 0,
         updated_ms: 0,
         version: 0,

@@ -63,6 +63,46 @@ impl FromStr for Scope {
     }
 }
 
+/// How a `cluster` strategy's rate is divided among the hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// `rate × weight / Σ weights` of the fresh hosts.
+    #[default]
+    Static,
+    /// Leases from the fleet leader, by demand (src/agent/lease.rs); the
+    /// static split while a host has no valid lease.
+    Demand,
+}
+
+impl Split {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Static => "static",
+            Split::Demand => "demand",
+        }
+    }
+}
+
+impl FromStr for Split {
+    type Err = Invalid;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "static" => Ok(Split::Static),
+            "demand" => Ok(Split::Demand),
+            other => Err(Invalid::new(
+                Field::Column("split"),
+                "split",
+                format!("unknown value {other:?} (expected one of static, demand)"),
+            )),
+        }
+    }
+}
+
+fn is_static(s: &Split) -> bool {
+    *s == Split::Static
+}
+
 /// The overflow action, as stored: a keyword plus its optional parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -138,6 +178,9 @@ pub struct StrategyRecord {
     /// validation fills in 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_factor: Option<u8>,
+    /// `cluster` only: static weight split or demand-aware leases.
+    #[serde(default, skip_serializing_if = "is_static")]
+    pub split: Split,
     /// Unix ms; set by the store.
     #[serde(default)]
     pub created_ms: u64,

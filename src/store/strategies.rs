@@ -7,7 +7,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::audit::audit;
-use super::record::StrategyRecord;
+use super::record::{Split, StrategyRecord};
 use super::schema::Dialect;
 use super::{BadRow, Field, Invalid, Result, Store, StoreError};
 use crate::client::wire::strategy_api_json;
@@ -16,7 +16,7 @@ use rate_ctl::core::shm::unix_ms;
 
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
-     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
+     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, split, created_ms, updated_ms, version";
 
 impl Store {
     /// Validates and stores a new strategy; returns its id and the new version.
@@ -43,7 +43,7 @@ impl Store {
         rec.version = version;
         let sql = format!(
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
-            placeholders(16)
+            placeholders(17)
         );
         bind_strategy(sqlx::query(&self.sql(&sql)), &rec)
             .execute(&mut *tx)
@@ -117,7 +117,7 @@ impl Store {
             sqlx::query(&self.sql(
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
-                 warm_up_ms = ?, cold_factor = ?, updated_ms = ?, version = ? WHERE id = ?",
+                 warm_up_ms = ?, cold_factor = ?, split = ?, updated_ms = ?, version = ? WHERE id = ?",
             )),
             &rec,
         )
@@ -303,7 +303,7 @@ impl Store {
                 let sql = format!(
                     "INSERT INTO strategies ({id_column}{}) VALUES {}",
                     INSERT_COLUMNS,
-                    vec![format!("({id_mark}{})", placeholders(16)); chunk.len()].join(", ")
+                    vec![format!("({id_mark}{})", placeholders(17)); chunk.len()].join(", ")
                 );
                 let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
@@ -375,7 +375,7 @@ async fn ensure_name_free(
 
 pub(super) const INSERT_COLUMNS: &str =
     "name, conditions, algorithm, rate, per, burst, action, status, \
-     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
+     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, split, created_ms, updated_ms, version";
 
 pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -383,7 +383,7 @@ pub(super) fn placeholders(n: usize) -> String {
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 16 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 17 columns of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
@@ -391,7 +391,7 @@ pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery
         .bind(r.version as i64)
 }
 
-/// Binds the 13 columns `name` to `cold_factor` of [`INSERT_COLUMNS`] in order.
+/// Binds the 14 columns `name` to `split` of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     let conditions: Vec<[&str; 2]> = r
         .conditions
@@ -411,6 +411,7 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.scope.as_str())
         .bind(r.warm_up_ms.map(|m| m as i64))
         .bind(r.cold_factor.map(|c| c as i64))
+        .bind(r.split.as_str())
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<StrategyRecord>, Vec<BadRow>) {
@@ -519,6 +520,14 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
         cold_factor: match get_oi("cold_factor")? {
             Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
             None => None,
+        },
+        // NULL: a row from before migration 7.
+        split: match row
+            .try_get::<Option<String>, _>("split")
+            .map_err(|e| unreadable("split", e))?
+        {
+            Some(s) => s.parse().map_err(bad)?,
+            None => Split::default(),
         },
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
