@@ -379,3 +379,99 @@ fn demand_split_admits_the_rate_under_skew() {
         a.stop_with(15, Duration::from_secs(5));
     }
 }
+
+/// Agents on the store itself (no serve): one of them leads. On every
+/// configured store (SQLite; MariaDB and PostgreSQL when their URLs are
+/// set): the leases appear with Σ = the rate, each host publishes its lease
+/// as its local rate, the leader is an agent; when the leading agent stops,
+/// another takes over and the hosts keep leases (never Σ above the rate).
+#[test]
+fn agents_on_a_direct_store_elect_a_leader() {
+    for st in cli::stores("fleet_leases") {
+        let s = st.url.as_str();
+        let dir = tempfile::tempdir().unwrap();
+        let id: u32 = cli::add_strategy(
+            s,
+            "fleet",
+            "token_bucket",
+            "300",
+            &[
+                "--match",
+                "api=/fleet",
+                "--split",
+                "demand",
+                "--burst",
+                "20",
+            ],
+        )
+        .trim()
+        .parse()
+        .unwrap();
+        let mut agents: Vec<AgentProc> = ["a", "b"]
+            .iter()
+            .map(|h| {
+                AgentProc::start(
+                    s,
+                    &dir.path().join(format!("{h}.shm")),
+                    h,
+                    &dir.path().join(format!("{h}.log")),
+                    &["--freshness", "3s"],
+                )
+            })
+            .collect();
+        let mut readers: Vec<Reader> = agents.iter().map(|a| Reader::open(&a.shm)).collect();
+        let leases = || -> Vec<(String, u64)> {
+            cli::json_lines(&cli::ok(&["--store", s, "--json", "host", "list"]))
+                .iter()
+                .flat_map(|h| {
+                    let host = h["host_id"].as_str().unwrap().to_string();
+                    h["leases"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|l| l["strategy"] == id && l["age_ms"].as_u64().unwrap() < 3_000)
+                        .map(|l| (host.clone(), l["rate"].as_u64().unwrap()))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        // Both hosts leased (idle: the floors and the spare by weight, Σ =
+        // 300), and each publishes its lease.
+        let got = wait_for(Duration::from_secs(15), || {
+            let l = leases();
+            let rates: Vec<u64> = readers
+                .iter_mut()
+                .map(|r| r.rates().iter().find(|x| x.0 == id).map_or(0, |x| x.1))
+                .collect();
+            (l.len() == 2
+                && l.iter().map(|x| x.1).sum::<u64>() == 300
+                && l.iter().map(|x| x.1).collect::<Vec<_>>() == rates)
+                .then_some(l)
+        });
+        assert!(
+            got.is_some(),
+            "{}: leases {:?}\n{}\n---\n{}",
+            st.label,
+            leases(),
+            agents[0].log_text(),
+            agents[1].log_text()
+        );
+        // The leader logs when it takes the lead.
+        let leads = |a: &AgentProc| a.log_text().contains("fleet leader: resuming");
+        let leaders: Vec<usize> = (0..2).filter(|&i| leads(&agents[i])).collect();
+        assert_eq!(leaders.len(), 1, "{}: one leader", st.label);
+        // The leader stops (SIGTERM); the other agent takes over.
+        let i = leaders[0];
+        agents[i].stop_with(15, Duration::from_secs(5));
+        let j = 1 - i;
+        assert!(
+            wait_for(Duration::from_secs(10), || leads(&agents[j]).then_some(())).is_some(),
+            "{}: no new leader\n{}",
+            st.label,
+            agents[j].log_text()
+        );
+        for a in &mut agents {
+            a.stop_with(15, Duration::from_secs(5));
+        }
+    }
+}
