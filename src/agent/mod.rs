@@ -1,6 +1,6 @@
 //! `rate-ctl agent`: store → shared-memory file.
 //!
-//! Every `poll` (default 200 ms) the agent reads the one-row config version;
+//! Every `poll` (default 50 ms) the agent reads the one-row config version;
 //! every heartbeat interval (default 1 s) it records its heartbeat and
 //! applied version in the hosts table and re-reads the hosts. When the
 //! version or this host's share of the fleet changes, it loads the full set

@@ -41,7 +41,7 @@ use serde_json::json;
 include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 
 /// How often each instance reads the config version for its long-polls.
-pub const VERSION_POLL: Duration = Duration::from_millis(150);
+pub const VERSION_POLL: Duration = Duration::from_millis(50);
 /// Largest body of `POST /api/v1/strategies/import`.
 pub const IMPORT_BODY_LIMIT: usize = 64 << 20;
 /// Longest hold of `GET /api/v1/snapshot?after=V`.
