@@ -26,13 +26,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent::{wait_for, AgentProc, Reader};
-use rate_ctl::core::admit::Verdict;
-use rate_ctl::core::clock::MonotonicClock;
-use rate_ctl::core::shm::unix_ms;
-use rate_ctl::core::table::Request;
 use serve::Serve;
 
 const RATE: u64 = 300;
+
+/// The tests of this file one at a time: the load generators' timing is
+/// what they measure.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Offered load per host and admitted per host per second.
 struct Load {
@@ -69,25 +69,10 @@ impl Load {
                             * now.duration_since(last).as_secs_f64();
                         last = now;
                         let Some(t) = reader.table() else { continue };
-                        let mut values: Vec<Option<&[u8]>> = vec![None; t.dimensions().len()];
-                        if let Some(d) = t.dimension_index("api") {
-                            values[d] = Some(api.as_bytes());
-                        }
                         let mut passed = 0;
                         while due >= 1.0 {
                             due -= 1.0;
-                            let d = t.decide(&Request {
-                                values: &values,
-                                ip: None,
-                                now_ns: MonotonicClock::now(),
-                                now_unix_ms: unix_ms(),
-                                dry_run: false,
-                                quota: true,
-                            });
-                            t.release(&d.held);
-                            if d.verdict() == Some(&Verdict::Pass) {
-                                passed += 1;
-                            }
+                            passed += u64::from(agent::decide_one(&t, "api", api.as_bytes()));
                         }
                         let sec = now.duration_since(start).as_secs() as usize;
                         let mut a = admitted.lock().unwrap();
@@ -169,6 +154,7 @@ fn skew(total: u64, pct: [u64; 3]) -> Vec<u64> {
 
 #[test]
 fn demand_split_admits_the_rate_under_skew() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let st = cli::sqlite_store();
     let dir = tempfile::tempdir().unwrap();
     let mut serve = Serve::start_in(&st.url, dir.path(), &["--freshness", "3s"]);
@@ -387,6 +373,7 @@ fn demand_split_admits_the_rate_under_skew() {
 /// another takes over and the hosts keep leases (never Σ above the rate).
 #[test]
 fn agents_on_a_direct_store_elect_a_leader() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for st in cli::stores("fleet_leases") {
         let s = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();

@@ -22,8 +22,12 @@ use super::rates::share;
 use crate::store::record::{HostRecord, Scope, Split, StrategyRecord};
 use crate::store::{LeaseRow, Store, StoreError};
 
-/// The allocation period; agents with leases report as often.
+/// How often agents with leases report (demand and acknowledgements).
 pub const PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
+/// The allocation period of the leader (in `serve`; a leading agent
+/// allocates at each of its reports): half the report period, so an
+/// acknowledgement is acted on soon after it arrives.
+pub const LEADER_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
 /// How long the leadership lasts without renewal.
 pub const LEADER_TTL_MS: u64 = 3_000;
 /// How long without a new counter sample before a host's demand counts as

@@ -727,34 +727,26 @@ mod tests {
 
     #[test]
     fn fair_share_is_doormans_example_and_spreads_spare() {
-        // Doorman's FAIR_SHARE example: capacity 120, wants 1000/50/10.
-        assert_eq!(
-            fair_share(120, &[1000.0, 50.0, 10.0], &[1.0; 3], 0.02),
-            vec![60, 50, 10]
-        );
-        // 300/s, 80/15/5 of 1.0× and 2.0×.
-        assert_eq!(
-            fair_share(300, &[240.0, 45.0, 15.0], &[1.0; 3], 0.02),
-            vec![240, 45, 15]
-        );
-        assert_eq!(
-            fair_share(300, &[480.0, 90.0, 30.0], &[1.0; 3], 0.02),
-            vec![180, 90, 30]
-        );
-        // Spare spread by weight; floors for hosts with no traffic.
-        assert_eq!(
-            fair_share(300, &[100.0, 0.0, 0.0], &[1.0; 3], 0.02),
-            vec![163, 69, 68]
-        );
-        assert_eq!(
-            fair_share(300, &[1000.0, 0.0, 0.0], &[1.0; 3], 0.02),
-            vec![288, 6, 6]
-        );
-        // Weights break ties among saturated hosts.
-        assert_eq!(
-            fair_share(300, &[1000.0, 1000.0], &[2.0, 1.0], 0.02),
-            vec![200, 100]
-        );
+        type Case<'a> = (u64, &'a [f64], &'a [f64], &'a [u64]);
+        let cases: [Case; 6] = [
+            // Doorman's FAIR_SHARE example: capacity 120, wants 1000/50/10.
+            (120, &[1000.0, 50.0, 10.0], &[1.0; 3], &[60, 50, 10]),
+            // 300/s, 80/15/5 of 1.0× and 2.0×.
+            (300, &[240.0, 45.0, 15.0], &[1.0; 3], &[240, 45, 15]),
+            (300, &[480.0, 90.0, 30.0], &[1.0; 3], &[180, 90, 30]),
+            // Spare spread by weight; floors for hosts with no traffic.
+            (300, &[100.0, 0.0, 0.0], &[1.0; 3], &[163, 69, 68]),
+            (300, &[1000.0, 0.0, 0.0], &[1.0; 3], &[288, 6, 6]),
+            // Weights break ties among saturated hosts.
+            (300, &[1000.0, 1000.0], &[2.0, 1.0], &[200, 100]),
+        ];
+        for (capacity, wants, weights, want) in cases {
+            assert_eq!(
+                fair_share(capacity, wants, weights, 0.02),
+                want,
+                "{wants:?}"
+            );
+        }
         // Rounding: Σ is the capacity exactly.
         let s = fair_share(100, &[50.0; 3], &[1.0; 3], 0.02);
         assert_eq!(s.iter().sum::<u64>(), 100);

@@ -258,13 +258,21 @@ fn spawn_fleet_leader(state: &Shared, me: String) {
     tokio::spawn(async move {
         let mut c = crate::agent::fleet::Coordinator::new(me);
         let mut failing = false;
+        // The strategies, read again only when the version moves.
+        let mut known: Option<(u64, Vec<crate::store::record::StrategyRecord>)> = None;
         loop {
-            tokio::time::sleep(crate::agent::fleet::PERIOD).await;
+            tokio::time::sleep(crate::agent::fleet::LEADER_PERIOD).await;
             let Some(st) = weak.upgrade() else { return };
-            let r = match st.store.snapshot().await {
-                Ok(snap) => c.tick(&st.store, &snap.strategies, st.freshness_ms).await,
-                Err(e) => Err(e),
-            };
+            let r = async {
+                let v = st.store.version().await?;
+                if known.as_ref().is_none_or(|k| k.0 != v) {
+                    let snap = st.store.snapshot().await?;
+                    known = Some((snap.version, snap.strategies));
+                }
+                let strategies = known.as_ref().map_or(&[][..], |k| &k.1[..]);
+                c.tick(&st.store, strategies, st.freshness_ms).await
+            }
+            .await;
             match r {
                 Ok(()) => failing = false,
                 Err(e) => {

@@ -87,15 +87,13 @@ impl Split {
 impl FromStr for Split {
     type Err = Invalid;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "static" => Ok(Split::Static),
-            "demand" => Ok(Split::Demand),
-            other => Err(Invalid::new(
-                Field::Column("split"),
-                "split",
-                format!("unknown value {other:?} (expected one of static, demand)"),
-            )),
-        }
+        [Split::Static, Split::Demand]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| {
+                let why = format!("unknown value {s:?} (expected one of static, demand)");
+                Invalid::new(Field::Column("split"), "split", why)
+            })
     }
 }
 
