@@ -11,7 +11,15 @@
 //! `rate-ctl serve` over HTTP (`--store http://…`); everything else
 //! (rates, faults, logging, publishing) is this one implementation.
 //! Each heartbeat also reports the file's slot counters that moved since
-//! the last one (for `GET /api/v1/stats`).
+//! the last one (for `GET /api/v1/stats`, and the fleet leader's demand).
+//!
+//! `split: demand` strategies: each heartbeat also brings this host's
+//! leases ([`fleet`], [`lease`]); a valid lease replaces the static share
+//! as the local rate, a change is published and acknowledged at once, and
+//! while the host holds leases it reports every [`fleet::PERIOD`]. An
+//! expired lease falls back to the static split, also while the store is
+//! unreachable (the last snapshot is published again). On a direct store
+//! the agent is also a candidate fleet leader.
 //!
 //! Faults: an unreachable store keeps the last table in the file and is
 //! retried with exponential backoff (up to `max_backoff`), logging once per
