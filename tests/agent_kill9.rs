@@ -14,10 +14,8 @@ use std::time::{Duration, Instant};
 
 use agent::{AgentProc, Reader};
 use cli::{ok, stores, TestStore};
-use rate_ctl::core::clock::MonotonicClock;
-use rate_ctl::core::shm::unix_ms;
 use rate_ctl::core::slot::Slot;
-use rate_ctl::core::table::{Request, Table};
+use rate_ctl::core::table::Table;
 
 const CHANGING: u32 = 300;
 
@@ -73,19 +71,7 @@ fn consistent(t: &Table) -> Result<(), String> {
 
 /// Passes one `api=/steady` request through the table (counts in slot 1).
 fn hit_steady(t: &Table) {
-    let mut values: Vec<Option<&[u8]>> = vec![None; t.dimensions().len()];
-    if let Some(i) = t.dimension_index("api") {
-        values[i] = Some(b"/steady");
-    }
-    let d = t.decide(&Request {
-        values: &values,
-        ip: None,
-        now_ns: MonotonicClock::now(),
-        now_unix_ms: unix_ms(),
-        dry_run: false,
-        quota: true,
-    });
-    t.release(&d.held);
+    agent::decide_one(t, "api", b"/steady");
 }
 
 fn steady_slot(t: &Table) -> (u32, u64, u64) {

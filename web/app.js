@@ -429,7 +429,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match'];
 
 function conditionRow(dim = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -484,7 +484,8 @@ function updateFormHints() {
     ? `Turning dry run off enforces: ${describeEnforcing({ action: 'dry_run', ...keptAfterDryRun(alg) })}.` : '';
   $('#s-action-error').dataset.hint = action === 'delay' && !bucket ? 'Delay works with token bucket, leaky bucket or warm-up.' : '';
   $('#s-scope-hint').textContent = $('#s-scope').value === 'cluster'
-    ? 'Split between hosts by weight.' : 'Each host allows the full rate.';
+    ? 'Split between hosts (below).' : 'Each host allows the full rate.';
+  $('#s-split-field').hidden = $('#s-scope').value !== 'cluster';
 }
 for (const id of ['#s-algorithm', '#s-action', '#s-scope']) $(id).addEventListener('change', updateFormHints);
 
@@ -511,6 +512,7 @@ function fillForm(s) {
   $('#s-on-full').value = s && s.on_full ? s.on_full : 'overflow';
   $('#s-per-key-fields').hidden = $('#s-each').value.trim() === '';
   $('#s-scope').value = s ? s.scope : 'cluster';
+  $('#s-split').value = s && s.split ? s.split : 'static';
   $('#s-action').value = s ? s.action : 'reject';
   $('#s-status').value = s && s.status ? s.status : '';
   $('#s-max-delay').value = s && s.max_delay_ms ? s.max_delay_ms : '';
@@ -584,6 +586,7 @@ function readForm() {
     body.on_full = $('#s-on-full').value;
   }
   body.scope = $('#s-scope').value;
+  if (body.scope === 'cluster') body.split = $('#s-split').value;
   body.action = $('#s-action').value;
   if (body.action === 'reject') {
     const st = numberOrText($('#s-status').value);
@@ -956,6 +959,9 @@ function renderHosts() {
       ? el('p', { class: 'field-error publish-error', title: fmtTime(h.publish_error_at) },
         `${fmtAgo(h.publish_error_at)}: ${h.publish_error}`)
       : null;
+    // Leases of split: demand strategies: leased rate, demand, lease age.
+    const leases = (h.leases || []).map((l) => el('p', { class: 'hint lease', title: `epoch ${l.epoch}, expires ${fmtTime(l.expires)}` },
+      `strategy ${l.strategy}: lease ${l.rate}, demand ${l.demand.toFixed(1)}/s, ${(l.age_ms / 1000).toFixed(1)} s old`));
     const weightInput = el('input', { type: 'number', min: 1, step: 1, class: 'weight', 'data-host': h.host_id,
       value: state.hostEdits.get(h.host_id) ?? h.weight, 'aria-label': `Weight of ${h.host_id}`,
       'aria-describedby': `w-err-${h.host_id}` });
@@ -971,7 +977,7 @@ function renderHosts() {
         `${h.applied_version ?? '–'} of ${state.version ?? '–'}`),
       el('td', {}, lag > 0 ? `${lag} version${lag === 1 ? '' : 's'}` : '0'),
       el('td', { title: fmtTime(h.last_heartbeat) }, fmtAgo(h.last_heartbeat)),
-      el('td', {}, status, publishError)));
+      el('td', {}, status, publishError, ...leases)));
     if (focused === h.host_id) weightInput.focus();
   }
   $('#hosts-table').hidden = state.hosts.length === 0;

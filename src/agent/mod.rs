@@ -1,6 +1,6 @@
 //! `rate-ctl agent`: store → shared-memory file.
 //!
-//! Every `poll` (default 200 ms) the agent reads the one-row config version;
+//! Every `poll` (default 50 ms) the agent reads the one-row config version;
 //! every heartbeat interval (default 1 s) it records its heartbeat and
 //! applied version in the hosts table and re-reads the hosts. When the
 //! version or this host's share of the fleet changes, it loads the full set
@@ -11,7 +11,15 @@
 //! `rate-ctl serve` over HTTP (`--store http://…`); everything else
 //! (rates, faults, logging, publishing) is this one implementation.
 //! Each heartbeat also reports the file's slot counters that moved since
-//! the last one (for `GET /api/v1/stats`).
+//! the last one (for `GET /api/v1/stats`, and the fleet leader's demand).
+//!
+//! `split: demand` strategies: each heartbeat also brings this host's
+//! leases ([`fleet`], [`lease`]); a valid lease replaces the static share
+//! as the local rate, a change is published and acknowledged at once, and
+//! while the host holds leases it reports every [`fleet::PERIOD`]. An
+//! expired lease falls back to the static split, also while the store is
+//! unreachable (the last snapshot is published again). On a direct store
+//! the agent is also a candidate fleet leader.
 //!
 //! Faults: an unreachable store keeps the last table in the file and is
 //! retried with exponential backoff (up to `max_backoff`), logging once per
@@ -25,11 +33,13 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
+pub mod fleet;
+pub mod lease;
 pub mod publish;
 pub mod rates;
 pub mod source;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
@@ -37,9 +47,9 @@ use rate_ctl::core::model::ValidStrategy;
 use rate_ctl::core::shm::ShmError;
 use tracing::{debug, error, info, warn};
 
-use crate::store::record::{BlacklistRecord, HostRecord};
+use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::valid::Valid;
-use crate::store::{redact_url, BadRow, CounterSample, StoreError};
+use crate::store::{redact_url, BadRow, CounterSample, Snapshot, StoreError};
 use rate_ctl::core::shm::unix_ms;
 use rates::{local_strategy, share, Share};
 pub use source::ConfigSource;
@@ -90,21 +100,28 @@ pub struct AgentOptions {
     pub max_backoff: Duration,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Applied {
     version: u64,
-    share: Share,
+    share: Key,
     at_ms: u64,
 }
 
 /// A refused publish and when to try it again.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Refused {
     version: u64,
-    share: Share,
+    share: Key,
     retry_at_ms: u64,
     delay_ms: u64,
 }
+
+/// What the local rates depend on besides the config version: this host's
+/// static share and its valid leases (`split: demand` strategies).
+type Key = (Share, Leases);
+
+/// Valid leases: strategy id → (epoch, value).
+type Leases = BTreeMap<u32, (u64, u64)>;
 
 /// First wait before retrying a refused publish; doubles up to
 /// [`REFUSED_MAX_DELAY_MS`] (and `max_backoff`).
@@ -113,8 +130,9 @@ const REFUSED_MAX_DELAY_MS: u64 = 500;
 
 impl Refused {
     /// Whether `(version, share)` was refused and its retry is not due.
-    fn waiting(this: &Option<Refused>, version: u64, share: Share, now_ms: u64) -> bool {
-        this.is_some_and(|r| r.version == version && r.share == share && now_ms < r.retry_at_ms)
+    fn waiting(this: &Option<Refused>, version: u64, share: &Key, now_ms: u64) -> bool {
+        this.as_ref()
+            .is_some_and(|r| r.version == version && r.share == *share && now_ms < r.retry_at_ms)
     }
 }
 
@@ -141,6 +159,20 @@ pub struct Agent<S: Sink> {
     /// series has a point where they went flat).
     sent: HashMap<u32, CounterSample>,
     moving: HashSet<u32>,
+    /// This host's leases as last read (src/agent/fleet.rs writes them).
+    leases: Vec<crate::store::LeaseRow>,
+    /// What this host enforces for each `split: demand` strategy:
+    /// (strategy, lease epoch or 0 for the static share, local rate),
+    /// reported with every heartbeat.
+    acks: Vec<(u32, u64, u64)>,
+    /// The strategies of the last snapshot (the leader's input when this
+    /// agent reaches the store directly).
+    strategies: Vec<StrategyRecord>,
+    /// Takes part in the fleet leadership (direct store only).
+    coordinator: Option<fleet::Coordinator>,
+    /// The last snapshot read, to fall back to the static split when
+    /// leases expire while the store is unreachable.
+    last_snapshot: Option<Snapshot>,
 }
 
 impl<S: Sink> Agent<S> {
@@ -160,7 +192,21 @@ impl<S: Sink> Agent<S> {
             logged_bad: HashSet::new(),
             sent: HashMap::new(),
             moving: HashSet::new(),
+            leases: Vec::new(),
+            acks: Vec::new(),
+            strategies: Vec::new(),
+            coordinator: None,
+            last_snapshot: None,
         }
+    }
+
+    /// Valid leases at `now` (unexpired).
+    fn valid_leases(&self, now: u64) -> Leases {
+        self.leases
+            .iter()
+            .filter(|l| l.expires_ms > now)
+            .map(|l| (l.strategy_id, (l.epoch, l.value)))
+            .collect()
     }
 
     #[cfg(test)]
@@ -219,6 +265,7 @@ impl<S: Sink> Agent<S> {
                               "store unreachable; the file keeps the last table, retrying with backoff");
                         self.healthy = Some(false);
                     }
+                    self.offline_tick().await;
                     if matches!(e, StoreError::Db(_) | StoreError::Http(_)) {
                         // Reconnect from scratch next time: a pool may be stuck
                         // on dead connections.
@@ -256,9 +303,9 @@ impl<S: Sink> Agent<S> {
             self.next_heartbeat_ms = 0;
         }
         if now >= self.next_heartbeat_ms {
-            let applied = self.applied.map(|a| (a.version, a.at_ms));
+            let applied = self.applied.as_ref().map(|a| (a.version, a.at_ms));
             let (report, all) = self.counters_to_report();
-            self.hosts = self
+            (self.hosts, self.leases) = self
                 .source
                 .heartbeat(
                     &self.opts.host_id,
@@ -267,8 +314,21 @@ impl<S: Sink> Agent<S> {
                     applied,
                     &report,
                     self.publish_error.as_ref(),
+                    &self.acks,
                 )
                 .await?;
+            if let Some(store) = self.source.store() {
+                // A direct store: this agent is a candidate fleet leader.
+                let c = self.coordinator.get_or_insert_with(|| {
+                    fleet::Coordinator::new(format!("agent:{}", self.opts.host_id))
+                });
+                if let Err(e) = c
+                    .tick(store, &self.strategies, self.opts.freshness_ms)
+                    .await
+                {
+                    warn!(error = %e, "fleet leases: this round failed");
+                }
+            }
             self.moving = report
                 .iter()
                 .filter(|c| self.sent.get(&c.id) != Some(c))
@@ -281,18 +341,30 @@ impl<S: Sink> Agent<S> {
                     self.my_weight = me.weight;
                 }
             }
-            self.next_heartbeat_ms = now + self.opts.heartbeat_every.as_millis() as u64;
+            // Hosts with leases report twice as often: demand and
+            // acknowledgements reach the leader sooner.
+            let every = self.opts.heartbeat_every.as_millis() as u64;
+            let every = if self.acks.is_empty() {
+                every
+            } else {
+                every.min(fleet::PERIOD.as_millis() as u64)
+            };
+            self.next_heartbeat_ms = now + every;
         }
         let version = self.source.version().await?;
-        let share = share(
-            &self.hosts,
-            &self.opts.host_id,
-            self.my_weight,
-            now,
-            self.opts.freshness_ms,
+        let share = (
+            share(
+                &self.hosts,
+                &self.opts.host_id,
+                self.my_weight,
+                now,
+                self.opts.freshness_ms,
+            ),
+            self.valid_leases(now),
         );
-        let current = self.applied.map(|a| (a.version, a.share));
-        if current == Some((version, share)) || Refused::waiting(&self.refused, version, share, now)
+        let current = self.applied.as_ref().map(|a| (a.version, &a.share));
+        if current == Some((version, &share))
+            || Refused::waiting(&self.refused, version, &share, now)
         {
             return Ok(());
         }
@@ -300,17 +372,50 @@ impl<S: Sink> Agent<S> {
             return Ok(());
         }
         let snap = self.source.snapshot().await?;
-        if Refused::waiting(&self.refused, snap.version, share, now) {
+        self.last_snapshot = Some(snap.clone());
+        self.publish(snap, share, now).await
+    }
+
+    /// The store is unreachable: leases still expire. When one did, the
+    /// last snapshot is published again with the static split in its place
+    /// (shares as of the last heartbeat that got through).
+    async fn offline_tick(&mut self) {
+        let now = unix_ms();
+        let Some(snap) = self.last_snapshot.clone() else {
+            return;
+        };
+        let Some(applied) = &self.applied else { return };
+        let leases = self.valid_leases(now);
+        if applied.share.1 == leases {
+            return;
+        }
+        let share = (applied.share.0, leases);
+        warn!("fleet leases expired while the store is unreachable: the static split applies");
+        // Publishing needs no store; recording it does (retried later).
+        let _ = self.publish(snap, share, now).await;
+    }
+
+    /// Publishes `snap` with the local rates of `share`.
+    async fn publish(&mut self, snap: Snapshot, share: Key, now: u64) -> Result<(), StoreError> {
+        if Refused::waiting(&self.refused, snap.version, &share, now) {
             return Ok(());
         }
         log_bad_rows(&mut self.logged_bad, &snap.bad_rows);
         let mut strategies = Vec::with_capacity(snap.strategies.len());
+        let mut acks = Vec::new();
         for rec in &snap.strategies {
-            match local_strategy(rec, share) {
-                Ok(s) => strategies.push(s),
+            let lease = share.1.get(&rec.id).filter(|_| fleet::leased(rec));
+            match local_strategy(rec, share.0, lease.map(|l| l.1)) {
+                Ok(s) => {
+                    if fleet::leased(rec) {
+                        acks.push((rec.id, lease.map_or(0, |l| l.0), s.rate));
+                    }
+                    strategies.push(s)
+                }
                 Err(reason) => warn!(id = rec.id, %reason, "skipping strategy"),
             }
         }
+        self.strategies = snap.strategies.iter().map(|r| (**r).clone()).collect();
         let blacklist: Vec<BlacklistRecord> = snap
             .blacklist
             .into_iter()
@@ -338,10 +443,16 @@ impl<S: Sink> Agent<S> {
                     strategies = strategies.len(),
                     skipped = snap.bad_rows.len(),
                     blacklist = blacklist.len(),
-                    weight = share.weight,
-                    total_weight = share.total,
+                    weight = share.0.weight,
+                    total_weight = share.0.total,
+                    leases = share.1.len(),
                     "published: {summary}"
                 );
+                if acks != self.acks {
+                    // The leader frees capacity only once told: say it now.
+                    self.acks = acks;
+                    self.next_heartbeat_ms = 0;
+                }
                 self.applied = Some(Applied {
                     version: snap.version,
                     share,
@@ -356,13 +467,15 @@ impl<S: Sink> Agent<S> {
             Err(e) => {
                 let again = self
                     .refused
+                    .as_ref()
                     .filter(|r| r.version == snap.version && r.share == share);
                 let cap = REFUSED_MAX_DELAY_MS.min(self.opts.max_backoff.as_millis() as u64);
                 let delay_ms = match again {
                     // Logged once per version; retries are quiet.
                     Some(r) => {
+                        let r = r.delay_ms;
                         debug!(version = snap.version, error = %e, "publish refused again");
-                        (r.delay_ms * 2).min(cap)
+                        (r * 2).min(cap)
                     }
                     None => {
                         error!(version = snap.version, error = %e,

@@ -73,10 +73,28 @@ pub fn share(
 /// - the clock tick, for every strategy: a dry run is validated with the
 ///   delay it goes back to, but published without it.
 ///
+/// `lease`: this host's valid lease for a `split: demand` strategy
+/// (src/agent/lease.rs), which replaces the static share (the token-bucket
+/// burst in proportion, at least 1; a lease of 0 enforces 1, the smallest
+/// rate the model takes).
+///
 /// `Err` names the field at fault.
-pub fn local_strategy(rec: &Valid<StrategyRecord>, share: Share) -> Result<ValidStrategy, Invalid> {
+pub fn local_strategy(
+    rec: &Valid<StrategyRecord>,
+    share: Share,
+    lease: Option<u64>,
+) -> Result<ValidStrategy, Invalid> {
     let (rate, burst) = match rec.scope {
         Scope::Host => (rec.rate, rec.burst),
+        Scope::Cluster if lease.is_some() => {
+            let rate = lease.unwrap_or(0).clamp(1, rec.rate.max(1));
+            let burst = if rec.algorithm == Algorithm::TokenBucket && rec.rate > 0 {
+                ((rec.burst as u128 * rate as u128).div_ceil(rec.rate as u128)).max(1) as u32
+            } else {
+                rec.burst
+            };
+            (rate, burst)
+        }
         Scope::Cluster => {
             let burst = if rec.algorithm == Algorithm::TokenBucket {
                 share.of(rec.burst as u64) as u32
@@ -175,11 +193,16 @@ mod tests {
             weight: 1,
             total: 2,
         };
-        let s = local_strategy(&r.clone().into_valid().unwrap(), half).unwrap();
+        let s = local_strategy(&r.clone().into_valid().unwrap(), half, None).unwrap();
         assert_eq!((s.rate, s.burst), (400, 20));
         r.scope = Scope::Cluster;
-        let s = local_strategy(&r.into_valid().unwrap(), half).unwrap();
+        let s = local_strategy(&r.clone().into_valid().unwrap(), half, None).unwrap();
         assert_eq!((s.id, s.rate, s.burst), (4, 200, 10));
+        // A lease replaces the share; the burst follows in proportion.
+        let s = local_strategy(&r.clone().into_valid().unwrap(), half, Some(300)).unwrap();
+        assert_eq!((s.rate, s.burst), (300, 15));
+        let s = local_strategy(&r.clone().into_valid().unwrap(), half, Some(0)).unwrap();
+        assert_eq!((s.rate, s.burst), (1, 1));
     }
 
     /// What the record's one validation cannot see is checked here: a
@@ -199,12 +222,12 @@ mod tests {
             weight: 1,
             total: 1,
         };
-        assert_eq!(local_strategy(&r, alone).unwrap().burst, 160_127);
+        assert_eq!(local_strategy(&r, alone, None).unwrap().burst, 160_127);
         let third = Share {
             weight: 1,
             total: 3,
         };
-        let e = local_strategy(&r, third).unwrap_err().to_string();
+        let e = local_strategy(&r, third, None).unwrap_err().to_string();
         assert!(e.starts_with("burst: 53376 × interval"), "{e}");
 
         // Host scope, leaky bucket at 2000/s (0.5 ms), dry run keeping a
@@ -215,7 +238,7 @@ mod tests {
         )
         .unwrap();
         let r = r.into_valid().unwrap();
-        let e = local_strategy(&r, alone).unwrap_err().to_string();
+        let e = local_strategy(&r, alone, None).unwrap_err().to_string();
         assert!(e.contains("clock tick"), "{e}");
     }
 }

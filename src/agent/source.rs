@@ -21,7 +21,7 @@ use crate::client::http::{percent_encode, Answer, Client};
 use crate::client::wire::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
 use crate::client::{Backend, Target};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
-use crate::store::{BadRow, CounterSample, Invalid, Snapshot, Store, StoreError};
+use crate::store::{BadRow, CounterSample, Invalid, LeaseRow, Snapshot, Store, StoreError};
 use rate_ctl::core::shm::unix_ms;
 
 /// Longest a long-poll may take before the client gives up on it (the
@@ -119,9 +119,19 @@ impl ConfigSource {
         Ok(w)
     }
 
+    /// The store, when the agent reaches it directly.
+    pub fn store(&self) -> Option<&Store> {
+        match &self.backend {
+            Some(Backend::Store(s)) => Some(s),
+            _ => None,
+        }
+    }
+
     /// Records the heartbeat (and the applied version and time, if any),
-    /// counter samples and the last publish error (`None` clears it);
-    /// returns every host.
+    /// counter samples, the last publish error (`None` clears it) and what
+    /// this host enforces for leased strategies (`acks`: strategy, epoch,
+    /// value); returns every host and this host's leases.
+    #[allow(clippy::too_many_arguments)]
     pub async fn heartbeat(
         &mut self,
         host_id: &str,
@@ -130,7 +140,8 @@ impl ConfigSource {
         applied: Option<(u64, u64)>,
         counters: &[CounterSample],
         publish_error: Option<&(String, u64)>,
-    ) -> Result<Vec<HostRecord>, StoreError> {
+        acks: &[(u32, u64, u64)],
+    ) -> Result<(Vec<HostRecord>, Vec<LeaseRow>), StoreError> {
         match self.backend()? {
             Backend::Store(store) => {
                 store.heartbeat(host_id, weight, now, applied).await?;
@@ -140,20 +151,27 @@ impl ConfigSource {
                 if !counters.is_empty() {
                     store.add_samples(host_id, now, counters).await?;
                 }
-                store.hosts().await
+                store.ack_leases(host_id, now, acks).await?;
+                Ok((store.hosts().await?, store.leases(Some(host_id)).await?))
             }
             Backend::Api(api) => {
                 let counters: Vec<Value> = counters
                     .iter()
                     .map(|c| json!({"id": c.id, "passed": c.passed, "limited": c.limited, "delayed": c.delayed}))
                     .collect();
+                let leases: Vec<Value> = acks
+                    .iter()
+                    .map(|a| json!({"strategy": a.0, "epoch": a.1, "value": a.2}))
+                    .collect();
                 let body = json!({
                     "applied_version": applied.map(|a| a.0),
                     "counters": counters,
                     "publish_error": publish_error.map(|e| &e.0),
                     "publish_error_at": publish_error.map(|e| e.1),
+                    "leases": leases,
                 });
-                Ok(hosts_from(&report(api.client(), host_id, body).await?))
+                let answer = report(api.client(), host_id, body).await?;
+                Ok((hosts_from(&answer), leases_from(&answer, host_id)))
             }
         }
     }
@@ -328,6 +346,32 @@ fn ok_body(a: Answer, what: &str) -> Result<Value, StoreError> {
             a.error_message()
         )))
     }
+}
+
+/// This host's leases in a report answer (`leases`: docs/API.md); an
+/// entry that is not a lease is skipped.
+fn leases_from(v: &Value, host_id: &str) -> Vec<LeaseRow> {
+    v["leases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| {
+            Some(LeaseRow {
+                strategy_id: u32::try_from(l["strategy"].as_u64()?).ok()?,
+                host_id: host_id.to_string(),
+                value: l["value"].as_u64()?,
+                epoch: l["epoch"].as_u64()?,
+                expires_ms: l["expires"].as_u64()?,
+                granted_ms: l["granted"].as_u64().unwrap_or(0),
+                demand_milli: 0,
+                window_start_ms: 0,
+                window_admitted: 0,
+                applied_epoch: None,
+                applied_value: None,
+                applied_ms: None,
+            })
+        })
+        .collect()
 }
 
 /// The hosts of a report answer; an entry that is not a host is skipped.

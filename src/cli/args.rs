@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use super::flags::{parse_duration_ms, BadValue};
-use crate::store::record::{ActionKind, Scope};
+use crate::store::record::{ActionKind, Scope, Split};
 use crate::store::Invalid;
 use rate_ctl::core::each::OnFull;
 use rate_ctl::core::model::{Algorithm, ModelError, Unit};
@@ -107,7 +107,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "W", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub weight: Option<u32>,
     /// How often to poll the config version, in ms.
-    #[arg(long, default_value_t = 200, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    #[arg(long, default_value_t = 50, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub poll_ms: u64,
     /// How often to record the heartbeat and re-read hosts, in ms.
     #[arg(long, default_value_t = 1_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
@@ -260,6 +260,10 @@ pub struct StrategyAdd {
     pub scope: Scope,
     #[command(flatten)]
     pub per_key: PerKeyArgs,
+    /// cluster only: static (the weighted split above) or demand (leases
+    /// by each host's demand from the fleet leader, README "Fleet leases").
+    #[arg(long, default_value = "static", value_parser = parse_split)]
+    pub split: Split,
     /// Store it disabled.
     #[arg(long)]
     pub disabled: bool,
@@ -306,6 +310,9 @@ pub struct StrategyUpdate {
     /// Make it a shared limit again (no per-key state).
     #[arg(long, conflicts_with = "each")]
     pub no_each: bool,
+    /// static | demand (cluster strategies).
+    #[arg(long, value_parser = parse_split)]
+    pub split: Option<Split>,
     #[arg(long, conflicts_with = "disable")]
     pub enable: bool,
     #[arg(long)]
@@ -353,6 +360,9 @@ pub fn parse_on_full(s: &str) -> Result<OnFull, Invalid> {
 }
 
 pub fn parse_scope(s: &str) -> Result<Scope, Invalid> {
+    s.parse()
+}
+pub fn parse_split(s: &str) -> Result<Split, Invalid> {
     s.parse()
 }
 

@@ -241,6 +241,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 ipv4_prefix: a.per_key.ipv4_prefix,
                 ipv6_prefix: a.per_key.ipv6_prefix,
                 on_full: a.per_key.on_full,
+                split: a.split,
                 created_ms: 0,
                 updated_ms: 0,
                 version: 0,
@@ -325,6 +326,9 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             }
             if let Some(s) = u.scope {
                 rec.scope = s;
+            }
+            if let Some(s) = u.split {
+                rec.split = s;
             }
             if u.enable {
                 rec.enabled = true;
@@ -563,6 +567,7 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
         HostCmd::List { freshness } => {
             let store = open(target).await?;
             let (version, hosts) = store.hosts().await?;
+            let leases = store.leases().await?;
             let now = unix_ms();
             if !json {
                 out(format!(
@@ -587,6 +592,13 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
                         "publish_error": h.publish_error,
                         "publish_error_ms": h.publish_error_ms,
                         "config_version": version,
+                        "leases": leases.iter().filter(|l| l.host_id == h.host_id).map(|l| json!({
+                            "strategy": l.strategy_id,
+                            "rate": l.value,
+                            "demand": l.demand_milli as f64 / 1000.0,
+                            "age_ms": now.saturating_sub(l.granted_ms),
+                            "expires_ms": l.expires_ms,
+                        })).collect::<Vec<_>>(),
                     })
                     .to_string());
                 } else {
@@ -609,6 +621,21 @@ async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
                             .unwrap_or_else(|| "-".into()),
                         lag.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
                     ));
+                    // Leases of split: demand strategies, one line each.
+                    for l in leases.iter().filter(|l| l.host_id == h.host_id) {
+                        out(format!(
+                            "  lease: strategy {} rate {} demand {:.1}/s age {:.1}s{}",
+                            l.strategy_id,
+                            l.value,
+                            l.demand_milli as f64 / 1000.0,
+                            now.saturating_sub(l.granted_ms) as f64 / 1000.0,
+                            if l.expires_ms <= now {
+                                " (expired)"
+                            } else {
+                                ""
+                            }
+                        ));
+                    }
                 }
             }
         }

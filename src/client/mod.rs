@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::valid::{valid_import, Valid};
 use crate::store::Invalid;
-use crate::store::{BadRow, Store, StoreError};
+use crate::store::{BadRow, LeaseRow, Store, StoreError};
 use http::{percent_encode, Answer, Client, HttpError};
 use wire::{
     blacklist_api_json, blacklist_from_api_json, field_of_api_name, host_from_api_json,
@@ -250,6 +250,39 @@ impl Backend {
                     .map(|h| host_from_api_json(h).map_err(|e| a.odd(&e)))
                     .collect::<Result<_>>()?;
                 Ok((version, hosts))
+            }
+        }
+    }
+
+    /// The fleet leases (`split: demand` strategies), by strategy then host.
+    pub async fn leases(&self) -> Result<Vec<LeaseRow>> {
+        match self {
+            Backend::Store(s) => s.leases(None).await,
+            Backend::Api(a) => {
+                let v = a.call("GET", "/api/v1/hosts", None).await?;
+                let mut out = Vec::new();
+                for h in v["hosts"].as_array().into_iter().flatten() {
+                    let host = h["host_id"].as_str().unwrap_or_default();
+                    for l in h["leases"].as_array().into_iter().flatten() {
+                        let n = |k: &str| l[k].as_u64();
+                        let age = n("age_ms").unwrap_or(0);
+                        out.push(LeaseRow {
+                            strategy_id: n("strategy").unwrap_or(0) as u32,
+                            host_id: host.to_string(),
+                            value: n("rate").unwrap_or(0),
+                            epoch: n("epoch").unwrap_or(0),
+                            expires_ms: n("expires").unwrap_or(0),
+                            granted_ms: rate_ctl::core::shm::unix_ms().saturating_sub(age),
+                            demand_milli: (l["demand"].as_f64().unwrap_or(0.0) * 1000.0) as u64,
+                            window_start_ms: 0,
+                            window_admitted: 0,
+                            applied_epoch: n("applied_epoch"),
+                            applied_value: n("applied_rate"),
+                            applied_ms: None,
+                        });
+                    }
+                }
+                Ok(out)
             }
         }
     }

@@ -11,7 +11,7 @@ use super::body::{object, ok, Fields};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
 use crate::store::record::HostRecord;
-use crate::store::CounterSample;
+use crate::store::{CounterSample, LeaseRow};
 use rate_ctl::core::shm::unix_ms;
 
 pub fn router() -> Routes {
@@ -38,19 +38,55 @@ fn host_json(h: &HostRecord, version: u64, now: u64, freshness_ms: u64) -> Value
 pub async fn hosts_json(st: &Shared) -> Result<(u64, Vec<Value>), ApiError> {
     let version = st.store.version().await?;
     let now = unix_ms();
+    let leases = st.store.leases(None).await?;
     let hosts = st
         .store
         .hosts()
         .await?
         .iter()
-        .map(|h| host_json(h, version, now, st.freshness_ms))
+        .map(|h| {
+            let mut v = host_json(h, version, now, st.freshness_ms);
+            v["leases"] = leases_json(&leases, &h.host_id, now);
+            v
+        })
         .collect();
     Ok((version, hosts))
 }
 
+/// A host's leases (`split: demand` strategies): leased rate, the demand
+/// it was computed from, lease age (since the leader granted or renewed
+/// it) and what the host says it enforces.
+fn leases_json(leases: &[LeaseRow], host: &str, now: u64) -> Value {
+    leases
+        .iter()
+        .filter(|l| l.host_id == host)
+        .map(|l| {
+            json!({
+                "strategy": l.strategy_id,
+                "rate": l.value,
+                "demand": l.demand_milli as f64 / 1000.0,
+                "age_ms": now.saturating_sub(l.granted_ms),
+                "expires": l.expires_ms,
+                "epoch": l.epoch,
+                "applied_rate": l.applied_value,
+                "applied_epoch": l.applied_epoch,
+            })
+        })
+        .collect()
+}
+
 pub async fn list_hosts(State(st): State<Shared>, _: ReadToken) -> ApiResult {
     let (version, hosts) = hosts_json(&st).await?;
-    ok(json!({"version": version, "hosts": hosts}))
+    let leader = st
+        .store
+        .leader()
+        .await?
+        .filter(|l| !l.holder.is_empty())
+        .map(|l| {
+            json!({"holder": l.holder, "term": l.term, "expires": l.expires_ms,
+               "valid": l.expires_ms >= unix_ms()})
+        });
+    ok(json!({"version": version, "hosts": hosts, "leader": leader}))
 }
 
 pub async fn set_host_weight(
@@ -86,6 +122,7 @@ pub async fn report(
             "counters",
             "publish_error",
             "publish_error_at",
+            "leases",
         ],
     )?;
     let f = Fields(&o);
@@ -135,14 +172,52 @@ pub async fn report(
         }
         Some(_) => return Err(ApiError::invalid("counters", "must be a list")),
     }
+    let acks = lease_acks(f.present("leases"))?;
     st.store
         .report(&host_id, weight, applied, &counters, who.name())
         .await?;
+    st.store.ack_leases(&host_id, unix_ms(), &acks).await?;
     if let Some(e) = publish_error {
         st.store
             .set_publish_error(&host_id, e.as_ref().map(|(m, at)| (m.as_str(), *at)))
             .await?;
     }
     let (version, hosts) = hosts_json(&st).await?;
-    ok(json!({"ok": true, "version": version, "hosts": hosts}))
+    let leases: Vec<Value> = st
+        .store
+        .leases(Some(&host_id))
+        .await?
+        .iter()
+        .map(|l| {
+            json!({"strategy": l.strategy_id, "value": l.value, "epoch": l.epoch,
+                   "expires": l.expires_ms, "granted": l.granted_ms})
+        })
+        .collect();
+    ok(json!({"ok": true, "version": version, "hosts": hosts, "leases": leases}))
+}
+
+/// A report's `leases`: what the host enforces for each `split: demand`
+/// strategy, `[{"strategy", "epoch", "value"}]`.
+fn lease_acks(v: Option<&Value>) -> Result<Vec<(u32, u64, u64)>, ApiError> {
+    let mut out = Vec::new();
+    match v {
+        None => {}
+        Some(Value::Array(a)) => {
+            for (i, l) in a.iter().enumerate() {
+                let n = |k: &str| -> Result<u64, ApiError> {
+                    l[k].as_u64()
+                        .filter(|v| *v <= i64::MAX as u64)
+                        .ok_or_else(|| {
+                            ApiError::invalid(&format!("leases[{i}].{k}"), "must be a whole number")
+                        })
+                };
+                let strategy = u32::try_from(n("strategy")?).map_err(|_| {
+                    ApiError::invalid(&format!("leases[{i}].strategy"), "must be a strategy id")
+                })?;
+                out.push((strategy, n("epoch")?, n("value")?));
+            }
+        }
+        Some(_) => return Err(ApiError::invalid("leases", "must be a list")),
+    }
+    Ok(out)
 }

@@ -38,7 +38,7 @@ pub async fn metrics(State(st): State<Shared>, _: ReadToken) -> Result<Response,
     let names: HashMap<u32, String> = strategies.into_iter().map(|s| (s.id, s.name)).collect();
     let samples = st.store.latest_samples().await?;
     let hosts = st.store.hosts().await?;
-    let body = render(
+    let mut body = render(
         version,
         &names,
         &samples,
@@ -46,7 +46,48 @@ pub async fn metrics(State(st): State<Shared>, _: ReadToken) -> Result<Response,
         unix_ms(),
         st.freshness_ms,
     );
+    render_leases(&mut body, &names, &st.store.leases(None).await?, unix_ms());
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response())
+}
+
+/// The fleet leases (`split: demand` strategies): leased local rate and
+/// seconds since the leader last granted or renewed it, per strategy and
+/// host.
+pub fn render_leases(
+    o: &mut String,
+    names: &HashMap<u32, String>,
+    leases: &[crate::store::LeaseRow],
+    now: u64,
+) {
+    type Get = fn(&crate::store::LeaseRow, u64) -> String;
+    let series: [(&str, &str, Get); 2] = [
+        (
+            "rate_ctl_lease_rate",
+            "Leased local rate (or window count) of a split: demand strategy, per host.",
+            |l, _| l.value.to_string(),
+        ),
+        (
+            "rate_ctl_lease_age_seconds",
+            "Seconds since the fleet leader last granted or renewed the host's lease.",
+            |l, now| format!("{:.3}", now.saturating_sub(l.granted_ms) as f64 / 1000.0),
+        ),
+    ];
+    for (name, help, get) in series {
+        head(o, name, "gauge", help);
+        for l in leases {
+            let Some(n) = names.get(&l.strategy_id) else {
+                continue;
+            };
+            let _ = writeln!(
+                o,
+                "{name}{{strategy=\"{}\",name=\"{}\",host=\"{}\"}} {}",
+                l.strategy_id,
+                label(n),
+                label(&l.host_id),
+                get(l, now)
+            );
+        }
+    }
 }
 
 /// A label value with `\`, `"` and newlines escaped.

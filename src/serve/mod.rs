@@ -41,7 +41,7 @@ use serde_json::json;
 include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 
 /// How often each instance reads the config version for its long-polls.
-pub const VERSION_POLL: Duration = Duration::from_millis(150);
+pub const VERSION_POLL: Duration = Duration::from_millis(50);
 /// Largest body of `POST /api/v1/strategies/import`.
 pub const IMPORT_BODY_LIMIT: usize = 64 << 20;
 /// Longest hold of `GET /api/v1/snapshot?after=V`.
@@ -250,6 +250,48 @@ fn spawn_version_poller(state: &Shared) {
     });
 }
 
+/// The fleet leader candidate of this instance (src/agent/fleet.rs): every
+/// period, if any strategy has `split: demand`, lead if possible and
+/// allocate the leases.
+fn spawn_fleet_leader(state: &Shared, me: String) {
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut c = crate::agent::fleet::Coordinator::new(me);
+        let mut failing = false;
+        // The strategies, read again only when the version moves.
+        let mut known: Option<(u64, Vec<crate::store::record::StrategyRecord>)> = None;
+        loop {
+            tokio::time::sleep(crate::agent::fleet::LEADER_PERIOD).await;
+            let Some(st) = weak.upgrade() else { return };
+            let r = async {
+                let v = st.store.version().await?;
+                if known.as_ref().is_none_or(|k| k.0 != v) {
+                    let snap = st.store.snapshot().await?;
+                    known = Some((
+                        snap.version,
+                        snap.strategies
+                            .into_iter()
+                            .map(crate::store::valid::Valid::into_inner)
+                            .collect(),
+                    ));
+                }
+                let strategies = known.as_ref().map_or(&[][..], |k| &k.1[..]);
+                c.tick(&st.store, strategies, st.freshness_ms).await
+            }
+            .await;
+            match r {
+                Ok(()) => failing = false,
+                Err(e) => {
+                    if !failing {
+                        warn!(error = %e, "fleet leases: cannot allocate; agents keep their leases until they expire");
+                        failing = true;
+                    }
+                }
+            }
+        }
+    });
+}
+
 pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
     let token_path = a
         .admin_token_file
@@ -277,6 +319,8 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
         .await
         .map_err(|e| ServeError::Listen(a.listen.clone(), e))?;
     let addr = listener.local_addr().map_err(ServeError::Io)?;
+    let leader_name = format!("serve:{addr}:{}", std::process::id());
+    spawn_fleet_leader(&state, leader_name.clone());
     {
         use std::io::Write as _;
         let mut o = std::io::stdout().lock();
@@ -300,8 +344,12 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
     let shutdown = crate::agent::shutdown_signal().map_err(ServeError::Signals)?;
     // Long-polls would hold a graceful shutdown for up to 30 s: stop at once
     // instead (nothing is lost: every change is one committed transaction).
-    tokio::select! {
+    let store = state.clone();
+    let r = tokio::select! {
         r = axum::serve(listener, router(state)) => r.map_err(ServeError::Io),
         _ = shutdown => Ok(()),
-    }
+    };
+    // Another instance takes over at once instead of after the expiry.
+    let _ = store.store.resign(&leader_name).await;
+    r
 }

@@ -103,6 +103,8 @@ fn schemas() -> Value {
                         "description": "per-key only: IPv6 client addresses are aggregated to this prefix (default 64; IPv4-mapped IPv6 counts as IPv4)"},
         "on_full": {"type": ["string", "null"], "enum": ["overflow", "reject", "allow", null],
                     "description": "per-key only: a new key when its part of the key table is full: overflow (default; charged against one shared limiter at the strategy's rate), reject or allow"},
+        "split": {"type": "string", "enum": ["static", "demand"], "default": "static",
+                  "description": "cluster only: static = rate × weight / Σ weights of fresh hosts; demand = leases from the fleet leader by each host's demand (README, Fleet leases)"},
     });
     // algorithm and rate are required unless the action is allow.
     let rate_required = json!({
@@ -149,6 +151,7 @@ fn schemas() -> Value {
         ("ipv4_prefix", json!(null)),
         ("ipv6_prefix", json!(null)),
         ("on_full", json!(null)),
+        ("split", json!("static")),
     ] {
         example[k] = v;
     }
@@ -160,7 +163,16 @@ fn schemas() -> Value {
             "applied_at": nullable("integer"), "lag": nullable("integer"), "fresh": {"type": "boolean"},
             "publish_error": {"type": ["string", "null"], "maxLength": 1000,
                 "description": "The agent's last publish refusal (the table it was sent does not fit its file, ...); null once a publish succeeded."},
-            "publish_error_at": nullable("integer")},
+            "publish_error_at": nullable("integer"),
+            "leases": {"type": "array", "description": "Leases of split: demand strategies (none for other hosts' answers of a report)",
+                "items": {"type": "object", "additionalProperties": false,
+                    "required": ["strategy", "rate", "demand", "age_ms", "expires", "epoch", "applied_rate", "applied_epoch"],
+                    "properties": {"strategy": {"type": "integer"},
+                        "rate": {"type": "integer", "description": "leased local rate (windows: count for the current window)"},
+                        "demand": {"type": "number", "description": "smoothed demand, requests per second"},
+                        "age_ms": {"type": "integer", "description": "since the leader granted or renewed it"},
+                        "expires": {"type": "integer", "description": "Unix ms; the host falls back to the static split after it"},
+                        "epoch": {"type": "integer"}, "applied_rate": nullable("integer"), "applied_epoch": nullable("integer")}}}},
         "example": {"host_id": "web-1", "weight": 2, "last_heartbeat": 1763800000000u64, "applied_version": 40,
                     "applied_at": 1763800000000u64, "lag": 1, "fresh": true,
                     "publish_error": null, "publish_error_at": null}});
@@ -222,13 +234,21 @@ fn schemas() -> Value {
                 "publish_error": {"type": ["string", "null"],
                     "description": "The agent's last publish refusal; null clears it; absent leaves it as it is."},
                 "publish_error_at": nullable("integer"),
+                "leases": {"type": "array", "description": "What the host enforces for each split: demand strategy (epoch 0: the static split)",
+                    "items": {"type": "object", "additionalProperties": false, "required": ["strategy", "epoch", "value"],
+                        "properties": {"strategy": {"type": "integer"}, "epoch": {"type": "integer"}, "value": {"type": "integer"}}}},
                 "counters": {"type": "array", "items": {"type": "object", "additionalProperties": false,
                     "required": ["id"], "properties": {"id": {"type": "integer"}, "passed": {"type": "integer"},
                     "limited": {"type": "integer"}, "delayed": {"type": "integer"}}}}},
             "example": {"applied_version": 41, "counters": [{"id": 7, "passed": 1200, "limited": 30, "delayed": 0}]}},
         "ReportAnswer": {"type": "object", "additionalProperties": false, "required": ["ok", "version", "hosts"],
             "properties": {"ok": {"type": "boolean"}, "version": {"type": "integer"},
-                "hosts": {"type": "array", "items": schema_ref("Host")}}},
+                "hosts": {"type": "array", "items": schema_ref("Host")},
+                "leases": {"type": "array", "description": "This host's leases",
+                    "items": {"type": "object", "additionalProperties": false,
+                        "required": ["strategy", "value", "epoch", "expires", "granted"],
+                        "properties": {"strategy": {"type": "integer"}, "value": {"type": "integer"},
+                            "epoch": {"type": "integer"}, "expires": {"type": "integer"}, "granted": {"type": "integer"}}}}}},
         "Snapshot": {"type": "object", "additionalProperties": false,
             "required": ["version", "changed", "strategies", "blacklist", "hosts"],
             "properties": {"version": {"type": "integer"}, "changed": {"type": "boolean"},
@@ -240,6 +260,16 @@ fn schemas() -> Value {
                 "type": "object", "additionalProperties": false, "required": ["at", "passed_per_s", "limited_per_s", "delayed_per_s"],
                 "properties": {"at": {"type": "integer"}, "passed_per_s": {"type": "number"}, "limited_per_s": {"type": "number"}, "delayed_per_s": {"type": "number"}}}}}},
     })
+}
+
+/// `GET /api/v1/hosts`: the hosts and the fleet leader (null: none).
+fn hosts_list() -> Value {
+    let mut v = list_of("hosts", "Host", true);
+    v["properties"]["leader"] = json!({"type": ["object", "null"], "additionalProperties": false,
+        "required": ["holder", "term", "expires", "valid"],
+        "properties": {"holder": {"type": "string"}, "term": {"type": "integer"},
+            "expires": {"type": "integer"}, "valid": {"type": "boolean"}}});
+    v
 }
 
 fn list_of(key: &str, item: &str, with_version: bool) -> Value {
@@ -316,7 +346,7 @@ pub fn document() -> Value {
             "/api/v1/blacklist/{id}": {"delete": op("Remove a blacklist entry", vec![sid()], None,
                 json!({"204": {"description": "removed"}, "404": e404()}), true)},
             "/api/v1/hosts": {"get": op("Hosts with weight, heartbeat, applied version, lag", vec![], None,
-                json!({"200": answer("hosts", list_of("hosts", "Host", true))}), true)},
+                json!({"200": answer("hosts", hosts_list())}), true)},
             "/api/v1/hosts/{host_id}": {"put": op("Set a host's weight (registers an unknown host)", vec![id_param("host_id", "string")],
                 Some(body(schema_ref("HostWeight"), json!({"weight": 2}))),
                 json!({"200": answer("the host", schema_ref("Host")), "400": e400(), "422": e422()}), true)},

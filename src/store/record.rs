@@ -64,6 +64,44 @@ impl FromStr for Scope {
     }
 }
 
+/// How a `cluster` strategy's rate is divided among the hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// `rate × weight / Σ weights` of the fresh hosts.
+    #[default]
+    Static,
+    /// Leases from the fleet leader, by demand (src/agent/lease.rs); the
+    /// static split while a host has no valid lease.
+    Demand,
+}
+
+impl Split {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Static => "static",
+            Split::Demand => "demand",
+        }
+    }
+}
+
+impl FromStr for Split {
+    type Err = Invalid;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Split::Static, Split::Demand]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| {
+                let why = format!("unknown value {s:?} (expected one of static, demand)");
+                Invalid::new(Field::Column("split"), "split", why)
+            })
+    }
+}
+
+fn is_static(s: &Split) -> bool {
+    *s == Split::Static
+}
+
 /// The overflow action, as stored: a keyword plus its optional parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -162,6 +200,9 @@ pub struct StrategyRecord {
     /// (default overflow).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_keyword")]
     pub on_full: Option<OnFull>,
+    /// `cluster` only: static weight split or demand-aware leases.
+    #[serde(default, skip_serializing_if = "is_static")]
+    pub split: Split,
     /// Unix ms; set by the store.
     #[serde(default)]
     pub created_ms: u64,

@@ -271,6 +271,41 @@ pub const MIGRATIONS: &[Migration] = &[
             Step::AddColumn("strategies", "on_full VARCHAR(16) NULL"),
         ],
     },
+    Migration {
+        version: 7,
+        description: "fleet leases: the leader row, per strategy and host leases, strategies.split",
+        steps: &[
+            Step::AddColumn("strategies", "split VARCHAR(16) NULL"),
+            Step::Table(Table {
+                name: "fleet_leader",
+                columns: "id BIGINT NOT NULL PRIMARY KEY,
+                    holder VARCHAR(255) NOT NULL,
+                    term BIGINT NOT NULL,
+                    expires_ms BIGINT NOT NULL",
+                indexes: &[],
+            }),
+            Step::InsertIgnore(
+                "INTO fleet_leader (id, holder, term, expires_ms) VALUES (1, '', 0, 0)",
+            ),
+            Step::Table(Table {
+                name: "leases",
+                columns: "strategy_id BIGINT NOT NULL,
+                    host_id VARCHAR(255) NOT NULL,
+                    lease_value BIGINT NOT NULL,
+                    epoch BIGINT NOT NULL,
+                    expires_ms BIGINT NOT NULL,
+                    granted_ms BIGINT NOT NULL,
+                    demand_milli BIGINT NOT NULL,
+                    window_start_ms BIGINT NOT NULL,
+                    window_admitted BIGINT NOT NULL,
+                    applied_epoch BIGINT NULL,
+                    applied_value BIGINT NULL,
+                    applied_ms BIGINT NULL,
+                    PRIMARY KEY (strategy_id, host_id)",
+                indexes: &[],
+            }),
+        ],
+    },
 ];
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::audit::audit;
-use super::record::StrategyRecord;
+use super::record::{Split, StrategyRecord};
 use super::schema::Dialect;
 use super::valid::{Valid, ValidImport};
 use super::{BadRow, Field, Invalid, Result, Store, StoreError};
@@ -18,7 +18,7 @@ use rate_ctl::core::shm::unix_ms;
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
      status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
-     ipv6_prefix, on_full, created_ms, updated_ms, version";
+     ipv6_prefix, on_full, split, created_ms, updated_ms, version";
 
 impl Store {
     /// Stores a new strategy (validated by whoever received it); returns
@@ -121,7 +121,7 @@ impl Store {
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
                  warm_up_ms = ?, cold_factor = ?, priority = ?, each_dims = ?, ipv4_prefix = ?, \
-                 ipv6_prefix = ?, on_full = ?, updated_ms = ?, version = ? WHERE id = ?",
+                 ipv6_prefix = ?, on_full = ?, split = ?, updated_ms = ?, version = ? WHERE id = ?",
             )),
             &rec,
         )
@@ -371,10 +371,10 @@ async fn ensure_name_free(
 pub(super) const INSERT_COLUMNS: &str =
     "name, conditions, algorithm, rate, per, burst, action, status, \
      max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
-     ipv6_prefix, on_full, created_ms, updated_ms, version";
+     ipv6_prefix, on_full, split, created_ms, updated_ms, version";
 
 /// Columns in [`INSERT_COLUMNS`].
-const INSERT_COUNT: usize = 21;
+const INSERT_COUNT: usize = 22;
 
 pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -382,7 +382,7 @@ pub(super) fn placeholders(n: usize) -> String {
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 21 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 22 columns of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
@@ -390,7 +390,7 @@ pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery
         .bind(r.version as i64)
 }
 
-/// Binds the 18 columns `name` to `on_full` of [`INSERT_COLUMNS`] in order.
+/// Binds the 19 columns `name` to `split` of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     let conditions: Vec<[&str; 2]> = r
         .conditions
@@ -415,6 +415,7 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.ipv4_prefix.map(|p| p as i64))
         .bind(r.ipv6_prefix.map(|p| p as i64))
         .bind(r.on_full.map(|o| o.as_str()))
+        .bind(r.split.as_str())
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<Valid<StrategyRecord>>, Vec<BadRow>) {
@@ -556,6 +557,14 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         ipv4_prefix: opt_u8("ipv4_prefix")?,
         ipv6_prefix: opt_u8("ipv6_prefix")?,
         on_full: get_os("on_full")?.map(on_full_of).transpose()?,
+        // NULL: a row from before migration 7.
+        split: match row
+            .try_get::<Option<String>, _>("split")
+            .map_err(|e| unreadable("split", e))?
+        {
+            Some(s) => s.parse().map_err(bad)?,
+            None => Split::default(),
+        },
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
         version: get_i("version")?.max(0) as u64,

@@ -188,3 +188,22 @@ impl Reader {
             .unwrap_or_default()
     }
 }
+
+/// Decides one request with `dim = value` against `t` (as a worker does)
+/// and releases what it holds; whether it passed.
+pub fn decide_one(t: &Table, dim: &str, value: &[u8]) -> bool {
+    let mut values: Vec<Option<&[u8]>> = vec![None; t.dimensions().len()];
+    if let Some(i) = t.dimension_index(dim) {
+        values[i] = Some(value);
+    }
+    let d = t.decide(&rate_ctl::core::table::Request {
+        values: &values,
+        ip: None,
+        now_ns: MonotonicClock::now(),
+        now_unix_ms: rate_ctl::core::shm::unix_ms(),
+        dry_run: false,
+        quota: true,
+    });
+    t.release(&d.held);
+    d.verdict() == Some(&rate_ctl::core::admit::Verdict::Pass)
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Fleet leases (issue 17): runs tests/fleet_leases.rs's one-machine test
+# RUNS times (default 3) and prints the README's "Fleet leases" table from
+# its figures; with --write, replaces the table between the
+# `<!-- fleet-split:begin -->` / `<!-- fleet-split:end -->` markers in
+# README.md.
+#
+# The test: one `rate-ctl serve` on SQLite, three agents through it (host
+# ids h0 h1 h2), a load generator per host deciding requests against that
+# host's shared-memory file with the core table (the code nginx workers
+# run); a cluster token bucket of 300/s, split: demand, offered 80/15/5 of
+# 1.0× and 2.0×, then flipped to 5/15/80; serve killed; a per-day quota of
+# 100 with all traffic on h0. About 50 s per run.
+#
+#   scripts/fleet-split.sh [--write]      env: RUNS=3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+write=0
+[ "${1:-}" = "--write" ] && write=1
+runs="${RUNS:-3}"
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+for i in $(seq 1 "$runs"); do
+    echo "fleet-split: run $i of $runs" >&2
+    run="$(cargo test -q --test fleet_leases demand_split -- --nocapture 2>&1)" || {
+        echo "fleet-split: run $i FAILED:" >&2
+        grep -E -A3 'panicked' <<<"$run" >&2 || true
+        failed=$((${failed:-0} + 1))
+    }
+    grep -E '^(1\.0x|2\.0x|flip|per-day|serve killed)' <<<"$run" >>"$out" || true
+done
+# range LABEL REGEX: "min–max" of the first number the regex captures.
+range() {
+    grep -E "^$1" "$out" | RE="$2" perl -ne 'print "$1\n" if /$ENV{RE}/' | sort -n | awk '
+        NR == 1 { lo = $1 } { hi = $1 }
+        END { if (NR == 0) print "-"; else if (lo == hi) print lo; else print lo "–" hi }'
+}
+table="$(cat <<TABLE
+| offered (80/15/5 of 300/s) | static split admits | demand split admits (10 s average) | converged after | highest second |
+|---|---|---|---|---|
+| 1.0× = 300/s | 160/s (53 %) | $(range '1\.0x' '([0-9.]+) % of the rate') % | $(range '1\.0x' 'converged in ([0-9]+) s') s | $(range '1\.0x' 'max second ([0-9]+)') |
+| 2.0× = 600/s | 220/s (73 %) | $(range '2\.0x' '([0-9.]+) % of the rate') % | $(range '2\.0x' 'converged in ([0-9]+) s') s | $(range '2\.0x' 'max second ([0-9]+)') |
+
+Flip to 5/15/80: within ±5 % after $(range flip 'after ([0-9]+) s') s. Per-day quota 100, all traffic on
+one host: $(range per-day 'admitted \[([0-9]+),') admitted (static: 34). $runs runs of
+\`scripts/fleet-split.sh\`${failed:+, $failed of them failed}.
+TABLE
+)"
+echo "$table"
+if [ "$write" = 1 ]; then
+    TABLE="$table" perl -0pi -e '
+        s/(<!-- fleet-split:begin -->\n).*?(<!-- fleet-split:end -->)/$1$ENV{TABLE}\n$2/s
+            or die "README.md: no fleet-split markers\n"' README.md
+    echo "fleet-split: README.md updated" >&2
+fi
