@@ -10,6 +10,7 @@ pub mod fuzz;
 pub mod headers;
 pub mod ledger;
 pub mod limiter;
+pub mod loader;
 pub mod model;
 pub mod region;
 pub mod segment;
