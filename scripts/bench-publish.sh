@@ -13,15 +13,9 @@ target="${1:-debian}"
 n="${N:-65536}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-[ -n "${SKIP_BUILD:-}" ] || scripts/build-module.sh "$target" >&2
-cargo build -q --example rate-ctl-test-tool
-tool="$root/target/debug/examples/rate-ctl-test-tool"
-if [ "$target" = vendored ]; then nginx="$root/target/modules/vendored/nginx"; else nginx=/usr/sbin/nginx; fi
-module="$root/target/modules/$target/ngx_http_rate_ctl_module.so"
-
-dir="$(mktemp -d /tmp/rate_ctl_publish_XXXXXX)"
-chmod 0755 "$dir"
-mkdir -p "$dir/logs"
+# shellcheck source=scripts/lib/bench-nginx.sh
+. "$root/scripts/lib/bench-nginx.sh"
+bench_setup "$target" publish
 pid="" cpid=""
 cleanup() {
     if [ -n "$cpid" ]; then kill "$cpid" 2>/dev/null || true; fi
@@ -43,13 +37,8 @@ awk -v n="$n" 'BEGIN {
 (umask 0 && "$tool" publish "$dir/shm" "$dir/small" 1 >/dev/null)
 
 port=$((30000 + RANDOM % 20000))
-cat >"$dir/nginx.conf" <<CONF
-load_module $module;
-worker_processes 1;
-daemon off;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log notice;
-events { worker_connections 64; }
+conf_head 1 notice >"$dir/nginx.conf"
+cat >>"$dir/nginx.conf" <<CONF
 http {
     access_log off;
     rate_ctl_shm $dir/shm;
@@ -63,16 +52,14 @@ CONF
 "$nginx" -p "$dir/" -c "$dir/nginx.conf" &
 pid=$!
 
+for _ in $(seq 1 100); do
+    curl -sf -o /dev/null "http://127.0.0.1:$port/bench" && break
+    sleep 0.1
+done
 # The client: back-to-back requests for up to 60 s, each line "start_s latency_ms status".
 python3 - "$port" "$dir/lat" <<'PY' &
-import http.client, socket, sys, time
+import http.client, sys, time
 port, out = int(sys.argv[1]), sys.argv[2]
-for _ in range(100):
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.2).close()
-        break
-    except OSError:
-        time.sleep(0.1)
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
 with open(out, "w", buffering=1) as f:
     end = time.time() + 60
