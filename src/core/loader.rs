@@ -39,8 +39,9 @@ pub enum Built {
         strategies: usize,
         config_version: u64,
     },
-    /// The segment was refused (bad content): the previous table stays.
-    Refused(SegmentError),
+    /// The segment was refused (bad content), or the build failed: the
+    /// previous table stays until the next publish.
+    Refused(String),
     /// The writer kept publishing, or published again: read afresh.
     Busy,
 }
@@ -59,9 +60,13 @@ impl Pending {
         self.handle.is_finished()
     }
 
-    /// The thread's result (waits for it if it is not done).
+    /// The thread's result (waits for it if it is not done). A thread that
+    /// panicked refuses the segment: retried only when the next publish
+    /// comes, not at every request.
     pub fn take(self) -> Built {
-        self.handle.join().unwrap_or(Built::Busy)
+        self.handle
+            .join()
+            .unwrap_or_else(|_| Built::Refused("building the table failed".into()))
     }
 }
 
@@ -105,7 +110,7 @@ fn build(map: &Arc<Mapping>, seq: u64) -> Built {
             }
             Err(SegmentError::Busy) => std::thread::yield_now(),
             Err(SegmentError::Sequence { .. }) => return Built::Busy,
-            Err(e) => return Built::Refused(e),
+            Err(e) => return Built::Refused(e.to_string()),
         }
     }
     Built::Busy
