@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::engine::Engine;
 use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
+use rate_ctl::core::reader::Reader;
 use rate_ctl::core::segment::read_segment;
 use rate_ctl::core::shm::Capacities;
-use rate_ctl::core::table::{Request, Scratch, Table};
+use rate_ctl::core::table::{Request, RequestOutcome, Scratch, Table};
 use rate_ctl::core::writer::Writer;
 use smallvec::SmallVec;
 
@@ -53,17 +53,7 @@ fn strategies(n: u32) -> Vec<Strategy> {
                     Condition::new(DIMS[d], v)
                 })
                 .collect();
-            Strategy {
-                id,
-                conditions,
-                algorithm: Algorithm::TokenBucket,
-                rate: 1_000_000,
-                per: Unit::Second,
-                burst: 1_000_000,
-                action: Action::Reject { status: None },
-                enabled: true,
-                warm_up: Default::default(),
-            }
+            never_full(id, conditions)
         })
         .collect()
 }
@@ -103,19 +93,25 @@ fn setup(n: u32, dir: &std::path::Path) -> (Arc<Table>, Writer) {
         })
         .collect();
     w.publish(&list, &bl, 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     (e.table().unwrap().clone(), w)
 }
 
 /// A strategy that never rejects, on `conds`.
 fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
+    let conditions = conds
+        .iter()
+        .map(|(d, v)| Condition::new(*d, v.as_str()))
+        .collect();
+    never_full(id, conditions)
+}
+
+/// A token bucket of a million a second: every request passes.
+fn never_full(id: u32, conditions: Vec<Condition>) -> Strategy {
     Strategy {
         id,
-        conditions: conds
-            .iter()
-            .map(|(d, v)| Condition::new(*d, v.as_str()))
-            .collect(),
+        conditions,
         algorithm: Algorithm::TokenBucket,
         rate: 1_000_000,
         per: Unit::Second,
@@ -123,6 +119,7 @@ fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        priority: 0,
     }
 }
 
@@ -195,9 +192,35 @@ fn publish(list: &[Strategy], path: &std::path::Path) -> (Arc<Table>, Writer) {
     };
     let mut w = Writer::create_or_adopt(path, caps, 0o600).unwrap();
     w.publish(list, &[], 1).unwrap();
-    let mut e = Engine::new(path);
+    let mut e = Reader::new(path);
     e.refresh(1);
     (e.table().unwrap().clone(), w)
+}
+
+/// One request from 127.0.0.1 with `values` per call, 1 µs apart, as the
+/// nginx worker makes it: one working space, fitted at load.
+fn decider<'a>(
+    t: &'a Table,
+    values: Vec<Option<&'a [u8]>>,
+    quota: bool,
+) -> impl FnMut() -> RequestOutcome + 'a {
+    let ip: IpAddr = "127.0.0.1".parse().unwrap();
+    let mut now = 1_000_000_000u64;
+    let mut scratch = Scratch::default();
+    scratch.fit(t);
+    move || {
+        now += 1_000;
+        let r = Request {
+            values: black_box(&values),
+            ip: Some(ip.into()),
+            now_ns: now,
+            now_unix_ms: 1,
+            dry_run: false,
+            quota,
+        };
+        let mut held = SmallVec::new();
+        black_box(t.decide_into(&r, &mut held, &mut scratch))
+    }
 }
 
 fn decision(c: &mut Criterion) {
@@ -228,25 +251,9 @@ fn decision(c: &mut Criterion) {
         {
             values[i] = Some(v.as_bytes());
         }
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        let mut now = 1_000_000_000u64;
-        // As the nginx worker does: one working space, fitted at load.
-        let mut scratch = Scratch::default();
-        scratch.fit(&t);
+        let mut decide = decider(&t, values, true);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| {
-                now += 1_000;
-                let r = Request {
-                    values: black_box(&values),
-                    ip: Some(ip.into()),
-                    now_ns: now,
-                    now_unix_ms: 1,
-                    dry_run: false,
-                    quota: true,
-                };
-                let mut held = SmallVec::new();
-                black_box(t.decide_into(&r, &mut held, &mut scratch))
-            })
+            b.iter(&mut decide)
         });
     }
     g.finish();
@@ -274,30 +281,13 @@ fn decision(c: &mut Criterion) {
                 values[i] = Some(v.as_bytes());
             }
         }
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
         assert_eq!(
             t.matching(&values).len(),
             1,
             "{case}: the request matches one strategy"
         );
-        let mut now = 1_000_000_000u64;
-        let mut scratch = Scratch::default();
-        scratch.fit(&t);
-        g.bench_function(case, |b| {
-            b.iter(|| {
-                now += 1_000;
-                let r = Request {
-                    values: black_box(&values),
-                    ip: Some(ip.into()),
-                    now_ns: now,
-                    now_unix_ms: 1,
-                    dry_run: false,
-                    quota: false,
-                };
-                let mut held = SmallVec::new();
-                black_box(t.decide_into(&r, &mut held, &mut scratch))
-            })
-        });
+        let mut decide = decider(&t, values, false);
+        g.bench_function(case, |b| b.iter(&mut decide));
     }
     g.finish();
 

@@ -13,6 +13,12 @@
 #               strategy `a=a5 b=b5` that matches
 #   grid10 grid100 grid250
 #               the 10,000 and every `a=ai b=bj` (i, j < N), one matches
+#   ranges      rate_ctl, 10,000 strategies `ip=<network> api=/x..` over 24
+#               prefix lengths (/8 … /31) spread over the IPv4 space (the
+#               request's 127.0.0.1 lies inside their span: every length is
+#               probed) instead of the 10,000 exact ones, and `api=/bench`
+#               (compare with ratectl: the bar is ratectl + 100)
+#   ranges_out  the same over 10.0.0.0/8 only (127.0.0.1 outside the span)
 #   *_bg        (ratectl_bg args_bg grid10_bg grid100_bg grid250_bg) the
 #               same table plus 100,000 strategies of other shapes
 #               ({a, api}, {b, c}, {userid}, {a, b, c}), many sharing the
@@ -65,10 +71,33 @@ other_shapes() {
         }
     }'
 }
+# 10,000 strategies on IPv4 networks of 24 prefix lengths (/8 … /31) and
+# an api the request never sends; first octets 1 … 223 (ranges) or 10
+# (ranges_out).
+range_strategies() {
+    awk -v only10="$1" 'BEGIN {
+        srand(14)
+        for (i = 1; i <= 10000; i++) {
+            len = 8 + i % 24
+            o1 = only10 ? 10 : 1 + int(rand() * 223)
+            addr = o1 * 16777216 + int(rand() * 16777216)
+            size = 2 ^ (32 - len)
+            net = addr - addr % size
+            printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when ip=%d.%d.%d.%d/%d api=/x%d\n", i,
+                int(net / 16777216) % 256, int(net / 65536) % 256, int(net / 256) % 256, net % 256, len, i % 50
+        }
+    }'
+}
 table_for() {
     local kind=$1 n
-    background_strategies
+    case $kind in
+    ranges) range_strategies 0 ;;
+    ranges_out) range_strategies 1 ;;
+    *) background_strategies ;;
+    esac
     case ${kind%_bg} in
+    ranges | ranges_out)
+        echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     ratectl | plain | limitreq | limitreq2)
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     reject) echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench" ;;
@@ -173,7 +202,7 @@ PY
 }
 
 declare -A per
-read -ra cases <<<"${CASES:-plain limitreq limitreq2 ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg}"
+read -ra cases <<<"${CASES:-plain limitreq limitreq2 ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg ranges ranges_out}"
 for c in "${cases[@]}"; do
     config "$c"
     a=$(run "$c" 500)

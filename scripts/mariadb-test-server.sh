@@ -38,6 +38,7 @@ install_server() {
     install_without_service mariadb-test-server mariadb-server mariadb-client
 }
 
+# shellcheck disable=SC2120 # (server_wait passes its arguments)
 client() {
     local c
     c=$(command -v mariadb || command -v mysql)
@@ -73,16 +74,7 @@ start() {
         --max-connections=500 --innodb-flush-log-at-trx-commit=2 \
         </dev/null >/dev/null 2>&1 &
     echo $! >"$dir/pid"
-    for _ in $(seq 1 300); do
-        if client -e 'SELECT 1' >/dev/null 2>&1; then break; fi
-        if ! running; then
-            log "server exited; see $dir/error.log"
-            tail -20 "$dir/error.log" >&2 || true
-            exit 1
-        fi
-        sleep 0.1
-    done
-    client -e 'SELECT 1' >/dev/null
+    server_wait "$dir/error.log" client -e 'SELECT 1'
     if [ "$fresh" = 1 ]; then
         client <<'SQL'
 CREATE DATABASE IF NOT EXISTS rate_ctl CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;

@@ -67,17 +67,7 @@ start() {
         -c max_connections=300 -c shared_buffers=32MB \
         </dev/null >>"$dir/server.log" 2>&1 &
     echo $! >"$dir/pid"
-    local _
-    for _ in $(seq 1 300); do
-        if as_pg "$bin/pg_isready" -q -h "$dir/sock" -p "$port"; then break; fi
-        if ! running; then
-            log "server exited; see $dir/server.log"
-            tail -20 "$dir/server.log" >&2 || true
-            exit 1
-        fi
-        sleep 0.1
-    done
-    as_pg "$bin/pg_isready" -q -h "$dir/sock" -p "$port"
+    server_wait "$dir/server.log" as_pg "$bin/pg_isready" -q -h "$dir/sock" -p "$port"
     if [ "$fresh" = 1 ]; then
         as_pg "$bin/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir/sock" -p "$port" -U postgres -d postgres <<'SQL'
 CREATE ROLE rate_ctl LOGIN PASSWORD 'rate_ctl' CREATEDB;

@@ -38,12 +38,7 @@ for_each_target(sub {
     my $t0 = time;
     publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=minute when api=/a\n"
         . "strategy id=2 algorithm=fixed_window rate=1 per=minute when api=/b\n", 2);
-    my $applied;
-    while (time - $t0 < 3) {
-        my @c = $n->codes('/b', 2);
-        if ($c[1] == 503) { $applied = time - $t0; last }
-        sleep 0.05;
-    }
+    my $applied = $n->rejected_after('/b', 2, $t0, 3, 0.05);
     ok(defined $applied && $applied <= 1.0, sprintf('new strategy enforced %.3f s after publish, no reload', $applied // -1));
 
     # Both workers share one counter: 40 requests on fresh connections,

@@ -20,13 +20,7 @@ for_each_target(sub {
 
     # The file appears: enforcement starts by itself (rechecked once a second).
     publish($n->shm, "strategy id=1 algorithm=fixed_window rate=1 per=day when api=/a\n", 1);
-    my $t0 = time;
-    my $on;
-    while (time - $t0 < 4) {
-        my @c = $n->codes('/a', 2);
-        if ($c[1] == 503) { $on = time - $t0; last }
-        sleep 0.1;
-    }
+    my $on = $n->rejected_after('/a', 2, time, 4, 0.1);
     ok(defined $on && $on <= 2.5, sprintf('file created: enforced after %.2f s', $on // -1));
 
     # Corrupt segment: refused, old table kept.
@@ -39,13 +33,7 @@ for_each_target(sub {
     # File removed and recreated by the agent: new file picked up.
     unlink $n->shm;
     publish($n->shm, "strategy id=7 algorithm=fixed_window rate=2 per=day when api=/new\n", 9);
-    $t0 = time;
-    my $again;
-    while (time - $t0 < 4) {
-        my @c = $n->codes('/new', 3);
-        if ($c[2] == 503) { $again = time - $t0; last }
-        sleep 0.2;
-    }
+    my $again = $n->rejected_after('/new', 3, time, 4, 0.2);
     ok(defined $again && $again <= 2.5, sprintf('file recreated: enforcement resumed after %.2f s', $again // -1));
     $n->stop;
     $n->no_alerts;

@@ -13,6 +13,7 @@
 //! strategy id=2 algorithm=leaky_bucket rate=10 per=second action=delay max_delay_ms=500
 //! strategy id=3 algorithm=concurrency rate=2 action=dry_run when api=/slow
 //! strategy id=4 algorithm=warm_up rate=100 warm_up_ms=2000 cold_factor=3 when api=/cold
+//! strategy id=5 rate=1 action=allow priority=10 when ip=10.0.0.0/8
 //! blacklist ip 127.0.0.1 ttl_ms=1500
 //! blacklist userid u666
 //! ```
@@ -53,6 +54,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        priority: 0,
     };
     if words.contains(&"algorithm=warm_up") {
         s.warm_up.cold_factor = rate_ctl::core::model::DEFAULT_COLD_FACTOR;
@@ -84,6 +86,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             "status" => status = Some(num()? as u16),
             "max_delay_ms" => max_delay_ms = num()? as u32,
             "enabled" => s.enabled = v == "true",
+            "priority" => s.priority = v.parse().map_err(|e| format!("{k}: {e}"))?,
             "warm_up_ms" => s.warm_up.period_ms = num()? as u32,
             "cold_factor" => {
                 s.warm_up.cold_factor = num()?.try_into().map_err(|e| format!("{k}: {e}"))?
@@ -96,6 +99,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
         "delay" => Action::Delay { max_delay_ms },
         "dry_run" if max_delay_ms > 0 => Action::DryRunDelay { max_delay_ms },
         "dry_run" => Action::DryRun,
+        "allow" => Action::Allow,
         other => return Err(format!("unknown action {other:?}")),
     };
     Ok(s)

@@ -14,6 +14,12 @@ use agent::{AgentProc, Reader};
 use cli::{add_strategy, ok, quantile, stores};
 use serde_json::Value;
 
+/// The first row of `host list --json`.
+fn first_host(store: &str) -> Value {
+    let out = ok(&["host", "list", "--store", store, "--json"]);
+    serde_json::from_str(out.lines().next().unwrap()).unwrap()
+}
+
 #[test]
 fn hundred_cli_changes_each_visible_within_500ms() {
     for st in stores("propagation") {
@@ -84,24 +90,12 @@ fn hundred_cli_changes_each_visible_within_500ms() {
         assert!(a.alive());
 
         // The hosts table records what was applied.
-        let hosts: Value = serde_json::from_str(
-            ok(&["host", "list", "--store", s, "--json"])
-                .lines()
-                .next()
-                .unwrap(),
-        )
-        .unwrap();
+        let hosts = first_host(s);
         assert_eq!(hosts["host_id"], "prop-host");
         assert_eq!(hosts["fresh"], true);
         let st_v = cli::version(s) as u64;
         let applied = agent::wait_for(Duration::from_secs(3), || {
-            let h: Value = serde_json::from_str(
-                ok(&["host", "list", "--store", s, "--json"])
-                    .lines()
-                    .next()
-                    .unwrap(),
-            )
-            .unwrap();
+            let h = first_host(s);
             (h["applied_version"].as_u64() == Some(st_v)).then_some(h)
         });
         assert!(applied.is_some(), "{}: applied version recorded", st.label);

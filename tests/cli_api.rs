@@ -9,7 +9,7 @@ mod cli;
 #[path = "support/serve.rs"]
 mod serve;
 
-use cli::{json_lines, ok, rate_ctl, rate_ctl_env, sqlite_store, version, TestStore};
+use cli::{json_lines, ok, rate_ctl, rate_ctl_env, sqlite_store, version, TestStore, PAY_MATCHES};
 use serde_json::Value;
 use serve::Serve;
 
@@ -79,26 +79,22 @@ fn commands_through_the_api_match_the_store() {
 
     // add prints just the id, and the strategy is in the store.
     let v0 = version(store);
-    let out = ok(&b.api(&[
-        "strategy",
-        "add",
-        "--name",
-        "pay-u1024",
-        "--match",
-        "ip=::ffff:1.2.3.4",
-        "--match",
-        "userid=u1024",
-        "--match",
-        "api=/pay",
+    let rest = [
         "--algorithm",
         "token_bucket",
         "--rate",
         "100",
         "--burst",
         "20",
-        "--status",
-        "429",
-    ]));
+    ];
+    let add_pay = [
+        &["strategy", "add", "--name", "pay-u1024"][..],
+        &PAY_MATCHES,
+        &rest,
+        &["--status", "429"],
+    ]
+    .concat();
+    let out = ok(&b.api(&add_pay));
     let id: u32 = out.trim().parse().expect("add prints the id");
     assert!(version(store) > v0, "add bumps the version");
     let add2: Value = serde_json::from_str(&ok(&b.api(&[
@@ -383,13 +379,7 @@ fn a_refused_token_is_a_clear_error_and_writes_nothing() {
     let st = sqlite_store();
     let store = st.url.as_str();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
-    let read_file = dir.path().join("read.token");
-    let s = Serve::start_in(
-        store,
-        dir.path(),
-        &["--read-token-file", read_file.to_str().unwrap()],
-    );
+    let s = Serve::start_with_tokens(store, dir.path(), &["read"]);
     let url = s.url();
     ok(&[
         "strategy",

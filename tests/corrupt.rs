@@ -9,12 +9,12 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::engine::{Engine, RECHECK_NS};
 use rate_ctl::core::model::{Algorithm, Unit};
+use rate_ctl::core::reader::{Reader, RECHECK_NS};
 use rate_ctl::core::shm::{Mapping, ShmError};
 use rate_ctl::core::table::Request;
 use rate_ctl::core::writer::Writer;
-use shm::{fresh_writer, small_caps, strategy};
+use shm::{api_bucket, fresh_writer, small_caps, strategy};
 
 /// A valid file with strategies and a blacklist, as bytes.
 fn good_image(dir: &Path) -> Vec<u8> {
@@ -46,7 +46,7 @@ fn good_image(dir: &Path) -> Vec<u8> {
 fn exercise(dir: &Path, name: &str, bytes: &[u8]) {
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(0);
     if let Some(t) = e.table() {
         let values: Vec<Option<&[u8]>> = t
@@ -97,7 +97,7 @@ fn truncation_in_every_region_is_refused() {
             matches!(err, ShmError::TooSmall { .. } | ShmError::Truncated { .. }),
             "cut at {cut}: {err}"
         );
-        let mut e = Engine::new(&path);
+        let mut e = Reader::new(&path);
         let change = e.refresh(0).expect("one error line");
         assert!(
             e.table().is_none(),
@@ -110,16 +110,10 @@ fn truncation_in_every_region_is_refused() {
 #[test]
 fn a_worker_keeps_its_table_when_the_file_is_corrupted_under_it() {
     let (_dir, path, mut w) = fresh_writer();
-    let s = strategy(
-        1,
-        &[("api", "/a")],
-        Algorithm::TokenBucket,
-        10,
-        Unit::Second,
-    );
+    let s = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
     w.publish(std::slice::from_ref(&s), &[], 2).unwrap(); // sequence 2, segment 0
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(0);
     assert_eq!(e.table().unwrap().config_version(), 2);
     // Flip one bit of the inactive segment's payload (sequence 1's), then

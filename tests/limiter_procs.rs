@@ -167,6 +167,15 @@ fn hit<'a>(region: &Region<'a>, index: u32, limiter: &'a Limiter) -> Hit<'a> {
     }
 }
 
+/// One hit per limiter, in slots 0, 1, …
+fn hits<'a>(region: &Region<'a>, limiters: &'a [Limiter]) -> Vec<Hit<'a>> {
+    limiters
+        .iter()
+        .enumerate()
+        .map(|(i, l)| hit(region, i as u32, l))
+        .collect()
+}
+
 /// After the children are gone: `hit`'s first state word is `state0`
 /// (`what` names it), and its counters show `admitted` of `attempts` passed
 /// and the rest limited.
@@ -199,11 +208,7 @@ fn frozen_clock_every_algorithm_admits_exactly_its_allowance() {
         Limiter::from_strategy(&strategy(Algorithm::Concurrency, 50_000, Unit::Second, 0)),
     ];
     let allowance = [150_000u64, 120_000, 100_000, 1, 50_000];
-    let hits: Vec<Hit> = limiters
-        .iter()
-        .enumerate()
-        .map(|(i, l)| hit(&r, i as u32, l))
-        .collect();
+    let hits = hits(&r, &limiters);
     let end = MonotonicClock::now() + HAMMER_NS;
 
     run_children(Duration::from_secs(60), |child| {
@@ -352,11 +357,7 @@ fn a_rejecting_strategy_leaves_the_others_counting_only_admitted_requests() {
         Limiter::from_strategy(&strategy(Algorithm::FixedWindow, 4_000_000, Unit::Hour, 0)),
         Limiter::from_strategy(&strategy(Algorithm::SlidingWindow, 100_000, Unit::Hour, 0)),
     ];
-    let hits: Vec<Hit> = limiters
-        .iter()
-        .enumerate()
-        .map(|(i, l)| hit(&r, i as u32, l))
-        .collect();
+    let hits = hits(&r, &limiters);
     let end = MonotonicClock::now() + HAMMER_NS;
 
     run_children(Duration::from_secs(60), |child| {
@@ -444,7 +445,7 @@ fn concurrency_limit_holds_across_processes() {
 /// `warm_up` from cold, four processes hammering on the real clock: the
 /// 16-byte CAS keeps the two words consistent, so together they never
 /// admit more than one saturated process could (the closed form of the
-/// ramp, src/core/warm_up.rs), and they do climb.
+/// ramp, src/core/limiter/warm_up.rs), and they do climb.
 #[test]
 fn warm_up_across_processes_never_exceeds_the_single_process_ramp() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use proptest::prelude::*;
 use rate_ctl::core::admit::{admit, admit_listed, admit_with, release, Hit, Verdict};
-use rate_ctl::core::limiter::{Limiter, Outcome};
+use rate_ctl::core::limiter::{Acquired, Limiter};
 use rate_ctl::core::model::{self, Action, Algorithm, Unit};
 use rate_ctl::core::slot::{LocalSlots, Slot};
 
@@ -146,8 +146,8 @@ proptest! {
                 // Gaps in thousandths of the interval: 0 to 2 intervals.
                 now += t / 1000 * g + g % 7;
                 match (l.acquire(slot, now), reference.arrive(now)) {
-                    (Outcome::Admitted(r), RefOutcome::Admit { wait }) => prop_assert_eq!(r.wait_ns, wait),
-                    (Outcome::Rejected { retry_after_ns }, RefOutcome::Reject { retry_after }) => {
+                    (Acquired::Admitted(r), RefOutcome::Admit { wait }) => prop_assert_eq!(r.wait_ns, wait),
+                    (Acquired::Rejected { retry_after_ns }, RefOutcome::Reject { retry_after }) => {
                         prop_assert_eq!(retry_after_ns, retry_after);
                         check_exact_retry(&l, slot, now, retry_after_ns)?;
                     }
@@ -255,8 +255,8 @@ proptest! {
             for g in gaps {
                 now += period / 1000 * g / limit + g;
                 match (l.acquire(slot, now), reference.arrive(now)) {
-                    (Outcome::Admitted(_), Ok(())) => {}
-                    (Outcome::Rejected { retry_after_ns }, Err(ra)) => {
+                    (Acquired::Admitted(_), Ok(())) => {}
+                    (Acquired::Rejected { retry_after_ns }, Err(ra)) => {
                         prop_assert_eq!(retry_after_ns, ra);
                         check_exact_retry(&l, slot, now, ra)?;
                     }
@@ -287,7 +287,7 @@ proptest! {
                 let got = l.acquire(slot, now);
                 let want = reference.arrive(now);
                 prop_assert_eq!(got.is_admitted(), want, "at {}: {:?}", now, got);
-                if let Outcome::Rejected { retry_after_ns } = got {
+                if let Acquired::Rejected { retry_after_ns } = got {
                     check_exact_retry(&l, slot, now, retry_after_ns)?;
                 }
                 let q = l.quota(slot, now);

@@ -43,6 +43,7 @@ fn strategy(id: u32, spec: &[Option<usize>; 4], enabled: bool) -> Published {
             action: Action::Reject { status: None },
             enabled,
             warm_up: Default::default(),
+            priority: 0,
         },
         slot: id - 1,
         generation: 1,
@@ -97,6 +98,26 @@ fn got_and_want(
     (got, want)
 }
 
+/// Strategy `i + 1` from `specs[i]` (enabled as `enabled(i)` says): every
+/// request gets from the table what brute force gives.
+fn equal_brute_force(
+    specs: &[[Option<usize>; 4]],
+    requests: &[[Option<usize>; 4]],
+    enabled: impl Fn(usize) -> bool,
+) -> Result<(), TestCaseError> {
+    let published: Vec<Published> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| strategy(i as u32 + 1, spec, enabled(i)))
+        .collect();
+    let table = table(&published);
+    for req in requests {
+        let (got, want) = got_and_want(&table, &published, req);
+        prop_assert_eq!(got, want);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
 
@@ -106,16 +127,7 @@ proptest! {
         requests in proptest::collection::vec(proptest::array::uniform4(proptest::option::of(0usize..4)), 1..20),
         disabled in proptest::collection::vec(any::<bool>(), 60),
     ) {
-        let published: Vec<Published> = specs
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| strategy(i as u32 + 1, spec, !disabled[i]))
-            .collect();
-        let table = table(&published);
-        for req in requests {
-            let (got, want) = got_and_want(&table, &published, &req);
-            prop_assert_eq!(got, want);
-        }
+        equal_brute_force(&specs, &requests, |i| !disabled[i])?;
     }
 
     /// Many strategies over few values: long anchored lists of several
@@ -126,16 +138,7 @@ proptest! {
         specs in proptest::collection::vec(strategy_spec(5), 50..400),
         requests in proptest::collection::vec(proptest::array::uniform4(proptest::option::of(0usize..6)), 1..40),
     ) {
-        let published: Vec<Published> = specs
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| strategy(i as u32 + 1, spec, i % 17 != 3))
-            .collect();
-        let table = table(&published);
-        for req in requests {
-            let (got, want) = got_and_want(&table, &published, &req);
-            prop_assert_eq!(got, want);
-        }
+        equal_brute_force(&specs, &requests, |i| i % 17 != 3)?;
     }
 }
 

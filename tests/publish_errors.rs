@@ -53,15 +53,7 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
     for st in stores("publish_errors") {
         let label = st.label;
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("agent.token"), "agent-secret\n").unwrap();
-        let s = Serve::start_in(
-            &st.url,
-            dir.path(),
-            &[
-                "--agent-token-file",
-                dir.path().join("agent.token").to_str().unwrap(),
-            ],
-        );
+        let s = Serve::start_with_tokens(&st.url, dir.path(), &["agent"]);
         // Two entries fit each agent's file; the API cannot know that.
         let caps = ["--blacklist-entries", "2"];
         let mut via_api = [&["--token", "agent-secret"][..], &caps].concat();
@@ -82,11 +74,13 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
             &caps,
         );
         let ids = ["via-api", "via-db"];
-        let registered = wait_for(Duration::from_secs(10), || {
-            ids.iter()
-                .all(|id| host(&s, id)["applied_version"].is_u64())
-                .then_some(())
-        });
+        // Waits until every host's row passes `pred`.
+        let every_host = |pred: fn(&Value) -> bool| {
+            wait_for(Duration::from_secs(10), || {
+                ids.iter().all(|id| pred(&host(&s, id))).then_some(())
+            })
+        };
+        let registered = every_host(|h| h["applied_version"].is_u64());
         assert!(
             registered.is_some(),
             "{label}: both agents publish first:\n{}\n{}",
@@ -154,11 +148,7 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
         // Back within capacity: both publish again, and the error clears.
         let (code, e) = s.req("DELETE", &format!("/api/v1/blacklist/{}", entries[2]), None);
         assert!(code == 200 || code == 204, "{label}: {code} {e}");
-        let cleared = wait_for(Duration::from_secs(10), || {
-            ids.iter()
-                .all(|id| host(&s, id)["publish_error"].is_null())
-                .then_some(())
-        });
+        let cleared = every_host(|h| h["publish_error"].is_null());
         assert!(
             cleared.is_some(),
             "{label}: cleared after a successful publish: {} {}",

@@ -74,18 +74,7 @@ fn crud_errors_tokens_audit() {
     for st in stores("serve_api") {
         let store = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
-        std::fs::write(dir.path().join("agent.token"), "agent-secret\n").unwrap();
-        let s = Serve::start_in(
-            store,
-            dir.path(),
-            &[
-                "--read-token-file",
-                dir.path().join("read.token").to_str().unwrap(),
-                "--agent-token-file",
-                dir.path().join("agent.token").to_str().unwrap(),
-            ],
-        );
+        let s = Serve::start_with_tokens(store, dir.path(), &["read", "agent"]);
         let tf = dir.path().join("admin.token");
         // The admin token was generated, mode 0600.
         use std::os::unix::fs::PermissionsExt;
@@ -128,11 +117,7 @@ fn crud_errors_tokens_audit() {
 
         let mut put = a.clone();
         put["rate"] = json!(250);
-        let (c, p) = s.req(
-            "PUT",
-            &format!("/api/v1/strategies/{id_a}"),
-            Some(&put.to_string()),
-        );
+        let (c, p) = s.put_strategy(id_a, &put);
         assert_eq!(c, 200, "{p}");
         assert_eq!(p["rate"], 250);
         assert!(p["version"].as_u64() > a["version"].as_u64());
@@ -421,13 +406,7 @@ fn crud_errors_tokens_audit() {
             ),
         );
         assert_eq!(c, 200, "{r}");
-        let me = r["hosts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h["host_id"] == "web-1")
-            .unwrap()
-            .clone();
+        let me = serve::find(&r["hosts"], "host_id", "web-1");
         assert_eq!(
             (
                 me["weight"].as_u64(),
@@ -730,6 +709,17 @@ fn validate(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), Stri
             }
         }
     }
+    // JSON Schema's if/then/else (a field required unless another has a
+    // value: `algorithm` and `rate` unless the action is `allow`).
+    if let Some(cond) = schema.get("if") {
+        let branch = match validate(doc, cond, v, at) {
+            Ok(()) => schema.get("then"),
+            Err(_) => schema.get("else"),
+        };
+        if let Some(b) = branch {
+            validate(doc, b, v, at)?;
+        }
+    }
     if let (Some(a), Some(items)) = (v.as_array(), schema.get("items")) {
         for (i, x) in a.iter().enumerate() {
             validate(doc, items, x, &format!("{at}[{i}]"))?;
@@ -935,4 +925,114 @@ fn warm_up_fields_validate_and_round_trip() {
             "{v}"
         );
     }
+}
+
+/// Issue 14 over the API: networks are stored canonical, `allow` takes no
+/// rate fields, `priority` has a range; every refusal names its field and
+/// writes nothing.
+#[test]
+fn ranges_allow_and_priority_over_the_api() {
+    let st = &stores("serve_ranges")[0];
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let post = |body: Value| s.req("POST", "/api/v1/strategies", Some(&body.to_string()));
+    let (c, v) = post(
+        json!({"name": "clients", "match": {"ip": "::ffff:10.0.0.0/104"},
+        "algorithm": "token_bucket", "rate": 10}),
+    );
+    assert_eq!(c, 201, "{v}");
+    assert_eq!(
+        (v["match"]["ip"].clone(), v["priority"].clone()),
+        (json!("10.0.0.0/8"), json!(0))
+    );
+    let (c, v) =
+        post(json!({"name": "office", "match": {"ip": "198.51.100.0/24"}, "action": "allow"}));
+    assert_eq!(c, 201, "{v}");
+    assert_eq!(v["action"], "allow");
+    let office = v["id"].as_u64().unwrap();
+    let (c, v) = post(
+        json!({"name": "vip", "match": {"userid": "vip"}, "algorithm": "token_bucket",
+        "rate": 1000, "priority": 10}),
+    );
+    assert_eq!((c, v["priority"].clone()), (201, json!(10)), "{v}");
+    let version = s.get("/api/v1/version");
+    for (body, field, says) in [
+        (
+            json!({"name": "x", "match": {"ip": "10.0.0.1/8"}, "algorithm": "token_bucket", "rate": 1}),
+            "match.ip",
+            "the network is 10.0.0.0/8",
+        ),
+        (
+            json!({"name": "x", "match": {"ip": "10.0.0.0/40"}, "algorithm": "token_bucket", "rate": 1}),
+            "match.ip",
+            "prefix length \"40\"",
+        ),
+        (
+            json!({"name": "x", "algorithm": "token_bucket", "rate": 1, "priority": 1001}),
+            "priority",
+            "between -1000 and 1000",
+        ),
+        (
+            json!({"name": "x", "algorithm": "token_bucket", "rate": 1, "priority": "high"}),
+            "priority",
+            "whole number",
+        ),
+        (
+            json!({"name": "x", "action": "allow", "rate": 5}),
+            "rate",
+            "allow",
+        ),
+        (
+            json!({"name": "x", "action": "allow", "status": 429}),
+            "status",
+            "allow",
+        ),
+        (
+            json!({"name": "x", "action": "allow", "max_delay_ms": 5}),
+            "max_delay_ms",
+            "allow",
+        ),
+        (
+            json!({"name": "x", "algorithm": "token_bucket"}),
+            "rate",
+            "required",
+        ),
+    ] {
+        let (c, v) = post(body.clone());
+        assert_eq!(c, 422, "{body}: {v}");
+        assert_eq!(v["error"]["field"], field, "{body}: {v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(m.starts_with(field) && m.contains(says), "{body}: {m}");
+    }
+    // Dry run of an allow: nothing to rehearse.
+    let path = format!("/api/v1/strategies/{office}");
+    let body = json!({"version": s.get(&path)["version"], "dry_run": true});
+    let (c, v) = s.req("PATCH", &path, Some(&body.to_string()));
+    assert_eq!(
+        (c, v["error"]["field"].clone()),
+        (422, json!("dry_run")),
+        "{v}"
+    );
+    assert_eq!(s.get("/api/v1/version"), version, "nothing written");
+    // Blacklist networks.
+    let (c, v) = s.req(
+        "POST",
+        "/api/v1/blacklist",
+        Some(&json!({"dimension": "ip", "value": "203.0.113.0/24"}).to_string()),
+    );
+    assert_eq!(
+        (c, v["value"].clone()),
+        (201, json!("203.0.113.0/24")),
+        "{v}"
+    );
+    let (c, v) = s.req(
+        "POST",
+        "/api/v1/blacklist",
+        Some(&json!({"dimension": "ip", "value": "203.0.113.1/24"}).to_string()),
+    );
+    assert_eq!(
+        (c, v["error"]["field"].clone()),
+        (422, json!("value")),
+        "{v}"
+    );
 }

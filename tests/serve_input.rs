@@ -40,13 +40,7 @@ fn send(s: &Serve, method: &str, path: &str, ctype: Option<&str>, body: Vec<u8>)
     let mut raw = Vec::new();
     let _ = c.read_to_end(&mut raw);
     let _ = writer.join();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("an HTTP answer");
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let rest = &raw[split + 4..];
+    let (status, head, rest) = serve::parse_answer(&raw);
     let v = if rest.is_empty() {
         Value::Null
     } else {
@@ -215,13 +209,7 @@ fn strict_input() {
 
     // DELETE with the version seen: 409 when someone changed it since.
     let listed = s.get("/api/v1/strategies");
-    let a = listed["strategies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["name"] == "a")
-        .unwrap()
-        .clone();
+    let a = serve::find(&listed["strategies"], "name", "a");
     let (id, seen) = (a["id"].as_u64().unwrap(), a["version"].as_u64().unwrap());
     let (st, v) = send(
         &s,

@@ -98,18 +98,7 @@ fn dashboard_metrics() -> BTreeSet<String> {
 fn metrics_from_reports_and_the_dashboard_names_real_series() {
     for st in stores("serve_metrics") {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("read.token"), "read-secret\n").unwrap();
-        std::fs::write(dir.path().join("agent.token"), "agent-secret\n").unwrap();
-        let s = Serve::start_in(
-            &st.url,
-            dir.path(),
-            &[
-                "--read-token-file",
-                dir.path().join("read.token").to_str().unwrap(),
-                "--agent-token-file",
-                dir.path().join("agent.token").to_str().unwrap(),
-            ],
-        );
+        let s = Serve::start_with_tokens(&st.url, dir.path(), &["read", "agent"]);
         let (c, a) = s.req(
             "POST",
             "/api/v1/strategies",
@@ -169,22 +158,15 @@ fn metrics_from_reports_and_the_dashboard_names_real_series() {
                 .unwrap_or_else(|| panic!("[{}] no series {k}; have {m:?}", st.label))
         };
         let lab = |h: &str| format!("{{strategy=\"{id}\",name=\"pay \\\"eu\\\"\",host=\"{h}\"}}");
-        assert_eq!(
-            get(&format!("rate_ctl_fleet_passed_total{}", lab("web-1"))),
-            25.0
-        );
-        assert_eq!(
-            get(&format!("rate_ctl_fleet_limited_total{}", lab("web-1"))),
-            7.0
-        );
-        assert_eq!(
-            get(&format!("rate_ctl_fleet_passed_total{}", lab("web-2"))),
-            5.0
-        );
-        assert_eq!(
-            get(&format!("rate_ctl_fleet_delayed_total{}", lab("web-2"))),
-            4.0
-        );
+        for (counter, h, want) in [
+            ("passed", "web-1", 25.0),
+            ("limited", "web-1", 7.0),
+            ("passed", "web-2", 5.0),
+            ("delayed", "web-2", 4.0),
+        ] {
+            let series = format!("rate_ctl_fleet_{counter}_total{}", lab(h));
+            assert_eq!(get(&series), want, "{series}");
+        }
         let now_version = s.get("/api/v1/version")["version"].as_u64().unwrap();
         assert!(now_version > version, "{now_version} after {version}");
         assert_eq!(get("rate_ctl_store_config_version"), now_version as f64);

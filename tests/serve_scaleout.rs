@@ -52,20 +52,12 @@ fn two_instances_two_agents_on(st: &cli::TestStore) {
 
     // host-1 weight 1 via instance A, host-2 weight 3 via instance B.
     let (shm1, shm2) = (dir.path().join("h1.shm"), dir.path().join("h2.shm"));
-    let mut ag1 = AgentProc::start(
-        &a.url(),
-        &shm1,
-        "host-1",
-        &dir.path().join("a1.log"),
-        &["--token", &a.token, "--weight", "1"],
-    );
-    let mut ag2 = AgentProc::start(
-        &b.url(),
-        &shm2,
-        "host-2",
-        &dir.path().join("a2.log"),
-        &["--token", &b.token, "--weight", "3"],
-    );
+    let agent = |via: &Serve, shm: &std::path::Path, host: &str, log: &str, weight: &str| {
+        let args = ["--token", via.token.as_str(), "--weight", weight];
+        AgentProc::start(&via.url(), shm, host, &dir.path().join(log), &args)
+    };
+    let mut ag1 = agent(&a, &shm1, "host-1", "a1.log", "1");
+    let mut ag2 = agent(&b, &shm2, "host-2", "a2.log", "3");
     let (mut r1, mut r2) = (Reader::open(&shm1), Reader::open(&shm2));
 
     // A cluster strategy of 400/s: local rates 100 and 300 once both are fresh.
@@ -102,11 +94,7 @@ fn two_instances_two_agents_on(st: &cli::TestStore) {
         std::thread::sleep(Duration::from_millis(37 * (i % 5)));
         let mut put = cur.clone();
         put["rate"] = json!(800 + i * 4);
-        let (c, v) = via.req(
-            "PUT",
-            &format!("/api/v1/strategies/{id}"),
-            Some(&put.to_string()),
-        );
+        let (c, v) = via.put_strategy(id, &put);
         let committed = Instant::now();
         assert_eq!(c, 200, "{v}");
         let ver = v["version"].as_u64().unwrap();
@@ -163,11 +151,7 @@ fn two_instances_two_agents_on(st: &cli::TestStore) {
     std::thread::sleep(Duration::from_millis(1500));
     let mut put = cur.clone();
     put["rate"] = json!(999);
-    let (c, v) = a.req(
-        "PUT",
-        &format!("/api/v1/strategies/{id}"),
-        Some(&put.to_string()),
-    );
+    let (c, v) = a.put_strategy(id, &put);
     let committed = Instant::now();
     assert_eq!(c, 200, "{v}");
     let ((code, snap), answered) = waiter.join().unwrap();

@@ -1,4 +1,4 @@
-//! Writer → file → engine, in one process: publishing, slot stability,
+//! Writer → file → reader, in one process: publishing, slot stability,
 //! capacity errors, refusal of corrupt or hostile files, fail-open states.
 
 #[path = "support/shm.rs"]
@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::engine::{Engine, LogLevel, RECHECK_NS};
-use rate_ctl::core::model::{Action, Algorithm, Unit};
+use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit, ValidStrategy};
+use rate_ctl::core::reader::{Reader, Severity, RECHECK_NS};
 use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
-use rate_ctl::core::table::{Outcome, Request, Table};
+use rate_ctl::core::table::{Request, RequestOutcome, Table};
 use rate_ctl::core::writer::{Opened, Writer};
-use shm::{fresh_writer, small_caps, strategy};
+use shm::{adopt, api_bucket, fresh_writer, small_caps, strategy};
 
 fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
     Request {
@@ -43,11 +43,18 @@ fn values<'a>(t: &Table, pairs: &[(&str, &'a str)]) -> Vec<Option<&'a [u8]>> {
         .collect()
 }
 
+/// What the agent hands the writer: validated strategies.
+fn valid(list: &[Strategy]) -> Vec<ValidStrategy> {
+    list.iter()
+        .map(|s| s.clone().into_valid().unwrap())
+        .collect()
+}
+
 fn passes(d: &rate_ctl::core::table::TableDecision) -> bool {
     match &d.outcome {
-        Outcome::NoMatch => true,
-        Outcome::Blacklisted { .. } => false,
-        Outcome::Limited(x) => !matches!(x.verdict, Verdict::Reject { .. }),
+        RequestOutcome::NoMatch | RequestOutcome::Allowed { .. } => true,
+        RequestOutcome::Blacklisted { .. } => false,
+        RequestOutcome::Limited(x) => !matches!(x.verdict, Verdict::Reject { .. }),
     }
 }
 
@@ -64,9 +71,9 @@ fn publish_then_enforce_a_combination() {
     );
     let r = w.publish(&[s], &[], 11).unwrap();
     assert_eq!((r.seq, r.strategies, r.new_slots), (1, 1, 1));
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     let change = e.refresh(1).expect("state change reported");
-    assert_eq!(change.level, LogLevel::Notice);
+    assert_eq!(change.level, Severity::Notice);
     assert!(
         change.message.contains("enforcing 1 strategies"),
         "{}",
@@ -101,7 +108,7 @@ fn publish_then_enforce_a_combination() {
             &[("ip", "127.0.0.2"), ("userid", "u1024"), ("api", "/pay")],
         ),
     ] {
-        assert_eq!(t.decide(&req(&other, 5)).outcome, Outcome::NoMatch);
+        assert_eq!(t.decide(&req(&other, 5)).outcome, RequestOutcome::NoMatch);
     }
     let slot = Slot::at(&t.mapping().unwrap().slots(), t.strategies()[0].slot).unwrap();
     assert_eq!(slot.counters().passed, 3);
@@ -114,7 +121,7 @@ fn slots_are_stable_across_publishes_and_reset_when_reassigned() {
     let a = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
     let b = strategy(2, &[("api", "/b")], Algorithm::FixedWindow, 5, Unit::Hour);
     w.publish(&[a.clone(), b.clone()], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t1 = e.table().unwrap().clone();
     let va = values(&t1, &[("api", "/a")]);
@@ -157,17 +164,17 @@ fn restart_adopts_the_file_and_keeps_counters() {
     let path = dir.path().join("rc");
     let s = strategy(7, &[("api", "/x")], Algorithm::FixedWindow, 100, Unit::Hour);
     {
-        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        let mut w = adopt(&path);
         w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
     }
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     let v = values(&t, &[("api", "/x")]);
     for _ in 0..10 {
         t.decide(&req(&v, 5));
     }
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let mut w = adopt(&path);
     assert!(matches!(w.opened(), Opened::Adopted { strategies: 1, .. }));
     let r = w.publish(&[s], &[], 2).unwrap();
     assert_eq!(r.new_slots, 0, "unchanged strategy keeps its slot");
@@ -185,16 +192,7 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
     caps.max_strategies = 6;
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
     let make = |ids: std::ops::RangeInclusive<u32>| -> Vec<_> {
-        ids.map(|i| {
-            strategy(
-                i,
-                &[("api", "/a")],
-                Algorithm::TokenBucket,
-                10,
-                Unit::Second,
-            )
-        })
-        .collect()
+        ids.map(|i| api_bucket(i, "/a")).collect()
     };
     w.publish(&make(1..=4), &[], 1).unwrap();
     // Six new strategies for the four: 2 slots free now, 4 held until freed.
@@ -206,12 +204,12 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         "capacity: this table needs 6 new stat slots; 2 are free now and 4 more become free \
          within 2 s (the slots of removed strategies wait before reuse; max strategies 6)"
     );
-    let first = w.publish_staged(&six, &[], 2).unwrap();
+    let first = w.publish_staged(&valid(&six), &[], 2).unwrap();
     assert_eq!(
         (first.strategies, first.deferred, first.freed_slots),
         (2, 4, 4)
     );
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let ids: Vec<u32> = e
         .table()
@@ -222,9 +220,9 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         .collect();
     assert_eq!(ids, [11, 12], "the first stage: what fits now");
     // Within the quarantine: nothing more yet.
-    assert_eq!(w.publish_staged(&six, &[], 2).unwrap().deferred, 4);
+    assert_eq!(w.publish_staged(&valid(&six), &[], 2).unwrap().deferred, 4);
     std::thread::sleep(std::time::Duration::from_millis(2_100));
-    let done = w.publish_staged(&six, &[], 2).unwrap();
+    let done = w.publish_staged(&valid(&six), &[], 2).unwrap();
     assert_eq!((done.strategies, done.deferred), (6, 0));
 }
 
@@ -235,30 +233,14 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
     let mut caps = small_caps();
     caps.max_strategies = 4;
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
-    let one = strategy(
-        1,
-        &[("api", "/a")],
-        Algorithm::TokenBucket,
-        10,
-        Unit::Second,
-    );
+    let one = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&one), &[], 1).unwrap();
-    let five: Vec<_> = (1..=5)
-        .map(|i| {
-            strategy(
-                i,
-                &[("api", "/a")],
-                Algorithm::TokenBucket,
-                10,
-                Unit::Second,
-            )
-        })
-        .collect();
+    let five: Vec<_> = (1..=5).map(|i| api_bucket(i, "/a")).collect();
     let err = w.publish(&five, &[], 2).unwrap_err();
     assert!(matches!(err, ShmError::Capacity { .. }), "{err}");
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     // publish_staged does not split a table over the capacity.
-    let err = w.publish_staged(&five, &[], 2).unwrap_err();
+    let err = w.publish_staged(&valid(&five), &[], 2).unwrap_err();
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     let mut bad = one.clone();
     bad.rate = 0;
@@ -266,7 +248,7 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
     assert!(err.to_string().starts_with("strategy 1: rate"), "{err}");
     let err = w.publish(&[one.clone(), one.clone()], &[], 3).unwrap_err();
     assert!(matches!(err, ShmError::DuplicateId(1)));
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     assert_eq!(e.table().unwrap().config_version(), 1);
     assert_eq!(w.seq(), 1);
@@ -293,7 +275,7 @@ fn blacklist_through_the_table() {
         },
     ];
     w.publish(&[], &bl, 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     assert_eq!(t.dimensions(), ["userid"]);
@@ -311,25 +293,25 @@ fn blacklist_through_the_table() {
     };
     assert!(matches!(
         check("10.1.2.3", None, 10),
-        Outcome::Blacklisted {
+        RequestOutcome::Blacklisted {
             dimension_index: None
         }
     ));
     assert!(matches!(
         check("2001:db8::1", None, 10),
-        Outcome::Blacklisted { .. }
+        RequestOutcome::Blacklisted { .. }
     ));
-    assert_eq!(check("10.1.2.4", None, 10), Outcome::NoMatch);
-    assert_eq!(check("2001:db8::2", None, 10), Outcome::NoMatch);
+    assert_eq!(check("10.1.2.4", None, 10), RequestOutcome::NoMatch);
+    assert_eq!(check("2001:db8::2", None, 10), RequestOutcome::NoMatch);
     assert!(matches!(
         check("10.0.0.1", Some("evil"), 10),
-        Outcome::Blacklisted {
+        RequestOutcome::Blacklisted {
             dimension_index: Some(0)
         }
     ));
     assert_eq!(
         check("10.0.0.1", Some("evil"), 2_000),
-        Outcome::NoMatch,
+        RequestOutcome::NoMatch,
         "expired"
     );
 }
@@ -376,23 +358,17 @@ fn created_file_has_the_requested_mode() {
 fn fail_open_states_are_logged_once_and_recover() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     let c = e.refresh(0).expect("missing file reported");
-    assert_eq!(c.level, LogLevel::Error);
+    assert_eq!(c.level, Severity::Error);
     assert!(e.table().is_none());
     assert!(
         e.refresh(RECHECK_NS).is_none(),
         "one line per state, not per check"
     );
     // The agent creates the file: enforcement resumes within a second.
-    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
-    let s = strategy(
-        1,
-        &[("api", "/a")],
-        Algorithm::TokenBucket,
-        10,
-        Unit::Second,
-    );
+    let mut w = adopt(&path);
+    let s = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&s), &[], 5).unwrap();
     assert!(
         e.refresh(RECHECK_NS + 1).is_none(),
@@ -415,7 +391,7 @@ fn fail_open_states_are_logged_once_and_recover() {
         .unwrap()
         .store(2, Ordering::Release);
     let c = e.refresh(2 * RECHECK_NS + 1).expect("refusal reported");
-    assert_eq!(c.level, LogLevel::Error);
+    assert_eq!(c.level, Severity::Error);
     assert!(
         c.message.contains("keeping the previous table"),
         "{}",
@@ -426,7 +402,7 @@ fn fail_open_states_are_logged_once_and_recover() {
 
     // The agent recreates the file (new inode): picked up within a second.
     std::fs::remove_file(&path).unwrap();
-    let mut w2 = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let mut w2 = adopt(&path);
     w2.publish(&[s], &[], 9).unwrap();
     e.refresh(4 * RECHECK_NS);
     assert_eq!(e.table().unwrap().config_version(), 9);
@@ -452,7 +428,7 @@ fn delay_action_reports_the_wait() {
     );
     s.action = Action::Delay { max_delay_ms: 250 };
     w.publish(&[s], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     let v = values(&t, &[("api", "/slow")]);
@@ -460,7 +436,7 @@ fn delay_action_reports_the_wait() {
     let mut waits = vec![];
     for _ in 0..5 {
         match t.decide(&req(&v, t0)).outcome {
-            Outcome::Limited(d) => waits.push(d.verdict),
+            RequestOutcome::Limited(d) => waits.push(d.verdict),
             o => panic!("{o:?}"),
         }
     }
@@ -497,13 +473,13 @@ fn adoption_frees_slots_no_published_strategy_owns() {
     let path = dir.path().join("rc");
     let s = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
     {
-        let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+        let mut w = adopt(&path);
         w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
         // A writer killed after marking slots 5 and 6 but before publishing.
         let bm = w.mapping().bitmap();
         bm.store(0, bm.load(0) | 0b110_0000);
     }
-    let w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let w = adopt(&path);
     let bm = w.mapping().bitmap();
     let word = bm.load(0);
     assert_eq!(word & 0b110_0000, 0, "leaked slots freed on adoption");
@@ -538,7 +514,7 @@ fn concurrency_units_are_released_in_dry_run_too() {
     );
     dry.action = Action::DryRun;
     w.publish(&[c, dry], &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
     for (api, location_dry_run) in [("/slow", true), ("/dry", false), ("/slow", false)] {
@@ -605,7 +581,7 @@ fn a_large_table_is_built_off_the_request_path_and_installed_when_ready() {
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
     let small = strategy(1, &[("api", "/pay")], Algorithm::FixedWindow, 1, Unit::Hour);
     w.publish(std::slice::from_ref(&small), &[], 1).unwrap();
-    let mut e = Engine::new(&path);
+    let mut e = Reader::new(&path);
     e.set_background(true);
     e.refresh(1);
     assert_eq!(
@@ -650,4 +626,40 @@ fn a_large_table_is_built_off_the_request_path_and_installed_when_ready() {
     w.publish(std::slice::from_ref(&small), &[], 3).unwrap();
     e.refresh(now + 1);
     assert_eq!(e.table().unwrap().config_version(), 3);
+}
+
+/// An nginx module of one layout version and a file of another (after an
+/// upgrade of only one side): the worker fails open with one line naming
+/// both versions, never misreads records laid out otherwise; the agent
+/// replaces the file and enforcement resumes. Here the file is made to
+/// claim the previous version (2, before priorities).
+#[test]
+fn a_file_of_another_layout_version_fails_open_and_the_agent_replaces_it() {
+    use rate_ctl::core::shm::{H_VERSION_INIT, LAYOUT_VERSION};
+    use std::os::unix::fs::FileExt;
+    let (_dir, path, mut w) = fresh_writer();
+    let s = strategy(1, &[("api", "/pay")], Algorithm::FixedWindow, 1, Unit::Hour);
+    w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+    drop(w);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_at(&(LAYOUT_VERSION - 1).to_le_bytes(), H_VERSION_INIT as u64)
+        .unwrap();
+    let mut e = Reader::new(&path);
+    let c = e.refresh(1).expect("refusal reported");
+    assert_eq!(c.level, Severity::Error);
+    let want = format!(
+        "layout version {}, this build reads {LAYOUT_VERSION}",
+        LAYOUT_VERSION - 1
+    );
+    assert!(c.message.contains(&want), "{}", c.message);
+    assert!(e.table().is_none(), "fails open");
+    let mut w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    assert!(
+        matches!(w.opened(), Opened::Recreated { reason } if reason.contains(&want)),
+        "{:?}",
+        w.opened()
+    );
+    w.publish(&[s], &[], 2).unwrap();
+    e.refresh(RECHECK_NS + 1);
+    assert_eq!(e.table().map(|t| t.config_version()), Some(2));
 }

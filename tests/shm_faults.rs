@@ -15,13 +15,31 @@ use std::process::Command;
 use std::time::Duration;
 
 use agent::{wait_for, AgentProc, Reader};
-use cli::{ok, sqlite_store, version};
+use cli::{ok, sqlite_store, version, TestStore};
 
 const NOBODY: u32 = 65534;
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// As root: a store holding one strategy, for a test that runs processes
+/// as `nobody` (setpriv). Otherwise `None`, having said the test is skipped.
+fn store_for_setpriv(test: &str) -> Option<TestStore> {
+    root_or_skip(test, "for setpriv").then(|| {
+        let s = sqlite_store();
+        add(&s.url, "one");
+        s
+    })
+}
+
+/// `true` as root; otherwise says loudly that `test` is skipped and why.
+fn root_or_skip(test: &str, why: &str) -> bool {
+    if !is_root() {
+        eprintln!("SKIPPED {test}: needs root {why}");
+    }
+    is_root()
 }
 
 fn add(s: &str, name: &str) {
@@ -94,8 +112,10 @@ fn a_second_agent_on_the_same_file_is_refused_naming_the_holder() {
 
 #[test]
 fn a_full_tmpfs_is_an_error_line_not_a_crash() {
-    if !is_root() {
-        eprintln!("SKIPPED a_full_tmpfs_is_an_error_line_not_a_crash: needs root to mount a tmpfs");
+    if !root_or_skip(
+        "a_full_tmpfs_is_an_error_line_not_a_crash",
+        "to mount a tmpfs",
+    ) {
         return;
     }
     let s = sqlite_store();
@@ -120,13 +140,7 @@ fn a_full_tmpfs_is_an_error_line_not_a_crash() {
     // Twice: a restart meets the same full file system (no crash loop).
     for round in 0..2 {
         let mut a = AgentProc::start(&s.url, &shm, "h", &log, &[]);
-        let status = wait_for(Duration::from_secs(10), || a.child.try_wait().unwrap());
-        let text = a.log_text();
-        let st = status.unwrap_or_else(|| panic!("round {round}: agent did not exit\n{text}"));
-        assert!(
-            st.code().is_some_and(|c| c != 0),
-            "round {round}: exits with an error, not a signal: {st:?}\n{text}"
-        );
+        let text = a.exits_with_error(&format!("round {round}"));
         assert!(
             text.contains("No space left on device"),
             "round {round}: the error names the cause: {text}"
@@ -141,12 +155,9 @@ fn a_full_tmpfs_is_an_error_line_not_a_crash() {
 
 #[test]
 fn a_file_planted_by_another_user_is_not_adopted() {
-    if !is_root() {
-        eprintln!("SKIPPED a_file_planted_by_another_user_is_not_adopted: needs root for setpriv");
+    let Some(s) = store_for_setpriv("a_file_planted_by_another_user_is_not_adopted") else {
         return;
-    }
-    let s = sqlite_store();
-    add(&s.url, "one");
+    };
     let dir = sticky_dir();
     let shm = dir.path().join("rc.shm");
     // A valid rate_ctl file, made by `nobody` at the agent's path.
@@ -298,12 +309,11 @@ fn a_file_truncated_under_the_agent_is_replaced_and_republished() {
 
 #[test]
 fn a_symlink_planted_at_the_path_never_changes_the_file_it_points_to() {
-    if !is_root() {
-        eprintln!("SKIPPED a_symlink_planted_at_the_path_never_changes_the_file_it_points_to: needs root for setpriv");
+    let Some(s) =
+        store_for_setpriv("a_symlink_planted_at_the_path_never_changes_the_file_it_points_to")
+    else {
         return;
-    }
-    let s = sqlite_store();
-    add(&s.url, "one");
+    };
     // A root-only file elsewhere, and `nobody` pointing the agent's path at it.
     let private = tempfile::tempdir().unwrap();
     let secret = private.path().join("secret");

@@ -7,7 +7,7 @@ mod cli;
 
 use std::time::Instant;
 
-use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, version};
+use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, the_one, version, PAY_MATCHES};
 use serde_json::Value;
 
 /// `rate-ctl KIND list --store STORE --json`, one value per row.
@@ -27,18 +27,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
             "pay-u1024",
             "token_bucket",
             "100",
-            &[
-                "--match",
-                "ip=::ffff:1.2.3.4",
-                "--match",
-                "userid=u1024",
-                "--match",
-                "api=/pay",
-                "--per",
-                "second",
-                "--burst",
-                "20",
-            ],
+            &[&PAY_MATCHES[..], &["--per", "second", "--burst", "20"]].concat(),
         )
         .trim()
         .parse()
@@ -48,8 +37,7 @@ fn strategy_lifecycle_bumps_the_version_on_every_change() {
         assert!(v1 > v0, "{}: add bumps the version", st.label);
 
         let list = rows("strategy", s);
-        assert_eq!(list.len(), 1);
-        let r = &list[0];
+        let r = the_one(&list);
         assert_eq!(r["id"], id);
         assert_eq!(r["match"]["ip"], "1.2.3.4", "ip stored canonical");
         assert_eq!(r["match"]["userid"], "u1024");
@@ -189,6 +177,19 @@ fn bad_arguments_name_the_argument_and_write_nothing() {
             (wu("--warm-up 2h"), "--warm-up"),
             (wu("--warm-up 30s --cold-factor 11"), "--cold-factor"),
             (tb("--warm-up 30s"), "--warm-up"),
+            // Issue 14: networks, priorities, allow.
+            (tb("--match ip=10.0.0.1/8"), "--match"),
+            (tb("--match ip=10.0.0.0/33"), "--match"),
+            (tb("--priority 1001"), "--priority"),
+            (tb("--priority -1001"), "--priority"),
+            ("--name a --action allow --rate 5".into(), "--rate"),
+            (
+                "--name a --action allow --algorithm fixed_window".into(),
+                "--algorithm",
+            ),
+            ("--name a --action allow --status 429".into(), "--status"),
+            ("--name a --algorithm token_bucket".into(), "--rate"),
+            ("--name a --rate 5".into(), "--algorithm"),
         ];
         for (line, flag) in &cases {
             let args: Vec<&str> = line
@@ -207,16 +208,7 @@ fn bad_arguments_name_the_argument_and_write_nothing() {
             );
             assert!(o.stdout.is_empty(), "no id printed for {args:?}");
         }
-        let o = rate_ctl(&[
-            "blacklist",
-            "add",
-            "--store",
-            s,
-            "--dimension",
-            "ip",
-            "--value",
-            "999.1.1.1",
-        ]);
+        let o = rate_ctl(&blacklist_add(s, "ip", "999.1.1.1", &[]));
         assert!(!o.status.success());
         assert!(String::from_utf8_lossy(&o.stderr).contains("--value"));
         let o = rate_ctl(&["host", "set-weight", "--store", s, "h", "0"]);
@@ -331,39 +323,46 @@ fn export_import_round_trip_is_all_or_nothing_and_fast() {
             "--replace",
         ]);
         let all = rows("strategy", s);
-        assert_eq!(all.len(), 1);
-        assert_eq!(all[0]["name"], "only");
+        assert_eq!(the_one(&all)["name"], "only");
     }
+}
+
+/// `strategy update ID --store STORE` and `extra`; must succeed.
+fn update_strategy(store: &str, id: &str, extra: &[&str]) -> String {
+    ok(&[&["strategy", "update", id, "--store", store][..], extra].concat())
+}
+
+/// `blacklist add --store STORE --dimension DIM --value VALUE` and `extra`.
+fn blacklist_add<'a>(
+    store: &'a str,
+    dim: &'a str,
+    value: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let args = [
+        "blacklist",
+        "add",
+        "--store",
+        store,
+        "--dimension",
+        dim,
+        "--value",
+        value,
+    ];
+    [&args[..], extra].concat()
 }
 
 #[test]
 fn blacklist_and_hosts() {
     for st in stores("blacklist_and_hosts") {
         let s = st.url.as_str();
-        let id = ok(&[
-            "blacklist",
-            "add",
-            "--store",
+        let id = ok(&blacklist_add(
             s,
-            "--dimension",
             "ip",
-            "--value",
             "::ffff:10.0.0.1",
-            "--expires",
-            "1h",
-            "--reason",
-            "scraper",
-        ]);
-        ok(&[
-            "blacklist",
-            "add",
-            "--store",
-            s,
-            "--dimension",
-            "userid",
-            "--value",
-            "u666",
-        ]);
+            &["--expires", "1h", "--reason", "scraper"],
+        ));
+        ok(&blacklist_add(s, "userid", "u666", &[]));
         let list = rows("blacklist", s);
         assert_eq!(list.len(), 2);
         assert_eq!(list[0]["value"], "10.0.0.1");
@@ -383,8 +382,7 @@ fn blacklist_and_hosts() {
         );
         ok(&["host", "set-weight", "--store", s, "edge-1", "2"]);
         let hosts = rows("host", s);
-        assert_eq!(hosts.len(), 1);
-        assert_eq!(hosts[0]["host_id"], "edge-1");
+        assert_eq!(the_one(&hosts)["host_id"], "edge-1");
         assert_eq!(hosts[0]["weight"], 2);
         assert_eq!(hosts[0]["fresh"], false, "never heartbeated");
     }
@@ -433,8 +431,7 @@ fn rows_broken_in_the_database_are_reported_not_fatal() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("rate: must be greater than 0"), "{err}");
         let list = json_lines(&String::from_utf8_lossy(&o.stdout));
-        assert_eq!(list.len(), 1);
-        assert_eq!(list[0]["name"], "good");
+        assert_eq!(the_one(&list)["name"], "good");
     }
 }
 
@@ -538,15 +535,7 @@ fn warm_up_from_the_cli_round_trips_through_export_and_import() {
         assert_eq!(r["warm_up_ms"], 30_000);
         assert_eq!(r["cold_factor"], 3);
         let id = r["id"].to_string();
-        ok(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
-            s,
-            "--cold-factor",
-            "5",
-        ]);
+        update_strategy(s, &id, &["--cold-factor", "5"]);
         assert_eq!(rows("strategy", s)[0]["cold_factor"], 5);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("export.jsonl");
@@ -563,19 +552,137 @@ fn warm_up_from_the_cli_round_trips_through_export_and_import() {
         );
         // Switching to another algorithm drops the warm-up fields.
         let id = r["id"].to_string();
-        ok(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
-            s,
-            "--algorithm",
-            "leaky_bucket",
-        ]);
+        update_strategy(s, &id, &["--algorithm", "leaky_bucket"]);
         let r = &rows("strategy", s)[0];
         assert!(
             r.get("warm_up_ms").is_none() && r.get("cold_factor").is_none(),
             "{r}"
+        );
+    }
+}
+
+#[test]
+fn ranges_allow_and_priority_from_the_cli() {
+    for st in stores("ranges_cli") {
+        let s = st.url.as_str();
+        let add = |args: &[&str]| {
+            let mut full = vec!["strategy", "add", "--store", s];
+            full.extend_from_slice(args);
+            ok(&full)
+        };
+        add(&[
+            "--name",
+            "clients",
+            "--match",
+            "ip=::ffff:10.0.0.0/104",
+            "--algorithm",
+            "token_bucket",
+            "--rate",
+            "10",
+        ]);
+        add(&[
+            "--name",
+            "office",
+            "--match",
+            "ip=198.51.100.0/24",
+            "--action",
+            "allow",
+        ]);
+        add(&[
+            "--name",
+            "vip",
+            "--match",
+            "userid=vip",
+            "--algorithm",
+            "token_bucket",
+            "--rate",
+            "1000",
+            "--priority",
+            "10",
+        ]);
+        let list = rows("strategy", s);
+        let by = |n: &str| list.iter().find(|r| r["name"] == n).unwrap().clone();
+        assert_eq!(
+            by("clients")["match"]["ip"],
+            "10.0.0.0/8",
+            "{}: canonical network",
+            st.label
+        );
+        assert_eq!(by("clients")["priority"], 0);
+        assert_eq!(by("office")["action"], "allow");
+        assert_eq!(by("office")["match"]["ip"], "198.51.100.0/24");
+        assert_eq!(by("vip")["priority"], 10);
+        // The text listing says allow, and the priority.
+        let text = ok(&["strategy", "list", "--store", s]);
+        assert!(
+            text.lines()
+                .any(|l| l.contains("office") && l.contains("allow")),
+            "{text}"
+        );
+        assert!(text.lines().next().unwrap().contains(" PRIO "), "{text}");
+        let vip_line = text.lines().find(|l| l.contains("vip")).unwrap();
+        assert!(vip_line.contains(" 10 userid=vip"), "{text}");
+        // update --priority; a bad prefix names the value's network.
+        let id = by("vip")["id"].to_string();
+        ok(&["strategy", "update", &id, "--store", s, "--priority", "-5"]);
+        assert_eq!(
+            rows("strategy", s)
+                .iter()
+                .find(|r| r["name"] == "vip")
+                .unwrap()["priority"],
+            -5
+        );
+        // `rate-ctl CMD --store S`, CMD split on spaces.
+        let run = |cmd: &str| {
+            let mut args: Vec<&str> = cmd.split(' ').collect();
+            args.extend(["--store", s]);
+            rate_ctl(&args)
+        };
+        // A refusal names the flag and the network the value would be.
+        let refused = |cmd: &str, flag: &str, network: &str| {
+            let o = run(cmd);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{cmd}");
+            assert!(err.contains(flag) && err.contains(network), "{err}");
+        };
+        refused(
+            &format!("strategy update {id} --match ip=10.0.0.1/8"),
+            "--match",
+            "10.0.0.0/8",
+        );
+        // Export / import keeps priority and allow.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("export.jsonl");
+        let file = file.to_str().unwrap();
+        ok(&["strategy", "export", "--store", s, file]);
+        let exported = std::fs::read_to_string(file).unwrap();
+        assert!(
+            exported.contains("\"priority\":-5") && exported.contains("\"action\":\"allow\""),
+            "{exported}"
+        );
+        // Versions and times move on import; compare what the operator wrote.
+        let written = |rows: Vec<Value>| -> Vec<Value> {
+            rows.into_iter()
+                .map(|mut r| {
+                    for k in ["version", "created_ms", "updated_ms"] {
+                        r.as_object_mut().unwrap().remove(k);
+                    }
+                    r
+                })
+                .collect()
+        };
+        let before = written(rows("strategy", s));
+        ok(&["strategy", "import", "--store", s, "--replace", file]);
+        assert_eq!(written(rows("strategy", s)), before, "{}", st.label);
+        // Blacklist networks.
+        let o = run("blacklist add --dimension ip --value 203.0.113.0/24 --expires 1h");
+        assert!(o.status.success(), "{o:?}");
+        let bl = rows("blacklist", s);
+        assert_eq!(bl[0]["value"], "203.0.113.0/24");
+        refused(
+            "blacklist add --dimension ip --value 203.0.113.9/24",
+            "--value",
+            "203.0.113.0/24",
         );
     }
 }

@@ -237,6 +237,7 @@ function fmtAxis(v) {
 }
 
 function describeLimit(s) {
+  if (s.action === 'allow') return 'unlimited';
   if (s.algorithm === 'concurrency') return `${s.rate} in flight`;
   let t = `${s.rate} / ${s.per}`;
   if (s.algorithm === 'token_bucket' && s.burst > 1) t += `, burst ${s.burst}`;
@@ -245,6 +246,7 @@ function describeLimit(s) {
 }
 
 function describeAction(s) {
+  if (s.action === 'allow') return 'allow (never limited)';
   if (s.action === 'dry_run') return 'dry run (count only)';
   if (s.action === 'delay') return `delay${s.max_delay_ms ? ' ≤ ' + s.max_delay_ms + ' ms' : ''}`;
   return `reject ${s.status || 503}`;
@@ -348,15 +350,17 @@ function strategyRow(s) {
     // A long name is cut with an ellipsis (the whole name on hover), so the
     // other columns stay on screen.
     el('td', { class: 'name-cell' }, el('strong', { class: 'name', title: s.name }, s.name),
-      el('div', { class: 'muted small' }, `#${s.id} · ${s.algorithm}`)),
+      el('div', { class: 'muted small' }, `#${s.id} · ${s.action === 'allow' ? 'allow' : s.algorithm}`
+        + (s.priority ? ` · priority ${s.priority}` : ''))),
     el('td', {}, matchChips(s)),
     el('td', {}, describeLimit(s)),
     el('td', {}, describeAction(s),
       dry ? el('div', { class: 'muted small' }, `afterwards: ${describeEnforcing(s)}`) : null),
     el('td', {}, s.scope),
     el('td', {}, toggle(`Enabled: ${s.name}`, !!s.enabled, (on, input) => patchStrategy(s, { enabled: on }, input))),
-    el('td', {}, toggle(`Dry run: ${s.name}`, dry, (on, input) => patchStrategy(s, { dry_run: on }, input),
-      'Dry run: count what would be limited but let every request pass. Turning it off restores the action it had before.')),
+    el('td', {}, s.action === 'allow' ? el('span', { class: 'muted' }, '—')
+      : toggle(`Dry run: ${s.name}`, dry, (on, input) => patchStrategy(s, { dry_run: on }, input),
+        'Dry run: count what would be limited but let every request pass. Turning it off restores the action it had before.')),
     el('td', {}, el('button', { type: 'button', class: 'spark-btn', title: 'Show live chart',
       'aria-label': `Show live chart of ${s.name}`, onclick: () => openChart(s.id) }, spark)),
     el('td', { class: 'actions' },
@@ -424,7 +428,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'scope', 'action', 'status', 'max_delay_ms', 'enabled', 'match'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'scope', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match'];
 
 function conditionRow(dim = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -470,6 +474,9 @@ function updateFormHints() {
   $('#s-warm-up-fields').hidden = alg !== 'warm_up';
   $('#s-per').disabled = alg === 'concurrency';
   const action = $('#s-action').value;
+  // An allow limits nothing: no rate fields.
+  for (const id of ['#s-algorithm', '#s-rate', '#s-per', '#s-burst']) $(id).closest('.field').hidden = action === 'allow';
+  if (action === 'allow') $('#s-warm-up-fields').hidden = true;
   $('#s-status-field').hidden = action !== 'reject';
   $('#s-delay-field').hidden = action !== 'delay';
   $('#s-action-hint').textContent = action === 'dry_run'
@@ -501,6 +508,7 @@ function fillForm(s) {
   $('#s-action').value = s ? s.action : 'reject';
   $('#s-status').value = s && s.status ? s.status : '';
   $('#s-max-delay').value = s && s.max_delay_ms ? s.max_delay_ms : '';
+  $('#s-priority').value = s ? s.priority || 0 : 0;
   $('#s-enabled').checked = s ? !!s.enabled : true;
   updateFormHints();
 }
@@ -571,6 +579,11 @@ function readForm() {
   // Saving is a full replace: keep what the strategy enforces again when
   // dry run ends, as the dry-run toggle does.
   if (body.action === 'dry_run') Object.assign(body, keptAfterDryRun(body.algorithm));
+  if (body.action === 'allow') {
+    for (const k of ['algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor']) delete body[k];
+  }
+  const prio = numberOrText($('#s-priority').value);
+  if (prio !== null) body.priority = prio;
   body.enabled = $('#s-enabled').checked;
   return body;
 }

@@ -46,6 +46,25 @@ server_port() {
     echo "$port"
 }
 
+# Waits up to 30 s for READY_CMD to succeed while the server runs; if the
+# server exits first, shows the end of its LOG and fails. Then runs
+# READY_CMD once more, so that a server still not ready fails the script.
+#   server_wait LOG READY_CMD...
+server_wait() {
+    local log_file=$1 _
+    shift
+    for _ in $(seq 1 300); do
+        if "$@" >/dev/null 2>&1; then break; fi
+        if ! running; then
+            log "server exited; see $log_file"
+            tail -20 "$log_file" >&2 || true
+            exit 1
+        fi
+        sleep 0.1
+    done
+    "$@" >/dev/null
+}
+
 # Stops the server started in $dir by its PID with the given signal, then
 # SIGKILL after 30 s.
 server_stop() {

@@ -33,11 +33,12 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
-use rate_ctl::core::model::Strategy;
+use rate_ctl::core::model::ValidStrategy;
 use rate_ctl::core::shm::ShmError;
 use tracing::{debug, error, info, warn};
 
 use crate::store::record::{BlacklistRecord, HostRecord};
+use crate::store::valid::Valid;
 use crate::store::{redact_url, BadRow, CounterSample, StoreError};
 use rate_ctl::core::shm::unix_ms;
 use rates::{local_strategy, share, Share};
@@ -50,7 +51,7 @@ pub trait Sink {
     /// message naming what was refused (the previous table stays).
     fn publish(
         &mut self,
-        strategies: &[Strategy],
+        strategies: &[ValidStrategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
     ) -> Result<String, ShmError>;
@@ -314,6 +315,7 @@ impl<S: Sink> Agent<S> {
             .blacklist
             .into_iter()
             .filter(|b| b.expires_ms.is_none_or(|e| e > now))
+            .map(Valid::into_inner)
             .collect();
         let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
@@ -444,7 +446,9 @@ mod tests {
     use super::*;
     use crate::client::Target;
     use crate::store::record::StrategyRecord;
+    use crate::store::valid::Valid;
     use crate::store::Store;
+    use rate_ctl::core::model::Strategy;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     #[derive(Default)]
@@ -457,7 +461,7 @@ mod tests {
     impl Sink for Recorder {
         fn publish(
             &mut self,
-            strategies: &[Strategy],
+            strategies: &[ValidStrategy],
             _blacklist: &[BlacklistRecord],
             v: u64,
         ) -> Result<String, ShmError> {
@@ -470,7 +474,8 @@ mod tests {
                     });
                 }
             }
-            self.published.push((v, strategies.to_vec()));
+            self.published
+                .push((v, strategies.iter().map(|s| (**s).clone()).collect()));
             Ok(format!("{} strategies", strategies.len()))
         }
         fn heartbeat(&self, ms: u64) {
@@ -490,10 +495,12 @@ mod tests {
         }
     }
 
-    fn rec(name: &str, rate: u64) -> StrategyRecord {
-        serde_json::from_str(&format!(
+    fn rec(name: &str, rate: u64) -> Valid<StrategyRecord> {
+        serde_json::from_str::<StrategyRecord>(&format!(
             r#"{{"name":"{name}","algorithm":"token_bucket","rate":{rate},"burst":4}}"#
         ))
+        .unwrap()
+        .into_valid()
         .unwrap()
     }
 

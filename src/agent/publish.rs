@@ -8,7 +8,7 @@ use super::Sink;
 use crate::store::record::BlacklistRecord;
 use crate::store::CounterSample;
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::model::Strategy;
+use rate_ctl::core::model::ValidStrategy;
 use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
 use rate_ctl::core::shm::{Capacities, Mapping, ShmError};
 use rate_ctl::core::slot::Slot;
@@ -35,7 +35,7 @@ impl Sink for ShmSink {
 
     fn publish(
         &mut self,
-        strategies: &[Strategy],
+        strategies: &[ValidStrategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
     ) -> Result<String, ShmError> {

@@ -10,9 +10,10 @@
 //! when its last heartbeat is at most the freshness window old; this host
 //! always counts itself. `host` strategies apply as written.
 
-use rate_ctl::core::model::{Algorithm, Strategy};
+use rate_ctl::core::model::{Algorithm, ValidStrategy};
 
 use crate::store::record::{HostRecord, Scope, StrategyRecord};
+use crate::store::valid::Valid;
 use crate::store::Invalid;
 
 /// This host's weight and the fleet's total (including this host).
@@ -60,9 +61,20 @@ pub fn share(
     }
 }
 
-/// The strategy this host publishes for `rec`: rates local, validated by
-/// the core model. `Err` names the field at fault.
-pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, Invalid> {
+/// The strategy this host publishes for `rec`: rates local. `rec` was
+/// validated once, where it was read (its proof is [`Valid`]); the writer
+/// takes this function's proof and does not check again. Only what this
+/// derivation can break is checked here:
+/// - a share of a cluster rate has a new rate and burst: the model's rules
+///   on them ([`Strategy::check`](rate_ctl::core::model::Strategy::check)),
+///   as rounding up can push burst × interval past the clock's bound (the
+///   clock tick itself survives a share: `rate ≤ K·burst` implies
+///   `ceil(rate·w/t) ≤ K·ceil(burst·w/t)`);
+/// - the clock tick, for every strategy: a dry run is validated with the
+///   delay it goes back to, but published without it.
+///
+/// `Err` names the field at fault.
+pub fn local_strategy(rec: &Valid<StrategyRecord>, share: Share) -> Result<ValidStrategy, Invalid> {
     let (rate, burst) = match rec.scope {
         Scope::Host => (rec.rate, rec.burst),
         Scope::Cluster => {
@@ -74,9 +86,12 @@ pub fn local_strategy(rec: &StrategyRecord, share: Share) -> Result<Strategy, In
             (share.of(rec.rate), burst)
         }
     };
-    let mut s = rec.to_core(rate, burst)?;
-    s.validate()?;
-    Ok(s)
+    let core = rec.to_core(rate, burst)?;
+    if rec.scope == Scope::Cluster {
+        core.check()?;
+    }
+    core.check_clock_tick()?;
+    Ok(ValidStrategy::vouched(core))
 }
 
 #[cfg(test)]
@@ -160,10 +175,47 @@ mod tests {
             weight: 1,
             total: 2,
         };
-        let s = local_strategy(&r, half).unwrap();
+        let s = local_strategy(&r.clone().into_valid().unwrap(), half).unwrap();
         assert_eq!((s.rate, s.burst), (400, 20));
         r.scope = Scope::Cluster;
-        let s = local_strategy(&r, half).unwrap();
+        let s = local_strategy(&r.into_valid().unwrap(), half).unwrap();
         assert_eq!((s.id, s.rate, s.burst), (4, 200, 10));
+    }
+
+    /// What the record's one validation cannot see is checked here: a
+    /// share's new rate and burst (rounding can push burst × interval past
+    /// what the clock holds), and a dry run that publishes without the
+    /// delay it was validated with (below the clock tick).
+    #[test]
+    fn derived_strategies_are_checked_where_the_derivation_can_break_them() {
+        // 3 per day with the largest burst that fits: a third of it rounds
+        // the rate up to 1 per day and the burst up, past the bound.
+        let r: StrategyRecord = serde_json::from_str(
+            r#"{"id":4,"name":"x","algorithm":"token_bucket","rate":3,"per":"day","burst":160127}"#,
+        )
+        .unwrap();
+        let r = r.into_valid().unwrap();
+        let alone = Share {
+            weight: 1,
+            total: 1,
+        };
+        assert_eq!(local_strategy(&r, alone).unwrap().burst, 160_127);
+        let third = Share {
+            weight: 1,
+            total: 3,
+        };
+        let e = local_strategy(&r, third).unwrap_err().to_string();
+        assert!(e.starts_with("burst: 53376 × interval"), "{e}");
+
+        // Host scope, leaky bucket at 2000/s (0.5 ms), dry run keeping a
+        // 1 ms delay: valid with the delay, published without it.
+        let r: StrategyRecord = serde_json::from_str(
+            r#"{"id":5,"name":"y","algorithm":"leaky_bucket","rate":2000,"scope":"host",
+                "action":"dry_run","max_delay_ms":1}"#,
+        )
+        .unwrap();
+        let r = r.into_valid().unwrap();
+        let e = local_strategy(&r, alone).unwrap_err().to_string();
+        assert!(e.contains("clock tick"), "{e}");
     }
 }

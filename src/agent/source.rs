@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use crate::client::http::{percent_encode, Answer, Client};
 use crate::client::wire::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
 use crate::client::{Backend, Target};
-use crate::store::record::HostRecord;
+use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::{BadRow, CounterSample, Invalid, Snapshot, Store, StoreError};
 use rate_ctl::core::shm::unix_ms;
 
@@ -340,8 +340,9 @@ fn hosts_from(v: &Value) -> Vec<HostRecord> {
         .collect()
 }
 
-/// A snapshot answer → the store's [`Snapshot`]; strategies are validated
-/// again (one implementation: [`crate::store::record::StrategyRecord::validate`]).
+/// A snapshot answer → the store's [`Snapshot`]; strategies and blacklist
+/// entries are validated here, once (what an HTTP store sends is read like
+/// a row: one implementation, [`crate::store::record::StrategyRecord::validate`]).
 fn snapshot_from(v: &Value) -> Result<Snapshot, StoreError> {
     let version = v["version"]
         .as_u64()
@@ -351,17 +352,15 @@ fn snapshot_from(v: &Value) -> Result<Snapshot, StoreError> {
     for s in v["strategies"].as_array().into_iter().flatten() {
         let id = s["id"].as_i64().unwrap_or(-1);
         let rec = strategy_from_api_json(s).map_err(|e| Invalid::whole(None, e.to_string()));
-        match rec.and_then(|mut r| r.validate().map(|()| r)) {
+        match rec.and_then(StrategyRecord::into_valid) {
             Ok(r) => strategies.push(r),
             Err(reason) => bad_rows.push(BadRow { id, reason }),
         }
     }
     let mut blacklist = Vec::new();
     for b in v["blacklist"].as_array().into_iter().flatten() {
-        if let Ok(mut r) = blacklist_from_api_json(b) {
-            if r.validate().is_ok() {
-                blacklist.push(r);
-            }
+        if let Ok(Ok(r)) = blacklist_from_api_json(b).map(BlacklistRecord::into_valid) {
+            blacklist.push(r);
         }
     }
     Ok(Snapshot {

@@ -215,19 +215,26 @@ pub struct StrategyAdd {
     /// A condition dimension=value; repeat for AND (none = every request).
     #[arg(long = "match", value_name = "DIM=VALUE")]
     pub matches: Vec<String>,
+    /// Required, except with --action allow (which takes no rate).
     #[arg(long, value_parser = parse_algorithm)]
-    pub algorithm: Algorithm,
-    /// Requests per --per (for concurrency: requests in flight).
+    pub algorithm: Option<Algorithm>,
+    /// Requests per --per (for concurrency: requests in flight). Required,
+    /// except with --action allow.
+    #[arg(long, allow_negative_numbers = true)]
+    pub rate: Option<u64>,
+    /// second (default), minute, hour or day.
+    #[arg(long, value_parser = parse_unit)]
+    pub per: Option<Unit>,
+    /// Bucket size for token_bucket (default 1).
     #[arg(long)]
-    pub rate: u64,
-    #[arg(long, default_value = "second", value_parser = parse_unit)]
-    pub per: Unit,
-    /// Bucket size for token_bucket.
-    #[arg(long, default_value_t = 1)]
-    pub burst: u32,
-    /// reject, delay or dry_run.
+    pub burst: Option<u32>,
+    /// reject, delay, dry_run or allow (pass unlimited).
     #[arg(long, default_value = "reject", value_parser = parse_action)]
     pub action: ActionKind,
+    /// -1000 … 1000 (default 0): among the strategies a request matches,
+    /// only those at the highest priority present apply.
+    #[arg(long, allow_negative_numbers = true)]
+    pub priority: Option<i32>,
     /// Status for reject (default: the location's rate_ctl_status, 503).
     #[arg(long)]
     pub status: Option<u16>,
@@ -272,6 +279,8 @@ pub struct StrategyUpdate {
     pub burst: Option<u32>,
     #[arg(long, value_parser = parse_action)]
     pub action: Option<ActionKind>,
+    #[arg(long, allow_negative_numbers = true)]
+    pub priority: Option<i32>,
     #[arg(long)]
     pub status: Option<u16>,
     #[arg(long)]

@@ -28,6 +28,7 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::Weight) => "--weight",
         Some(Field::WarmUpMs) => "--warm-up",
         Some(Field::ColdFactor) => "--cold-factor",
+        Some(Field::Priority) => "--priority",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }

@@ -18,8 +18,9 @@ use crate::client::{Backend, Target};
 use crate::serve;
 use crate::store::record::{ActionKind, BlacklistRecord, StrategyRecord};
 use crate::store::{self, Invalid, StoreError, DEFAULT_STORE};
-use args::{AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyCmd};
+use args::{AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyAdd, StrategyCmd};
 use flags::{conditions_from_args, flag};
+use rate_ctl::core::model::Algorithm;
 use rate_ctl::core::shm::unix_ms;
 
 /// A failed command: message and exit code (2 = bad arguments, 1 = other).
@@ -187,19 +188,49 @@ fn out(line: impl AsRef<str>) {
     let _ = writeln!(o, "{}", line.as_ref());
 }
 
+/// `add`'s algorithm and rate: required, except for `--action allow`,
+/// which limits nothing and refuses every rate flag.
+fn add_rate_fields(a: &StrategyAdd) -> Result<(Algorithm, u64), Failure> {
+    if a.action == ActionKind::Allow {
+        let given = [
+            ("--algorithm", a.algorithm.is_some()),
+            ("--rate", a.rate.is_some()),
+            ("--per", a.per.is_some()),
+            ("--burst", a.burst.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+            return Err(Failure::usage(format!(
+                "invalid {flag}: makes no sense for action allow (an allowed request is not limited)"
+            )));
+        }
+        return Ok((Algorithm::FixedWindow, 1));
+    }
+    match (a.algorithm, a.rate) {
+        (Some(algorithm), Some(rate)) => Ok((algorithm, rate)),
+        (None, _) => Err(Failure::usage(
+            "--algorithm is required (except with --action allow)",
+        )),
+        (_, None) => Err(Failure::usage(
+            "--rate is required (except with --action allow)",
+        )),
+    }
+}
+
 async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
     match cmd {
         StrategyCmd::Add(a) => {
             let conditions = conditions_from_args(&a.matches).map_err(Failure::invalid)?;
-            let mut rec = StrategyRecord {
+            let (algorithm, rate) = add_rate_fields(&a)?;
+            let rec = StrategyRecord {
                 id: 0,
                 name: a.name,
                 conditions,
-                algorithm: a.algorithm,
-                rate: a.rate,
-                per: a.per,
-                burst: a.burst,
+                algorithm,
+                rate,
+                per: a.per.unwrap_or(rate_ctl::core::model::Unit::Second),
+                burst: a.burst.unwrap_or(1),
                 action: a.action,
+                priority: a.priority.unwrap_or(0),
                 status: a.status,
                 max_delay_ms: a.max_delay_ms,
                 enabled: !a.disabled,
@@ -210,8 +241,8 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 updated_ms: 0,
                 version: 0,
             };
-            // Refuse bad arguments before touching the store.
-            rec.validate().map_err(Failure::invalid)?;
+            // Refuse bad arguments before touching the store (the one check).
+            let rec = rec.into_valid().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.add_strategy(&rec).await?;
             out_added(json, id, version);
@@ -265,8 +296,12 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                     ActionKind::Reject => rec.max_delay_ms = None,
                     ActionKind::Delay => rec.status = None,
                     ActionKind::DryRun => {}
+                    ActionKind::Allow => (rec.status, rec.max_delay_ms) = (None, None),
                 }
                 rec.action = a;
+            }
+            if let Some(p) = u.priority {
+                rec.priority = p;
             }
             if let Some(s) = u.status {
                 rec.status = Some(s);
@@ -284,7 +319,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 rec.enabled = false;
             }
             // Same messages as for `add`, whichever backend would refuse it.
-            rec.validate().map_err(Failure::invalid)?;
+            let rec = rec.into_valid().map_err(Failure::invalid)?;
             let version = store.update_strategy(&rec).await?;
             if json {
                 out(json!({"id": rec.id, "version": version}).to_string());
@@ -395,8 +430,8 @@ fn read_jsonl(file: &PathBuf) -> Result<(String, Vec<(usize, StrategyRecord)>), 
 
 fn print_strategies(recs: &[StrategyRecord]) {
     out(format!(
-        "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} MATCH",
-        "ID", "NAME", "ALGORITHM", "RATE", "PER", "BURST", "ACTION", "SCOPE", "ON"
+        "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {:>5} MATCH",
+        "ID", "NAME", "ALGORITHM", "RATE", "PER", "BURST", "ACTION", "SCOPE", "ON", "PRIO"
     ));
     for r in recs {
         let action = match r.action {
@@ -406,6 +441,7 @@ fn print_strategies(recs: &[StrategyRecord]) {
             },
             ActionKind::Delay => format!("delay:{}ms", r.max_delay_ms.unwrap_or(0)),
             ActionKind::DryRun => "dry_run".into(),
+            ActionKind::Allow => "allow".into(),
         };
         let cond: Vec<String> = r
             .conditions
@@ -413,7 +449,7 @@ fn print_strategies(recs: &[StrategyRecord]) {
             .map(|(d, v)| format!("{d}={v}"))
             .collect();
         out(format!(
-            "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {}",
+            "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {:>5} {}",
             r.id,
             r.name,
             r.algorithm.as_str(),
@@ -423,6 +459,7 @@ fn print_strategies(recs: &[StrategyRecord]) {
             action,
             r.scope.as_str(),
             if r.enabled { "yes" } else { "no" },
+            r.priority,
             if cond.is_empty() {
                 "(all requests)".into()
             } else {
@@ -440,7 +477,7 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
             expires,
             reason,
         } => {
-            let mut rec = BlacklistRecord {
+            let rec = BlacklistRecord {
                 id: 0,
                 dimension,
                 value,
@@ -448,7 +485,7 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
                 reason,
                 created_ms: 0,
             };
-            rec.validate().map_err(Failure::invalid)?;
+            let rec = rec.into_valid().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.blacklist_add(&rec).await?;
             out_added(json, id, version);

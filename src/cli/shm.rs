@@ -52,6 +52,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 Action::DryRunDelay { max_delay_ms } => {
                     json!({"dry_run_delay_max_ms": max_delay_ms})
                 }
+                Action::Allow => json!("allow"),
             };
             rows.push(json!({
                 "id": s.id,
@@ -64,6 +65,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 "burst": s.burst,
                 "action": action,
                 "enabled": s.enabled,
+                "priority": s.priority,
                 "slot": p.slot,
                 "generation": p.generation,
                 "slot_current": current,

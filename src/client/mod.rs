@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
+use crate::store::valid::{valid_import, Valid};
 use crate::store::Invalid;
 use crate::store::{BadRow, Store, StoreError};
 use http::{percent_encode, Answer, Client, HttpError};
@@ -77,7 +78,7 @@ impl Backend {
     }
 
     /// Stores a new strategy; its id and the new config version.
-    pub async fn add_strategy(&self, rec: &StrategyRecord) -> Result<(u32, u64)> {
+    pub async fn add_strategy(&self, rec: &Valid<StrategyRecord>) -> Result<(u32, u64)> {
         match self {
             Backend::Store(s) => s.add_strategy(rec, CLI).await,
             Backend::Api(a) => {
@@ -107,7 +108,7 @@ impl Backend {
     /// Replaces strategy `rec.id`; the new config version. Through the API
     /// the edit is based on `rec.version` (as read by `get_strategy`), so a
     /// change made meanwhile by someone else is refused (`Conflict`).
-    pub async fn update_strategy(&self, rec: &StrategyRecord) -> Result<u64> {
+    pub async fn update_strategy(&self, rec: &Valid<StrategyRecord>) -> Result<u64> {
         match self {
             Backend::Store(s) => s.update_strategy(rec, CLI).await,
             Backend::Api(a) => {
@@ -157,8 +158,9 @@ impl Backend {
     }
 
     /// Loads strategies all or nothing: `records` are the parsed lines of
-    /// `text` with their line numbers. The API is sent `text` itself, so its
-    /// errors name the same lines.
+    /// `text` with their line numbers, validated here for the store (one
+    /// check, [`valid_import`]). The API is sent `text` itself (it validates
+    /// what it receives), so its errors name the same lines.
     pub async fn import(
         &self,
         text: &str,
@@ -166,7 +168,7 @@ impl Backend {
         replace: bool,
     ) -> Result<(usize, u64)> {
         match self {
-            Backend::Store(s) => s.import(records, replace, CLI).await,
+            Backend::Store(s) => s.import(valid_import(records)?, replace, CLI).await,
             Backend::Api(a) => {
                 let path = format!("/api/v1/strategies/import?replace={replace}");
                 let answer = a
@@ -190,7 +192,7 @@ impl Backend {
     }
 
     /// Adds a blacklist entry; its id and the new config version.
-    pub async fn blacklist_add(&self, rec: &BlacklistRecord) -> Result<(u64, u64)> {
+    pub async fn blacklist_add(&self, rec: &Valid<BlacklistRecord>) -> Result<(u64, u64)> {
         match self {
             Backend::Store(s) => s.blacklist_add(rec, CLI).await,
             Backend::Api(a) => {

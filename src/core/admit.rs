@@ -49,7 +49,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::limiter::{Limiter, Outcome, Quota, Reservation};
+use super::limiter::{Acquired, Limiter, Quota, Reservation};
 use super::model::{Action, Algorithm};
 use super::slot::Slot;
 
@@ -220,7 +220,7 @@ fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
         return d;
     }
     match hit.limiter.acquire(&hit.slot, now) {
-        Outcome::Admitted(r) => {
+        Acquired::Admitted(r) => {
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {
                 hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
@@ -234,7 +234,7 @@ fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
                 }
             }
         }
-        Outcome::Rejected { retry_after_ns } => {
+        Acquired::Rejected { retry_after_ns } => {
             hit.slot.limited().fetch_add(1, Ordering::Relaxed);
             if dry_run_all || hit.action.is_dry_run() {
                 d.dry_run_rejected = Some(hit.id);
@@ -294,8 +294,8 @@ fn admit_in(
         }
         let now = now_both.of(hit.limiter);
         match hit.limiter.acquire(&hit.slot, now) {
-            Outcome::Admitted(r) => entries[i] = Entry::Admitted(r),
-            Outcome::Rejected { retry_after_ns } => {
+            Acquired::Admitted(r) => entries[i] = Entry::Admitted(r),
+            Acquired::Rejected { retry_after_ns } => {
                 hit.slot.limited().fetch_add(1, Ordering::Relaxed);
                 if dry_run_all || hit.action.is_dry_run() {
                     dry_run_rejected.get_or_insert(hit.id);
@@ -389,6 +389,11 @@ mod tests {
         Limiter::from_strategy(&s.expect("valid strategy"))
     }
 
+    /// A spec whose strategy rejects.
+    fn rejecting(algorithm: Algorithm, rate: u64, per: Unit, burst: u32) -> (Limiter, Action) {
+        (limiter(algorithm, rate, per, burst, REJECT), REJECT)
+    }
+
     fn hits<'a>(
         region: &crate::core::region::Region<'a>,
         specs: &'a [(Limiter, Action)],
@@ -429,18 +434,9 @@ mod tests {
     #[test]
     fn a_rejected_request_is_counted_by_no_strategy() {
         let specs = [
-            (
-                limiter(Algorithm::TokenBucket, 10, Unit::Second, 5, REJECT),
-                REJECT,
-            ),
-            (
-                limiter(Algorithm::SlidingWindow, 10, Unit::Second, 0, REJECT),
-                REJECT,
-            ),
-            (
-                limiter(Algorithm::Concurrency, 10, Unit::Second, 0, REJECT),
-                REJECT,
-            ),
+            rejecting(Algorithm::TokenBucket, 10, Unit::Second, 5),
+            rejecting(Algorithm::SlidingWindow, 10, Unit::Second, 0),
+            rejecting(Algorithm::Concurrency, 10, Unit::Second, 0),
             (
                 limiter(Algorithm::FixedWindow, 2, Unit::Minute, 0, REJECT),
                 Action::Reject { status: Some(429) },
@@ -485,10 +481,7 @@ mod tests {
                 limiter(Algorithm::FixedWindow, 1, Unit::Hour, 0, Action::DryRun),
                 Action::DryRun,
             ),
-            (
-                limiter(Algorithm::FixedWindow, 2, Unit::Hour, 0, REJECT),
-                REJECT,
-            ),
+            rejecting(Algorithm::FixedWindow, 2, Unit::Hour, 0),
             (
                 limiter(Algorithm::Concurrency, 1, Unit::Second, 0, Action::DryRun),
                 Action::DryRun,
@@ -530,14 +523,8 @@ mod tests {
     #[test]
     fn windows_run_on_the_wall_clock_and_buckets_on_the_monotonic_one() {
         let specs = [
-            (
-                limiter(Algorithm::FixedWindow, 1, Unit::Minute, 0, REJECT),
-                REJECT,
-            ),
-            (
-                limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1, REJECT),
-                REJECT,
-            ),
+            rejecting(Algorithm::FixedWindow, 1, Unit::Minute, 0),
+            rejecting(Algorithm::TokenBucket, 1, Unit::Minute, 1),
         ];
         let local = LocalSlots::new(2);
         let region = local.region();
@@ -642,14 +629,8 @@ mod tests {
     #[test]
     fn stale_generation_is_skipped_by_admit_and_release() {
         let specs = [
-            (
-                limiter(Algorithm::Concurrency, 1, Unit::Second, 0, REJECT),
-                REJECT,
-            ),
-            (
-                limiter(Algorithm::FixedWindow, 1, Unit::Second, 0, REJECT),
-                REJECT,
-            ),
+            rejecting(Algorithm::Concurrency, 1, Unit::Second, 0),
+            rejecting(Algorithm::FixedWindow, 1, Unit::Second, 0),
         ];
         let local = LocalSlots::new(2);
         let region = local.region();
@@ -674,18 +655,9 @@ mod tests {
     #[test]
     fn tightest_is_the_smallest_remaining() {
         let specs = [
-            (
-                limiter(Algorithm::FixedWindow, 10, Unit::Second, 0, REJECT),
-                REJECT,
-            ),
-            (
-                limiter(Algorithm::TokenBucket, 1, Unit::Second, 3, REJECT),
-                REJECT,
-            ),
-            (
-                limiter(Algorithm::SlidingWindow, 2, Unit::Second, 0, REJECT),
-                REJECT,
-            ),
+            rejecting(Algorithm::FixedWindow, 10, Unit::Second, 0),
+            rejecting(Algorithm::TokenBucket, 1, Unit::Second, 3),
+            rejecting(Algorithm::SlidingWindow, 2, Unit::Second, 0),
         ];
         let local = LocalSlots::new(3);
         let region = local.region();
@@ -701,17 +673,9 @@ mod tests {
     fn more_hits_than_the_stack_array_are_handled_alike() {
         for n in [4usize, 5, 16, 17, 64, 65, 130] {
             let mut specs: Vec<(Limiter, Action)> = (0..n - 1)
-                .map(|_| {
-                    (
-                        limiter(Algorithm::FixedWindow, 5, Unit::Hour, 0, REJECT),
-                        REJECT,
-                    )
-                })
+                .map(|_| rejecting(Algorithm::FixedWindow, 5, Unit::Hour, 0))
                 .collect();
-            specs.push((
-                limiter(Algorithm::FixedWindow, 1, Unit::Hour, 0, REJECT),
-                REJECT,
-            ));
+            specs.push(rejecting(Algorithm::FixedWindow, 1, Unit::Hour, 0));
             let local = LocalSlots::new(n);
             let region = local.region();
             let hits = hits(&region, &specs);

@@ -74,15 +74,16 @@
 //! | 80 | 8 | ip flag | 1 when exact IP entries may exist, else 0 |
 //! | 88 | 8 | all-dims flag | 1 when more than 16 hashed dimensions are in use: check every dimension |
 //! | 96 | 128 | dimension hashes | u64 × 16: [`dimension_hash`] of each hashed dimension in use, 0 = free |
-//! | 224 | 32 | reserved | zero |
+//! | 224 | 16 | prefix lengths | u64 × 2: bit `L` (0..=127) set when network entries of IPv6-form prefix length `L` may exist (IPv4 `/n` is `96 + n`); layout version 3 |
+//! | 240 | 16 | reserved | zero |
 //! | 256 | 32 × Σ sizes | slots | level 0 slots, then level 1, ... |
 //!
 //! Slot (32 bytes):
 //!
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
-//! | 0 | 8 | tag + seq | bits 56..63 tag (0 empty, 1 IP, 2 hashed value), bits 0..55 seq |
-//! | 8 | 8 | key 1 | IP: high 64 bits of the IPv6 address (as `u128` from its octets); hashed: [`value_hash`] |
+//! | 0 | 8 | tag + seq | bits 56..63 tag (0 empty, 1 IP, 2 hashed value, `3 + L` a network of IPv6-form prefix length `L` < 128), bits 0..55 seq |
+//! | 8 | 8 | key 1 | IP or network: high 64 bits of the IPv6 address (as `u128` from its octets; a network's host bits 0); hashed: [`value_hash`] |
 //! | 16 | 8 | key 2 | IP: low 64 bits; hashed: [`dimension_hash`] of the dimension |
 //! | 24 | 8 | expires | unix ms; the entry matches while `now < expires`; 0 = never (an input expiry of 0 is stored as 1) |
 //!
@@ -95,7 +96,18 @@
 //! * `value_hash(dh, value) = xxh3_64_with_seed(value, dh)`;
 //! * position hash: `p = value_hash` for hashed entries, `p =
 //!   xxh3_64(octets)` of the 16-byte IPv6 (v4-mapped) address for IPs,
+//!   `xxh3_64_with_seed(octets, tag)` of a network's address,
 //!   folded to 32 bits as `(p ^ (p >> 32)) as u32`.
+//!
+//! # Address ranges
+//!
+//! A network entry (`203.0.113.0/24`, see [`ipnet`](crate::core::ipnet))
+//! is stored once under its masked address and its prefix length (in the
+//! tag). The header lists the prefix lengths in use; a lookup of a client
+//! address probes once per listed length with the address masked to it —
+//! the cost grows with the number of distinct lengths, not of entries. The
+//! writer widens the list before inserting and narrows it after, like the
+//! dimension hints.
 //!
 //! False positives: IPs never (exact compare). A hashed value not in the
 //! list matches only if its 64-bit value hash equals that of a listed value
@@ -113,6 +125,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
+use crate::core::ipnet::{parse_ip_net, prefix_mask};
 use crate::core::model::{parse_ip, valid_dimension_name, MAX_VALUE_LEN};
 use crate::core::region::Region;
 
@@ -150,6 +163,8 @@ const SEQ_BITS: u32 = 56;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 const TAG_IP: u64 = 1;
 const TAG_HASH: u64 = 2;
+/// A network of prefix length `L` (< 128, IPv6 form) has tag `TAG_NET + L`.
+const TAG_NET: u64 = 3;
 /// Re-reads of one slot whose seq moved during the read.
 const SLOT_RETRIES: usize = 16;
 
@@ -165,6 +180,7 @@ const OFF_BOUND: usize = 72;
 const OFF_IP: usize = 80;
 const OFF_ALL_DIMS: usize = 88;
 const OFF_DIMS: usize = 96;
+const OFF_PREFIXES: usize = 224;
 
 /// What went wrong with a blacklist region or a rebuild.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -268,6 +284,19 @@ impl Key {
         }
     }
 
+    /// A network: `addr` (IPv6 form) masked to `len` < 128 bits.
+    fn net(addr: u128, len: u8) -> Key {
+        Key {
+            tag: TAG_NET + u64::from(len),
+            k1: (addr >> 64) as u64,
+            k2: addr as u64,
+        }
+    }
+
+    fn addr(&self) -> u128 {
+        (u128::from(self.k1) << 64) | u128::from(self.k2)
+    }
+
     fn hashed(dim_hash: u64, value: &[u8]) -> Key {
         Key {
             tag: TAG_HASH,
@@ -279,8 +308,9 @@ impl Key {
     /// The 32-bit position hash: the 64-bit one folded.
     fn position(&self) -> u32 {
         let h = if self.tag == TAG_IP {
-            let u = (u128::from(self.k1) << 64) | u128::from(self.k2);
-            xxh3_64(&u.to_be_bytes())
+            xxh3_64(&self.addr().to_be_bytes())
+        } else if self.tag >= TAG_NET {
+            xxh3_64_with_seed(&self.addr().to_be_bytes(), self.tag)
         } else {
             self.k1
         };
@@ -563,12 +593,35 @@ impl<'a> Blacklist<'a> {
         }
     }
 
-    /// Is `ip` blacklisted (and not expired at `now_unix_ms`)?
+    /// Is `ip` blacklisted, exactly or by a network holding it (and not
+    /// expired at `now_unix_ms`)? One probe for the address, one per
+    /// prefix length of the networks listed.
     pub fn contains_ip(&self, ip: IpAddr, now_unix_ms: u64) -> bool {
-        if !self.flag(OFF_IP) {
-            return false;
+        let key = Key::ip(ip);
+        if self.flag(OFF_IP) && self.lookup(key, now_unix_ms) {
+            return true;
         }
-        self.lookup(Key::ip(ip), now_unix_ms)
+        let addr = key.addr();
+        for w in 0..2 {
+            let mut bits = self.load_acquire(OFF_PREFIXES + 8 * w);
+            while bits != 0 {
+                let len = (64 * w as u32 + bits.trailing_zeros()) as u8;
+                bits &= bits - 1;
+                if self.lookup(Key::net(addr & prefix_mask(len), len), now_unix_ms) {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Prefix lengths (IPv6 form) of the network entries that may exist.
+    pub fn prefix_lengths(&self) -> Vec<u8> {
+        (0..128u8)
+            .filter(|&l| {
+                self.load_acquire(OFF_PREFIXES + 8 * (l as usize / 64)) >> (l % 64) & 1 == 1
+            })
+            .collect()
     }
 
     /// Is `dimension = value` blacklisted? `ip` values that parse as an
@@ -577,6 +630,10 @@ impl<'a> Blacklist<'a> {
         if dimension == "ip" {
             if let Some(ip) = parse_ip(value) {
                 return self.contains_ip(ip, now_unix_ms);
+            }
+            // A network: is that entry listed?
+            if let Ok(n) = parse_ip_net(value) {
+                return self.lookup(Key::net(n.addr, n.len), now_unix_ms);
             }
         }
         self.contains_hashed(dimension_hash(dimension), value, now_unix_ms)
@@ -704,6 +761,14 @@ mod tests {
             .collect()
     }
 
+    /// An empty blacklist of `capacity` initialised in `w` (from
+    /// [`words`]), and its region.
+    fn fresh(w: &[AtomicU64], capacity: u32) -> (Region<'_>, Blacklist<'_>) {
+        let r = Region::from_atomics(w);
+        init(r, capacity).unwrap();
+        (r, Blacklist::open(r).unwrap())
+    }
+
     fn user(v: &str) -> BlacklistEntry {
         BlacklistEntry::new("userid", v, None)
     }
@@ -750,9 +815,7 @@ mod tests {
     #[test]
     fn probe_bound_follows_the_farthest_entry() {
         let w = words(1000);
-        let r = Region::from_atomics(&w);
-        init(r, 1000).unwrap();
-        let bl = Blacklist::open(r).unwrap();
+        let (r, bl) = fresh(&w, 1000);
         bl.rebuild(&[user("a")]).unwrap();
         assert_eq!(r.load(OFF_BOUND), 0, "one entry sits in level 0");
         let many: Vec<_> = (0..1000).map(|i| user(&format!("u{i}"))).collect();
@@ -767,9 +830,7 @@ mod tests {
     #[test]
     fn leftovers_of_a_dead_writer_do_not_survive_a_rebuild() {
         let w = words(100);
-        let r = Region::from_atomics(&w);
-        init(r, 100).unwrap();
-        let bl = Blacklist::open(r).unwrap();
+        let (r, bl) = fresh(&w, 100);
         bl.rebuild(&[user("kept")]).unwrap();
         // A writer died in pass 2 of the next rebuild, after writing
         // "ghost" with seq + 1 into some free slot.
@@ -799,9 +860,7 @@ mod tests {
     #[test]
     fn many_dimensions_fall_back_to_checking_all() {
         let w = words(100);
-        let r = Region::from_atomics(&w);
-        init(r, 100).unwrap();
-        let bl = Blacklist::open(r).unwrap();
+        let (_, bl) = fresh(&w, 100);
         let wide: Vec<_> = (0..20)
             .map(|i| BlacklistEntry::new(format!("d{i}"), "v", None))
             .collect();
@@ -825,9 +884,7 @@ mod tests {
     #[test]
     fn duplicates_merge_to_the_longest_expiry() {
         let w = words(10);
-        let r = Region::from_atomics(&w);
-        init(r, 10).unwrap();
-        let bl = Blacklist::open(r).unwrap();
+        let (_, bl) = fresh(&w, 10);
         let rep = bl
             .rebuild(&[
                 BlacklistEntry::new("userid", "a", Some(100)),

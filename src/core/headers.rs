@@ -153,17 +153,9 @@ pub fn rate_limit_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::limiter::q;
 
     const S: u64 = 1_000_000_000;
-
-    fn q(limit: u64, remaining: u64, reset_ns: u64, window_ns: u64) -> Quota {
-        Quota {
-            limit,
-            remaining,
-            reset_ns,
-            window_ns,
-        }
-    }
 
     fn texts(style: HeaderStyle, t: Option<(u32, Quota)>, retry: Option<u64>) -> Vec<String> {
         let (h, n) = rate_limit_headers(style, t, retry);

@@ -4,7 +4,7 @@
 //! per strategy, and freeing the table it replaces a good part of that
 //! again: tens of milliseconds for 65,536 strategies, during which an nginx
 //! worker that did it on its event loop would answer nobody. So a worker
-//! ([`Engine::set_background`](super::engine::Engine::set_background))
+//! ([`Reader::set_background`](super::reader::Reader::set_background))
 //! hands a segment of at least [`BACKGROUND_MIN`] strategies to a helper
 //! thread, which reads, decodes and builds the [`Table`]; the worker goes
 //! on deciding with the table it has and installs the new one at the first

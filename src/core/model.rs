@@ -10,6 +10,8 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
+pub use super::ipnet::{parse_ip_net, IpNet, IpNetError};
+
 /// Largest number of conditions in one strategy.
 pub const MAX_CONDITIONS: usize = 16;
 /// Longest dimension name, in bytes.
@@ -41,6 +43,10 @@ pub const MIN_COLD_FACTOR: u8 = 2;
 pub const MAX_COLD_FACTOR: u8 = 10;
 /// Cold factor when none is given.
 pub const DEFAULT_COLD_FACTOR: u8 = 3;
+/// Priority bounds (inclusive). Among the strategies a request matches,
+/// only those at the highest priority present apply; the default is 0.
+pub const MIN_PRIORITY: i32 = -1000;
+pub const MAX_PRIORITY: i32 = 1000;
 
 /// Why a strategy was refused. Every variant names the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,8 +63,16 @@ pub enum ModelError {
     BadValueLength { index: usize, len: usize },
     #[error("conditions[{index}].value: must not contain control characters (byte 0x{byte:02x})")]
     ControlCharacter { index: usize, byte: u8 },
-    #[error("conditions[{index}].value: {value:?} is not an IPv4 or IPv6 address")]
+    #[error("conditions[{index}].value: {value:?} is not an IPv4 or IPv6 address or network (address/prefix length)")]
     BadIp { index: usize, value: String },
+    #[error("conditions[{index}].value: {value:?}: {reason}")]
+    BadIpNet {
+        index: usize,
+        value: String,
+        reason: IpNetError,
+    },
+    #[error("priority: must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {0}")]
+    BadPriority(i32),
     #[error("rate: must be greater than 0")]
     ZeroRate,
     #[error("rate: {rate} per {per} is too high for {algorithm} (the interval between requests would be under {MIN_INTERVAL_NS} ns)")]
@@ -248,6 +262,11 @@ pub enum Action {
     Delay { max_delay_ms: u32 },
     /// Count and log only.
     DryRun,
+    /// Let the request through unlimited: a request whose matches at the
+    /// highest priority present include an `allow` strategy is counted as
+    /// passed by it and by no other strategy (`$rate_ctl_status` =
+    /// `ALLOWED`). The blacklist still wins.
+    Allow,
     /// Dry run of a `delay` strategy (the cap it enforces when dry run
     /// ends): the limiter queues as `Delay` would, so the counters and the
     /// would-be delays predict enforcement, but nothing waits or is refused.
@@ -260,6 +279,7 @@ impl Action {
             Action::Reject { .. } => 1,
             Action::Delay { .. } => 2,
             Action::DryRun | Action::DryRunDelay { .. } => 3,
+            Action::Allow => 4,
         }
     }
 
@@ -318,6 +338,10 @@ pub struct Strategy {
     pub enabled: bool,
     /// `warm_up` only; [`WarmUp::NONE`] otherwise.
     pub warm_up: WarmUp,
+    /// [`MIN_PRIORITY`] ..= [`MAX_PRIORITY`], default 0: among the
+    /// strategies a request matches only those at the highest priority
+    /// present apply (see [`table`](super::table)).
+    pub priority: i32,
 }
 
 /// Is `name` a valid dimension name: `[a-z][a-z0-9_]*`, at most 32 bytes.
@@ -405,6 +429,7 @@ impl Strategy {
             action,
             enabled: true,
             warm_up: WarmUp::NONE,
+            priority: 0,
         };
         if s.algorithm == Algorithm::LeakyBucket {
             s.burst = 1;
@@ -423,8 +448,8 @@ impl Strategy {
     pub fn validate(&mut self) -> Result<(), ModelError> {
         for c in &mut self.conditions {
             if c.dimension == "ip" {
-                if let Some(canon) = canonical_ip(&c.value) {
-                    c.value = canon.into_bytes();
+                if let Ok(net) = parse_ip_net(&c.value) {
+                    c.value = net.to_string().into_bytes();
                 }
             }
         }
@@ -503,11 +528,28 @@ impl Strategy {
                 return Err(ModelError::ControlCharacter { index, byte });
             }
             if c.dimension == "ip" && !is_canonical_ip(&c.value) {
-                return Err(ModelError::BadIp {
-                    index,
-                    value: String::from_utf8_lossy(&c.value).into_owned(),
-                });
+                // Else a network in canonical form (`10.0.0.0/8`).
+                let value = || String::from_utf8_lossy(&c.value).into_owned();
+                match parse_ip_net(&c.value) {
+                    Ok(net) if net.to_string().as_bytes() == &c.value[..] => {}
+                    Ok(_) | Err(IpNetError::NotAnAddress) => {
+                        return Err(ModelError::BadIp {
+                            index,
+                            value: value(),
+                        })
+                    }
+                    Err(reason) => {
+                        return Err(ModelError::BadIpNet {
+                            index,
+                            value: value(),
+                            reason,
+                        })
+                    }
+                }
             }
+        }
+        if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(ModelError::BadPriority(self.priority));
         }
         if self.rate == 0 {
             return Err(ModelError::ZeroRate);
@@ -593,6 +635,51 @@ pub fn interval_ns(rate: u64, per: Unit) -> u64 {
     per.period_ns().div_ceil(rate)
 }
 
+/// A strategy that passed [`Strategy::validate`]. [`Strategy::into_valid`]
+/// makes one, and [`ValidStrategy::vouched`] for a caller holding its own
+/// proof of that check, so whoever holds it needs no second check: the
+/// writer publishes these. (The admin binary validates once at each trust
+/// boundary — input, store read — and its agent vouches for the result;
+/// the reader's boundary is the file: it [`check`](Strategy::check)s every
+/// strategy it decodes.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidStrategy(Strategy);
+
+impl Strategy {
+    /// Validates (see [`validate`](Self::validate)) and keeps the proof.
+    pub fn into_valid(mut self) -> Result<ValidStrategy, ModelError> {
+        self.validate()?;
+        Ok(ValidStrategy(self))
+    }
+}
+
+impl ValidStrategy {
+    pub fn into_inner(self) -> Strategy {
+        self.0
+    }
+
+    /// Vouches for `s` without running [`Strategy::validate`]: for a caller
+    /// that holds its own proof that `s` passed it — the admin binary's
+    /// validated store record (`store::valid::Valid`, made only by the
+    /// record's `validate`, which is the core's plus the record's fields),
+    /// converted as is. That caller must still check what its conversion
+    /// changes (the agent re-checks a host's share of a cluster rate and the
+    /// clock tick; see `agent/rates.rs`). The binary is another crate, so
+    /// this cannot be crate-private. A broken promise is no memory-safety
+    /// matter: the reader still [`check`](Strategy::check)s every strategy
+    /// it decodes from the file.
+    pub fn vouched(s: Strategy) -> ValidStrategy {
+        ValidStrategy(s)
+    }
+}
+
+impl std::ops::Deref for ValidStrategy {
+    type Target = Strategy;
+    fn deref(&self) -> &Strategy {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -611,7 +698,61 @@ mod tests {
             action: Action::Reject { status: None },
             enabled: true,
             warm_up: WarmUp::NONE,
+            priority: 0,
         }
+    }
+
+    #[test]
+    fn ip_networks_are_canonicalised_or_refused_naming_the_value() {
+        let mut s = base();
+        s.conditions[0].value = b"::ffff:10.0.0.0/104".to_vec();
+        s.validate().unwrap();
+        assert_eq!(s.conditions[0].value, b"10.0.0.0/8");
+        s.check().unwrap();
+        s.conditions[0].value = b"10.0.0.1/32".to_vec();
+        s.validate().unwrap();
+        assert_eq!(s.conditions[0].value, b"10.0.0.1", "a /32 is the address");
+        s.conditions[0].value = b"2001:DB8::/32".to_vec();
+        assert!(s.check().is_err(), "check() wants the canonical form");
+        s.validate().unwrap();
+        assert_eq!(s.conditions[0].value, b"2001:db8::/32");
+        for (bad, says) in [
+            (
+                "10.0.0.1/8",
+                "host bits are set past the /8 prefix; the network is 10.0.0.0/8",
+            ),
+            (
+                "10.0.0.0/33",
+                "prefix length \"33\" is not a number from 0 to 32",
+            ),
+            ("10.0.0/8", "not an IPv4 or IPv6 address or network"),
+        ] {
+            s.conditions[0].value = bad.as_bytes().to_vec();
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.starts_with("conditions[0].value: "), "{e}");
+            assert!(e.contains(bad) && e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn priority_has_a_range_and_allow_needs_nothing() {
+        let mut s = base();
+        for p in [MIN_PRIORITY, 0, MAX_PRIORITY] {
+            s.priority = p;
+            s.validate().unwrap();
+        }
+        for p in [MIN_PRIORITY - 1, MAX_PRIORITY + 1] {
+            s.priority = p;
+            let e = s.validate().unwrap_err().to_string();
+            assert!(
+                e.starts_with("priority: must be between -1000 and 1000"),
+                "{e}"
+            );
+        }
+        s.priority = 0;
+        s.action = Action::Allow;
+        s.validate().unwrap();
+        assert!(!s.action.is_dry_run());
     }
 
     #[test]

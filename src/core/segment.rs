@@ -22,8 +22,9 @@ const S_CONFIG_VERSION: usize = 24;
 const S_LEN_COUNT: usize = 32; // u32 payload length | u32 strategy count << 32
 const S_CRC_DIMS: usize = 40; // u32 crc | u32 blacklist dimension count << 32
 const S_PUBLISHED_AT: usize = 48;
-/// Fixed part of a strategy record.
-pub const REC_FIXED: usize = 48;
+/// Fixed part of a strategy record (48 before layout version 3 added the
+/// priority).
+pub const REC_FIXED: usize = 56;
 /// Most dimension names one table may use (strategies and blacklist).
 pub const MAX_TABLE_DIMENSIONS: usize = 64;
 
@@ -83,6 +84,7 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
             Action::DryRun => (3, 0, 0),
             // Readers that predate it see a plain dry run (they ignore the cap).
             Action::DryRunDelay { max_delay_ms } => (3, 0, max_delay_ms),
+            Action::Allow => (4, 0, 0),
         };
         out.extend_from_slice(&max_delay.to_le_bytes());
         out.push(s.algorithm as u8);
@@ -92,6 +94,8 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         out.extend_from_slice(&status.to_le_bytes());
         out.push(s.enabled as u8);
         out.push(s.warm_up.cold_factor);
+        out.extend_from_slice(&s.priority.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes()); // reserved
         for c in &s.conditions {
             out.push(c.dimension.len() as u8);
             out.extend_from_slice(c.dimension.as_bytes());
@@ -289,6 +293,8 @@ pub fn decode_payload(
         let status = r.u16().ok_or_else(trunc)?;
         let enabled = r.u8().ok_or_else(trunc)? != 0;
         let cold_factor = r.u8().ok_or_else(trunc)?;
+        let priority = r.u32().ok_or_else(trunc)? as i32;
+        let _reserved = r.u32().ok_or_else(trunc)?;
         let action = match kind {
             1 => Action::Reject {
                 status: (status != 0).then_some(status),
@@ -296,6 +302,7 @@ pub fn decode_payload(
             2 => Action::Delay { max_delay_ms },
             3 if max_delay_ms != 0 => Action::DryRunDelay { max_delay_ms },
             3 => Action::DryRun,
+            4 => Action::Allow,
             _ => return Err(bad("unknown action")),
         };
         let mut conditions = Vec::with_capacity(n.min(super::model::MAX_CONDITIONS + 1));
@@ -320,6 +327,7 @@ pub fn decode_payload(
                 period_ms: warm_up_ms,
                 cold_factor,
             },
+            priority,
         };
         strategy
             .check()
@@ -370,7 +378,12 @@ mod tests {
             action: Action::Reject { status: Some(429) },
             enabled: true,
             warm_up: WarmUp::NONE,
+            priority: id as i32 - 5,
         };
+        if id == 3 {
+            s.action = Action::Allow;
+            s.conditions[0].value = b"10.0.0.0/8".to_vec();
+        }
         s.validate().unwrap();
         Published {
             strategy: s,

@@ -1,11 +1,11 @@
 //! The numbers behind the module's `rate_ctl_stats;` endpoint — the table
-//! state and per-strategy counters of a worker's engine — and their JSON
+//! state and per-strategy counters of a worker's reader — and their JSON
 //! and Prometheus renderings. nginx-free, so `cargo test` runs its tests;
 //! the handler is in `src/module/stats.rs`.
 
 use std::fmt::Write as _;
 
-use super::engine::Engine;
+use super::reader::Reader;
 use super::slot::Slot;
 
 /// One strategy's counters.
@@ -31,14 +31,14 @@ pub struct Stats {
     pub undefined_dimensions: Vec<(String, Vec<u32>)>,
 }
 
-/// Reads the engine's mapping and the current table's slots.
-pub fn snapshot(engine: &Engine) -> Stats {
-    let Some(map) = engine.mapping() else {
+/// Reads the reader's mapping and the current table's slots.
+pub fn snapshot(reader: &Reader) -> Stats {
+    let Some(map) = reader.mapping() else {
         return Stats::default();
     };
     let sequence = map.seq();
     let mut s = Stats {
-        enforcing: engine.table().is_some(),
+        enforcing: reader.table().is_some(),
         sequence,
         active_segment: sequence & 1,
         config_version: 0,
@@ -46,7 +46,7 @@ pub fn snapshot(engine: &Engine) -> Stats {
         strategies: Vec::new(),
         undefined_dimensions: Vec::new(),
     };
-    if let Some(t) = engine.table() {
+    if let Some(t) = reader.table() {
         s.config_version = t.config_version();
         let slots = map.slots();
         s.strategies = t

@@ -33,8 +33,9 @@ use smallvec::SmallVec;
 
 use super::admit::{self, Decision, Hit, Verdict};
 use super::blacklist::Blacklist;
+use super::ipnet::{parse_ip_net, prefix_mask};
 use super::limiter::Limiter;
-use super::model::{parse_ip, Algorithm, Strategy};
+use super::model::{parse_ip, Action, Algorithm, Strategy};
 use super::region::Region;
 use super::segment::{Decoded, MAX_TABLE_DIMENSIONS};
 use super::shm::Mapping;
@@ -107,6 +108,19 @@ impl Compiled {
             generation: self.generation,
         })
     }
+}
+
+/// The networks of one prefix length (see [`Table::ip_ranges`]).
+struct IpRanges {
+    dim: usize,
+    mask: u128,
+    nets: ValueMap<u128, ValueEntry>,
+    /// The lowest and highest network address of this length.
+    lo: u128,
+    hi: u128,
+    /// Its distinct networks (for `v4_dir`).
+    addrs: Vec<u128>,
+    len: u8,
 }
 
 #[derive(Default)]
@@ -201,7 +215,7 @@ impl<V: Values + ?Sized> Request<'_, V> {
 
 /// The outcome for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RequestOutcome {
     /// No strategy matched.
     NoMatch,
     /// The blacklist holds the client address (`None`) or the request's
@@ -209,12 +223,16 @@ pub enum Outcome {
     Blacklisted { dimension_index: Option<usize> },
     /// Strategies matched; see the decision.
     Limited(Decision),
+    /// An `allow` strategy (this id) at the highest priority the request
+    /// matched: it passes unlimited, counted as passed by that strategy
+    /// only.
+    Allowed { id: u32 },
 }
 
 /// A decision plus what is needed to release concurrency slots later.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableDecision {
-    pub outcome: Outcome,
+    pub outcome: RequestOutcome,
     /// Indexes (into the table) of concurrency strategies this request
     /// holds; release them with [`Table::release`] when it ends.
     pub held: SmallVec<[u32; 2]>,
@@ -223,7 +241,7 @@ pub struct TableDecision {
 impl TableDecision {
     pub fn verdict(&self) -> Option<&Verdict> {
         match &self.outcome {
-            Outcome::Limited(d) => Some(&d.verdict),
+            RequestOutcome::Limited(d) => Some(&d.verdict),
             _ => None,
         }
     }
@@ -240,6 +258,25 @@ pub struct Table {
     /// The `ip` dimension, matched on the binary address (no text form).
     ip_dim: Option<usize>,
     ip_index: ValueMap<u128, ValueEntry>,
+    /// Address ranges: per prefix length in use (longest first), the
+    /// pseudo-dimension `ip/<len>` it is matched as, the mask, and the
+    /// networks of that length (see [`ipnet`](super::ipnet)). A request
+    /// probes each once with its address masked to that length.
+    ip_ranges: Vec<IpRanges>,
+    /// The dimension indexes of `ip_ranges` (contiguous), and the span of
+    /// addresses any of their networks holds: a request outside it (most
+    /// traffic, when the ranges are a few networks) skips every probe.
+    range_dims: std::ops::Range<usize>,
+    ip_span: (u128, u128),
+    /// For an IPv4 client: per /16 of the address (65,536 entries, empty
+    /// without IPv4 networks), bit `i` set when `ip_ranges[i]` has a
+    /// network that may hold an address of that /16 (exact: never unset
+    /// for a network that holds one). A request probes only those lengths:
+    /// usually none or a few, whatever the number of lengths in use.
+    v4_dir: Box<[u64]>,
+    /// Some enabled strategy has a priority other than 0 or is an `allow`:
+    /// the matches are ranked before admission (else nothing to do).
+    ranked: bool,
     /// The other dimensions some strategy is anchored under a value of:
     /// the ones every request is asked for (by index).
     lookups: Box<[usize]>,
@@ -283,18 +320,59 @@ impl Table {
         // the `ip` dimension's values by address (see `ip_index`).
         let mut index: Vec<DimIndex> = Vec::new();
         let mut ip_index: ValueMap<u128, ValueEntry> = ValueMap::default();
+        let mut ip_ranges: Vec<IpRanges> = Vec::new();
         // Strategies per interned value id.
         let mut counts: Vec<u32> = Vec::new();
         let mut published = decoded.strategies;
         published.sort_by_key(|p| p.strategy.id);
         published.dedup_by_key(|p| p.strategy.id);
+        // The prefix lengths of the networks in use become dimensions
+        // first, longest first, so that their indexes are contiguous
+        // (`range_dims`: one fill clears them for a request outside).
+        let mut lens: Vec<u8> = published
+            .iter()
+            .filter(|p| p.strategy.enabled)
+            .flat_map(|p| &p.strategy.conditions)
+            .filter(|c| c.dimension == "ip")
+            .filter_map(|c| parse_ip_net(&c.value).ok())
+            .filter(|n| !n.is_host())
+            .map(|n| n.len)
+            .collect();
+        lens.sort_unstable_by(|a, b| b.cmp(a));
+        lens.dedup();
+        if !lens.is_empty() {
+            dim_of(&mut dims, "ip");
+        }
+        for l in &lens {
+            dim_of(&mut dims, &format!("ip/{l}"));
+        }
         'next: for p in published {
             if !p.strategy.enabled {
                 continue;
             }
             let mut conds = Vec::with_capacity(p.strategy.conditions.len());
             for c in &p.strategy.conditions {
-                let Some(d) = dim_of(&mut dims, &c.dimension) else {
+                // A network is matched as the pseudo-dimension `ip/<len>`
+                // (`len` over the IPv6 form), one per prefix length: a
+                // strategy names it at most once, like any dimension, so
+                // anchoring and tuple-space groups need nothing more.
+                let net = if c.dimension == "ip" {
+                    parse_ip_net(&c.value).ok()
+                } else {
+                    None
+                };
+                let name = match net {
+                    Some(n) if !n.is_host() => {
+                        // The text form of a request's address is read
+                        // through `ip` (callers without a binary address).
+                        if dim_of(&mut dims, "ip").is_none() {
+                            continue 'next;
+                        }
+                        std::borrow::Cow::Owned(format!("ip/{}", n.len))
+                    }
+                    _ => std::borrow::Cow::Borrowed(c.dimension.as_str()),
+                };
+                let Some(d) = dim_of(&mut dims, &name) else {
                     continue 'next; // over the dimension limit: the writer refuses this
                 };
                 if index.len() <= d {
@@ -309,13 +387,40 @@ impl Table {
                 } else {
                     None
                 };
-                let id = match ip {
-                    Some(ip) => {
+                let id = match (net, ip) {
+                    (Some(n), _) if !n.is_host() => {
+                        let r = match ip_ranges.iter().position(|r| r.dim == d) {
+                            Some(r) => r,
+                            None => {
+                                ip_ranges.push(IpRanges {
+                                    dim: d,
+                                    mask: prefix_mask(n.len),
+                                    nets: ValueMap::default(),
+                                    lo: n.addr,
+                                    hi: n.addr,
+                                    addrs: Vec::new(),
+                                    len: n.len,
+                                });
+                                ip_ranges.len() - 1
+                            }
+                        };
+                        let span = &mut ip_ranges[r];
+                        (span.lo, span.hi) = (span.lo.min(n.addr), span.hi.max(n.addr));
+                        let id = ip_ranges[r]
+                            .nets
+                            .get_or_insert_with(&n.addr, || ValueEntry::new(next))
+                            .id;
+                        if id == next {
+                            ip_ranges[r].addrs.push(n.addr);
+                        }
+                        id
+                    }
+                    (_, Some(ip)) => {
                         ip_index
                             .get_or_insert_with(&ip.0, || ValueEntry::new(next))
                             .id
                     }
-                    None => {
+                    (_, None) => {
                         index[d]
                             .values
                             .get_or_insert_with(&c.value[..], || ValueEntry::new(next))
@@ -382,7 +487,8 @@ impl Table {
         }
         let (groups, group_lists, spans) = group_heavy_values(&strategies, &anchored, &starts);
         let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
-        for e in entries.chain(ip_index.values_mut()) {
+        let ranges = ip_ranges.iter_mut().flat_map(|r| r.nets.values_mut());
+        for e in entries.chain(ip_index.values_mut()).chain(ranges) {
             (e.start, e.len) = spans[e.id as usize];
             if e.len == 1 {
                 let si = anchored[e.start as usize];
@@ -392,6 +498,36 @@ impl Table {
             }
         }
         let ip_dim = dims.iter().position(|d| d == "ip");
+        // Longest prefix first (any order gives the same matches).
+        ip_ranges.sort_by_key(|r| std::cmp::Reverse(r.mask.count_ones()));
+        let range_dims = match (ip_ranges.first(), ip_ranges.last()) {
+            (Some(a), Some(b)) => a.dim..b.dim + 1,
+            _ => 0..0,
+        };
+        // Contiguous by construction (see `lens`); a table over the
+        // dimension limit dropped some: then no fast path.
+        let contiguous = ip_ranges
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.dim == range_dims.start + i);
+        let ip_span = if contiguous {
+            ip_ranges.iter().fold((u128::MAX, 0), |(lo, hi), r| {
+                (lo.min(r.lo), hi.max(r.hi | !r.mask))
+            })
+        } else {
+            (0, u128::MAX)
+        };
+        let v4_dir = if contiguous && ip_ranges.len() <= 64 {
+            v4_directory(&ip_ranges)
+        } else {
+            Box::default()
+        };
+        for r in &mut ip_ranges {
+            r.addrs = Vec::new();
+        }
+        let ranked = strategies
+            .iter()
+            .any(|c| c.strategy.priority != 0 || c.strategy.action == Action::Allow);
         let named = |d: &usize| Some(*d) != ip_dim && !index[*d].values.is_empty();
         let anchors = |d: &usize| index[*d].values.values().any(|e| e.len != 0);
         let lookups = (0..dims.len()).filter(named).filter(anchors).collect();
@@ -408,6 +544,11 @@ impl Table {
             index,
             ip_dim,
             ip_index,
+            ip_ranges,
+            range_dims,
+            ip_span,
+            v4_dir,
+            ranked,
             lookups,
             checks,
             anchored,
@@ -503,6 +644,24 @@ impl Table {
             sources = 1;
         }
         let mut ns = 0;
+        // Address ranges: probed only for an address some network may hold.
+        let mut in_ranges = None;
+        if !self.ip_ranges.is_empty() {
+            match ip {
+                // IPv4 with a directory: only the lengths it names.
+                Some(ip) if ip.0 >> 32 == 0xffff && !self.v4_dir.is_empty() => {
+                    req[self.range_dims.clone()].fill(NONE);
+                    let bits = self.v4_dir[(ip.0 as u32 >> 16) as usize];
+                    if bits != 0 {
+                        in_ranges = Some((ip, bits));
+                    }
+                }
+                Some(ip) if self.ip_span.0 <= ip.0 && ip.0 <= self.ip_span.1 => {
+                    in_ranges = Some((ip, u64::MAX))
+                }
+                _ => req[self.range_dims.clone()].fill(NONE),
+            }
+        }
         let mut found = |d: usize, e: Option<&ValueEntry>| {
             let Some(e) = e else {
                 req[d] = NONE;
@@ -519,6 +678,29 @@ impl Table {
         };
         if let Some(d) = self.ip_dim {
             found(d, ip.and_then(|ip| self.ip_index.get(&ip.0)));
+        }
+        match in_ranges {
+            Some((ip, u64::MAX)) => {
+                for r in &self.ip_ranges {
+                    let m = ip.0 & r.mask;
+                    let e = if r.lo <= m && m <= r.hi {
+                        r.nets.get(&m)
+                    } else {
+                        None
+                    };
+                    found(r.dim, e);
+                }
+            }
+            Some((ip, mut bits)) => {
+                while bits != 0 {
+                    let r = &self.ip_ranges[bits.trailing_zeros() as usize];
+                    bits &= bits - 1;
+                    if let Some(e) = r.nets.get(&(ip.0 & r.mask)) {
+                        found(r.dim, Some(e));
+                    }
+                }
+            }
+            None => {}
         }
         for &d in self.lookups.iter() {
             let e = match values.value(d) {
@@ -590,7 +772,7 @@ impl Table {
         r: &Request<'_, V>,
         held: &mut SmallVec<[u32; 2]>,
         scratch: &mut Scratch,
-    ) -> Outcome {
+    ) -> RequestOutcome {
         // An empty blacklist costs nothing per request.
         if self.bl_ip || !self.bl_dims.is_empty() {
             if let Some(o) = self.blacklisted(r) {
@@ -598,15 +780,25 @@ impl Table {
             }
         }
         self.match_request(r.values, r.ip, scratch);
+        if self.ranked {
+            if let Some(id) = self.rank(&mut scratch.matches) {
+                return RequestOutcome::Allowed { id };
+            }
+        }
         let matched = &scratch.matches[..];
         let (Some(map), false) = (&self.map, matched.is_empty()) else {
-            return Outcome::NoMatch;
+            return RequestOutcome::NoMatch;
         };
         let slots = map.slots();
         if let [si] = *matched {
             // The common case, without the lists below.
             let Some(hit) = self.strategies[si as usize].hit(&slots) else {
-                return Outcome::Limited(admit::admit_with(&[], r.now(), r.dry_run, r.quota));
+                return RequestOutcome::Limited(admit::admit_with(
+                    &[],
+                    r.now(),
+                    r.dry_run,
+                    r.quota,
+                ));
             };
             let decision =
                 admit::admit_with(std::slice::from_ref(&hit), r.now(), r.dry_run, r.quota);
@@ -614,9 +806,40 @@ impl Table {
                 held.push(si);
                 map.hold_unit(hit_slot(&self.strategies[si as usize]), hit.generation);
             }
-            return Outcome::Limited(decision);
+            return RequestOutcome::Limited(decision);
         }
-        Outcome::Limited(self.admit_matched(matched, map, &slots, r, held))
+        RequestOutcome::Limited(self.admit_matched(matched, map, &slots, r, held))
+    }
+
+    /// Priorities and `allow`: keeps in `matched` only the strategies at
+    /// the highest priority present; if one of them is an `allow`, the
+    /// request passes on it: counted as passed by the first such strategy
+    /// (lowest id, if its slot is still its own), whose id is returned.
+    #[cold]
+    fn rank(&self, matched: &mut Vec<u32>) -> Option<u32> {
+        let prio = |si: &u32| self.strategies[*si as usize].strategy.priority;
+        let top = matched.iter().map(prio).max()?;
+        matched.retain(|si| prio(si) == top);
+        let &si = matched
+            .iter()
+            .find(|&&si| self.strategies[si as usize].strategy.action == Action::Allow)?;
+        let c = &self.strategies[si as usize];
+        if let Some(map) = &self.map {
+            let slots = map.slots();
+            if let Some(hit) = c.hit(&slots) {
+                if hit
+                    .slot
+                    .generation()
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    == hit.generation
+                {
+                    hit.slot
+                        .passed()
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        Some(c.strategy.id)
     }
 
     /// Admission of a request that matched several strategies (out of the
@@ -651,11 +874,11 @@ impl Table {
     /// The blacklist's verdict on the request, if it holds the client
     /// address or one of its values.
     #[cold]
-    fn blacklisted<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> Option<Outcome> {
+    fn blacklisted<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> Option<RequestOutcome> {
         let bl = self.blacklist()?;
         if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
             if bl.contains_ip(ip.addr(), r.now_unix_ms) {
-                return Some(Outcome::Blacklisted {
+                return Some(RequestOutcome::Blacklisted {
                     dimension_index: None,
                 });
             }
@@ -663,7 +886,7 @@ impl Table {
         for &(d, hash) in &self.bl_dims {
             if let Some(v) = r.values.value(d).filter(|v| !v.is_empty()) {
                 if bl.contains_hashed(hash, v, r.now_unix_ms) {
-                    return Some(Outcome::Blacklisted {
+                    return Some(RequestOutcome::Blacklisted {
                         dimension_index: Some(d),
                     });
                 }
@@ -700,6 +923,37 @@ impl Table {
         let map = self.map.as_ref()?;
         Blacklist::open(map.blacklist()).ok()
     }
+}
+
+/// [`Table::v4_dir`] for `ranges` (at most 64): an IPv4 network `/l`
+/// (IPv6-form length `96 + l`) marks the /16 entries it covers (one for
+/// `l >= 16`, `2^(16-l)` below: at most 65,536 marks per length, whatever
+/// the number of networks); a shorter IPv6 network holding the v4-mapped
+/// space marks every entry. Empty when no network can hold an IPv4 address.
+fn v4_directory(ranges: &[IpRanges]) -> Box<[u64]> {
+    const V4_MAPPED: u128 = 0xffff_0000_0000;
+    let mut dir: Vec<u64> = Vec::new();
+    for (i, r) in ranges.iter().enumerate() {
+        let bit = 1u64 << i;
+        for &a in &r.addrs {
+            let (from, count) = if r.len >= 96 && a >> 32 == V4_MAPPED >> 32 {
+                let l4 = u32::from(r.len - 96);
+                let first = (a as u32 >> 16) as usize;
+                (first, if l4 >= 16 { 1 } else { 1usize << (16 - l4) })
+            } else if V4_MAPPED & r.mask == a {
+                (0, 1 << 16)
+            } else {
+                continue; // an IPv6 network: no IPv4 address is in it
+            };
+            if dir.is_empty() {
+                dir = vec![0; 1 << 16];
+            }
+            for e in &mut dir[from..from + count] {
+                *e |= bit;
+            }
+        }
+    }
+    dir.into_boxed_slice()
 }
 
 /// The set of dimensions a strategy constrains, one bit per dimension

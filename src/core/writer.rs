@@ -24,7 +24,7 @@ use std::sync::Arc;
 use super::blacklist::{self, Blacklist, BlacklistEntry};
 use super::clock::MonotonicClock;
 use super::limiter::Limiter;
-use super::model::{Algorithm, Strategy};
+use super::model::{Algorithm, Strategy, ValidStrategy};
 use super::segment::{self, Published, MAX_TABLE_DIMENSIONS};
 use super::shm::{
     self, Capacities, Geometry, Mapping, ShmError, H_CONFIG_VERSION, H_HEARTBEAT, H_SEQ,
@@ -105,6 +105,17 @@ struct Assigned {
     algorithm: Algorithm,
     /// For [`Writer::repair_foreign`].
     limiter: Limiter,
+}
+
+impl Assigned {
+    fn of(p: &Published) -> Assigned {
+        Assigned {
+            slot: p.slot,
+            generation: p.generation,
+            algorithm: p.strategy.algorithm,
+            limiter: Limiter::from_strategy(&p.strategy),
+        }
+    }
 }
 
 pub struct Writer {
@@ -429,16 +440,8 @@ impl Writer {
             // written; the active one is whole.
             if let Ok(d) = segment::read_segment(&map.segment((seq & 1) as usize), seq, &mut buf) {
                 count = d.strategies.len();
-                for p in d.strategies {
-                    assigned.insert(
-                        p.strategy.id,
-                        Assigned {
-                            slot: p.slot,
-                            generation: p.generation,
-                            algorithm: p.strategy.algorithm,
-                            limiter: Limiter::from_strategy(&p.strategy),
-                        },
-                    );
+                for p in &d.strategies {
+                    assigned.insert(p.strategy.id, Assigned::of(p));
                 }
             }
         }
@@ -582,11 +585,7 @@ impl Writer {
         bm.store(off, if used { v | mask } else { v & !mask });
     }
 
-    /// Publishes `strategies` (rates already local to this host) and the
-    /// full blacklist. Nothing in the file changes unless the whole publish
-    /// fits: invalid strategies, duplicate ids and exceeded capacities are
-    /// errors and the previous table stays active.
-    /// [`publish`](Self::publish), and when the table fits the capacity
+    /// [`publish_valid`](Self::publish_valid), and when the table fits the capacity
     /// but not the slots free right now (the slots of the strategies it
     /// replaces are still in use or in their 2 s quarantine — e.g. a
     /// replace-import of a full table), publish it in stages: now the
@@ -596,17 +595,17 @@ impl Writer {
     /// later call with the same table (2 s on); 0 when complete.
     pub fn publish_staged(
         &mut self,
-        strategies: &[Strategy],
+        strategies: &[ValidStrategy],
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
-        let free = match self.publish(strategies, blacklist, config_version) {
+        let free = match self.publish_valid(strategies, blacklist, config_version) {
             Err(ShmError::SlotsBusy { free, .. }) => free as usize,
             other => return other,
         };
-        let mut first: Vec<Strategy> = Vec::with_capacity(strategies.len());
+        let mut first: Vec<ValidStrategy> = Vec::with_capacity(strategies.len());
         let mut new = 0;
-        let mut by_id: Vec<&Strategy> = strategies.iter().collect();
+        let mut by_id: Vec<&ValidStrategy> = strategies.iter().collect();
         by_id.sort_by_key(|s| s.id);
         for s in by_id {
             let keeps = self
@@ -623,7 +622,7 @@ impl Writer {
         // the agent's applied version, host lag) sees the new version only
         // once the whole table is in.
         let previous = self.map.header().load(H_CONFIG_VERSION);
-        let mut report = self.publish(&first, blacklist, previous)?;
+        let mut report = self.publish_valid(&first, blacklist, previous)?;
         report.deferred = strategies.len() - first.len();
         Ok(report)
     }
@@ -632,9 +631,31 @@ impl Writer {
     /// full blacklist. Nothing in the file changes unless the whole publish
     /// fits: invalid strategies, duplicate ids and exceeded capacities are
     /// errors and the previous table stays active.
+    ///
+    /// For callers holding strategies no one validated yet (a table file,
+    /// tests): validates each once, then [`publish_valid`](Self::publish_valid).
     pub fn publish(
         &mut self,
         strategies: &[Strategy],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let valid = strategies
+            .iter()
+            .map(|s| {
+                s.clone()
+                    .into_valid()
+                    .map_err(|source| ShmError::InvalidStrategy { id: s.id, source })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.publish_valid(&valid, blacklist, config_version)
+    }
+
+    /// [`publish`](Self::publish) for strategies already validated (the
+    /// agent's): they are not checked again.
+    pub fn publish_valid(
+        &mut self,
+        strategies: &[ValidStrategy],
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
@@ -643,22 +664,17 @@ impl Writer {
         self.apply(plan, blacklist, config_version)
     }
 
-    /// Step 1 of a publish: validates the strategies, checks every
-    /// capacity, assigns slots and encodes the payload. No side effects.
+    /// Step 1 of a publish: checks every capacity (the strategies carry
+    /// their validation), assigns slots and encodes the payload. No side
+    /// effects.
     fn plan(
         &self,
-        strategies: &[Strategy],
+        strategies: &[ValidStrategy],
         blacklist: &[BlacklistEntry],
     ) -> Result<Plan, ShmError> {
         let g = self.map.geometry;
         let now_ms = shm::unix_ms();
-        let mut list: Vec<Strategy> = Vec::with_capacity(strategies.len());
-        for s in strategies {
-            let mut s = s.clone();
-            s.validate()
-                .map_err(|source| ShmError::InvalidStrategy { id: s.id, source })?;
-            list.push(s);
-        }
+        let mut list: Vec<Strategy> = strategies.iter().map(|s| (**s).clone()).collect();
         list.sort_by_key(|s| s.id);
         if let Some(w) = list.windows(2).find(|w| w[0].id == w[1].id) {
             return Err(ShmError::DuplicateId(w[0].id));
@@ -672,10 +688,19 @@ impl Writer {
         }
         let mut dims: Vec<&str> = Vec::new();
         let mut bl_dims: Vec<String> = Vec::new();
+        // Each prefix length of an `ip` network is one more dimension to
+        // the matcher (see core::ipnet).
+        let mut prefixes: Vec<u8> = Vec::new();
         for s in &list {
             for c in &s.conditions {
                 if !dims.contains(&c.dimension.as_str()) {
                     dims.push(&c.dimension);
+                }
+                if c.dimension == "ip" {
+                    match super::ipnet::parse_ip_net(&c.value) {
+                        Ok(n) if !n.is_host() && !prefixes.contains(&n.len) => prefixes.push(n.len),
+                        _ => {}
+                    }
                 }
             }
         }
@@ -685,6 +710,7 @@ impl Writer {
             }
         }
         let all_dims = dims.len()
+            + prefixes.len()
             + bl_dims
                 .iter()
                 .filter(|d| !dims.contains(&d.as_str()))
@@ -843,17 +869,7 @@ impl Writer {
         self.seq = next;
         self.assigned = plan
             .iter()
-            .map(|p| {
-                (
-                    p.strategy.id,
-                    Assigned {
-                        slot: p.slot,
-                        generation: p.generation,
-                        algorithm: p.strategy.algorithm,
-                        limiter: Limiter::from_strategy(&p.strategy),
-                    },
-                )
-            })
+            .map(|p| (p.strategy.id, Assigned::of(p)))
             .collect();
         Ok(PublishReport {
             seq: next,

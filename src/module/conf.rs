@@ -1,23 +1,21 @@
-//! Directives: the command table, the main and location configurations and
-//! their merge. Argument parsing is in [`super::parse`] (pure, unit-tested);
-//! here each handler reports a [`ParseError`] once through nginx's conf
-//! error path, so `nginx -t` prints the directive, the value and the line.
+//! Directives: their handlers, the main and location configurations and
+//! their merge (the command table naming the handlers is in [`super`], with
+//! the rest of the module's registration; `rate_ctl_stats` is in
+//! [`super::stats`] with the endpoint it installs). Argument parsing is in
+//! [`super::parse`] (pure, unit-tested); here each handler reports a
+//! [`ParseError`] once through nginx's conf error path, so `nginx -t` prints
+//! the directive, the value and the line.
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};
-use std::ptr;
 
 use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_str_t, ngx_uint_t, NGX_CONF_FLAG,
-    NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
-    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
+    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_str_t, NGX_LOG_EMERG,
 };
-use ngx::http::{
-    HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError, NgxHttpCoreModule,
-};
-use ngx::{ngx_conf_log_error, ngx_string};
+use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
+use ngx::ngx_conf_log_error;
 
 use super::parse::{self, HeaderStyle, LogLevel, ParseError, DEFAULT_SHM_PATH};
 
@@ -123,93 +121,6 @@ impl Merge for LocConf {
     }
 }
 
-const ANY_LEVEL: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
-
-const fn command(
-    name: ngx_str_t,
-    type_: u32,
-    set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut c_void) -> *mut c_char,
-    conf: usize,
-) -> ngx_command_t {
-    ngx_command_t {
-        name,
-        type_: type_ as ngx_uint_t,
-        set: Some(set),
-        conf,
-        offset: 0,
-        post: ptr::null_mut(),
-    }
-}
-
-/// The directive table; nginx walks it until the null entry.
-pub static mut COMMANDS: [ngx_command_t; 10] = [
-    command(
-        ngx_string!("rate_ctl"),
-        ANY_LEVEL | NGX_CONF_FLAG,
-        set_enable,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("rate_ctl_shm"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
-        set_shm,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("rate_ctl_dimension"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE2,
-        set_dimension,
-        NGX_HTTP_MAIN_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("rate_ctl_status"),
-        ANY_LEVEL | NGX_CONF_TAKE1,
-        set_status,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("rate_ctl_blacklist_status"),
-        ANY_LEVEL | NGX_CONF_TAKE1,
-        set_blacklist_status,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("rate_ctl_dry_run"),
-        ANY_LEVEL | NGX_CONF_FLAG,
-        set_dry_run,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("rate_ctl_log_level"),
-        ANY_LEVEL | NGX_CONF_TAKE1,
-        set_log_level,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("rate_ctl_headers"),
-        ANY_LEVEL | NGX_CONF_TAKE1,
-        set_headers,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    command(
-        ngx_string!("rate_ctl_stats"),
-        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
-        set_stats,
-        NGX_HTTP_LOC_CONF_OFFSET,
-    ),
-    ngx_command_t {
-        name: ngx_str_t {
-            len: 0,
-            data: ptr::null_mut(),
-        },
-        type_: 0,
-        set: None,
-        conf: 0,
-        offset: 0,
-        post: ptr::null_mut(),
-    },
-];
-
 /// The arguments of the directive being parsed; `[0]` is its name.
 ///
 /// # Safety
@@ -233,7 +144,7 @@ fn bytes(s: &ngx_str_t) -> &[u8] {
 }
 
 /// Logs `e` once as an `[emerg]` with the file and line, and fails the directive.
-fn fail(cf: *mut ngx_conf_t, e: ParseError) -> *mut c_char {
+pub(super) fn fail(cf: *mut ngx_conf_t, e: ParseError) -> *mut c_char {
     ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{e}");
     NGX_CONF_ERROR
 }
@@ -269,7 +180,7 @@ unsafe fn set_loc<T>(
 /// [`set_loc`]: `name => handler: field, parser`.
 macro_rules! loc_setters {
     ($($directive:literal => $fn:ident: $field:ident, $parse:expr;)*) => {$(
-        extern "C" fn $fn(
+        pub(super) extern "C" fn $fn(
             cf: *mut ngx_conf_t,
             _cmd: *mut ngx_command_t,
             conf: *mut c_void,
@@ -281,7 +192,7 @@ macro_rules! loc_setters {
 }
 
 /// Marks the module as used, so that workers load the table at start.
-fn mark_used(cf: *mut ngx_conf_t) {
+pub(super) fn mark_used(cf: *mut ngx_conf_t) {
     // SAFETY: cf is the parser state of a directive inside the http block,
     // whose main configuration of this module exists.
     if let Some(mc) = super::RateCtlModule::main_conf_mut(unsafe { &*cf }) {
@@ -289,7 +200,7 @@ fn mark_used(cf: *mut ngx_conf_t) {
     }
 }
 
-extern "C" fn set_enable(
+pub(super) extern "C" fn set_enable(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
@@ -320,7 +231,7 @@ loc_setters! {
     "rate_ctl_headers" => set_headers: headers, parse::parse_header_style;
 }
 
-extern "C" fn set_shm(
+pub(super) extern "C" fn set_shm(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
@@ -345,7 +256,7 @@ extern "C" fn set_shm(
     }
 }
 
-extern "C" fn set_dimension(
+pub(super) extern "C" fn set_dimension(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
@@ -408,28 +319,5 @@ extern "C" fn set_dimension(
         name,
         value: DimensionValue::Complex(cv),
     });
-    NGX_CONF_OK
-}
-
-extern "C" fn set_stats(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    _conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: cf is the parser state inside a location block, whose core
-    // location configuration exists.
-    let Some(clcf) = NgxHttpCoreModule::location_conf_mut(unsafe { &*cf }) else {
-        return NGX_CONF_ERROR;
-    };
-    if clcf.handler.is_some() {
-        return fail(
-            cf,
-            ParseError::Duplicate {
-                directive: "rate_ctl_stats",
-            },
-        );
-    }
-    clcf.handler = Some(super::stats::stats_handler);
-    mark_used(cf);
     NGX_CONF_OK
 }

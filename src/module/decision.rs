@@ -13,10 +13,12 @@ pub enum ReqStatus {
     FailOpen,
     /// A dry run would have delayed the request (nginx: `DELAYED_DRY_RUN`).
     DryRunDelayed,
+    /// An `allow` strategy let the request through unlimited.
+    Allowed,
 }
 
 impl ReqStatus {
-    /// 1..=7, as recorded per request (0 is "not decided").
+    /// 1..=8, as recorded per request (0 is "not decided").
     #[inline]
     pub fn code(self) -> u32 {
         match self {
@@ -27,6 +29,7 @@ impl ReqStatus {
             ReqStatus::DryRunRejected => 5,
             ReqStatus::FailOpen => 6,
             ReqStatus::DryRunDelayed => 7,
+            ReqStatus::Allowed => 8,
         }
     }
 
@@ -40,6 +43,7 @@ impl ReqStatus {
             5 => ReqStatus::DryRunRejected,
             6 => ReqStatus::FailOpen,
             7 => ReqStatus::DryRunDelayed,
+            8 => ReqStatus::Allowed,
             _ => return None,
         })
     }
@@ -53,6 +57,7 @@ impl ReqStatus {
             ReqStatus::DryRunRejected => "DRY_RUN_REJECTED",
             ReqStatus::FailOpen => "FAIL_OPEN",
             ReqStatus::DryRunDelayed => "DRY_RUN_DELAYED",
+            ReqStatus::Allowed => "ALLOWED",
         }
     }
 }

@@ -24,11 +24,11 @@ use super::conf::{LocConf, MainConf};
 use super::decision::ReqStatus;
 use super::time::{monotonic_ns, unix_ms};
 use super::variables::{self, Decided};
-use super::worker::{with_worker, Event, EventLog, Source, Worker};
+use super::worker::{with_worker, Event, EventLog, ValueSource, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
 use crate::core::headers::{rate_limit_headers, HeaderStyle};
-use crate::core::table::{IpKey, Outcome, Request as TableRequest, Values};
+use crate::core::table::{IpKey, Request as TableRequest, RequestOutcome, Values};
 
 /// Concurrency units a request holds until it ends: their slots and
 /// generations in the mapping that granted them (released there even if a
@@ -183,7 +183,7 @@ fn handle(r: &mut Request) -> Status {
 struct RequestValues<'a> {
     r: &'a Request,
     mc: &'a MainConf,
-    sources: &'a [Source],
+    sources: &'a [ValueSource],
     /// Which first bytes the query string's items have, once a `$arg`
     /// dimension was found absent (see `variables::dimension_value`).
     args_seen: std::cell::Cell<u64>,
@@ -194,13 +194,13 @@ impl Values for RequestValues<'_> {
     fn value(&self, dim: usize) -> Option<&[u8]> {
         let rr: &ngx_http_request_t = self.r.as_ref();
         match *self.sources.get(dim)? {
-            Source::Ip | Source::Unbound => None,
-            Source::Api => str_bytes(&rr.uri),
-            Source::Method => str_bytes(&rr.method_name),
-            Source::Host => str_bytes(&rr.headers_in.server).or_else(|| {
+            ValueSource::Ip | ValueSource::Unbound => None,
+            ValueSource::Api => str_bytes(&rr.uri),
+            ValueSource::Method => str_bytes(&rr.method_name),
+            ValueSource::Host => str_bytes(&rr.headers_in.server).or_else(|| {
                 NgxHttpCoreModule::server_conf(self.r).and_then(|cscf| str_bytes(&cscf.server_name))
             }),
-            Source::Custom(i) => self
+            ValueSource::Custom(i) => self
                 .mc
                 .dimensions
                 .get(i)
@@ -218,14 +218,14 @@ fn decide(
     now_ns: u64,
     now_ms: u64,
     lc: &LocConf,
-) -> (Option<Outcome>, Option<Hold>) {
+) -> (Option<RequestOutcome>, Option<Hold>) {
     let Worker {
-        engine,
+        reader,
         sources,
         scratch,
         ..
     } = w;
-    let Some(table) = engine.table() else {
+    let Some(table) = reader.table() else {
         return (None, None);
     };
     let mut held = SmallVec::new();
@@ -263,20 +263,27 @@ fn act(
     mc: &MainConf,
     lc: &LocConf,
     events: &mut EventLog,
-    outcome: Option<Outcome>,
+    outcome: Option<RequestOutcome>,
     hold: Option<Hold>,
     now_ms: u64,
 ) -> Status {
     let error = Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     let d = match outcome {
-        Some(Outcome::Limited(d)) => d,
+        Some(RequestOutcome::Limited(d)) => d,
+        Some(RequestOutcome::Allowed { id }) => {
+            return if record(r, mc, ReqStatus::Allowed, id, hold) {
+                Status::NGX_DECLINED
+            } else {
+                error
+            };
+        }
         other => {
             let (status, answer, blacklisted) = match other {
                 // A dry-run location only reports what it would have refused.
-                Some(Outcome::Blacklisted { .. }) if lc.dry_run() => {
+                Some(RequestOutcome::Blacklisted { .. }) if lc.dry_run() => {
                     (ReqStatus::DryRunRejected, Status::NGX_DECLINED, true)
                 }
-                Some(Outcome::Blacklisted { .. }) => {
+                Some(RequestOutcome::Blacklisted { .. }) => {
                     let answer = Status(lc.blacklist_status() as ngx_int_t);
                     (ReqStatus::Blacklisted, answer, true)
                 }

@@ -1,7 +1,8 @@
-//! `ngx_http_rate_ctl_module`: registration only. Directives are in
-//! [`conf`], the PREACCESS handler in [`handler`], variables in
-//! [`variables`], the stats endpoint in [`stats`], per-worker state (the
-//! core engine) in [`worker`].
+//! `ngx_http_rate_ctl_module`: registration only (the context, the command
+//! table, the phase handler). The directives' handlers are in [`conf`], the
+//! PREACCESS handler in [`handler`], variables in [`variables`], the stats
+//! endpoint and its directive in [`stats`], per-worker state (the core
+//! reader) in [`worker`].
 
 mod conf;
 mod decision;
@@ -13,15 +14,19 @@ mod time;
 mod variables;
 mod worker;
 
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 use std::ptr;
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_array_push, ngx_conf_t, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
-    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_HTTP_MODULE,
+    ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
+    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
+    NGX_CONF_FLAG, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
+    NGX_HTTP_SRV_CONF,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::ngx_string;
 
 pub struct RateCtlModule;
 
@@ -39,12 +44,99 @@ static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
 // The `ngx_modules` table nginx looks up in a dynamic module.
 ngx::ngx_modules!(ngx_http_rate_ctl_module);
 
+const ANY_LEVEL: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
+
+const fn command(
+    name: ngx_str_t,
+    type_: u32,
+    set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut c_void) -> *mut c_char,
+    conf: usize,
+) -> ngx_command_t {
+    ngx_command_t {
+        name,
+        type_: type_ as ngx_uint_t,
+        set: Some(set),
+        conf,
+        offset: 0,
+        post: ptr::null_mut(),
+    }
+}
+
+/// The directive table; nginx walks it until the null entry.
+pub static mut COMMANDS: [ngx_command_t; 10] = [
+    command(
+        ngx_string!("rate_ctl"),
+        ANY_LEVEL | NGX_CONF_FLAG,
+        conf::set_enable,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_shm"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_shm,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_dimension"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE2,
+        conf::set_dimension,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_status"),
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_status,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_blacklist_status"),
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_blacklist_status,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_dry_run"),
+        ANY_LEVEL | NGX_CONF_FLAG,
+        conf::set_dry_run,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_log_level"),
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_log_level,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_headers"),
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_headers,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_stats"),
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
+        stats::set_stats,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    ngx_command_t {
+        name: ngx_str_t {
+            len: 0,
+            data: ptr::null_mut(),
+        },
+        type_: 0,
+        set: None,
+        conf: 0,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+];
+
 #[used]
 #[allow(non_upper_case_globals)]
 pub static mut ngx_http_rate_ctl_module: ngx_module_t = ngx_module_t {
     ctx: ptr::addr_of!(MODULE_CTX) as *mut c_void,
     // SAFETY: taking the address of the static command table, not reading it.
-    commands: unsafe { ptr::addr_of_mut!(conf::COMMANDS[0]) },
+    commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as ngx_uint_t,
     init_process: Some(init_process),
     exit_process: Some(exit_process),

@@ -2,18 +2,48 @@
 //! per-strategy counters, as JSON or (`?format=prometheus`) in the
 //! Prometheus text exposition format.
 
-use ngx::core::{Buffer, Status};
-use ngx::ffi::{
-    ngx_chain_t, ngx_http_request_t, ngx_int_t, ngx_str_t, NGX_HTTP_GET, NGX_HTTP_HEAD,
-    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_HTTP_NOT_ALLOWED,
-};
-use ngx::http::{HTTPStatus, HttpModuleMainConf, Request};
+use std::ffi::{c_char, c_void};
 
+use ngx::core::{Buffer, Status, NGX_CONF_ERROR, NGX_CONF_OK};
+use ngx::ffi::{
+    ngx_chain_t, ngx_command_t, ngx_conf_t, ngx_http_request_t, ngx_int_t, ngx_str_t, NGX_HTTP_GET,
+    NGX_HTTP_HEAD, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_HTTP_NOT_ALLOWED,
+};
+use ngx::http::{
+    HTTPStatus, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request,
+};
+
+use super::conf::{fail, mark_used};
+use super::parse::ParseError;
 use super::worker::with_worker;
 use super::RateCtlModule;
 use crate::core::stats::{render_json, render_prometheus, snapshot, wants_prometheus};
 
-pub extern "C" fn stats_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+/// `rate_ctl_stats;`: makes the location answer with the stats.
+pub(super) extern "C" fn set_stats(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    _conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: cf is the parser state inside a location block, whose core
+    // location configuration exists.
+    let Some(clcf) = NgxHttpCoreModule::location_conf_mut(unsafe { &*cf }) else {
+        return NGX_CONF_ERROR;
+    };
+    if clcf.handler.is_some() {
+        return fail(
+            cf,
+            ParseError::Duplicate {
+                directive: "rate_ctl_stats",
+            },
+        );
+    }
+    clcf.handler = Some(stats_handler);
+    mark_used(cf);
+    NGX_CONF_OK
+}
+
+extern "C" fn stats_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls content handlers with a valid request.
     let r = unsafe { Request::from_ngx_http_request(r) };
     serve(r).0
@@ -42,7 +72,7 @@ fn serve(r: &mut Request) -> Status {
     let log = r.log();
     let Some(stats) = with_worker(mc, |w| {
         w.refresh(mc, now_ns, log);
-        let mut s = snapshot(&w.engine);
+        let mut s = snapshot(&w.reader);
         s.undefined_dimensions = w.undefined.clone();
         s
     }) else {

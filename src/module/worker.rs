@@ -1,4 +1,4 @@
-//! Per-worker state: the core engine, the dimension sources resolved for
+//! Per-worker state: the core reader, the dimension sources resolved for
 //! the current table version, and the aggregated rejection log.
 //!
 //! nginx runs every HTTP handler of a worker on one thread, so the state is
@@ -14,7 +14,7 @@ use ngx::ngx_log_error;
 
 use super::conf::MainConf;
 use super::parse::LogLevel;
-use crate::core::engine::{self, Engine};
+use crate::core::reader::{self, Reader};
 use crate::core::slot::Slot;
 use crate::core::table::{Scratch, Table};
 
@@ -178,7 +178,7 @@ pub fn flush_now() {
 
 /// Where a request value comes from, resolved once per table version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum ValueSource {
     /// The client address: the table matches it in binary, no value needed.
     Ip,
     Api,
@@ -191,9 +191,9 @@ pub enum Source {
 }
 
 pub struct Worker {
-    pub engine: Engine,
+    pub reader: Reader,
     sources_version: Option<u64>,
-    pub sources: Vec<Source>,
+    pub sources: Vec<ValueSource>,
     /// Dimensions of the current table this nginx does not define, with
     /// the strategies that use them (they never match); for stats.
     pub undefined: Vec<(String, Vec<u32>)>,
@@ -205,7 +205,7 @@ pub struct Worker {
 impl Worker {
     fn new(path: PathBuf) -> Worker {
         Worker {
-            engine: Engine::new(path),
+            reader: Reader::new(path),
             sources_version: None,
             sources: Vec::new(),
             undefined: Vec::new(),
@@ -215,27 +215,27 @@ impl Worker {
     }
 
     /// Picks up a new table (and maps its dimensions to request sources),
-    /// logging a state change once. Per request: the engine's version check.
+    /// logging a state change once. Per request: the reader's version check.
     #[inline]
     pub fn refresh(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
-        if !self.engine.is_current(now_ns) {
+        if !self.reader.is_current(now_ns) {
             self.refresh_slow(mc, now_ns, log);
         }
     }
 
     #[cold]
     fn refresh_slow(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
-        let change = self.engine.refresh(now_ns);
-        for change in change.into_iter().chain(self.engine.take_notice()) {
+        let change = self.reader.refresh(now_ns);
+        for change in change.into_iter().chain(self.reader.take_notice()) {
             let level = match change.level {
-                engine::LogLevel::Error => LogLevel::Error,
-                engine::LogLevel::Notice => LogLevel::Notice,
+                reader::Severity::Error => LogLevel::Error,
+                reader::Severity::Notice => LogLevel::Notice,
             };
             ngx_log_error!(level.ngx_level(), log, "{}", change.message);
         }
         // Once per table: map its dimensions to request sources and make
         // room in the working space.
-        let table = self.engine.table();
+        let table = self.reader.table();
         let version = table.map(|t| t.version());
         if version != self.sources_version {
             self.sources = match table {
@@ -259,13 +259,13 @@ impl Worker {
 /// (cleared in the others) for `rate-ctl shm inspect`.
 fn undefined_dimensions(
     t: &Table,
-    sources: &[Source],
+    sources: &[ValueSource],
     log: *mut ngx_log_t,
 ) -> Vec<(String, Vec<u32>)> {
     let mut out: Vec<(String, Vec<u32>)> = sources
         .iter()
         .zip(t.dimensions())
-        .filter(|(s, _)| **s == Source::Unbound)
+        .filter(|(s, _)| **s == ValueSource::Unbound)
         .map(|(_, name)| (name.clone(), Vec::new()))
         .collect();
     let slots = t.mapping().map(|m| m.slots());
@@ -302,13 +302,17 @@ fn undefined_dimensions(
 }
 
 /// Where the value of dimension `name` comes from.
-fn source_for(name: &str, mc: &MainConf) -> Source {
+fn source_for(name: &str, mc: &MainConf) -> ValueSource {
     match name {
-        "ip" => Source::Ip,
-        "api" => Source::Api,
-        "method" => Source::Method,
-        "host" => Source::Host,
-        other => mc.dimension(other).map_or(Source::Unbound, Source::Custom),
+        // `ip/<len>`: the table's address ranges of one prefix length.
+        "ip" => ValueSource::Ip,
+        range if range.starts_with("ip/") => ValueSource::Ip,
+        "api" => ValueSource::Api,
+        "method" => ValueSource::Method,
+        "host" => ValueSource::Host,
+        other => mc
+            .dimension(other)
+            .map_or(ValueSource::Unbound, ValueSource::Custom),
     }
 }
 
@@ -328,7 +332,7 @@ pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
         w.refresh(mc, now_ns, log);
         // From now on requests are served: a large table published later
         // is built by a helper thread (core::loader), not on the event loop.
-        w.engine.set_background(true);
+        w.reader.set_background(true);
     });
 }
 

@@ -27,7 +27,11 @@ pub fn router() -> Routes {
 
 pub async fn list_blacklist(State(st): State<Shared>, _: ReadToken) -> ApiResult {
     let snap = st.store.snapshot().await?;
-    let list: Vec<Value> = snap.blacklist.iter().map(blacklist_api_json).collect();
+    let list: Vec<Value> = snap
+        .blacklist
+        .iter()
+        .map(|b| blacklist_api_json(b))
+        .collect();
     ok(json!({"version": snap.version, "entries": list}))
 }
 
@@ -62,7 +66,7 @@ pub async fn add_blacklist(
         }
         (None, at) => at,
     };
-    let mut rec = BlacklistRecord {
+    let rec = BlacklistRecord {
         id: 0,
         dimension: f.required("dimension", f.str("dimension")?)?,
         value: f.required("value", f.str("value")?)?,
@@ -70,7 +74,8 @@ pub async fn add_blacklist(
         reason: f.str("reason")?.unwrap_or_default(),
         created_ms: 0,
     };
-    rec.validate()
+    let rec = rec
+        .into_valid()
         .map_err(|e| ApiError::from_invalid(&e, None))?;
     let (stored, v) = st.store.blacklist_add_full(&rec, who.name()).await?;
     st.announce(v);

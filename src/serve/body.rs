@@ -170,6 +170,20 @@ impl Fields<'_> {
             },
         }
     }
+    /// A whole number that may be negative (its range is the model's to
+    /// check; this only refuses what does not fit 32 bits).
+    pub fn int(&self, k: &str) -> Result<Option<i32>, ApiError> {
+        match self.present(k) {
+            None => Ok(None),
+            Some(v) => match v.as_i64().and_then(|n| i32::try_from(n).ok()) {
+                Some(n) => Ok(Some(n)),
+                None => Err(ApiError::invalid(
+                    k,
+                    format!("must be a whole number, got {v}"),
+                )),
+            },
+        }
+    }
     pub fn bool(&self, k: &str) -> Result<Option<bool>, ApiError> {
         match self.present(k) {
             None => Ok(None),

@@ -76,12 +76,13 @@ fn schemas() -> Value {
     let strategy_fields = json!({
         "name": {"type": "string", "description": "unique, 1 to 200 bytes"},
         "match": {"type": "object", "additionalProperties": {"type": "string"},
-                  "description": "dimension = value conditions, all must hold; {} matches every request"},
+                  "description": "dimension = value conditions, all must hold; {} matches every request. ip: an address or a network (10.0.0.0/8, 2001:db8::/32; host bits set are refused)"},
         "algorithm": {"type": "string", "enum": ["fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "concurrency", "warm_up"]},
         "rate": {"type": "integer", "minimum": 1},
         "per": {"type": "string", "enum": ["second", "minute", "hour", "day"], "default": "second"},
         "burst": {"type": "integer", "minimum": 1, "default": 1},
-        "action": {"type": "string", "enum": ["reject", "delay", "dry_run"], "default": "reject"},
+        "action": {"type": "string", "enum": ["reject", "delay", "dry_run", "allow"], "default": "reject",
+                   "description": "allow: pass unlimited (no algorithm, rate, per, burst, status, max_delay_ms, warm_up_ms, cold_factor with it)"},
         "status": {"type": ["integer", "null"], "minimum": 400, "maximum": 599,
                    "description": "reject: its status, null = the location's rate_ctl_status (503); dry_run: the status it rejects with again when dry run ends"},
         "max_delay_ms": {"type": ["integer", "null"], "minimum": 1,
@@ -92,7 +93,13 @@ fn schemas() -> Value {
                        "description": "warm_up only (required there): time a saturated strategy takes from cold to the full rate"},
         "cold_factor": {"type": ["integer", "null"], "minimum": 2, "maximum": 10,
                         "description": "warm_up only: the interval between admissions when cold is cold_factor × 1/rate (default 3)"},
+        "priority": {"type": "integer", "minimum": -1000, "maximum": 1000, "default": 0,
+                     "description": "only the matched strategies at the highest priority present apply; there an allow wins"},
     });
+    // algorithm and rate are required unless the action is allow.
+    let rate_required = json!({
+        "if": {"properties": {"action": {"const": "allow"}}, "required": ["action"]},
+        "else": {"required": ["algorithm", "rate"]}});
     let mut strategy = strategy_fields.clone();
     let o = strategy.as_object_mut().expect("object");
     o.insert("id".into(), json!({"type": "integer"}));
@@ -129,6 +136,7 @@ fn schemas() -> Value {
         ("updated_at", json!(1763800000000u64)),
         ("warm_up_ms", json!(null)),
         ("cold_factor", json!(null)),
+        ("priority", json!(0)),
     ] {
         example[k] = v;
     }
@@ -163,10 +171,12 @@ fn schemas() -> Value {
                     "line": {"type": "integer", "description": "import only: the 1-based line (or array item) at fault"}}}},
             "example": {"error": {"field": "rate", "message": "rate: must be greater than 0"}}},
         "StrategyInput": {"type": "object", "additionalProperties": false,
-            "required": ["name", "algorithm", "rate"], "properties": strategy_fields,
+            "required": ["name"], "properties": strategy_fields,
+            "if": rate_required["if"], "else": rate_required["else"],
             "example": strategy_example()},
         "StrategyPut": {"type": "object", "additionalProperties": false,
-            "required": ["name", "algorithm", "rate", "version"], "properties": put,
+            "required": ["name", "version"], "properties": put,
+            "if": rate_required["if"], "else": rate_required["else"],
             "example": example.clone()},
         "Strategy": {"type": "object", "additionalProperties": false, "required": all,
             "properties": strategy, "example": example},

@@ -42,8 +42,8 @@ pub async fn snapshot(
     ok(json!({
         "version": snap.version,
         "changed": snap.version > after,
-        "strategies": snap.strategies.iter().map(strategy_api_json).collect::<Vec<_>>(),
-        "blacklist": snap.blacklist.iter().map(blacklist_api_json).collect::<Vec<_>>(),
+        "strategies": snap.strategies.iter().map(|r| strategy_api_json(r)).collect::<Vec<_>>(),
+        "blacklist": snap.blacklist.iter().map(|b| blacklist_api_json(b)).collect::<Vec<_>>(),
         "hosts": hosts,
     }))
 }

@@ -17,7 +17,8 @@ use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared, IMPORT_BODY_LIMIT};
 use crate::client::wire::{parse_strategy_lines, strategy_api_json};
 use crate::store::record::{ActionKind, Scope, StrategyRecord};
-use rate_ctl::core::model::{canonical_ip, Algorithm, Unit};
+use crate::store::valid::{valid_import, Valid};
+use rate_ctl::core::model::{parse_ip_net, Algorithm, Unit};
 
 pub fn router() -> Routes {
     Routes::default()
@@ -57,19 +58,39 @@ const STRATEGY_FIELDS: &[&str] = &[
     "scope",
     "warm_up_ms",
     "cold_factor",
+    "priority",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
-/// A strategy from a POST/PUT body, validated by the record (and so by the
-/// core model).
-fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError> {
+/// Strategy `id` (0 for a new one) from a POST/PUT body, validated by the
+/// record (and so by the core model): the one check of API input.
+fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyRecord>, ApiError> {
     let f = Fields(o);
-    let mut rec = StrategyRecord {
-        id: 0,
+    let allow = f.parsed::<ActionKind>("action")? == Some(ActionKind::Allow);
+    if allow {
+        for k in ["algorithm", "rate", "per", "burst"] {
+            if f.present(k).is_some() {
+                return Err(ApiError::invalid(
+                    k,
+                    "makes no sense for action allow (an allowed request is not limited)",
+                ));
+            }
+        }
+    }
+    let rec = StrategyRecord {
+        id,
         name: f.required("name", f.str("name")?)?,
         conditions: f.conditions()?,
-        algorithm: f.required("algorithm", f.parsed::<Algorithm>("algorithm")?)?,
-        rate: f.required("rate", f.uint("rate", u64::MAX)?)?,
+        // `allow` limits nothing: no rate fields (placeholders, see
+        // StrategyRecord::validate).
+        algorithm: match allow {
+            true => Algorithm::FixedWindow,
+            false => f.required("algorithm", f.parsed::<Algorithm>("algorithm")?)?,
+        },
+        rate: match allow {
+            true => 1,
+            false => f.required("rate", f.uint("rate", u64::MAX)?)?,
+        },
         per: f.parsed::<Unit>("per")?.unwrap_or(Unit::Second),
         burst: f.uint("burst", u32::MAX as u64)?.unwrap_or(1) as u32,
         action: f
@@ -81,13 +102,14 @@ fn strategy_from_body(o: &Map<String, Value>) -> Result<StrategyRecord, ApiError
         scope: f.parsed("scope")?.unwrap_or(Scope::Cluster),
         warm_up_ms: f.uint("warm_up_ms", u32::MAX as u64)?.map(|m| m as u32),
         cold_factor: f.uint("cold_factor", u8::MAX as u64)?.map(|c| c as u8),
+        priority: f.int("priority")?.unwrap_or(0),
         created_ms: 0,
         updated_ms: 0,
         version: 0,
     };
-    rec.validate()
-        .map_err(|e| ApiError::from_invalid(&e, Some(&rec)))?;
-    Ok(rec)
+    rec.clone()
+        .into_valid()
+        .map_err(|e| ApiError::from_invalid(&e, Some(&rec)))
 }
 
 fn strategy_id(s: &str) -> Result<u32, ApiError> {
@@ -103,8 +125,8 @@ pub async fn list_strategies(
     let dimension = q.get("dimension").filter(|s| !s.is_empty());
     let mut value = q.get("value").filter(|s| !s.is_empty()).cloned();
     if dimension.is_some_and(|d| d == "ip") {
-        if let Some(c) = value.as_ref().and_then(|v| canonical_ip(v.as_bytes())) {
-            value = Some(c);
+        if let Some(c) = value.as_ref().and_then(|v| parse_ip_net(v.as_bytes()).ok()) {
+            value = Some(c.to_string());
         }
     }
     let name = q.get("name").filter(|s| !s.is_empty());
@@ -119,7 +141,7 @@ pub async fn list_strategies(
             (None, Some(v)) => r.conditions.values().any(|x| x == v),
             (None, None) => true,
         })
-        .map(strategy_api_json)
+        .map(|r| strategy_api_json(r))
         .collect();
     ok(json!({"version": snap.version, "strategies": list}))
 }
@@ -128,7 +150,7 @@ pub async fn list_strategies(
 /// wakes this instance's long-polls, answers with the stored strategy.
 async fn save_strategy(
     st: &Shared,
-    rec: &StrategyRecord,
+    rec: &Valid<StrategyRecord>,
     based_on: u64,
     who: &'static str,
     action: &str,
@@ -148,7 +170,7 @@ pub async fn create_strategy(
     body: Bytes,
 ) -> ApiResult {
     let o = object(&body, STRATEGY_FIELDS)?;
-    let rec = strategy_from_body(&o)?;
+    let rec = strategy_from_body(&o, 0)?;
     let stored = st
         .store
         .add_strategy_full(&rec, who.name())
@@ -189,8 +211,7 @@ pub async fn put_strategy(
         }
     }
     let based_on = f.required("version", f.uint("version", u64::MAX)?)?;
-    let mut rec = strategy_from_body(&o)?;
-    rec.id = id;
+    let rec = strategy_from_body(&o, id)?;
     save_strategy(&st, &rec, based_on, who.name(), "strategy.update").await
 }
 
@@ -214,11 +235,22 @@ pub async fn patch_strategy(
     // while the action is dry_run, and ending dry run derives the action
     // from them (delay with its cap, or reject with its status). Asking for
     // the state the strategy is already in changes nothing.
+    if dry_run.is_some() && rec.action == ActionKind::Allow {
+        // An allow limits nothing: there is nothing to rehearse.
+        return Err(ApiError::invalid(
+            "dry_run",
+            "makes no sense for action allow (an allowed request is not limited)",
+        ));
+    }
     match dry_run {
         Some(true) => rec.action = ActionKind::DryRun,
         Some(false) => rec.action = rec.enforcing_action(),
         None => {}
     }
+    let rec = rec
+        .clone()
+        .into_valid()
+        .map_err(|e| ApiError::from_invalid(&e, Some(&rec)))?;
     save_strategy(&st, &rec, based_on, who.name(), "strategy.patch").await
 }
 
@@ -315,7 +347,7 @@ pub async fn import_strategies(
     let records = import_records(&body)?;
     let (n, v) = st
         .store
-        .import(records, replace, who.name())
+        .import(valid_import(records)?, replace, who.name())
         .await
         .map_err(ApiError::from)?;
     st.announce(v);

@@ -5,6 +5,7 @@ use sqlx::Row;
 
 use super::audit::audit;
 use super::record::BlacklistRecord;
+use super::valid::Valid;
 use super::{Result, Store, StoreError};
 use crate::client::wire::blacklist_api_json;
 use rate_ctl::core::shm::unix_ms;
@@ -12,7 +13,11 @@ use rate_ctl::core::shm::unix_ms;
 impl Store {
     /// Adds (or replaces, for the same dimension and value) an entry;
     /// returns its id and the new version.
-    pub async fn blacklist_add(&self, rec: &BlacklistRecord, who: &str) -> Result<(u64, u64)> {
+    pub async fn blacklist_add(
+        &self,
+        rec: &Valid<BlacklistRecord>,
+        who: &str,
+    ) -> Result<(u64, u64)> {
         self.blacklist_add_full(rec, who)
             .await
             .map(|(r, v)| (r.id, v))
@@ -21,11 +26,11 @@ impl Store {
     /// [`Store::blacklist_add`], returning the stored entry.
     pub async fn blacklist_add_full(
         &self,
-        rec: &BlacklistRecord,
+        rec: &Valid<BlacklistRecord>,
         who: &str,
     ) -> Result<(BlacklistRecord, u64)> {
-        let mut rec = rec.clone();
-        rec.validate().map_err(StoreError::Invalid)?;
+        // The store sets its own fields (id, created_ms).
+        let mut rec = rec.clone().into_inner();
         let (mut tx, version) = self.begin_change().await?;
         let before = sqlx::query(&self.sql(
             "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE dimension = ? AND value = ?",

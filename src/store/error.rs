@@ -25,6 +25,7 @@ pub enum Field {
     MaxDelayMs,
     WarmUpMs,
     ColdFactor,
+    Priority,
     Enabled,
     Scope,
     Dimension,
@@ -114,6 +115,7 @@ impl From<ModelError> for Invalid {
             ),
             E::BadValueLength { index, .. }
             | E::BadIp { index, .. }
+            | E::BadIpNet { index, .. }
             | E::ControlCharacter { index, .. } => (
                 Field::Condition(*index),
                 format!("conditions[{index}].value"),
@@ -130,6 +132,7 @@ impl From<ModelError> for Invalid {
                 (Field::WarmUpMs, "warm_up_ms".to_string())
             }
             E::BadColdFactor(_) => (Field::ColdFactor, "cold_factor".to_string()),
+            E::BadPriority(_) => (Field::Priority, "priority".to_string()),
             E::DelayNeedsBucket(_) => (Field::Action, "action".to_string()),
             E::UnknownKeyword { field, .. } => (Field::of_keyword(field), field.to_string()),
         };

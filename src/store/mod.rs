@@ -14,6 +14,7 @@ pub mod record;
 mod samples;
 pub mod schema;
 mod strategies;
+pub mod valid;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -31,6 +32,7 @@ pub use hosts::validate_host;
 use record::{BlacklistRecord, StrategyRecord};
 use schema::{Dialect, CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 use strategies::{split_rows, STRATEGY_COLUMNS};
+use valid::Valid;
 
 /// Default store when `--store` is not given.
 pub const DEFAULT_STORE: &str = "sqlite:/var/lib/rate-ctl/rate-ctl.db";
@@ -81,10 +83,11 @@ pub const SAMPLE_RETENTION_MS: u64 = 300_000;
 pub struct Snapshot {
     pub version: u64,
     /// Valid strategies (validated by the core model, ids canonical).
-    pub strategies: Vec<StrategyRecord>,
+    pub strategies: Vec<Valid<StrategyRecord>>,
     /// Rows that failed validation: skipped, with the reason.
     pub bad_rows: Vec<BadRow>,
-    pub blacklist: Vec<BlacklistRecord>,
+    /// Valid entries; invalid ones (edited in the database) are skipped.
+    pub blacklist: Vec<Valid<BlacklistRecord>>,
 }
 
 pub struct Store {
@@ -260,9 +263,8 @@ impl Store {
         let (strategies, bad_rows) = split_rows(&rows);
         let mut blacklist = Vec::with_capacity(bl.len());
         for r in &bl {
-            let mut rec = decode_blacklist(r)?;
             // Skip what a direct database edit made invalid, like strategies.
-            if rec.validate().is_ok() {
+            if let Ok(rec) = decode_blacklist(r)?.into_valid() {
                 blacklist.push(rec);
             }
         }

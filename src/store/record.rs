@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{Field, Invalid};
 
 use rate_ctl::core::model::{
-    canonical_ip, valid_dimension_name, Action, Algorithm, Condition, ModelError, Strategy, Unit,
+    parse_ip_net, valid_dimension_name, Action, Algorithm, Condition, ModelError, Strategy, Unit,
     WarmUp, DEFAULT_COLD_FACTOR, MAX_VALUE_LEN,
 };
 
@@ -70,6 +70,8 @@ pub enum ActionKind {
     Reject,
     Delay,
     DryRun,
+    /// Pass unlimited (see `core::model::Action::Allow`).
+    Allow,
 }
 
 impl ActionKind {
@@ -78,6 +80,7 @@ impl ActionKind {
             ActionKind::Reject => "reject",
             ActionKind::Delay => "delay",
             ActionKind::DryRun => "dry_run",
+            ActionKind::Allow => "allow",
         }
     }
 }
@@ -89,10 +92,11 @@ impl FromStr for ActionKind {
             "reject" => Ok(ActionKind::Reject),
             "delay" => Ok(ActionKind::Delay),
             "dry_run" | "dry-run" => Ok(ActionKind::DryRun),
+            "allow" => Ok(ActionKind::Allow),
             other => Err(Invalid::new(
                 Field::Action,
                 "action",
-                format!("unknown value {other:?} (expected one of reject, delay, dry_run)"),
+                format!("unknown value {other:?} (expected one of reject, delay, dry_run, allow)"),
             )),
         }
     }
@@ -138,6 +142,10 @@ pub struct StrategyRecord {
     /// validation fills in 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_factor: Option<u8>,
+    /// -1000 ..= 1000, default 0: only the matched strategies at the
+    /// highest priority present apply.
+    #[serde(default)]
+    pub priority: i32,
     /// Unix ms; set by the store.
     #[serde(default)]
     pub created_ms: u64,
@@ -246,6 +254,28 @@ impl StrategyRecord {
                     None => Action::DryRun,
                 })
             }
+            ActionKind::Allow => {
+                // An allowed request is neither refused nor queued.
+                for (given, field, name) in [
+                    (self.status.is_some(), Field::Status, "status"),
+                    (
+                        self.max_delay_ms.is_some(),
+                        Field::MaxDelayMs,
+                        "max_delay_ms",
+                    ),
+                    (self.warm_up_ms.is_some(), Field::WarmUpMs, "warm_up_ms"),
+                    (self.cold_factor.is_some(), Field::ColdFactor, "cold_factor"),
+                ] {
+                    if given {
+                        return Err(Invalid::new(
+                            field,
+                            name,
+                            "makes no sense for action allow (an allowed request is not limited)",
+                        ));
+                    }
+                }
+                Ok(Action::Allow)
+            }
         }
     }
 
@@ -277,6 +307,7 @@ impl StrategyRecord {
             action: self.core_action()?,
             enabled: self.enabled,
             warm_up: self.core_warm_up()?,
+            priority: self.priority,
         })
     }
 
@@ -331,6 +362,12 @@ impl StrategyRecord {
             ));
         }
         self.name = name.to_string();
+        if self.action == ActionKind::Allow {
+            // No limit: the rate fields are stored as fixed placeholders
+            // (the API and the CLI refuse them when given).
+            (self.algorithm, self.rate, self.per, self.burst) =
+                (Algorithm::FixedWindow, 1, Unit::Second, 1);
+        }
         if matches!(self.algorithm, Algorithm::LeakyBucket | Algorithm::WarmUp) {
             self.burst = 1;
         }
@@ -417,13 +454,10 @@ impl BlacklistRecord {
             ));
         }
         if self.dimension == "ip" {
-            self.value = canonical_ip(self.value.as_bytes()).ok_or_else(|| {
-                Invalid::new(
-                    Field::Value,
-                    "value",
-                    format!("{:?} is not an IPv4 or IPv6 address", self.value),
-                )
-            })?;
+            // An address or a network (`203.0.113.0/24`).
+            self.value = parse_ip_net(self.value.as_bytes())
+                .map_err(|e| Invalid::new(Field::Value, "value", format!("{:?}: {e}", self.value)))?
+                .to_string();
         }
         if self.reason.len() > MAX_REASON_LEN {
             return Err(Invalid::new(

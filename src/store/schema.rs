@@ -253,6 +253,14 @@ pub const MIGRATIONS: &[Migration] = &[
             Step::AddColumn("hosts", "publish_error_ms BIGINT NULL"),
         ],
     },
+    Migration {
+        version: 5,
+        description: "strategies: priority (issue 14; the allow action needs no column)",
+        steps: &[Step::AddColumn(
+            "strategies",
+            "priority BIGINT NOT NULL DEFAULT 0",
+        )],
+    },
 ];
 
 #[cfg(test)]

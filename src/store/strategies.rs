@@ -1,7 +1,7 @@
 //! The strategies table: add, update, delete, read and import (all or
 //! nothing), and decoding a row into a validated record.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
@@ -9,6 +9,7 @@ use sqlx::{Any, Row, Transaction};
 use super::audit::audit;
 use super::record::StrategyRecord;
 use super::schema::Dialect;
+use super::valid::{Valid, ValidImport};
 use super::{BadRow, Field, Invalid, Result, Store, StoreError};
 use crate::client::wire::strategy_api_json;
 use rate_ctl::core::model::ModelError;
@@ -16,11 +17,12 @@ use rate_ctl::core::shm::unix_ms;
 
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
-     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
+     status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, created_ms, updated_ms, version";
 
 impl Store {
-    /// Validates and stores a new strategy; returns its id and the new version.
-    pub async fn add_strategy(&self, rec: &StrategyRecord, who: &str) -> Result<(u32, u64)> {
+    /// Stores a new strategy (validated by whoever received it); returns
+    /// its id and the new version.
+    pub async fn add_strategy(&self, rec: &Valid<StrategyRecord>, who: &str) -> Result<(u32, u64)> {
         self.add_strategy_full(rec, who)
             .await
             .map(|r| (r.id, r.version))
@@ -29,12 +31,13 @@ impl Store {
     /// [`Store::add_strategy`], returning the stored record.
     pub async fn add_strategy_full(
         &self,
-        rec: &StrategyRecord,
+        rec: &Valid<StrategyRecord>,
         who: &str,
     ) -> Result<StrategyRecord> {
-        let mut rec = rec.clone();
+        // The store sets its own fields (id, times, version); none bears on
+        // validity.
+        let mut rec = rec.clone().into_inner();
         rec.id = 0;
-        rec.validate().map_err(StoreError::Invalid)?;
         let (mut tx, version) = self.begin_change().await?;
         ensure_name_free(&mut tx, &rec.name, None).await?;
         let now = unix_ms();
@@ -43,7 +46,7 @@ impl Store {
         rec.version = version;
         let sql = format!(
             "INSERT INTO strategies ({INSERT_COLUMNS}) VALUES ({})",
-            placeholders(16)
+            placeholders(17)
         );
         bind_strategy(sqlx::query(&self.sql(&sql)), &rec)
             .execute(&mut *tx)
@@ -71,7 +74,7 @@ impl Store {
     }
 
     /// Replaces strategy `rec.id` with `rec` (validated); returns the new version.
-    pub async fn update_strategy(&self, rec: &StrategyRecord, who: &str) -> Result<u64> {
+    pub async fn update_strategy(&self, rec: &Valid<StrategyRecord>, who: &str) -> Result<u64> {
         self.update_strategy_full(rec, None, who, "strategy.update")
             .await
             .map(|r| r.version)
@@ -82,13 +85,12 @@ impl Store {
     /// the stored record. `action` names the change in the audit log.
     pub async fn update_strategy_full(
         &self,
-        rec: &StrategyRecord,
+        rec: &Valid<StrategyRecord>,
         expected: Option<u64>,
         who: &str,
         action: &str,
     ) -> Result<StrategyRecord> {
-        let mut rec = rec.clone();
-        rec.validate().map_err(StoreError::Invalid)?;
+        let mut rec = rec.clone().into_inner();
         let (mut tx, version) = self.begin_change().await?;
         let before = strategy_in_tx(&mut tx, rec.id).await?;
         if before.is_none() {
@@ -117,7 +119,7 @@ impl Store {
             sqlx::query(&self.sql(
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
-                 warm_up_ms = ?, cold_factor = ?, updated_ms = ?, version = ? WHERE id = ?",
+                 warm_up_ms = ?, cold_factor = ?, priority = ?, updated_ms = ?, version = ? WHERE id = ?",
             )),
             &rec,
         )
@@ -199,7 +201,9 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("no strategy with id {id}")))?;
-        decode_strategy(&row).map_err(|b| StoreError::Invalid(b.reason))
+        decode_strategy(&row)
+            .map(Valid::into_inner)
+            .map_err(|b| StoreError::Invalid(b.reason))
     }
 
     /// All strategies by id; rows that are not valid strategies come back
@@ -210,42 +214,30 @@ impl Store {
         )))
         .fetch_all(&self.pool)
         .await?;
-        Ok(split_rows(&rows))
+        let (good, bad) = split_rows(&rows);
+        Ok((good.into_iter().map(Valid::into_inner).collect(), bad))
     }
 
-    /// Loads strategies from JSON-lines records in one transaction: all or
-    /// nothing. A record with an id replaces that strategy (or is stored
+    /// Loads strategies from validated JSON-lines records (see
+    /// [`valid_import`](super::valid::valid_import)) in one transaction: all
+    /// or nothing. A record with an id replaces that strategy (or is stored
     /// under that id); one without gets a new id. With `replace_all`, every
     /// strategy not in the file is deleted. Errors name the line (1-based).
     pub async fn import(
         &self,
-        records: Vec<(usize, StrategyRecord)>,
+        batch: ValidImport,
         replace_all: bool,
         who: &str,
     ) -> Result<(usize, u64)> {
-        let mut records = records;
-        let mut names: HashMap<String, usize> = HashMap::new();
-        let mut ids: HashMap<u32, usize> = HashMap::new();
-        for (line, rec) in records.iter_mut() {
-            let at = |cause| StoreError::Import { line: *line, cause };
-            rec.validate().map_err(at)?;
-            if let Some(first) = names.insert(rec.name.clone(), *line) {
-                return Err(at(Invalid::new(
-                    Field::Name,
-                    "name",
-                    format!("{:?} already used on line {first}", rec.name),
-                )));
-            }
-            if rec.id != 0 {
-                if let Some(first) = ids.insert(rec.id, *line) {
-                    return Err(at(Invalid::new(
-                        Field::Id,
-                        "id",
-                        format!("{} already used on line {first}", rec.id),
-                    )));
-                }
-            }
-        }
+        let ValidImport {
+            records,
+            names,
+            ids,
+        } = batch;
+        let mut records: Vec<(usize, StrategyRecord)> = records
+            .into_iter()
+            .map(|(line, r)| (line, r.into_inner()))
+            .collect();
         let (mut tx, version) = self.begin_change().await?;
         if replace_all {
             sqlx::query(&self.sql("DELETE FROM strategies"))
@@ -303,7 +295,7 @@ impl Store {
                 let sql = format!(
                     "INSERT INTO strategies ({id_column}{}) VALUES {}",
                     INSERT_COLUMNS,
-                    vec![format!("({id_mark}{})", placeholders(16)); chunk.len()].join(", ")
+                    vec![format!("({id_mark}{})", placeholders(17)); chunk.len()].join(", ")
                 );
                 let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
@@ -375,7 +367,7 @@ async fn ensure_name_free(
 
 pub(super) const INSERT_COLUMNS: &str =
     "name, conditions, algorithm, rate, per, burst, action, status, \
-     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, created_ms, updated_ms, version";
+     max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, created_ms, updated_ms, version";
 
 pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -383,7 +375,7 @@ pub(super) fn placeholders(n: usize) -> String {
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 16 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 17 columns of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
@@ -391,7 +383,7 @@ pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery
         .bind(r.version as i64)
 }
 
-/// Binds the 13 columns `name` to `cold_factor` of [`INSERT_COLUMNS`] in order.
+/// Binds the 14 columns `name` to `priority` of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     let conditions: Vec<[&str; 2]> = r
         .conditions
@@ -411,9 +403,10 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.scope.as_str())
         .bind(r.warm_up_ms.map(|m| m as i64))
         .bind(r.cold_factor.map(|c| c as i64))
+        .bind(i64::from(r.priority))
 }
 
-pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<StrategyRecord>, Vec<BadRow>) {
+pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<Valid<StrategyRecord>>, Vec<BadRow>) {
     let mut good = Vec::with_capacity(rows.len());
     let mut bad = Vec::new();
     for row in rows {
@@ -425,9 +418,10 @@ pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<StrategyRecord>, Vec<BadRow>) 
     (good, bad)
 }
 
-/// Reads and validates one strategy row. Rows written by this binary are
-/// always valid; rows edited directly in the database may not be.
-pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
+/// Reads and validates one strategy row (the store-read boundary). Rows
+/// written by this binary are always valid; rows edited directly in the
+/// database may not be.
+pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, BadRow> {
     let id: i64 = row.try_get("id").unwrap_or(-1);
     let bad = |reason: Invalid| BadRow { id, reason };
     let unreadable = |col: &'static str, e: sqlx::Error| {
@@ -479,7 +473,7 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
             })));
         }
     }
-    let mut rec = StrategyRecord {
+    let rec = StrategyRecord {
         id: id_u32,
         name: get_s("name")?,
         conditions,
@@ -520,12 +514,21 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<StrategyRecord, BadRow> {
             Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
             None => None,
         },
+        priority: {
+            let p = get_i("priority")?;
+            i32::try_from(p).map_err(|_| {
+                bad(Invalid::from(ModelError::BadPriority(if p < 0 {
+                    i32::MIN
+                } else {
+                    i32::MAX
+                })))
+            })?
+        },
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
         version: get_i("version")?.max(0) as u64,
     };
-    rec.validate().map_err(bad)?;
-    Ok(rec)
+    rec.into_valid().map_err(bad)
 }
 
 /// The record field a strategies column holds.
@@ -541,6 +544,7 @@ fn column(col: &'static str) -> Field {
         "warm_up_ms" => Field::WarmUpMs,
         "cold_factor" => Field::ColdFactor,
         "enabled" => Field::Enabled,
+        "priority" => Field::Priority,
         other => Field::Column(other),
     }
 }

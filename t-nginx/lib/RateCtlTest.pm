@@ -293,6 +293,19 @@ sub codes {
     return split /\n/, $out;
 }
 
+# rejected_after($path, $n, $t0, $limit_s, $pause_s): polls $n requests to
+# $path every $pause_s until the last one is rejected (503); returns the
+# seconds since $t0 then, or undef once $limit_s have passed since $t0.
+sub rejected_after {
+    my ($self, $path, $n, $t0, $limit, $pause) = @_;
+    while (time - $t0 < $limit) {
+        my @c = $self->codes($path, $n);
+        return time - $t0 if $c[-1] == 503;
+        sleep $pause;
+    }
+    return undef;
+}
+
 # window_ahead($period_s, $need_s): returns once at least $need_s seconds
 # are left in the current fixed window of $period_s seconds, sleeping into
 # the next window if fewer are. Fixed and sliding windows are multiples of

@@ -127,6 +127,27 @@ async function untilStatus(p, pred, t0, ms = 5000) {
   }
 }
 
+// Opens the new-strategy form filled in as `name`: the conditions of
+// `match` (in order), fixed_window 2 per minute, host scope; returns the
+// dialog, not yet saved.
+async function newTwoPerMinute(name, match) {
+  await page.getByRole('button', { name: '+ New strategy' }).click();
+  const dlg = page.getByRole('dialog', { name: 'New strategy' });
+  await dlg.getByLabel('Name').fill(name);
+  let n = 0;
+  for (const [d, v] of Object.entries(match)) {
+    n += 1;
+    if (n > 1) await dlg.getByRole('button', { name: '+ Add condition' }).click();
+    await dlg.getByLabel(`Condition ${n} dimension`).fill(d);
+    await dlg.getByLabel(`Condition ${n} value`).fill(v);
+  }
+  await dlg.getByLabel('Algorithm').selectOption('fixed_window');
+  await dlg.getByLabel('Rate (requests)').fill('2');
+  await dlg.getByLabel('Per', { exact: true }).selectOption('minute');
+  await dlg.getByLabel('Scope').selectOption('host');
+  return dlg;
+}
+
 // ------------------------------------------------------------------ setup
 
 before(async () => {
@@ -245,15 +266,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
 
   await step('a strategy created in the form is enforced by nginx within 1 s of clicking save', async () => {
     assert.equal(await nginxStatus('/pay'), 200, 'no limit before the strategy exists');
-    await page.getByRole('button', { name: '+ New strategy' }).click();
-    const dlg = page.getByRole('dialog', { name: 'New strategy' });
-    await dlg.getByLabel('Name').fill('pay-limit');
-    await dlg.getByLabel('Condition 1 dimension').fill('api');
-    await dlg.getByLabel('Condition 1 value').fill('/pay');
-    await dlg.getByLabel('Algorithm').selectOption('fixed_window');
-    await dlg.getByLabel('Rate (requests)').fill('2');
-    await dlg.getByLabel('Per', { exact: true }).selectOption('minute');
-    await dlg.getByLabel('Scope').selectOption('host');
+    const dlg = await newTwoPerMinute('pay-limit', { api: '/pay' });
     const t0 = Date.now();
     await dlg.getByRole('button', { name: 'Create strategy' }).click();
 
@@ -480,6 +493,62 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     assert.equal(s.action, 'dry_run');
     assert.equal(s.max_delay_ms ?? null, null, 'a window cannot delay: no cap is kept for after dry run');
     await apiCall('DELETE', `/strategies/${made.body.id}`);
+  });
+
+  await step('a range strategy and an allow strategy made in the form: nginx limits the network, then lets it through', async () => {
+    // 127.0.0.0/8 (the test's client is 127.0.0.1): 2 a minute on /range.
+    let dlg = await newTwoPerMinute('loopback-range', { api: '/range', ip: '127.0.0.1/8' });
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    // Host bits set: refused, the message under the ip condition names the network.
+    const condError = dlg.locator('.cond-error').nth(1);
+    await condError.waitFor({ state: 'visible' });
+    assert.match(await condError.innerText(), /^match\.ip: .*the network is 127\.0\.0\.0\/8/);
+    await dlg.getByLabel('Condition 2 value').fill('127.0.0.0/8');
+    const t0 = Date.now();
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    await untilStatus('/range', (st) => st === 503, t0, 5000);
+    assert.equal(await nginxStatus('/range'), 503, 'the network is limited');
+    let row = page.locator('#strategies-table tbody tr', { hasText: 'loopback-range' });
+    await row.waitFor();
+    assert.match(await row.innerText(), /ip=127\.0\.0\.0\/8/);
+
+    // An allow for 127.0.0.0/24 at the same priority: the rate fields go
+    // away, and once saved every request passes.
+    await page.getByRole('button', { name: '+ New strategy' }).click();
+    dlg = page.getByRole('dialog', { name: 'New strategy' });
+    await dlg.getByLabel('Name').fill('loopback-allow');
+    await dlg.getByLabel('Condition 1 dimension').fill('ip');
+    await dlg.getByLabel('Condition 1 value').fill('127.0.0.0/24');
+    await dlg.getByLabel('On overflow').selectOption('allow');
+    assert.equal(await dlg.getByLabel('Rate (requests)').isVisible(), false, 'an allow has no rate');
+    assert.equal(await dlg.getByLabel('Algorithm').isVisible(), false, 'an allow has no algorithm');
+    await dlg.locator('#s-help summary').click();
+    assert.match(await dlg.locator('#s-help').innerText(), /highest priority present/);
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    await untilStatus('/range', (st) => st === 200, Date.now(), 5000);
+    for (let i = 0; i < 5; i++) assert.equal(await nginxStatus('/range'), 200, 'allowed: never limited');
+    row = page.locator('#strategies-table tbody tr', { hasText: 'loopback-allow' });
+    await row.waitFor();
+    assert.match(await row.innerText(), /allow \(never limited\)/);
+    const all = (await apiCall('GET', '/strategies')).body.strategies;
+    const allow = all.find((x) => x.name === 'loopback-allow');
+    assert.equal(allow.action, 'allow');
+    assert.deepEqual(allow.match, { ip: '127.0.0.0/24' });
+    assert.equal(allow.priority, 0);
+
+    // Priority 5 on the range limit: it alone applies again (the allow is below it).
+    await page.getByRole('button', { name: 'Edit loopback-range' }).click();
+    dlg = page.getByRole('dialog', { name: 'Edit strategy' });
+    await dlg.getByLabel('Priority').fill('5');
+    await dlg.getByRole('button', { name: 'Save changes' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    await untilStatus('/range', (st) => st === 503, Date.now(), 5000);
+    const range = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'loopback-range');
+    assert.equal(range.priority, 5);
+    await page.screenshot({ path: path.join(ARTIFACTS, 'ranges.png') });
+    for (const s of [range, allow]) await apiCall('DELETE', `/strategies/${s.id}`);
   });
 
   await step('blacklist: blocking 127.0.0.1 with an expiry gives 403, removing it lets requests in', async () => {

@@ -1,5 +1,5 @@
 //! Running `rate-ctl agent` processes and reading their files the way an
-//! nginx worker does (through the core engine).
+//! nginx worker does (through the core reader).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rate_ctl::core::clock::MonotonicClock;
-use rate_ctl::core::engine::Engine;
+use rate_ctl::core::reader;
 use rate_ctl::core::table::Table;
 
 /// Small file capacities so that tests stay light.
@@ -92,6 +92,19 @@ impl AgentProc {
     pub fn log_text(&self) -> String {
         strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
+
+    /// Asserts that the agent exits within 10 s with a non-zero code (an
+    /// error, not a signal); returns its log. `what` names the case.
+    pub fn exits_with_error(&mut self, what: &str) -> String {
+        let status = wait_for(Duration::from_secs(10), || self.child.try_wait().unwrap());
+        let text = self.log_text();
+        let st = status.unwrap_or_else(|| panic!("{what}: agent did not exit\n{text}"));
+        assert!(
+            st.code().is_some_and(|c| c != 0),
+            "{what}: exits with an error, not a signal: {st:?}\n{text}"
+        );
+        text
+    }
 }
 
 impl Drop for AgentProc {
@@ -136,7 +149,7 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
 
 /// A worker's view of a file.
 pub struct Reader {
-    engine: Engine,
+    reader: reader::Reader,
 }
 
 impl Reader {
@@ -145,14 +158,14 @@ impl Reader {
         wait_for(Duration::from_secs(20), || path.exists().then_some(()))
             .unwrap_or_else(|| panic!("{} never appeared", path.display()));
         Reader {
-            engine: Engine::new(path.to_path_buf()),
+            reader: reader::Reader::new(path.to_path_buf()),
         }
     }
 
     /// The current table (reloading if the sequence moved).
     pub fn table(&mut self) -> Option<Arc<Table>> {
-        self.engine.refresh(MonotonicClock::now());
-        self.engine.table().cloned()
+        self.reader.refresh(MonotonicClock::now());
+        self.reader.table().cloned()
     }
 
     /// Waits for a table of at least `config_version`.

@@ -156,53 +156,49 @@ pub fn sqlite_store() -> TestStore {
 /// A fresh database on the MariaDB server named by `RATE_CTL_TEST_MYSQL_URL`,
 /// or `None` with a loud message when it is unset.
 pub fn mariadb_store(test: &str) -> Option<TestStore> {
-    let Ok(base) = std::env::var(MYSQL_ENV) else {
-        eprintln!(
-            "\n!!!!!! {test}: SKIPPING the MariaDB half: {MYSQL_ENV} is not set.\n\
-             !!!!!! Start a server with `scripts/mariadb-test-server.sh start` and export its URL.\n"
-        );
-        return None;
-    };
-    let (server, _db) = base
-        .rsplit_once('/')
-        .expect("mysql://user:pass@host:port/db");
-    let db = format!(
-        "rate_ctl_t{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    rt().block_on(exec(&base, &format!("CREATE DATABASE {db}")))
-        .expect("create a test database (the test user needs CREATE)");
-    Some(TestStore {
-        label: "mariadb",
-        url: format!("{server}/{db}"),
-        admin: Some((base.clone(), db)),
-        _dir: None,
-    })
+    server_store(test, "mariadb", MYSQL_ENV, ("MariaDB", "mysql", "CREATE"))
 }
 
 /// A fresh database on the PostgreSQL server named by
 /// `RATE_CTL_TEST_POSTGRES_URL`, or `None` with a loud message when it is unset.
 pub fn postgres_store(test: &str) -> Option<TestStore> {
-    let Ok(base) = std::env::var(POSTGRES_ENV) else {
+    server_store(
+        test,
+        "postgres",
+        POSTGRES_ENV,
+        ("PostgreSQL", "postgres", "CREATEDB"),
+    )
+}
+
+/// A fresh database `rate_ctl_t<pid>_<n>` on the server whose URL is in
+/// `env`; `(name, script and URL scheme, the privilege it needs)`.
+fn server_store(
+    test: &str,
+    label: &'static str,
+    env: &str,
+    (name, scheme, privilege): (&str, &str, &str),
+) -> Option<TestStore> {
+    let Ok(base) = std::env::var(env) else {
         eprintln!(
-            "\n!!!!!! {test}: SKIPPING the PostgreSQL half: {POSTGRES_ENV} is not set.\n\
-             !!!!!! Start a server with `scripts/postgres-test-server.sh start` and export its URL.\n"
+            "\n!!!!!! {test}: SKIPPING the {name} half: {env} is not set.\n\
+             !!!!!! Start a server with `scripts/{label}-test-server.sh start` and export its URL.\n"
         );
         return None;
     };
     let (server, _db) = base
         .rsplit_once('/')
-        .expect("postgres://user:pass@host:port/db");
+        .unwrap_or_else(|| panic!("{scheme}://user:pass@host:port/db"));
     let db = format!(
         "rate_ctl_t{}_{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
     rt().block_on(exec(&base, &format!("CREATE DATABASE {db}")))
-        .expect("create a test database (the test user needs CREATEDB)");
+        .unwrap_or_else(|e| {
+            panic!("create a test database (the test user needs {privilege}): {e:?}")
+        });
     Some(TestStore {
-        label: "postgres",
+        label,
         url: format!("{server}/{db}"),
         admin: Some((base.clone(), db)),
         _dir: None,
@@ -229,6 +225,23 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
     sorted[i]
 }
+
+/// The only element of `list` (asserting that there is exactly one).
+pub fn the_one(list: &[serde_json::Value]) -> &serde_json::Value {
+    assert_eq!(list.len(), 1, "{list:?}");
+    &list[0]
+}
+
+/// The conditions of the `pay-u1024` strategy the CLI tests add (an
+/// IPv4-mapped address, a user, an api), as `--match` arguments.
+pub const PAY_MATCHES: [&str; 6] = [
+    "--match",
+    "ip=::ffff:1.2.3.4",
+    "--match",
+    "userid=u1024",
+    "--match",
+    "api=/pay",
+];
 
 /// `rate-ctl strategy add --store STORE --name NAME --algorithm ALGORITHM
 /// --rate RATE` and the `extra` arguments; must succeed; its stdout.

@@ -30,6 +30,21 @@ impl Serve {
         )
     }
 
+    /// [`start_in`](Self::start_in) with a token file per name in `roles`
+    /// (`read`, `agent`): `DIR/ROLE.token` holding `ROLE-secret`, passed as
+    /// `--ROLE-token-file`.
+    pub fn start_with_tokens(store: &str, dir: &Path, roles: &[&str]) -> Serve {
+        let mut args = Vec::new();
+        for role in roles {
+            let file = dir.join(format!("{role}.token"));
+            std::fs::write(&file, format!("{role}-secret\n")).unwrap();
+            args.push(format!("--{role}-token-file"));
+            args.push(file.to_str().unwrap().to_string());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Serve::start_in(store, dir, &args)
+    }
+
     /// Starts an instance on a free loopback port with the admin token in
     /// `token_file` (created by the first instance), plus `extra` arguments.
     pub fn start(store: &str, token_file: &Path, log: &Path, extra: &[&str]) -> Serve {
@@ -89,6 +104,12 @@ impl Serve {
         http(&self.addr, method, path, Some(&self.token), body)
     }
 
+    /// `PUT /api/v1/strategies/{id}` with `body`.
+    pub fn put_strategy(&self, id: impl std::fmt::Display, body: &Value) -> (u16, Value) {
+        let path = format!("/api/v1/strategies/{id}");
+        self.req("PUT", &path, Some(&body.to_string()))
+    }
+
     pub fn get(&self, path: &str) -> Value {
         let (s, v) = self.req("GET", path, None);
         assert_eq!(s, 200, "GET {path}: {v}");
@@ -134,6 +155,27 @@ pub fn http(
     (s, v)
 }
 
+/// The element of the JSON array `list` whose `key` is `want`.
+pub fn find(list: &Value, key: &str, want: &str) -> Value {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x[key] == want)
+        .unwrap_or_else(|| panic!("no {key} {want:?} in {list}"))
+        .clone()
+}
+
+/// An HTTP answer's status, head (status line and headers) and body.
+pub fn parse_answer(raw: &[u8]) -> (u16, String, &[u8]) {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete HTTP answer");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head, &raw[split + 4..])
+}
+
 pub fn http_raw(
     addr: &str,
     method: &str,
@@ -159,13 +201,8 @@ pub fn http_raw(
     s.write_all(req.as_bytes()).unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a complete HTTP answer");
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let mut rest = raw[split + 4..].to_vec();
+    let (status, head, rest) = parse_answer(&raw);
+    let mut rest = rest.to_vec();
     if head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")

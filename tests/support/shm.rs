@@ -22,8 +22,14 @@ pub fn small_caps() -> Capacities {
 pub fn fresh_writer() -> (tempfile::TempDir, PathBuf, Writer) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
-    let w = Writer::create_or_adopt(&path, small_caps(), 0o600).unwrap();
+    let w = adopt(&path);
     (dir, path, w)
+}
+
+/// The writer of the test file at `path` (small capacities), creating the
+/// file or adopting the one there, as the agent does at start.
+pub fn adopt(path: &std::path::Path) -> Writer {
+    Writer::create_or_adopt(path, small_caps(), 0o600).unwrap()
 }
 
 pub fn strategy(
@@ -43,7 +49,19 @@ pub fn strategy(
         action: Action::Reject { status: None },
         enabled: true,
         warm_up: Default::default(),
+        priority: 0,
     }
+}
+
+/// A token bucket of 10 a second on `api` (the tests' usual strategy).
+pub fn api_bucket(id: u32, api: &str) -> Strategy {
+    strategy(
+        id,
+        &[("api", api)],
+        Algorithm::TokenBucket,
+        10,
+        Unit::Second,
+    )
 }
 
 /// Runs the current test binary again as a child playing `role`: the test

@@ -22,6 +22,7 @@ impl Blacklist<'_> {
         let mut merged = 0usize;
         let mut new_dims: Vec<u64> = Vec::new();
         let mut new_ip = false;
+        let mut new_prefixes = [0u64; 2];
         for (i, e) in entries.iter().enumerate() {
             if !valid_dimension_name(&e.dimension) {
                 return Err(BlacklistError::InvalidEntry {
@@ -39,15 +40,17 @@ impl Blacklist<'_> {
                 });
             }
             let key = if e.dimension == "ip" {
-                let ip = parse_ip(&e.value).ok_or_else(|| BlacklistError::InvalidEntry {
+                let net = parse_ip_net(&e.value).map_err(|why| BlacklistError::InvalidEntry {
                     index: i,
-                    reason: format!(
-                        "ip value {:?} is not an IPv4 or IPv6 address",
-                        String::from_utf8_lossy(&e.value)
-                    ),
+                    reason: format!("ip value {:?}: {why}", String::from_utf8_lossy(&e.value)),
                 })?;
-                new_ip = true;
-                Key::ip(ip)
+                if net.is_host() {
+                    new_ip = true;
+                    Key::ip(std::net::Ipv6Addr::from(net.addr).into())
+                } else {
+                    new_prefixes[net.len as usize / 64] |= 1 << (net.len % 64);
+                    Key::net(net.addr, net.len)
+                }
             } else {
                 let dh = dimension_hash(&e.dimension);
                 if !new_dims.contains(&dh) {
@@ -179,6 +182,10 @@ impl Blacklist<'_> {
         if new_ip {
             self.store_release(OFF_IP, 1);
         }
+        for (w, bits) in new_prefixes.iter().enumerate() {
+            let off = OFF_PREFIXES + 8 * w;
+            self.store_release(off, r.load(off) | bits);
+        }
         let old_bound = u32::try_from(r.load(OFF_BOUND))
             .unwrap_or(self.probe)
             .min(self.probe);
@@ -212,6 +219,9 @@ impl Blacklist<'_> {
         self.store_release(OFF_BOUND, u64::from(bound));
         self.narrow_dimensions(&new_dims);
         self.store_release(OFF_IP, u64::from(new_ip));
+        for (w, bits) in new_prefixes.iter().enumerate() {
+            self.store_release(OFF_PREFIXES + 8 * w, *bits);
+        }
 
         Ok(RebuildReport {
             seq: next,

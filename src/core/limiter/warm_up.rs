@@ -70,8 +70,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::limiter::{Outcome, Quota, Reservation, MAX_STALENESS_NS};
-use super::slot::Slot;
+use super::{Acquired, Quota, Reservation, MAX_STALENESS_NS};
+use crate::core::slot::Slot;
 
 /// Compiled `warm_up` parameters. 24 bytes, like the GCRA parameters, so
 /// that the limiter enum (and every compiled table entry) does not grow.
@@ -175,7 +175,7 @@ impl Curve {
 
 /// Tries to admit one request at `now` (see the module documentation).
 #[inline(never)]
-pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Outcome {
+pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Acquired {
     let words = [slot.state0(), slot.state1()];
     if !cas128_available(words[0]) {
         return leaky_fallback(p, words[0], now);
@@ -201,7 +201,7 @@ pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Outcome {
         // lateness neither cools the bucket nor costs capacity.
         let wait = nf.saturating_sub(now);
         if wait > p.max_delay {
-            return Outcome::Rejected {
+            return Acquired::Rejected {
                 retry_after_ns: wait - p.max_delay,
             };
         }
@@ -209,7 +209,7 @@ pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Outcome {
         let next = [nf.saturating_add(cost), d - taken];
         match cas128(words[0], cur, next) {
             Ok(()) => {
-                return Outcome::Admitted(Reservation::raw(wait, next[0], nf));
+                return Acquired::Admitted(Reservation::raw(wait, next[0], nf));
             }
             Err(actual) => cur = actual,
         }
@@ -218,7 +218,7 @@ pub fn acquire(p: &WarmUpParams, slot: &Slot, now: u64) -> Outcome {
 
 /// Replaces state no clock could have written with a full queue and a cold
 /// bucket; `true` when it did. For the agent only: `clock` is fresh and read
-/// after the words (see [`super::limiter`], stale and foreign state).
+/// after the words (see [`super`], stale and foreign state).
 pub fn repair_foreign(p: &WarmUpParams, slot: &Slot, clock: impl FnOnce() -> u64) -> bool {
     let words = [slot.state0(), slot.state1()];
     let cur = [
@@ -287,19 +287,19 @@ pub fn current_interval(p: &WarmUpParams, slot: &Slot, now: u64) -> u64 {
     p.curve().cost(d).0
 }
 
-fn leaky_fallback(p: &WarmUpParams, w: &AtomicU64, now: u64) -> Outcome {
+fn leaky_fallback(p: &WarmUpParams, w: &AtomicU64, now: u64) -> Acquired {
     let mut nf = w.load(Ordering::Acquire);
     loop {
         let base = nf.max(now);
         let wait = base - now;
         if wait > p.max_delay {
-            return Outcome::Rejected {
+            return Acquired::Rejected {
                 retry_after_ns: wait - p.max_delay,
             };
         }
         let next = base.saturating_add(p.stable);
         match w.compare_exchange_weak(nf, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Outcome::Admitted(Reservation::raw(wait, next, base)),
+            Ok(_) => return Acquired::Admitted(Reservation::raw(wait, next, base)),
             Err(actual) => nf = actual,
         }
     }
@@ -595,8 +595,8 @@ mod tests {
             let mut waits = vec![];
             loop {
                 match l.acquire(slot, now) {
-                    Outcome::Admitted(r) => waits.push(r.wait_ns),
-                    Outcome::Rejected { retry_after_ns } => {
+                    Acquired::Admitted(r) => waits.push(r.wait_ns),
+                    Acquired::Rejected { retry_after_ns } => {
                         assert!(retry_after_ns > 0);
                         break;
                     }
@@ -613,7 +613,7 @@ mod tests {
                 slot.state1().load(Ordering::Relaxed),
             ];
             let later = now + 5 * S;
-            let Outcome::Admitted(r) = l.acquire(slot, later) else {
+            let Acquired::Admitted(r) = l.acquire(slot, later) else {
                 panic!()
             };
             l.refund(slot, r);

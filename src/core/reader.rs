@@ -1,13 +1,13 @@
-//! The worker side: one [`Engine`] per nginx worker process.
+//! The worker side: one [`Reader`] per nginx worker process.
 //!
-//! Per request the engine costs one acquire load (has the sequence moved?).
+//! Per request the reader costs one acquire load (has the sequence moved?).
 //! When it moved, the active segment is copied, validated and compiled into
 //! a new [`Table`]; a bad segment is refused and the previous table stays.
-//! At most once a second (by the caller's monotonic clock) the engine also
+//! At most once a second (by the caller's monotonic clock) the reader also
 //! checks that the mapped file is still whole and still the one at the path:
 //! a truncated file is dropped before it can raise SIGBUS in a worker, and a
 //! file the agent recreated is mapped afresh. Without a usable file the
-//! engine fails open: [`Engine::table`] is `None` and requests pass.
+//! reader fails open: [`Reader::table`] is `None` and requests pass.
 //!
 //! A truncation inside that second raises SIGBUS; where the
 //! [`sigbus`](super::sigbus) guard is installed (nginx workers, the agent)
@@ -15,7 +15,7 @@
 //! the next refresh drops the mapping and fails open until the file is
 //! whole again.
 //!
-//! Every change of state is reported once by [`Engine::refresh`], never per
+//! Every change of state is reported once by [`Reader::refresh`], never per
 //! request.
 
 use std::path::PathBuf;
@@ -35,15 +35,15 @@ const BUSY_BACKOFF_NS: u64 = 200_000;
 
 /// Severity of a state change, for the caller's logger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogLevel {
+pub enum Severity {
     Error,
     Notice,
 }
 
-/// A change of the engine's state, to be logged once.
+/// A change of the reader's state, to be logged once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateChange {
-    pub level: LogLevel,
+    pub level: Severity,
     pub message: String,
 }
 
@@ -56,7 +56,7 @@ enum State {
     SegmentRefused,
 }
 
-pub struct Engine {
+pub struct Reader {
     path: PathBuf,
     map: Option<Arc<Mapping>>,
     table: Option<Arc<Table>>,
@@ -72,10 +72,10 @@ pub struct Engine {
     pending: Option<(Pending, Arc<Mapping>)>,
 }
 
-impl Engine {
-    /// Opens nothing yet: the first [`Engine::refresh`] does.
-    pub fn new(path: impl Into<PathBuf>) -> Engine {
-        Engine {
+impl Reader {
+    /// Opens nothing yet: the first [`Reader::refresh`] does.
+    pub fn new(path: impl Into<PathBuf>) -> Reader {
+        Reader {
             path: path.into(),
             map: None,
             table: None,
@@ -153,12 +153,24 @@ impl Engine {
         change
     }
 
-    fn set_state(&mut self, state: State, level: LogLevel, message: String) -> Option<StateChange> {
+    fn set_state(&mut self, state: State, level: Severity, message: String) -> Option<StateChange> {
         if self.state == state {
             return None;
         }
         self.state = state;
         Some(StateChange { level, message })
+    }
+
+    /// [`set_state`](Self::set_state) with a message about the file:
+    /// `rate_ctl: PATH: what`.
+    fn file_state(
+        &mut self,
+        state: State,
+        level: Severity,
+        what: std::fmt::Arguments<'_>,
+    ) -> Option<StateChange> {
+        let message = format!("rate_ctl: {}: {what}", self.path.display());
+        self.set_state(state, level, message)
     }
 
     fn fail_open(&mut self, err: &ShmError) -> Option<StateChange> {
@@ -168,7 +180,7 @@ impl Engine {
         self.seen_seq = 0;
         self.set_state(
             State::FileUnusable,
-            LogLevel::Error,
+            Severity::Error,
             format!("rate_ctl: {err}; requests pass unlimited until the file is usable"),
         )
     }
@@ -199,7 +211,7 @@ impl Engine {
         let n = self.map.as_ref()?.reclaim_dead();
         if n > 0 {
             self.notice = Some(StateChange {
-                level: LogLevel::Notice,
+                level: Severity::Notice,
                 message: format!(
                     "rate_ctl: {}: gave back {n} concurrency units held by a process that died",
                     self.path.display()
@@ -241,13 +253,10 @@ impl Engine {
             if seq == 0 {
                 self.seen_seq = 0;
                 self.table = None;
-                return self.set_state(
+                return self.file_state(
                     State::NothingPublished,
-                    LogLevel::Notice,
-                    format!(
-                        "rate_ctl: {}: no table published yet; requests pass",
-                        self.path.display()
-                    ),
+                    Severity::Notice,
+                    format_args!("no table published yet; requests pass"),
                 );
             }
             match read_segment(&map.segment((seq & 1) as usize), seq, &mut self.buf) {
@@ -256,13 +265,10 @@ impl Engine {
                     let version = decoded.config_version;
                     self.table = Some(Arc::new(Table::build(decoded, Some(map.clone()))));
                     self.seen_seq = seq;
-                    return self.set_state(
+                    return self.file_state(
                         State::Enforcing,
-                        LogLevel::Notice,
-                        format!(
-                            "rate_ctl: {}: enforcing {n} strategies (config version {version})",
-                            self.path.display()
-                        ),
+                        Severity::Notice,
+                        format_args!("enforcing {n} strategies (config version {version})"),
                     );
                 }
                 // The writer published again while we copied: read afresh.
@@ -279,13 +285,10 @@ impl Engine {
                     } else {
                         "requests pass"
                     };
-                    return self.set_state(
+                    return self.file_state(
                         State::SegmentRefused,
-                        LogLevel::Error,
-                        format!(
-                            "rate_ctl: {}: refused segment of sequence {seq}: {e}; {kept}",
-                            self.path.display()
-                        ),
+                        Severity::Error,
+                        format_args!("refused segment of sequence {seq}: {e}; {kept}"),
                     );
                 }
             }
@@ -310,7 +313,7 @@ impl Engine {
                 self.seen_seq = seq;
                 self.set_state(
                     State::Enforcing,
-                    LogLevel::Notice,
+                    Severity::Notice,
                     format!(
                         "rate_ctl: {}: enforcing {strategies} strategies (config version {config_version})",
                         self.path.display()
@@ -326,7 +329,7 @@ impl Engine {
                 };
                 self.set_state(
                     State::SegmentRefused,
-                    LogLevel::Error,
+                    Severity::Error,
                     format!(
                         "rate_ctl: {}: refused segment of sequence {seq}: {e}; {kept}",
                         self.path.display()
