@@ -47,15 +47,9 @@ cd "$root"
 # shellcheck source=scripts/lib/packages.sh
 . "$root/scripts/lib/packages.sh"
 command -v valgrind >/dev/null || need_packages bench-instructions valgrind
-[ -n "${SKIP_BUILD:-}" ] || scripts/build-module.sh "$target" >&2
-cargo build -q --example rate-ctl-test-tool
-tool="$root/target/debug/examples/rate-ctl-test-tool"
-if [ "$target" = vendored ]; then nginx="$root/target/modules/vendored/nginx"; else nginx=/usr/sbin/nginx; fi
-module="$root/target/modules/$target/ngx_http_rate_ctl_module.so"
-
-dir="$(mktemp -d /tmp/rate_ctl_instr_XXXXXX)"
-chmod 0755 "$dir"
-mkdir -p "$dir/logs"
+# shellcheck source=scripts/lib/bench-nginx.sh
+. "$root/scripts/lib/bench-nginx.sh"
+bench_setup "$target" instr
 vpid=""
 cleanup() {
     if [ -n "$vpid" ]; then kill "$vpid" 2>/dev/null || true; fi
@@ -161,14 +155,11 @@ config() {
     # The cases without a table of their own load the friendly one.
     case $1 in plain | limitreq | limitreq2) shm=ratectl ;; esac
     publish_for "$shm"
-    cat >"$dir/nginx.conf" <<CONF
-load_module $module;
-master_process off;
-daemon off;
-worker_processes 1;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
-events { worker_connections 64; }
+    {
+        conf_head 1 warn
+        echo "master_process off;"
+    } >"$dir/nginx.conf"
+    cat >>"$dir/nginx.conf" <<CONF
 http {
     access_log off;
     rate_ctl_shm $dir/shm.$shm;

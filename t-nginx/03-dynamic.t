@@ -54,6 +54,23 @@ for_each_target(sub {
     is($ok, 20, 'two workers: exactly 20 of 40 passed in total');
     is(scalar(keys %pids), 2, 'both workers answered: ' . join(',', sort keys %pids));
 
+    # A large table (5,000 strategies: built by a helper thread of each
+    # worker, core/loader.rs) is enforced within a second or two while the
+    # workers keep answering; the reload below then shows nginx's signals
+    # still reach the workers that started such a thread.
+    my $big = join '', map { "strategy id=$_ algorithm=fixed_window rate=100 per=minute when userid=u$_ api=/x\n" } 10 .. 5009;
+    $t0 = time;
+    publish($n->shm, $big . "strategy id=5 algorithm=fixed_window rate=1 per=minute when api=/big\n", 5);
+    my ($big_applied, @during);
+    while (time - $t0 < 5) {
+        my @c = $n->codes('/big', 2);
+        push @during, $c[0];
+        if ($c[1] == 503) { $big_applied = time - $t0; last }
+        sleep 0.05;
+    }
+    ok(defined $big_applied && $big_applied <= 3.0, sprintf('5,000-strategy table enforced %.3f s after publish', $big_applied // -1));
+    is_deeply([grep { $_ != 200 && $_ != 503 } @during], [], 'requests answered while it was built');
+
     # Reload keeps counters: the per-minute window is not reset.
     publish($n->shm, "strategy id=4 algorithm=fixed_window rate=5 per=minute when api=/reload\n", 4);
     sleep 0.3;

@@ -194,3 +194,67 @@ fn grids_with_other_shapes_equal_brute_force() {
     }
     assert_eq!(requests, 6 * 22 * 22 * 8);
 }
+
+/// A dimension strategies name only beside their anchor (`method` here:
+/// every strategy is anchored under its unique `userid`) is read from the
+/// request only when it has candidates to check: a request matching none
+/// of those strategies never asks for it (in nginx, a variable or a query
+/// string scan saved), one that has candidates does, and both match as
+/// brute force says.
+#[test]
+fn dimensions_named_only_beside_an_anchor_are_read_only_for_candidates() {
+    use std::cell::RefCell;
+    struct Counting<'a> {
+        values: Vec<Option<&'a [u8]>>,
+        reads: RefCell<Vec<usize>>,
+    }
+    impl rate_ctl::core::table::Values for Counting<'_> {
+        fn value(&self, dim: usize) -> Option<&[u8]> {
+            self.reads.borrow_mut().push(dim);
+            self.values.get(dim).copied().flatten()
+        }
+    }
+    let published: Vec<Published> = (0..50)
+        .map(|i| {
+            strategy(
+                i as u32 + 1,
+                &[None, Some(100 + i), None, Some(i % 3)],
+                true,
+            )
+        })
+        .chain([strategy(51, &[None, None, Some(0), None], true)])
+        .collect();
+    let table = table(&published);
+    let method = table.dimension_index("method").unwrap();
+    let user = table.dimension_index("userid").unwrap();
+    let api = table.dimension_index("api").unwrap();
+    let run = |user_v: &str, api_v: &str| {
+        let mut values = vec![None; table.dimensions().len()];
+        values[user] = Some(user_v.as_bytes());
+        values[api] = Some(api_v.as_bytes());
+        values[method] = Some(b"b".as_slice()); // value(3, 1)
+        let req = Counting {
+            values,
+            reads: RefCell::new(Vec::new()),
+        };
+        let ids: Vec<u32> = table
+            .matching(&req)
+            .iter()
+            .map(|&i| table.strategies()[i as usize].strategy.id)
+            .collect();
+        (ids, req.reads.into_inner())
+    };
+    // No candidate (an unknown user, api `a` matches strategy 51 alone).
+    let (ids, reads) = run("nobody", "a");
+    assert_eq!(ids, [51]);
+    assert!(
+        !reads.contains(&method),
+        "method read without candidates: {reads:?}"
+    );
+    // User v101 anchors strategy 2 (method b): method is read and checked.
+    let (ids, reads) = run("v101", "a");
+    assert_eq!(ids, [2, 51]);
+    assert!(reads.contains(&method));
+    let (ids, _) = run("v102", "none");
+    assert!(ids.is_empty(), "strategy 3 wants method c: {ids:?}");
+}

@@ -7,6 +7,7 @@ mod shm;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
@@ -560,6 +561,71 @@ fn a_zero_capacity_is_refused_with_its_name() {
         "capacity: max strategies must be at least 1"
     );
     assert!(!dir.path().join("rc").exists(), "nothing created");
+}
+
+/// A worker's engine (background loads on) builds a large table on a
+/// helper thread: the refresh that sees the publish keeps deciding with the
+/// table it has, a later one installs the new table; a small table still
+/// loads at once, and a bad large segment is refused as before.
+#[test]
+fn a_large_table_is_built_off_the_request_path_and_installed_when_ready() {
+    use rate_ctl::core::loader::BACKGROUND_MIN;
+    use rate_ctl::core::shm::Capacities;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let caps = Capacities {
+        max_strategies: 8192,
+        segment_bytes: 2 << 20,
+        blacklist_entries: 256,
+    };
+    let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
+    let small = strategy(1, &[("api", "/pay")], Algorithm::FixedWindow, 1, Unit::Hour);
+    w.publish(std::slice::from_ref(&small), &[], 1).unwrap();
+    let mut e = Reader::new(&path);
+    e.set_background(true);
+    e.refresh(1);
+    assert_eq!(
+        e.table().unwrap().config_version(),
+        1,
+        "small: loaded at once"
+    );
+    let n = BACKGROUND_MIN + 10;
+    let large: Vec<_> = (1..=n)
+        .map(|i| {
+            let user = format!("u{i}");
+            strategy(
+                i,
+                &[("userid", &user)],
+                Algorithm::FixedWindow,
+                1,
+                Unit::Hour,
+            )
+        })
+        .collect();
+    w.publish(&large, &[], 2).unwrap();
+    let old = e.table().unwrap().clone();
+    assert!(e.refresh(2).is_none());
+    assert!(
+        Arc::ptr_eq(e.table().unwrap(), &old),
+        "the refresh that sees the publish decides with the table it has"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut now = 3;
+    while e.table().unwrap().config_version() != 2 {
+        assert!(std::time::Instant::now() < deadline, "never installed");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        e.refresh(now);
+        now += 1;
+    }
+    let t = e.table().unwrap().clone();
+    assert_eq!(t.strategies().len(), n as usize);
+    let v = values(&t, &[("userid", "u77")]);
+    assert!(passes(&t.decide(&req(&v, now))));
+    assert!(!passes(&t.decide(&req(&v, now))), "strategy 77 enforced");
+    // Back to a small table: at once again.
+    w.publish(std::slice::from_ref(&small), &[], 3).unwrap();
+    e.refresh(now + 1);
+    assert_eq!(e.table().unwrap().config_version(), 3);
 }
 
 /// An nginx module of one layout version and a file of another (after an

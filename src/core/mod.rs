@@ -12,6 +12,7 @@ pub mod ipnet;
 pub mod keys;
 pub mod ledger;
 pub mod limiter;
+pub mod loader;
 pub mod model;
 pub mod reader;
 pub mod region;

@@ -21,6 +21,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::loader::{self, Built, Pending};
 use super::segment::{read_segment, SegmentError};
 use super::shm::{Mapping, ShmError};
 use super::table::Table;
@@ -65,6 +66,10 @@ pub struct Reader {
     state: State,
     buf: Vec<u8>,
     notice: Option<StateChange>,
+    /// Large segments are loaded by a helper thread ([`loader`]).
+    background: bool,
+    /// The load under way on a helper thread, and the mapping it reads.
+    pending: Option<(Pending, Arc<Mapping>)>,
 }
 
 impl Reader {
@@ -80,7 +85,17 @@ impl Reader {
             state: State::Start,
             buf: Vec::new(),
             notice: None,
+            background: false,
+            pending: None,
         }
+    }
+
+    /// Loads segments of [`loader::BACKGROUND_MIN`] strategies or more on
+    /// a helper thread from now on (an nginx worker, once it has loaded
+    /// its first table at start): until the new table is built, requests
+    /// are decided with the current one.
+    pub fn set_background(&mut self, on: bool) {
+        self.background = on;
     }
 
     pub fn path(&self) -> &std::path::Path {
@@ -159,6 +174,7 @@ impl Reader {
     }
 
     fn fail_open(&mut self, err: &ShmError) -> Option<StateChange> {
+        self.pending = None; // its result is dropped on its own thread
         self.map = None;
         self.table = None;
         self.seen_seq = 0;
@@ -212,6 +228,26 @@ impl Reader {
     }
 
     fn reload(&mut self, map: &Arc<Mapping>, now_ns: u64) -> Option<StateChange> {
+        if let Some((p, from)) = self.pending.take() {
+            if !p.is_finished() && Arc::ptr_eq(&from, map) {
+                self.pending = Some((p, from));
+                return None;
+            }
+            if Arc::ptr_eq(&from, map) {
+                return self.install_built(p.seq, p.take());
+            }
+            // Read from a mapping since replaced: dropped with its thread.
+        }
+        let seq = map.seq();
+        if self.background
+            && seq != 0
+            && loader::announced_strategies(map, seq) >= loader::BACKGROUND_MIN
+        {
+            if let Some(p) = loader::start(map.clone(), seq) {
+                self.pending = Some((p, map.clone()));
+                return None;
+            }
+        }
         for _ in 0..BUSY_RETRIES {
             let seq = map.seq();
             if seq == 0 {
@@ -260,5 +296,48 @@ impl Reader {
         // Still busy: requests go on with the current table; try again shortly.
         self.busy_until_ns = now_ns.saturating_add(BUSY_BACKOFF_NS);
         None
+    }
+
+    /// Installs what a helper thread made of segment `seq`; the table it
+    /// replaces is freed on a helper thread.
+    fn install_built(&mut self, seq: u64, built: Built) -> Option<StateChange> {
+        match built {
+            Built::Table {
+                table,
+                strategies,
+                config_version,
+            } => {
+                if let Some(old) = self.table.replace(Arc::from(table)) {
+                    loader::drop_later(old);
+                }
+                self.seen_seq = seq;
+                self.set_state(
+                    State::Enforcing,
+                    Severity::Notice,
+                    format!(
+                        "rate_ctl: {}: enforcing {strategies} strategies (config version {config_version})",
+                        self.path.display()
+                    ),
+                )
+            }
+            Built::Refused(e) => {
+                self.seen_seq = seq;
+                let kept = if self.table.is_some() {
+                    "keeping the previous table"
+                } else {
+                    "requests pass"
+                };
+                self.set_state(
+                    State::SegmentRefused,
+                    Severity::Error,
+                    format!(
+                        "rate_ctl: {}: refused segment of sequence {seq}: {e}; {kept}",
+                        self.path.display()
+                    ),
+                )
+            }
+            // Read again at the next request.
+            Built::Busy => None,
+        }
     }
 }

@@ -161,6 +161,12 @@ fn checksum(payload: &[u8], seq: u64, version: u64, count: u32, bl_dims: u32) ->
     h.finalize()
 }
 
+/// The strategy count the segment's header announces, read without the
+/// seqlock: a hint (the reader chooses where to load it), never trusted.
+pub fn announced_count(seg: &Region<'_>) -> u32 {
+    (seg.load(S_LEN_COUNT) >> 32) as u32
+}
+
 /// Reader side: copies the segment out under its seqlock and decodes it.
 /// `expected_seq` is the header sequence that named this segment.
 pub fn read_segment(

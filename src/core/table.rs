@@ -6,8 +6,10 @@
 //! `(dimension, value)` is shared by the fewest strategies. Per dimension a
 //! [`ValueMap`] sends a value to its interned id and to the strategies
 //! anchored there. A request looks each of its values up once (one probe
-//! per dimension in use), then checks the anchored strategies' other
-//! conditions by comparing interned ids — integer compares, no string work.
+//! per dimension some strategy is anchored in; the dimensions only named
+//! beside an anchor are looked up only when there are candidates to
+//! check), then checks the anchored strategies' other conditions by
+//! comparing interned ids — integer compares, no string work.
 //! A strategy alone under its value with no other condition (`api=/pay`)
 //! matches on the lookup itself.
 //!
@@ -288,9 +290,14 @@ pub struct Table {
     /// Some enabled strategy has a priority other than 0 or is an `allow`:
     /// the matches are ranked before admission (else nothing to do).
     ranked: bool,
-    /// The other dimensions some strategy names a value of: the only ones
-    /// a request is asked for (by index).
+    /// The other dimensions some strategy is anchored under a value of:
+    /// the ones every request is asked for (by index).
     lookups: Box<[usize]>,
+    /// The dimensions strategies name only beside their anchor (no value
+    /// of theirs anchors anything): asked for only when a request found
+    /// strategies to check, so a table's other shapes cost a request that
+    /// matches none of them nothing.
+    checks: Box<[usize]>,
     anchored: Vec<u32>,
     /// Tuple-space groups, and the groups of each heavy value
     /// (see [`ValueEntry`]).
@@ -567,8 +574,12 @@ impl Table {
         let ranked = strategies
             .iter()
             .any(|c| c.strategy.priority != 0 || c.strategy.action == Action::Allow);
-        let lookups = (0..dims.len())
-            .filter(|&d| Some(d) != ip_dim && !index[d].values.is_empty())
+        let named = |d: &usize| Some(*d) != ip_dim && !index[*d].values.is_empty();
+        let anchors = |d: &usize| index[*d].values.values().any(|e| e.len != 0);
+        let lookups = (0..dims.len()).filter(named).filter(anchors).collect();
+        let checks = (0..dims.len())
+            .filter(named)
+            .filter(|d| !anchors(d))
             .collect();
         Table {
             map,
@@ -585,6 +596,7 @@ impl Table {
             v4_dir,
             ranked,
             lookups,
+            checks,
             anchored,
             groups,
             group_lists,
@@ -771,6 +783,14 @@ impl Table {
                 _ => None,
             };
             found(d, e);
+        }
+        if ns > 0 {
+            for &d in self.checks.iter() {
+                req[d] = match values.value(d) {
+                    Some(v) if !v.is_empty() => self.index[d].values.get(v).map_or(NONE, |e| e.id),
+                    _ => NONE,
+                };
+            }
         }
         for &(start, len) in &spans[..ns] {
             if len & HEAVY != 0 {

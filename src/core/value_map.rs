@@ -143,6 +143,10 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
         &mut self.values[i]
     }
 
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.values.iter()
+    }
+
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
         self.values.iter_mut()
     }

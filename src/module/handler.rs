@@ -193,6 +193,9 @@ struct RequestValues<'a> {
     r: &'a Request,
     mc: &'a MainConf,
     sources: &'a [ValueSource],
+    /// Which first bytes the query string's items have, once a `$arg`
+    /// dimension was found absent (see `variables::dimension_value`).
+    args_seen: std::cell::Cell<u64>,
 }
 
 impl Values for RequestValues<'_> {
@@ -210,7 +213,7 @@ impl Values for RequestValues<'_> {
                 .mc
                 .dimensions
                 .get(i)
-                .and_then(|d| variables::dimension_value(self.r, d)),
+                .and_then(|d| variables::dimension_value(self.r, d, &self.args_seen)),
         }
     }
 }
@@ -238,7 +241,12 @@ fn decide(
     let mut held = SmallVec::new();
     let outcome = table.decide_into(
         &TableRequest {
-            values: &RequestValues { r, mc, sources },
+            values: &RequestValues {
+                r,
+                mc,
+                sources,
+                args_seen: std::cell::Cell::new(0),
+            },
             // The table matches `ip` (and the blacklist checks it) on the
             // binary address: no text form.
             ip: client_ip(r.as_ref()),

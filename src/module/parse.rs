@@ -181,13 +181,35 @@ pub fn single_variable(v: &[u8]) -> Option<&[u8]> {
 /// `$arg_NAME` finds it (`ngx_http_arg`): the first `&`-separated item
 /// whose name equals `name` ignoring ASCII case, up to the next `&`.
 /// `name` is given in lower case. A scalar scan: query strings are short.
-#[inline]
+/// (The module reads through [`query_arg_seen`]; this is its reference.)
+#[cfg(test)]
 pub fn query_arg<'a>(args: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    query_arg_seen(args, name, &mut 0)
+}
+
+/// The bit of [`query_arg_seen`]'s mask for an item (or name) starting
+/// with byte `b`, ignoring ASCII case.
+#[inline]
+pub fn first_byte_bit(b: u8) -> u64 {
+    1 << (b.to_ascii_lowercase() & 63)
+}
+
+/// [`query_arg`]; when `name` is absent (every item was walked), `seen`
+/// becomes the mask of the items' first bytes ([`first_byte_bit`]; never 0
+/// for a query that is not empty). A later name whose first byte's bit is
+/// not in it is absent without a scan.
+#[inline]
+pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option<&'a [u8]> {
     let n = name.len();
     let len = args.len();
+    if n == 0 {
+        return None;
+    }
+    let mut bits = 0;
     let mut i = 0; // the start of an item
-    while n > 0 && i + n < len {
-        if args[i + n] == b'=' {
+    while i < len {
+        bits |= first_byte_bit(args[i]);
+        if i + n < len && args[i + n] == b'=' {
             let mut k = 0;
             while k < n && args[i + k].to_ascii_lowercase() == name[k] {
                 k += 1;
@@ -206,6 +228,7 @@ pub fn query_arg<'a>(args: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
         }
         i += 1;
     }
+    *seen = bits;
     None
 }
 
@@ -244,6 +267,39 @@ mod tests {
         assert_eq!(q("a=1", ""), None);
         assert_eq!(q("b=1&a=", "a").as_deref(), Some(""));
         assert_eq!(q("a", "a"), None);
+    }
+
+    #[test]
+    fn a_miss_says_which_first_bytes_the_items_have() {
+        let names: [&[u8]; 6] = [b"a", b"b", b"user", b"c", b"ab", b"u"];
+        for args in [
+            "a=a5&b=b5",
+            "A=1&a=2&B=&user=u",
+            "a&a=3&b",
+            "&&a=1&",
+            "USER=x&ab=y&User=z",
+            "=1&a&=&b=2",
+            "x",
+        ] {
+            let a = args.as_bytes();
+            for miss in names {
+                let mut seen = 0;
+                if query_arg_seen(a, miss, &mut seen).is_some() {
+                    assert_eq!(seen, 0, "{args:?}: a hit leaves the mask");
+                    continue;
+                }
+                assert_ne!(seen, 0, "{args:?}");
+                // A name the mask rules out is absent indeed.
+                for other in names {
+                    if seen & first_byte_bit(other[0]) == 0 {
+                        assert_eq!(query_arg(a, other), None, "{args:?} {other:?}");
+                    }
+                }
+            }
+        }
+        let mut seen = 0;
+        assert_eq!(query_arg_seen(b"a=a5&b=b5", b"c", &mut seen), None);
+        assert_eq!(seen, first_byte_bit(b'a') | first_byte_bit(b'b'));
     }
 
     #[test]

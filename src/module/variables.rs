@@ -114,11 +114,18 @@ pub unsafe fn index_decision(cf: *mut ngx_conf_t) -> Status {
 /// nothing is copied or allocated. Other templates are evaluated (in the
 /// request pool). Out of line: the request path's value reader stays
 /// small enough to be inlined for the built-in dimensions.
+/// `seen` is the request's [`parse::query_arg_seen`] mask (0 until a
+/// `$arg` dimension was found absent): a later one it rules out is absent
+/// without a scan of the query string.
 #[inline(never)]
-pub fn dimension_value<'r>(r: &'r Request, d: &CustomDimension) -> Option<&'r [u8]> {
+pub fn dimension_value<'r>(
+    r: &'r Request,
+    d: &CustomDimension,
+    seen: &Cell<u64>,
+) -> Option<&'r [u8]> {
     let bytes = match d.value {
         DimensionValue::Variable(index) => flushed_variable(r, index)?,
-        DimensionValue::Arg(index, ref name, ref kind) => arg_variable(r, index, name, kind)?,
+        DimensionValue::Arg(index, ref name, ref kind) => arg_variable(r, index, name, kind, seen)?,
         // SAFETY: the complex value was compiled at configuration time
         // from the configuration pool, which outlives requests.
         DimensionValue::Complex(cv) => r.get_complex_value(unsafe { &*cv })?.as_bytes(),
@@ -176,7 +183,7 @@ fn value_bytes(v: &ngx_http_variable_value_t) -> Option<&[u8]> {
 /// `ngx_http_get_flushed_variable` does, a value stored in the request's
 /// slot and marked cacheable (`set $arg_x ...;`) is that value; otherwise
 /// the query string is searched as `ngx_http_arg` does
-/// ([`parse::query_arg`]). A variable of that name defined by another
+/// ([`parse::query_arg_seen`]). A variable of that name defined by another
 /// module (`map ... $arg_x`) is read through nginx.
 #[inline]
 fn arg_variable<'r>(
@@ -184,6 +191,7 @@ fn arg_variable<'r>(
     index: usize,
     name: &[u8],
     kind: &Cell<ArgKind>,
+    seen: &Cell<u64>,
 ) -> Option<&'r [u8]> {
     let rr: &ngx_http_request_t = r.as_ref();
     if kind.get() == ArgKind::Unchecked {
@@ -204,7 +212,16 @@ fn arg_variable<'r>(
     // SAFETY: r->args points to `len` bytes of the request line or the
     // request pool, live with the request.
     let args = unsafe { std::slice::from_raw_parts(rr.args.data, rr.args.len) };
-    parse::query_arg(args, name)
+    let mask = seen.get();
+    if mask != 0 && mask & parse::first_byte_bit(*name.first()?) == 0 {
+        return None; // no item of the query string starts with it
+    }
+    let mut mask = 0;
+    let found = parse::query_arg_seen(args, name, &mut mask);
+    if mask != 0 {
+        seen.set(mask);
+    }
+    found
 }
 
 /// What rate_ctl decided for a request.

@@ -331,7 +331,12 @@ pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
         );
     }
     let now_ns = super::time::monotonic_ns();
-    with_worker(mc, |w| w.refresh(mc, now_ns, log));
+    with_worker(mc, |w| {
+        w.refresh(mc, now_ns, log);
+        // From now on requests are served: a large table published later
+        // is built by a helper thread (core::loader), not on the event loop.
+        w.reader.set_background(true);
+    });
 }
 
 /// The worker's state. nginx runs a worker's HTTP handlers, init_process

@@ -1,0 +1,144 @@
+//! Loading a large table off the request path.
+//!
+//! Copying, decoding and indexing a published segment takes about 1 µs
+//! per strategy, and freeing the table it replaces a good part of that
+//! again: tens of milliseconds for 65,536 strategies, during which an nginx
+//! worker that did it on its event loop would answer nobody. So a worker
+//! ([`Reader::set_background`](super::reader::Reader::set_background))
+//! hands a segment of at least [`BACKGROUND_MIN`] strategies to a helper
+//! thread, which reads, decodes and builds the [`Table`]; the worker goes
+//! on deciding with the table it has and installs the new one at the first
+//! request after the thread is done (one atomic load per request until
+//! then). The table replaced is dropped on a helper thread too.
+//!
+//! The helper threads run nginx-free code only (this crate's core) and
+//! start with every asynchronous signal blocked: nginx's signals (reload,
+//! stop, reopen) keep reaching the worker's own thread. Synchronous
+//! faults stay deliverable, so a SIGBUS while reading a truncated file is
+//! absorbed by [`sigbus`](super::sigbus) as on the worker's thread.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::segment::{read_segment, SegmentError};
+use super::shm::Mapping;
+use super::table::Table;
+
+/// Segments of at least this many strategies are loaded by a helper
+/// thread (when the engine allows it): smaller ones load in well under a
+/// millisecond per thousand strategies, and a caller sees them at once.
+pub const BACKGROUND_MIN: u32 = 4096;
+
+/// Attempts to read a segment the writer is busy with.
+const BUSY_RETRIES: usize = 64;
+
+/// What a helper thread made of one segment.
+pub enum Built {
+    Table {
+        table: Box<Table>,
+        strategies: usize,
+        config_version: u64,
+    },
+    /// The segment was refused (bad content), or the build failed: the
+    /// previous table stays until the next publish.
+    Refused(String),
+    /// The writer kept publishing, or published again: read afresh.
+    Busy,
+}
+
+/// A load under way.
+pub struct Pending {
+    /// The publish sequence being read.
+    pub seq: u64,
+    handle: JoinHandle<Built>,
+}
+
+impl Pending {
+    /// Whether the thread is done ([`take`](Self::take) does not wait).
+    #[inline]
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// The thread's result (waits for it if it is not done). A thread that
+    /// panicked refuses the segment: retried only when the next publish
+    /// comes, not at every request.
+    pub fn take(self) -> Built {
+        self.handle
+            .join()
+            .unwrap_or_else(|_| Built::Refused("building the table failed".into()))
+    }
+}
+
+/// Starts reading segment `seq` of `map` on a helper thread; `None` if no
+/// thread could be started (the caller loads it itself).
+pub fn start(map: Arc<Mapping>, seq: u64) -> Option<Pending> {
+    let handle = spawn_quiet("rate_ctl-load", move || build(&map, seq))?;
+    Some(Pending { seq, handle })
+}
+
+/// Drops `value` on a helper thread (a big table's memory is freed there,
+/// not on the request path); here if no thread can be started.
+pub fn drop_later<T: Send + 'static>(value: T) {
+    if let Some(v) = spawn_quiet("rate_ctl-free", move || drop(value)) {
+        drop(v); // detached
+    }
+}
+
+/// The strategy count segment `seq` of `map` announces (racy: a hint for
+/// choosing where to load it, validated by the read itself).
+pub fn announced_strategies(map: &Mapping, seq: u64) -> u32 {
+    super::segment::announced_count(&map.segment((seq & 1) as usize))
+}
+
+fn build(map: &Arc<Mapping>, seq: u64) -> Built {
+    let mut buf = Vec::new();
+    for _ in 0..BUSY_RETRIES {
+        if map.seq() != seq {
+            return Built::Busy;
+        }
+        match read_segment(&map.segment((seq & 1) as usize), seq, &mut buf) {
+            Ok(decoded) => {
+                let strategies = decoded.strategies.len();
+                let config_version = decoded.config_version;
+                drop(buf);
+                return Built::Table {
+                    table: Box::new(Table::build(decoded, Some(map.clone()))),
+                    strategies,
+                    config_version,
+                };
+            }
+            Err(SegmentError::Busy) => std::thread::yield_now(),
+            Err(SegmentError::Sequence { .. }) => return Built::Busy,
+            Err(e) => return Built::Refused(e.to_string()),
+        }
+    }
+    Built::Busy
+}
+
+/// Spawns `f` on a thread that starts with every asynchronous signal
+/// blocked (faults — SIGBUS, SIGSEGV, SIGFPE, SIGILL — stay deliverable).
+/// `None` if the thread cannot be created.
+fn spawn_quiet<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<JoinHandle<T>> {
+    // SAFETY: sigset_t is plain data that sigfillset/sigdelset initialise;
+    // pthread_sigmask changes only this thread's mask, restored below, and
+    // a new thread inherits the mask in force when it is created.
+    unsafe {
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut block);
+        for sig in [libc::SIGBUS, libc::SIGSEGV, libc::SIGFPE, libc::SIGILL] {
+            libc::sigdelset(&mut block, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &block, &mut old);
+        let handle = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(f)
+            .ok();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        handle
+    }
+}
