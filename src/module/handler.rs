@@ -286,7 +286,12 @@ fn key_text(
     reader.table()?.key_text(
         id,
         &TableRequest {
-            values: &RequestValues { r, mc, sources },
+            values: &RequestValues {
+                r,
+                mc,
+                sources,
+                args_seen: std::cell::Cell::new(0),
+            },
             ip: client_ip(r.as_ref()),
             now_ns: 0,
             now_unix_ms: 0,
