@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
+use rate_ctl::core::model::{Algorithm, Condition, Strategy, Unit};
 use rate_ctl::core::reader::Reader;
 use rate_ctl::core::segment::read_segment;
 use rate_ctl::core::shm::Capacities;
@@ -60,12 +60,7 @@ fn strategies(n: u32) -> Vec<Strategy> {
 
 fn setup(n: u32, dir: &std::path::Path) -> (Arc<Table>, Writer) {
     let path = dir.join(format!("bench-{n}"));
-    let caps = Capacities {
-        max_strategies: 131_072,
-        segment_bytes: 32 << 20,
-        blacklist_entries: 4096,
-        keys: 4096,
-    };
+    let caps = Capacities::tables(131_072, 32 << 20);
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
     let mut list = strategies(n);
     // The request's own strategy: ip AND userid AND api, never rejects.
@@ -111,17 +106,14 @@ fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
 /// A token bucket of a million a second: every request passes.
 fn never_full(id: u32, conditions: Vec<Condition>) -> Strategy {
     Strategy {
-        id,
-        conditions,
-        algorithm: Algorithm::TokenBucket,
-        rate: 1_000_000,
-        per: Unit::Second,
         burst: 1_000_000,
-        action: Action::Reject { status: None },
-        enabled: true,
-        warm_up: Default::default(),
-        priority: 0,
-        each: Default::default(),
+        ..Strategy::plain(
+            id,
+            conditions,
+            Algorithm::TokenBucket,
+            1_000_000,
+            Unit::Second,
+        )
     }
 }
 
@@ -187,12 +179,7 @@ fn shaped(case: &str) -> Vec<Strategy> {
 }
 
 fn publish(list: &[Strategy], path: &std::path::Path) -> (Arc<Table>, Writer) {
-    let caps = Capacities {
-        max_strategies: 262_144,
-        segment_bytes: 64 << 20,
-        blacklist_entries: 16,
-        keys: 4096,
-    };
+    let caps = Capacities::tables(262_144, 64 << 20);
     let mut w = Writer::create_or_adopt(path, caps, 0o600).unwrap();
     w.publish(list, &[], 1).unwrap();
     let mut e = Reader::new(path);

@@ -77,12 +77,7 @@ fn decide_ranges(c: &mut Criterion) {
         let v4 = name.ends_with("_v4");
         let (list, inside) = ranges(n, lens, v4);
         let path = dir.path().join(name);
-        let caps = Capacities {
-            max_strategies: 131_072,
-            segment_bytes: 32 << 20,
-            blacklist_entries: 16,
-            keys: 4096,
-        };
+        let caps = Capacities::tables(131_072, 32 << 20);
         let mut writer = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
         writer.publish(&list, &[], 1).unwrap();
         let mut reader = Reader::new(&path);

@@ -48,19 +48,13 @@ fn caps() -> Capacities {
 }
 
 fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
-    let mut s = Strategy {
-        id: 0,
-        conditions: Vec::new(),
-        algorithm: "token_bucket".parse().map_err(|e| format!("{e}"))?,
-        rate: 0,
-        per: "second".parse().map_err(|e| format!("{e}"))?,
-        burst: 1,
-        action: Action::Reject { status: None },
-        enabled: true,
-        warm_up: Default::default(),
-        priority: 0,
-        each: Default::default(),
-    };
+    let mut s = Strategy::plain(
+        0,
+        Vec::new(),
+        "token_bucket".parse().map_err(|e| format!("{e}"))?,
+        0,
+        "second".parse().map_err(|e| format!("{e}"))?,
+    );
     if words.contains(&"algorithm=warm_up") {
         s.warm_up.cold_factor = rate_ctl::core::model::DEFAULT_COLD_FACTOR;
     }

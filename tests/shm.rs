@@ -573,12 +573,7 @@ fn a_large_table_is_built_off_the_request_path_and_installed_when_ready() {
     use rate_ctl::core::shm::Capacities;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
-    let caps = Capacities {
-        max_strategies: 8192,
-        segment_bytes: 2 << 20,
-        blacklist_entries: 256,
-        keys: 4096,
-    };
+    let caps = Capacities::tables(8192, 2 << 20);
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
     let small = strategy(1, &[("api", "/pay")], Algorithm::FixedWindow, 1, Unit::Hour);
     w.publish(std::slice::from_ref(&small), &[], 1).unwrap();

@@ -413,6 +413,33 @@ pub fn canonical_ip_addr(ip: IpAddr) -> String {
 }
 
 impl Strategy {
+    /// An enabled strategy with every optional field at its default: burst
+    /// 1, `reject` with the location's status, no warm-up, priority 0, one
+    /// shared state (no `each`). Not validated: callers set what differs
+    /// (struct update syntax) and validate, so a new optional field needs
+    /// one default here, not one in every builder.
+    pub fn plain(
+        id: u32,
+        conditions: Vec<Condition>,
+        algorithm: Algorithm,
+        rate: u64,
+        per: Unit,
+    ) -> Strategy {
+        Strategy {
+            id,
+            conditions,
+            algorithm,
+            rate,
+            per,
+            burst: 1,
+            action: Action::Reject { status: None },
+            enabled: true,
+            warm_up: WarmUp::NONE,
+            priority: 0,
+            each: Default::default(),
+        }
+    }
+
     /// A validated, enabled strategy with no conditions (id 1): a limit on
     /// its own, as limiter tests and benchmarks build them. The limiters
     /// work in nanoseconds, so nginx's clock-tick rule
@@ -425,17 +452,9 @@ impl Strategy {
         action: Action,
     ) -> Result<Strategy, ModelError> {
         let mut s = Strategy {
-            id: 1,
-            conditions: vec![],
-            algorithm,
-            rate,
-            per,
             burst,
             action,
-            enabled: true,
-            warm_up: WarmUp::NONE,
-            priority: 0,
-            each: Default::default(),
+            ..Strategy::plain(1, vec![], algorithm, rate, per)
         };
         if s.algorithm == Algorithm::LeakyBucket {
             s.burst = 1;

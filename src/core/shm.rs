@@ -78,6 +78,20 @@ pub struct Capacities {
     pub keys: u32,
 }
 
+impl Capacities {
+    /// Room for `max_strategies` in segments of `segment_bytes`, with a
+    /// small blacklist (256) and key table (4,096): the files of tests,
+    /// benchmarks and tools that size only the strategy table.
+    pub fn tables(max_strategies: u32, segment_bytes: u64) -> Capacities {
+        Capacities {
+            max_strategies,
+            segment_bytes,
+            blacklist_entries: 256,
+            keys: 4096,
+        }
+    }
+}
+
 impl Default for Capacities {
     fn default() -> Self {
         Capacities {

@@ -4,18 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
+use rate_ctl::core::model::{Algorithm, Condition, Strategy, Unit};
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::writer::Writer;
 
 /// Small capacities so tests are fast.
 pub fn small_caps() -> Capacities {
-    Capacities {
-        max_strategies: 1024,
-        segment_bytes: 256 << 10,
-        blacklist_entries: 256,
-        keys: 4096,
-    }
+    Capacities::tables(1024, 256 << 10)
 }
 
 /// A new shared-memory file (small capacities) in a temporary directory,
@@ -40,19 +35,13 @@ pub fn strategy(
     rate: u64,
     per: Unit,
 ) -> Strategy {
-    Strategy {
+    Strategy::plain(
         id,
-        conditions: conds.iter().map(|(d, v)| Condition::new(*d, *v)).collect(),
+        conds.iter().map(|(d, v)| Condition::new(*d, *v)).collect(),
         algorithm,
         rate,
         per,
-        burst: 1,
-        action: Action::Reject { status: None },
-        enabled: true,
-        warm_up: Default::default(),
-        priority: 0,
-        each: Default::default(),
-    }
+    )
 }
 
 /// A token bucket of 10 a second on `api` (the tests' usual strategy).
