@@ -163,3 +163,97 @@ fn the_api_takes_and_shows_the_per_key_fields() {
         1
     );
 }
+
+/// `allow` limits nothing, so it has no key (`each`) and no rate to lease
+/// (`split: demand`): refused by the CLI, the API and an import line, each
+/// naming the field, and nothing is stored.
+#[test]
+fn allow_refuses_each_and_demand_split_naming_the_field() {
+    let st = cli::sqlite_store();
+    let s = st.url.as_str();
+    let base = [
+        "strategy", "add", "--store", s, "--name", "ok", "--action", "allow",
+    ];
+    for (extra, flag) in [
+        (&["--each", "ip"][..], "--each"),
+        (&["--each", "ip", "--ipv4-prefix", "24"][..], "--each"),
+        (&["--each", "ip", "--on-full", "reject"][..], "--each"),
+        (&["--ipv6-prefix", "48"][..], "--ipv6-prefix"),
+        (&["--split", "demand"][..], "--split"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let o = rate_ctl(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{extra:?} accepted");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+    // An existing per-key limit cannot become an allow while it keeps `each`.
+    ok(&[
+        "strategy",
+        "add",
+        "--store",
+        s,
+        "--name",
+        "per-ip",
+        "--algorithm",
+        "fixed_window",
+        "--rate",
+        "5",
+        "--each",
+        "ip",
+    ]);
+    let o = rate_ctl(&["strategy", "update", "1", "--store", s, "--action", "allow"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--each"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.jsonl");
+    std::fs::write(
+        &file,
+        // As `strategy export` writes an allow: with the placeholder rate.
+        "{\"name\":\"a\",\"action\":\"allow\",\"algorithm\":\"fixed_window\",\"rate\":1}\n\
+         {\"name\":\"b\",\"action\":\"allow\",\"algorithm\":\"fixed_window\",\"rate\":1,\"each\":[\"ip\"]}\n",
+    )
+    .unwrap();
+    let o = rate_ctl(&["strategy", "import", "--store", s, file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("line 2") && err.contains("each"),
+        "{err}"
+    );
+    assert_eq!(rows(s).len(), 1, "only the per-ip limit");
+
+    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    for (bad, field) in [
+        (json!({"each": ["ip"]}), "each"),
+        (json!({"each": ["ip", "api"], "ipv4_prefix": 16}), "each"),
+        (json!({"split": "demand"}), "split"),
+    ] {
+        let mut b = json!({"name": "bad", "action": "allow", "match": {"ip": "10.0.0.0/8"}});
+        for (k, v) in bad.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&b.to_string()));
+        assert_eq!(code, 422, "{b}: {v}");
+        assert_eq!(v["error"]["field"], field, "{b}: {v}");
+        // An import line as `strategy export` writes an allow (placeholder rate).
+        (b["algorithm"], b["rate"]) = (json!("fixed_window"), json!(1));
+        let fine =
+            json!({"name": "fine", "action": "allow", "algorithm": "fixed_window", "rate": 1});
+        let line = format!("{fine}\n{b}\n");
+        let (code, v) = srv.req("POST", "/api/v1/strategies/import", Some(&line));
+        assert!((400..500).contains(&code), "{b}: {v}");
+        assert_eq!(
+            (v["error"]["line"].clone(), v["error"]["field"].clone()),
+            (json!(2), json!(field)),
+            "{v}"
+        );
+    }
+    assert_eq!(
+        srv.get("/api/v1/strategies")["strategies"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
