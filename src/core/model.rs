@@ -769,7 +769,10 @@ mod tests {
         // (also when the file is read: `check`).
         s.each = super::super::each::Each::of(&["ip"]);
         let e = s.check().unwrap_err().to_string();
-        assert!(e.starts_with("each: makes no sense for action allow"), "{e}");
+        assert!(
+            e.starts_with("each: makes no sense for action allow"),
+            "{e}"
+        );
     }
 
     #[test]
