@@ -81,6 +81,14 @@ fn per_key_fields_round_trip_through_the_cli_and_the_store() {
     }
 }
 
+/// `rate-ctl ARGS` fails with a message naming `flag`.
+fn refused(args: &[&str], flag: &str) {
+    let o = rate_ctl(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{args:?} accepted");
+    assert!(err.contains(flag), "{args:?}: {err}");
+}
+
 #[test]
 fn bad_per_key_arguments_name_the_flag_and_store_nothing() {
     let st = cli::sqlite_store();
@@ -114,10 +122,7 @@ fn bad_per_key_arguments_name_the_flag_and_store_nothing() {
             args.extend(["--algorithm", "token_bucket"]);
         }
         args.extend_from_slice(extra);
-        let o = rate_ctl(&args);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{extra:?} accepted");
-        assert!(err.contains(flag), "{extra:?}: {err}");
+        refused(&args, flag);
     }
     assert!(rows(s).is_empty());
 }
@@ -171,23 +176,18 @@ fn the_api_takes_and_shows_the_per_key_fields() {
 fn allow_refuses_each_and_demand_split_naming_the_field() {
     let st = cli::sqlite_store();
     let s = st.url.as_str();
-    let base = [
-        "strategy", "add", "--store", s, "--name", "ok", "--action", "allow",
-    ];
-    for (extra, flag) in [
-        (&["--each", "ip"][..], "--each"),
-        (&["--each", "ip", "--ipv4-prefix", "24"][..], "--each"),
-        (&["--each", "ip", "--on-full", "reject"][..], "--each"),
-        (&["--ipv6-prefix", "48"][..], "--ipv6-prefix"),
-        (&["--split", "demand"][..], "--split"),
-    ] {
-        let mut args = base.to_vec();
+    // `strategy add --action allow` with `extra` fails naming `flag`.
+    let add_allow = |extra: &[&str], flag: &str| {
+        let mut args = vec!["strategy", "add", "--store", s];
+        args.extend_from_slice(&["--name", "ok", "--action", "allow"]);
         args.extend_from_slice(extra);
-        let o = rate_ctl(&args);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{extra:?} accepted");
-        assert!(err.contains(flag), "{extra:?}: {err}");
-    }
+        refused(&args, flag);
+    };
+    add_allow(&["--each", "ip"], "--each");
+    add_allow(&["--each", "ip", "--ipv4-prefix", "24"], "--each");
+    add_allow(&["--each", "ip", "--on-full", "reject"], "--each");
+    add_allow(&["--ipv6-prefix", "48"], "--ipv6-prefix");
+    add_allow(&["--split", "demand"], "--split");
     // An existing per-key limit cannot become an allow while it keeps `each`.
     ok(&[
         "strategy",
@@ -203,9 +203,10 @@ fn allow_refuses_each_and_demand_split_naming_the_field() {
         "--each",
         "ip",
     ]);
-    let o = rate_ctl(&["strategy", "update", "1", "--store", s, "--action", "allow"]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--each"));
+    refused(
+        &["strategy", "update", "1", "--store", s, "--action", "allow"],
+        "--each",
+    );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.jsonl");
     std::fs::write(
