@@ -211,8 +211,9 @@ fn allow_refuses_each_and_demand_split_naming_the_field() {
     let file = dir.path().join("s.jsonl");
     std::fs::write(
         &file,
-        // As `strategy export` writes an allow: with the placeholder rate.
-        "{\"name\":\"a\",\"action\":\"allow\",\"algorithm\":\"fixed_window\",\"rate\":1}\n\
+        // As POST takes an allow (no rate fields), then as `strategy
+        // export` writes one (the placeholder rate).
+        "{\"name\":\"a\",\"action\":\"allow\"}\n\
          {\"name\":\"b\",\"action\":\"allow\",\"algorithm\":\"fixed_window\",\"rate\":1,\"each\":[\"ip\"]}\n",
     )
     .unwrap();
@@ -237,10 +238,7 @@ fn allow_refuses_each_and_demand_split_naming_the_field() {
         let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&b.to_string()));
         assert_eq!(code, 422, "{b}: {v}");
         assert_eq!(v["error"]["field"], field, "{b}: {v}");
-        // An import line as `strategy export` writes an allow (placeholder rate).
-        (b["algorithm"], b["rate"]) = (json!("fixed_window"), json!(1));
-        let fine =
-            json!({"name": "fine", "action": "allow", "algorithm": "fixed_window", "rate": 1});
+        let fine = json!({"name": "fine", "action": "allow"});
         let line = format!("{fine}\n{b}\n");
         let (code, v) = srv.req("POST", "/api/v1/strategies/import", Some(&line));
         assert!((400..500).contains(&code), "{b}: {v}");
@@ -250,11 +248,27 @@ fn allow_refuses_each_and_demand_split_naming_the_field() {
             "{v}"
         );
     }
+    // The same allow line alone imports (no rate fields, as POST takes it).
+    let fine = json!({"name": "fine", "action": "allow", "match": {"ip": "10.0.0.0/8"}});
+    let (code, v) = srv.req(
+        "POST",
+        "/api/v1/strategies/import",
+        Some(&format!("{fine}\n")),
+    );
+    assert_eq!(code, 200, "{v}");
+    let list = srv.get("/api/v1/strategies");
+    let f = serve::find(&list["strategies"], "name", "fine");
+    assert_eq!(
+        (&f["action"], &f["each"]),
+        (&json!("allow"), &json!([])),
+        "{f}"
+    );
     assert_eq!(
         srv.get("/api/v1/strategies")["strategies"]
             .as_array()
             .unwrap()
             .len(),
-        1
+        2,
+        "the per-ip limit and the allow imported alone"
     );
 }
