@@ -1,5 +1,8 @@
 # Address ranges, allow and priorities (issue 14): many clients through
-# realip (X-Forwarded-For from 127.0.0.1), one nginx per build.
+# realip (X-Forwarded-For from 127.0.0.1), one nginx per build. With
+# per-key strategies (issue 13): a range narrows one (each /24 inside
+# 10/8), allow and priority apply to them alike, an allowed request takes
+# no key (stats keys.in_use).
 use strict;
 use warnings;
 use FindBin;
@@ -47,6 +50,17 @@ strategy id=5 algorithm=fixed_window rate=5 per=day priority=10 when userid=vip 
 # /eq: two limits at the same priority both apply.
 strategy id=6 algorithm=fixed_window rate=3 per=day when api=/eq
 strategy id=7 algorithm=fixed_window rate=2 per=day when userid=u7 api=/eq
+# Per-key (issue 13) beside ranges, allow and priority: inside 10/8 each
+# /24 gets 2 a day on /net, outside nothing limits.
+strategy id=20 algorithm=fixed_window rate=2 per=day each=ip ipv4_prefix=24 when ip=10.0.0.0/8 api=/net
+# /pk: every client 1 a day (each ip), except the monitoring range (allow,
+# priority 10), and VIP clients 3 a day each (priority 10).
+strategy id=21 algorithm=fixed_window rate=1 per=day each=ip when api=/pk
+strategy id=22 rate=1 action=allow priority=10 when ip=198.18.0.0/15
+strategy id=23 algorithm=fixed_window rate=3 per=day priority=10 each=ip when userid=vip2 api=/pk
+# /both: a per-key and a shared limit at the same priority both apply.
+strategy id=24 algorithm=fixed_window rate=2 per=day each=ip when api=/both
+strategy id=25 algorithm=fixed_window rate=3 per=day when api=/both
 blacklist ip 192.0.2.0/24 ttl_ms=6000
 blacklist ip 198.51.100.66
 T
@@ -94,6 +108,42 @@ T
     is($s->{6}{passed}, 2, "$name: strategy 6 did not count the request 7 rejected");
     is($s->{7}{limited}, 1, "$name: strategy 7 limited 1");
     is_deeply([from($n, '10.9.0.4', '/eq', 2)], [200, 503], "$name: strategy 6 has 1 left (3)");
+
+    # A range narrows a per-key strategy: each /24 inside 10/8 has its own
+    # 2, addresses outside are not limited by it.
+    is_deeply([from($n, '10.5.1.1', '/net', 3)], [200, 200, 503], "$name: 10.5.1.0/24 gets 2");
+    is_deeply([from($n, '10.5.1.200', '/net', 1)], [503], "$name: the same /24 shares them");
+    is_deeply([from($n, '10.5.2.1', '/net', 3)], [200, 200, 503], "$name: the next /24 its own 2");
+    is_deeply([from($n, '11.5.1.1', '/net', 5)], [(200) x 5], "$name: outside 10/8 not limited per key");
+    $s = stats($n);
+    is($s->{20}{keys}{in_use}, 2, "$name: two /24 keys, none for the outside client");
+    is($s->{20}{passed}, 4, "$name: the per-key range strategy counted 4");
+
+    # allow at priority 10 exempts its range from a per-key limit at 0, and
+    # never takes a key.
+    is_deeply([from($n, '198.18.0.5', '/pk', 100)], [(200) x 100], "$name: monitoring passes 100 on /pk");
+    $s = stats($n);
+    is($s->{21}{keys}{in_use}, 0, "$name: 100 allowed requests took no key");
+    is($s->{22}{passed}, 100, "$name: the allow counted them");
+    is_deeply([from($n, '203.0.113.9', '/pk', 2)], [200, 503], "$name: any other client 1 a day on /pk");
+    is_deeply([from($n, '203.0.113.10', '/pk', 2)], [200, 503], "$name: ... per client");
+    # A per-key VIP strategy at priority 10 replaces the per-key limit at 0.
+    is_deeply([from($n, '10.9.9.1', '/pk', 4, '-b uid=vip2')], [200, 200, 200, 503], "$name: a VIP client 3 a day");
+    is_deeply([from($n, '10.9.9.2', '/pk', 4, '-b uid=vip2')], [200, 200, 200, 503], "$name: another VIP client its own 3");
+    $s = stats($n);
+    is($s->{21}{keys}{in_use}, 2, "$name: the priority-0 limit keyed only the two others");
+    is($s->{21}{passed}, 2, "$name: ... and counted only them");
+    is($s->{23}{keys}{in_use}, 2, "$name: the VIP strategy keyed its two clients");
+    is($s->{23}{passed}, 6, "$name: ... and counted their 6");
+
+    # Equal priorities: the per-key limit (2 each) and the shared one (3 in
+    # all) both apply; a rejected request is counted by neither.
+    is_deeply([from($n, '10.20.0.1', '/both', 3)], [200, 200, 503], "$name: per-key 2 for the first client");
+    is_deeply([from($n, '10.20.0.2', '/both', 2)], [200, 503], "$name: the shared 3 ends the second client");
+    $s = stats($n);
+    is($s->{24}{passed}, 3, "$name: the per-key strategy counted the 3 passed");
+    is($s->{25}{passed}, 3, "$name: so did the shared one");
+    is($s->{24}{limited} + $s->{25}{limited}, 2, "$name: each rejection counted once");
 
     # The blacklist range expires.
     my $left = $t0 + 6.3 - time;

@@ -81,6 +81,14 @@ fn per_key_fields_round_trip_through_the_cli_and_the_store() {
     }
 }
 
+/// `rate-ctl ARGS` fails with a message naming `flag`.
+fn refused(args: &[&str], flag: &str) {
+    let o = rate_ctl(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{args:?} accepted");
+    assert!(err.contains(flag), "{args:?}: {err}");
+}
+
 #[test]
 fn bad_per_key_arguments_name_the_flag_and_store_nothing() {
     let st = cli::sqlite_store();
@@ -114,10 +122,7 @@ fn bad_per_key_arguments_name_the_flag_and_store_nothing() {
             args.extend(["--algorithm", "token_bucket"]);
         }
         args.extend_from_slice(extra);
-        let o = rate_ctl(&args);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{extra:?} accepted");
-        assert!(err.contains(flag), "{extra:?}: {err}");
+        refused(&args, flag);
     }
     assert!(rows(s).is_empty());
 }
@@ -161,5 +166,109 @@ fn the_api_takes_and_shows_the_per_key_fields() {
             .unwrap()
             .len(),
         1
+    );
+}
+
+/// `allow` limits nothing, so it has no key (`each`) and no rate to lease
+/// (`split: demand`): refused by the CLI, the API and an import line, each
+/// naming the field, and nothing is stored.
+#[test]
+fn allow_refuses_each_and_demand_split_naming_the_field() {
+    let st = cli::sqlite_store();
+    let s = st.url.as_str();
+    // `strategy add --action allow` with `extra` fails naming `flag`.
+    let add_allow = |extra: &[&str], flag: &str| {
+        let mut args = vec!["strategy", "add", "--store", s];
+        args.extend_from_slice(&["--name", "ok", "--action", "allow"]);
+        args.extend_from_slice(extra);
+        refused(&args, flag);
+    };
+    add_allow(&["--each", "ip"], "--each");
+    add_allow(&["--each", "ip", "--ipv4-prefix", "24"], "--each");
+    add_allow(&["--each", "ip", "--on-full", "reject"], "--each");
+    add_allow(&["--ipv6-prefix", "48"], "--ipv6-prefix");
+    add_allow(&["--split", "demand"], "--split");
+    // An existing per-key limit cannot become an allow while it keeps `each`.
+    ok(&[
+        "strategy",
+        "add",
+        "--store",
+        s,
+        "--name",
+        "per-ip",
+        "--algorithm",
+        "fixed_window",
+        "--rate",
+        "5",
+        "--each",
+        "ip",
+    ]);
+    refused(
+        &["strategy", "update", "1", "--store", s, "--action", "allow"],
+        "--each",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.jsonl");
+    std::fs::write(
+        &file,
+        // As POST takes an allow (no rate fields), then as `strategy
+        // export` writes one (the placeholder rate).
+        "{\"name\":\"a\",\"action\":\"allow\"}\n\
+         {\"name\":\"b\",\"action\":\"allow\",\"algorithm\":\"fixed_window\",\"rate\":1,\"each\":[\"ip\"]}\n",
+    )
+    .unwrap();
+    let o = rate_ctl(&["strategy", "import", "--store", s, file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("line 2") && err.contains("each"),
+        "{err}"
+    );
+    assert_eq!(rows(s).len(), 1, "only the per-ip limit");
+
+    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    for (bad, field) in [
+        (json!({"each": ["ip"]}), "each"),
+        (json!({"each": ["ip", "api"], "ipv4_prefix": 16}), "each"),
+        (json!({"split": "demand"}), "split"),
+    ] {
+        let mut b = json!({"name": "bad", "action": "allow", "match": {"ip": "10.0.0.0/8"}});
+        for (k, v) in bad.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&b.to_string()));
+        assert_eq!(code, 422, "{b}: {v}");
+        assert_eq!(v["error"]["field"], field, "{b}: {v}");
+        let fine = json!({"name": "fine", "action": "allow"});
+        let line = format!("{fine}\n{b}\n");
+        let (code, v) = srv.req("POST", "/api/v1/strategies/import", Some(&line));
+        assert!((400..500).contains(&code), "{b}: {v}");
+        assert_eq!(
+            (v["error"]["line"].clone(), v["error"]["field"].clone()),
+            (json!(2), json!(field)),
+            "{v}"
+        );
+    }
+    // The same allow line alone imports (no rate fields, as POST takes it).
+    let fine = json!({"name": "fine", "action": "allow", "match": {"ip": "10.0.0.0/8"}});
+    let (code, v) = srv.req(
+        "POST",
+        "/api/v1/strategies/import",
+        Some(&format!("{fine}\n")),
+    );
+    assert_eq!(code, 200, "{v}");
+    let list = srv.get("/api/v1/strategies");
+    let f = serve::find(&list["strategies"], "name", "fine");
+    assert_eq!(
+        (&f["action"], &f["each"]),
+        (&json!("allow"), &json!([])),
+        "{f}"
+    );
+    assert_eq!(
+        srv.get("/api/v1/strategies")["strategies"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2,
+        "the per-ip limit and the allow imported alone"
     );
 }

@@ -9,6 +9,10 @@
 //!   strategy alone, equal priorities all apply, the blacklist beats allow.
 //! * Blacklist networks: inside blocked, outside not, expiry, the prefix
 //!   lengths listed follow the list.
+//! * Priorities and `allow` with shared and per-key (`each ip`) strategies
+//!   agree with a brute-force reference on random tables: which strategy
+//!   allows, which count the request, how many keys each per-key strategy
+//!   holds (an allowed request takes none).
 
 #[path = "support/shm.rs"]
 mod shm;
@@ -219,7 +223,11 @@ fn decide(t: &Table, ip: &str, user: &str, now_ms: u64) -> RequestOutcome {
     let values: Vec<Option<&[u8]>> = t
         .dimensions()
         .iter()
-        .map(|d| (d == "userid").then_some(user.as_bytes()))
+        .map(|d| match d.as_str() {
+            "userid" => Some(user.as_bytes()),
+            "ip" => Some(ip.as_bytes()),
+            _ => None,
+        })
         .collect();
     let ip: IpAddr = ip.parse().unwrap();
     t.decide(&Request {
@@ -369,4 +377,95 @@ fn blacklist_networks_block_inside_only_and_expire() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("203.0.113.0/24"), "{e}");
+}
+
+/// Strategy spec for the priority reference: `(v6, base, bits, prefix
+/// length, priority, kind)`, kind 0 = allow, 1 = shared limit, 2 = per-key
+/// limit (`each ip`, default /32 and /64 keys).
+type RankSpec = (bool, u8, u64, u8, i32, u8);
+
+fn rank_spec() -> impl proptest::strategy::Strategy<Value = RankSpec> {
+    (
+        any::<bool>(),
+        0u8..3,
+        any::<u64>(),
+        prop_oneof![0u8..=128, 8u8..=32, Just(24u8), Just(128u8)],
+        0i32..3,
+        0u8..3,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn priority_and_allow_with_per_key_strategies_agree_with_brute_force(
+        specs in proptest::collection::vec(rank_spec(), 1..24),
+        requests in proptest::collection::vec((any::<bool>(), 0u8..3, any::<u64>()), 1..24),
+        near in proptest::collection::vec(any::<proptest::sample::Index>(), 1..8),
+    ) {
+        let list: Vec<(Strategy, u128)> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, &(v6, base, bits, len, priority, kind))| {
+                let addr = address(v6, base, bits);
+                let net = network(addr, v6, len);
+                // Never limits within the test: only who counts matters.
+                let mut s = with(i as u32 + 1, &[("ip", &net)], 1000, priority, match kind {
+                    0 => Action::Allow,
+                    _ => REJECT,
+                });
+                if kind == 2 {
+                    s.each = rate_ctl::core::each::Each::of(&["ip"]);
+                }
+                (s, addr)
+            })
+            .collect();
+        let (_dir, path, mut w) = fresh_writer();
+        let strategies: Vec<Strategy> = list.iter().map(|(s, _)| s.clone()).collect();
+        w.publish(&strategies, &[], 1).unwrap();
+        let mut e = Reader::new(&path);
+        e.refresh(1);
+        let t = e.table().unwrap().clone();
+
+        let mut addrs: Vec<u128> = requests.iter().map(|&(v6, base, bits)| address(v6, base, bits)).collect();
+        addrs.extend(near.iter().map(|i| list[i.index(list.len())].1));
+        let mut want_passed = vec![0u64; list.len()];
+        let mut want_keys = vec![std::collections::BTreeSet::new(); list.len()];
+        for addr in addrs {
+            // The reference: every strategy checked one by one.
+            let matched: Vec<usize> = (0..list.len())
+                .filter(|&i| parse_ip_net(&list[i].0.conditions[0].value).unwrap().contains(addr))
+                .collect();
+            let top = matched.iter().map(|&i| list[i].0.priority).max();
+            let at_top: Vec<usize> = matched.into_iter().filter(|&i| Some(list[i].0.priority) == top).collect();
+            let allow = at_top.iter().copied().find(|&i| list[i].0.action == Action::Allow);
+            let got = decide(&t, &text(addr), "x", 10);
+            match allow {
+                Some(i) => {
+                    prop_assert_eq!(&got, &RequestOutcome::Allowed { id: i as u32 + 1 });
+                    want_passed[i] += 1;
+                }
+                None if at_top.is_empty() => prop_assert_eq!(&got, &RequestOutcome::NoMatch),
+                None => {
+                    let is_pass = matches!(&got, RequestOutcome::Limited(d) if d.verdict == rate_ctl::core::admit::Verdict::Pass);
+                    prop_assert!(is_pass, "{:?}", got);
+                    for i in at_top {
+                        want_passed[i] += 1;
+                        if list[i].0.each.is_keyed() {
+                            // /32 for IPv4, /64 for IPv6 (IPv4 is mapped).
+                            let v4 = addr >> 32 == 0xffff;
+                            want_keys[i].insert(if v4 { addr } else { addr >> 64 });
+                        }
+                    }
+                }
+            }
+        }
+        let keys = t.mapping().unwrap().keys();
+        for (i, (s, _)) in list.iter().enumerate() {
+            prop_assert_eq!(passed(&t, s.id), (want_passed[i], 0), "strategy {}", s.id);
+            let slot = t.strategies().iter().find(|c| c.strategy.id == s.id).unwrap().slot;
+            prop_assert_eq!(keys.counters(slot).in_use, want_keys[i].len() as u64, "keys of strategy {}", s.id);
+        }
+    }
 }

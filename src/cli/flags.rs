@@ -33,6 +33,7 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::Ipv4Prefix) => "--ipv4-prefix",
         Some(Field::Ipv6Prefix) => "--ipv6-prefix",
         Some(Field::OnFull) => "--on-full",
+        Some(Field::Column("split")) => "--split",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }

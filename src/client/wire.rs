@@ -69,6 +69,13 @@ pub fn strategy_from_api_json(v: &serde_json::Value) -> Result<StrategyRecord, W
         }
     }
     o.retain(|_, x| !x.is_null());
+    if o.get("action").and_then(|a| a.as_str()) == Some("allow") {
+        // An allow as POST takes it, without rate fields: the placeholders
+        // the record stores for it (see `StrategyRecord::validate`).
+        o.entry("algorithm")
+            .or_insert_with(|| "fixed_window".into());
+        o.entry("rate").or_insert_with(|| 1.into());
+    }
     serde_json::from_value(v).map_err(|e| WireError::item("strategy", e))
 }
 

@@ -84,6 +84,8 @@ pub enum EachError {
     NeedsEach(&'static str),
     #[error("on_full: unknown value {0:?} (expected one of overflow, reject, allow)")]
     OnFull(String),
+    #[error("each: makes no sense for action allow (an allowed request is not limited, and never gets a key)")]
+    Allow,
 }
 
 /// The per-key fields of a strategy; `dims` empty = one shared limiter.

@@ -643,6 +643,10 @@ impl Strategy {
             _ => {}
         }
         self.each.check(self.algorithm, self.rate)?;
+        if self.action == Action::Allow && self.each.is_keyed() {
+            // An allowed request passes before any key is looked up.
+            return Err(super::each::EachError::Allow.into());
+        }
         Ok(())
     }
 
@@ -780,6 +784,14 @@ mod tests {
         s.action = Action::Allow;
         s.validate().unwrap();
         assert!(!s.action.is_dry_run());
+        // An allow keeps no per-key state: `each` is refused, naming it
+        // (also when the file is read: `check`).
+        s.each = super::super::each::Each::of(&["ip"]);
+        let e = s.check().unwrap_err().to_string();
+        assert!(
+            e.starts_with("each: makes no sense for action allow"),
+            "{e}"
+        );
     }
 
     #[test]

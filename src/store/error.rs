@@ -158,7 +158,7 @@ fn each_field(e: &rate_ctl::core::each::EachError) -> (Field, String) {
         E::BadDimension { index, .. } | E::Duplicate { index, .. } => {
             (Field::Each, format!("each[{index}]"))
         }
-        E::TooMany(_) | E::Algorithm(_) => (Field::Each, "each".into()),
+        E::TooMany(_) | E::Algorithm(_) | E::Allow => (Field::Each, "each".into()),
         E::SlidingCount(_) => (Field::Rate, "rate".into()),
         E::Ipv4Prefix(_) | E::NeedsEach("ipv4_prefix") => (Field::Ipv4Prefix, "ipv4_prefix".into()),
         E::Ipv6Prefix(_) | E::NeedsEach("ipv6_prefix") => (Field::Ipv6Prefix, "ipv6_prefix".into()),

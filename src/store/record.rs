@@ -349,6 +349,8 @@ impl StrategyRecord {
                     ),
                     (self.warm_up_ms.is_some(), Field::WarmUpMs, "warm_up_ms"),
                     (self.cold_factor.is_some(), Field::ColdFactor, "cold_factor"),
+                    // No rate to lease out.
+                    (self.split == Split::Demand, Field::Column("split"), "split"),
                 ] {
                     if given {
                         return Err(Invalid::new(
