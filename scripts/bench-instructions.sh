@@ -19,6 +19,9 @@
 #               127.0.0.1 inside exactly one (127.0.0.0/24), instead of the
 #               10,000 exact ones, and `api=/bench`: one match, as in
 #               ratectl (compare with ratectl: the bar is ratectl + 100)
+#   ratectl_in  ratectl plus `ip=127.0.0.1 api=/x1`: the client's exact
+#               address found with a strategy whose api fails (the exact
+#               counterpart of ranges, which finds the client's network)
 #   ranges_out  the same table without 127.0.0.0/24 (127.0.0.0/8 left
 #               empty): the client in no network
 #   ranges_nested
@@ -147,6 +150,9 @@ table_for() {
     esac
     case ${kind%_bg} in
     ranges | ranges_out | ranges_nested)
+        echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
+    ratectl_in)
+        echo "strategy id=10001 algorithm=token_bucket rate=100 per=second burst=100 when ip=127.0.0.1 api=/x1"
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     ratectl | plain | limitreq | limitreq2)
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
