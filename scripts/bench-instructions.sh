@@ -13,12 +13,22 @@
 #               strategy `a=a5 b=b5` that matches
 #   grid10 grid100 grid250
 #               the 10,000 and every `a=ai b=bj` (i, j < N), one matches
-#   ranges      rate_ctl, 10,000 strategies `ip=<network> api=/x..` over 24
-#               prefix lengths (/8 … /31) spread over the IPv4 space (the
-#               request's 127.0.0.1 lies inside their span: every length is
-#               probed) instead of the 10,000 exact ones, and `api=/bench`
-#               (compare with ratectl: the bar is ratectl + 100)
-#   ranges_out  the same over 10.0.0.0/8 only (127.0.0.1 outside the span)
+#   ranges      rate_ctl, 10,000 strategies `ip=<network> api=/x..` on
+#               DISJOINT IPv4 networks of 24 prefix lengths (/8 … /31; few
+#               short ones, ~1,000 of each length from /23), the request's
+#               127.0.0.1 inside exactly one (127.0.0.0/24), instead of the
+#               10,000 exact ones, and `api=/bench`: one match, as in
+#               ratectl (compare with ratectl: the bar is ratectl + 100)
+#   ratectl_in  ratectl plus `ip=127.0.0.1 api=/x1`: the client's exact
+#               address found with a strategy whose api fails (the exact
+#               counterpart of ranges, which finds the client's network)
+#   ranges_out  the same table without 127.0.0.0/24 (127.0.0.0/8 left
+#               empty): the client in no network
+#   ranges_nested
+#               the same table with 127.0.0.0/24 replaced by three NESTED
+#               networks 127.0.0.0/8, /16, /24: 127.0.0.1 inside all three,
+#               each found and its api condition checked (three probes and
+#               three checks: not the bar's comparison)
 #   perkey      rate_ctl, the 10,000 and one per-address strategy (`each
 #               ip`, the key table's 1,048,576 entries empty but the
 #               client's): the counterpart of limitreq
@@ -78,31 +88,71 @@ other_shapes() {
     }'
 }
 # 10,000 strategies on IPv4 networks of 24 prefix lengths (/8 … /31) and
-# an api the request never sends; first octets 1 … 223 (ranges) or 10
-# (ranges_out).
+# an api the request never sends. disjoint: no network holds another; per
+# length 1 (/8 … /13), 2^(len-13) (/14 … /22), the rest evenly over /23 …
+# /31; 127.0.0.0/24 first (ranges), 127.0.0.0/8 kept empty (ranges_out),
+# or 127.0.0.0/8, /16 and /24 (nested).
 range_strategies() {
-    awk -v only10="$1" 'BEGIN {
-        srand(14)
-        for (i = 1; i <= 10000; i++) {
-            len = 8 + i % 24
-            o1 = only10 ? 10 : 1 + int(rand() * 223)
-            addr = o1 * 16777216 + int(rand() * 16777216)
-            size = 2 ^ (32 - len)
-            net = addr - addr % size
-            printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when ip=%d.%d.%d.%d/%d api=/x%d\n", i,
-                int(net / 16777216) % 256, int(net / 65536) % 256, int(net / 256) % 256, net % 256, len, i % 50
+    awk -v kind="$1" '
+    # Is net/len disjoint from every network placed? Then place it.
+    function place(net, len, emit,   l, s) {
+        for (l = 8; l <= len; l++) {
+            s = 2 ^ (32 - l)
+            if ((l, net - net % s) in taken) return 0
         }
+        if ((len, net) in under) return 0
+        taken[len, net] = 1
+        for (l = 8; l < len; l++) {
+            s = 2 ^ (32 - l)
+            under[l, net - net % s] = 1
+        }
+        if (emit) {
+            id++
+            printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when ip=%d.%d.%d.%d/%d api=/x%d\n", id,
+                int(net / 16777216) % 256, int(net / 65536) % 256, int(net / 256) % 256, net % 256, len, id % 50
+        }
+        return 1
+    }
+    BEGIN {
+        srand(14)
+        if (kind == "nested") {
+            # The client inside three nested networks (/8, /16, /24).
+            for (len = 24; len >= 16; len -= 8) {
+                id++
+                printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when ip=127.0.0.0/%d api=/x%d\n", id, len, id % 50
+            }
+            place(127 * 16777216, 8, 1)
+        }
+        if (kind == "out") place(127 * 16777216, 8, 0)
+        else if (kind == "disjoint") place(127 * 16777216, 24, 1)
+        left = 10000 - id
+        for (len = 8; len < 23; len++) {
+            want[len] = len < 13 ? 1 : 2 ^ (len - 13)
+            left -= want[len]
+        }
+        for (len = 23; len < 32; len++) want[len] = int(left / 9) + (len - 23 < left % 9)
+        while (id < 10000)
+            for (len = 8; len < 32 && id < 10000; len++) {
+                if (want[len] == 0) continue
+                s = 2 ^ (32 - len)
+                addr = (1 + int(rand() * 223)) * 16777216 + int(rand() * 16777216)
+                if (place(addr - addr % s, len, 1)) want[len]--
+            }
     }'
 }
 table_for() {
     local kind=$1 n
     case $kind in
-    ranges) range_strategies 0 ;;
-    ranges_out) range_strategies 1 ;;
+    ranges) range_strategies disjoint ;;
+    ranges_out) range_strategies out ;;
+    ranges_nested) range_strategies nested ;;
     *) background_strategies ;;
     esac
     case ${kind%_bg} in
-    ranges | ranges_out)
+    ranges | ranges_out | ranges_nested)
+        echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
+    ratectl_in)
+        echo "strategy id=10001 algorithm=token_bucket rate=100 per=second burst=100 when ip=127.0.0.1 api=/x1"
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     ratectl | plain | limitreq | limitreq2)
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
@@ -222,7 +272,7 @@ PY
 }
 
 declare -A per
-read -ra cases <<<"${CASES:-plain limitreq limitreq2 ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg ranges ranges_out}"
+read -ra cases <<<"${CASES:-plain limitreq limitreq2 ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg ranges ranges_out ranges_nested}"
 for c in "${cases[@]}"; do
     config "$c"
     a=$(run "$c" 500)

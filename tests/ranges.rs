@@ -25,7 +25,7 @@ use rate_ctl::core::model::{parse_ip_net, Action, Algorithm, Strategy, Unit};
 use rate_ctl::core::reader::Reader;
 use rate_ctl::core::segment::{Decoded, Published};
 use rate_ctl::core::slot::Slot;
-use rate_ctl::core::table::{IpKey, Request, RequestOutcome, Table};
+use rate_ctl::core::table::{IpKey, Request, RequestOutcome, Scratch, Table};
 use shm::{fresh_writer, strategy};
 
 /// A random address near a few bases, so that networks and requests meet:
@@ -109,6 +109,7 @@ fn got_and_want(
     published: &[Published],
     addr: u128,
     user: Option<u8>,
+    scratch: &mut Scratch,
 ) -> (Vec<u32>, Vec<u32>) {
     let ip = text(addr);
     let uid = user.map(|u| format!("u{u}"));
@@ -121,11 +122,18 @@ fn got_and_want(
             _ => None, // `ip/<len>`: the matcher masks the address itself
         })
         .collect();
-    let got = table
+    let got: Vec<u32> = table
         .matching(&values)
         .iter()
         .map(|&i| table.strategies()[i as usize].strategy.id)
         .collect();
+    // The same through the working space every request reuses.
+    let reused: Vec<u32> = table
+        .matching_with(&values, scratch)
+        .iter()
+        .map(|&i| table.strategies()[i as usize].strategy.id)
+        .collect();
+    assert_eq!(got, reused, "{ip} after earlier requests");
     let want = published
         .iter()
         .filter(|p| {
@@ -162,8 +170,9 @@ proptest! {
         near in any::<proptest::sample::Index>(),
     ) {
         let (published, table) = table_of(&specs);
+        let mut scratch = Scratch::default();
         for (v6, base, bits, user) in requests {
-            let (got, want) = got_and_want(&table, &published, address(v6, base, bits), user);
+            let (got, want) = got_and_want(&table, &published, address(v6, base, bits), user, &mut scratch);
             prop_assert_eq!(got, want);
         }
         // Addresses inside the table's own networks (and their neighbours).
@@ -171,7 +180,7 @@ proptest! {
             let (v6, base, bits, _, user) = specs[near.index(specs.len())];
             let addr = address(v6, base, bits);
             for a in [addr, addr ^ 1, addr ^ 0x100, addr ^ 0x1_0000_0000] {
-                let (got, want) = got_and_want(&table, &published, a, user);
+                let (got, want) = got_and_want(&table, &published, a, user, &mut scratch);
                 prop_assert_eq!(got, want);
             }
         }
@@ -202,8 +211,15 @@ fn many_ranges_of_many_lengths() {
             .count()
             <= 48
     );
+    let mut scratch = Scratch::default();
     for (i, &(v6, base, bits, _, _)) in specs.iter().enumerate().step_by(97) {
-        let (got, want) = got_and_want(&table, &published, address(v6, base, bits), None);
+        let (got, want) = got_and_want(
+            &table,
+            &published,
+            address(v6, base, bits),
+            None,
+            &mut scratch,
+        );
         assert_eq!(got, want, "spec {i}");
         assert!(got.contains(&(i as u32 + 1)));
     }

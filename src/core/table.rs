@@ -279,6 +279,10 @@ pub struct Table {
     /// The dimension indexes of `ip_ranges` (contiguous), and the span of
     /// addresses any of their networks holds: a request outside it (most
     /// traffic, when the ranges are a few networks) skips every probe.
+    /// `range_dims` is what a request clears before its probes: empty when
+    /// no strategy checks a range dimension other than the one it is
+    /// anchored under (found by the probe itself), so that an id a probe
+    /// left there is never read and clearing is wasted (most tables).
     range_dims: std::ops::Range<usize>,
     ip_span: (u128, u128),
     /// For an IPv4 client: per /16 of the address (65,536 entries, empty
@@ -568,6 +572,13 @@ impl Table {
         } else {
             Box::default()
         };
+        // Anchors come first in `conds` (swapped above); the groups of a
+        // heavy value read the same conditions.
+        let read = |d: &(u8, u32)| range_dims.contains(&usize::from(d.0));
+        let range_dims = match strategies.iter().any(|s| s.conds.iter().skip(1).any(read)) {
+            true => range_dims,
+            false => 0..0,
+        };
         for r in &mut ip_ranges {
             r.addrs = Vec::new();
         }
@@ -681,6 +692,14 @@ impl Table {
         scratch.matches
     }
 
+    /// [`matching`](Self::matching) with the caller's working space, reused
+    /// from request to request as the request path does (what one request
+    /// leaves in it must never change the next one's matches).
+    pub fn matching_with<V: Values + ?Sized>(&self, values: &V, scratch: &mut Scratch) -> Vec<u32> {
+        self.match_request(values, None, scratch);
+        scratch.matches.clone()
+    }
+
     /// [`matching`](Self::matching) with the `ip` dimension taken from the
     /// client address when there is one (else parsed from its text value:
     /// callers that give values as text, e.g. tests; nginx gives the binary
@@ -725,7 +744,9 @@ impl Table {
             match ip {
                 // IPv4 with a directory: only the lengths it names.
                 Some(ip) if ip.0 >> 32 == 0xffff && !self.v4_dir.is_empty() => {
-                    req[self.range_dims.clone()].fill(NONE);
+                    if !self.range_dims.is_empty() {
+                        req[self.range_dims.clone()].fill(NONE);
+                    }
                     let bits = self.v4_dir[(ip.0 as u32 >> 16) as usize];
                     if bits != 0 {
                         in_ranges = Some((ip, bits));
@@ -734,7 +755,8 @@ impl Table {
                 Some(ip) if self.ip_span.0 <= ip.0 && ip.0 <= self.ip_span.1 => {
                     in_ranges = Some((ip, u64::MAX))
                 }
-                _ => req[self.range_dims.clone()].fill(NONE),
+                _ if !self.range_dims.is_empty() => req[self.range_dims.clone()].fill(NONE),
+                _ => {}
             }
         }
         let mut found = |d: usize, e: Option<&ValueEntry>| {
