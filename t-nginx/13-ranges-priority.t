@@ -28,13 +28,7 @@ for_each_target(sub {
     my ($t) = @_;
     my $n = RateCtlTest->new($t,
         http   => 'rate_ctl_dimension userid $cookie_uid;',
-        server => q{
-            set_real_ip_from 127.0.0.1;
-            real_ip_header X-Forwarded-For;
-            rate_ctl on;
-            location / { empty_gif; }
-            location /stats { rate_ctl off; rate_ctl_stats; }
-        });
+        server => many_clients_server());
     publish($n->shm, <<'T');
 # One limit for the whole 10.0.0.0/8 network (3 a day in total), and a
 # narrower length in use besides (one probe per length).

@@ -123,13 +123,7 @@ for_each_target(sub {
     # ninth client is refused, logged at most once a second, counted in
     # the stats; the limited clients stay limited.
     my $f = RateCtlTest->new($t,
-        server => q{
-            set_real_ip_from 127.0.0.1;
-            real_ip_header X-Forwarded-For;
-            rate_ctl on;
-            location / { empty_gif; }
-            location /stats { rate_ctl off; rate_ctl_stats; }
-        });
+        server => many_clients_server());
     {
         local $ENV{RATE_CTL_TOOL_KEYS} = 8;
         publish($f->shm, "strategy id=6 algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");

@@ -20,7 +20,8 @@ use POSIX qw(:sys_wait_h fmod);
 use Time::HiRes qw(sleep time);
 use Test::More;
 
-our @EXPORT = qw(targets for_each_target root tool publish window_ahead stats_server);
+our @EXPORT = qw(targets for_each_target root tool publish window_ahead stats_server
+    many_clients_server);
 
 # The server block of a test that limits every location and reads the
 # counts at /rate_ctl (not itself limited).
@@ -29,6 +30,19 @@ sub stats_server {
             rate_ctl on;
             location / { empty_gif; }
             location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
+        };
+}
+
+# A server block whose clients are many: the address comes from
+# X-Forwarded-For (realip, trusted from 127.0.0.1); every location is
+# limited, the counts are read at /stats.
+sub many_clients_server {
+    return q{
+            set_real_ip_from 127.0.0.1;
+            real_ip_header X-Forwarded-For;
+            rate_ctl on;
+            location / { empty_gif; }
+            location /stats { rate_ctl off; rate_ctl_stats; }
         };
 }
 
