@@ -204,24 +204,27 @@ impl KeyHasher {
         self.0.padded(bytes);
     }
 
-    /// A client-address part, aggregated (see [`IpPrefix`]): the same
-    /// words as [`part`](Self::part) of [`IpPrefix::bytes`], computed
-    /// from the matcher's 128-bit form without an `IpAddr`.
-    #[inline]
+    /// A client-address part, aggregated (see [`IpPrefix`]), as whole
+    /// words from the matcher's 128-bit form without an `IpAddr`: IPv4
+    /// (and IPv4-mapped IPv6) one word `masked address << 32 | prefix << 8
+    /// | 4`; IPv6 the word `prefix << 8 | 6`, then the masked address's
+    /// high and low halves. The family in the first word fixes the part's
+    /// length, so no length prefix is needed; one word for the common
+    /// IPv4 key (one compression round).
+    #[inline(always)]
     pub fn ip(&mut self, k: u128, v4: u8, v6: u8) {
         if k >> 32 == 0xffff {
             let p = v4.min(32);
             let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
-            let a = (k as u32 & mask).to_be_bytes();
-            self.part(&[4, a[0], a[1], a[2], a[3], p]);
+            self.0
+                .word(((k as u32 & mask) as u64) << 32 | (p as u64) << 8 | 4);
         } else {
             let p = v6.min(128);
             let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
-            let mut b = [0u8; 18];
-            b[0] = 6;
-            b[1..17].copy_from_slice(&(k & mask).to_be_bytes());
-            b[17] = p;
-            self.part(&b);
+            let a = k & mask;
+            self.0.word((p as u64) << 8 | 6);
+            self.0.word((a >> 64) as u64);
+            self.0.word(a as u64);
         }
     }
 }
@@ -273,6 +276,20 @@ impl<'a> KeyTable<'a> {
         capacity: u64,
         secret: [u8; 16],
     ) -> KeyTable<'a> {
+        Self::with_cas(region, slot_count, capacity, secret, None)
+    }
+
+    /// [`new`](Self::new), told whether the 16-byte CAS is usable on this
+    /// region (`None`: find out; the file's mapping keeps the answer so
+    /// that the request path does not ask the CPU each time).
+    #[inline]
+    pub fn with_cas(
+        region: Region<'a>,
+        slot_count: u32,
+        capacity: u64,
+        secret: [u8; 16],
+        cas: Option<bool>,
+    ) -> KeyTable<'a> {
         let cb = counters_bytes(slot_count);
         let empty = region.sub(0, 0).expect("empty");
         let header = region.sub(0, HEADER_BYTES).unwrap_or(empty);
@@ -281,9 +298,11 @@ impl<'a> KeyTable<'a> {
             .sub(HEADER_BYTES + cb, capacity.saturating_mul(ENTRY_BYTES))
             .unwrap_or(empty);
         let capacity = entries.len() as u64 / ENTRY_BYTES;
-        let cas = entries
-            .u64_at(0)
-            .is_some_and(super::limiter::warm_up::cas128_available);
+        let cas = cas.unwrap_or_else(|| {
+            entries
+                .u64_at(0)
+                .is_some_and(super::limiter::warm_up::cas128_available)
+        });
         KeyTable {
             header,
             counters,
@@ -323,6 +342,7 @@ impl<'a> KeyTable<'a> {
     }
 
     /// Can this CPU and mapping run the table (16-byte CAS)?
+    #[inline]
     pub fn usable(&self) -> bool {
         self.cas && self.lines >= 2
     }
@@ -337,7 +357,7 @@ impl<'a> KeyTable<'a> {
 
     /// The key a finished hash names, for the strategy in stat slot `slot`
     /// at `generation`; `None` for a slot past [`MAX_SLOT`].
-    #[inline]
+    #[inline(always)]
     pub fn key(&self, h: KeyHasher, slot: u32, generation: u64) -> Option<KeyId> {
         if slot > MAX_SLOT || self.lines == 0 {
             return None;
@@ -470,6 +490,7 @@ impl<'a> KeyTable<'a> {
     /// (to judge whether another strategy's entry is fresh), `slots` the
     /// file's stat slots (their generations say whether an entry's
     /// strategy still exists).
+    #[inline(always)]
     pub fn charge<'l>(
         &self,
         key: &KeyId,
@@ -483,13 +504,42 @@ impl<'a> KeyTable<'a> {
             return Charge::Full;
         }
         let t = lim.clock(now);
+        // The common case inline: the key's entry is there and one CAS
+        // charges it. Anything else (a new key, a race) takes the loop.
+        if let Some(i) = self.find(key) {
+            let st = self.words(i)[1].load(Ordering::Acquire);
+            if let Some(c) = self.charge_at(i, key.ident, st, lim, t, force) {
+                return c;
+            }
+        }
+        self.charge_slow(key, lim, now, t, force, slots, owner)
+    }
+
+    /// The key's entry in its probe range (idents only).
+    #[inline(always)]
+    fn find(&self, key: &KeyId) -> Option<u64> {
+        (0..PROBE)
+            .map(|p| self.at(key.start, p))
+            .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)
+    }
+
+    /// [`charge`](Self::charge) for a new key or after a race.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn charge_slow<'l>(
+        &self,
+        key: &KeyId,
+        lim: &KeyLimiter,
+        now: Now,
+        t: u64,
+        force: bool,
+        slots: &Region<'_>,
+        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
+    ) -> Charge {
         // Bounded: each round either commits or saw another process commit.
         for _ in 0..64 {
             // The key's entry: idents only (the common case, one pass).
-            if let Some(i) = (0..PROBE)
-                .map(|p| self.at(key.start, p))
-                .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)
-            {
+            if let Some(i) = self.find(key) {
                 let st = self.words(i)[1].load(Ordering::Acquire);
                 match self.charge_at(i, key.ident, st, lim, t, force) {
                     Some(c) => return c,
@@ -597,7 +647,7 @@ impl<'a> KeyTable<'a> {
 
     /// One request on the key's entry `i` (last seen holding `st`); `None`
     /// when the entry no longer holds the key.
-    #[inline]
+    #[inline(always)]
     fn charge_at(
         &self,
         i: u64,
@@ -727,7 +777,16 @@ impl IpPrefix {
         }
     }
 
-    /// The bytes hashed: family, masked address, prefix length.
+    /// Hashes this prefix as the `ip` part of a key (the words of
+    /// [`KeyHasher::ip`]).
+    pub fn hash_into(&self, h: &mut KeyHasher) {
+        match self.addr {
+            IpAddr::V4(a) => h.ip(0xffff_0000_0000 | u32::from(a) as u128, self.prefix, 128),
+            IpAddr::V6(a) => h.ip(u128::from(a), 32, self.prefix),
+        }
+    }
+
+    /// Family, masked address, prefix length, as bytes.
     pub fn bytes(&self) -> ([u8; 18], usize) {
         let mut b = [0u8; 18];
         match self.addr {

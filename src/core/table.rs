@@ -1017,6 +1017,7 @@ impl Table {
 
     /// [`units`](Self::units) plus the per-key units the request decided
     /// last with `scratch` took; `None` when it holds nothing.
+    #[inline]
     pub fn units_with_keys(&self, held: &[u32], scratch: &mut Scratch) -> Option<Units> {
         if held.is_empty() && scratch.key_holds.is_empty() {
             return None;

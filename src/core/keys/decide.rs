@@ -65,7 +65,7 @@ fn client_addr<V: Values + ?Sized>(r: &Request<'_, V>, d: usize) -> Option<std::
 impl KeyPlan {
     /// Hashes the request's key into `h`; `false` when a value is empty
     /// (the strategy does not count the request).
-    #[inline]
+    #[inline(always)]
     fn hash<V: Values + ?Sized>(&self, r: &Request<'_, V>, h: &mut super::KeyHasher) -> bool {
         for &(d, is_ip) in &self.dims {
             if is_ip {
