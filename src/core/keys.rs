@@ -194,7 +194,14 @@ pub enum Charge {
 
 /// Hashes a key tuple: strategy id, then each part length-prefixed, as
 /// 64-bit words (a part's last word zero-padded).
+#[derive(Clone, Copy)]
 pub struct KeyHasher(Sip13);
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHasher(..)") // never the keyed state
+    }
+}
 
 impl KeyHasher {
     /// A value part: its length, then its bytes.

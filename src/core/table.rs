@@ -469,6 +469,7 @@ impl Table {
                     ipv6_prefix: e.ipv6_prefix,
                     on_full: e.on_full,
                     limiter,
+                    seed: map.as_ref().map(|m| m.keys().hasher(p.strategy.id)),
                 })
             } else {
                 None
