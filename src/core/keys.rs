@@ -275,22 +275,12 @@ pub struct KeyTable<'a> {
 }
 
 impl<'a> KeyTable<'a> {
-    /// The table in `region` (validated by the header checks).
+    /// The table in `region` (validated by the header checks); `cas`:
+    /// whether the 16-byte CAS is usable on this region (`None`: find out;
+    /// the file's mapping keeps the answer so that the request path does
+    /// not ask the CPU each time).
     #[inline]
     pub fn new(
-        region: Region<'a>,
-        slot_count: u32,
-        capacity: u64,
-        secret: [u8; 16],
-    ) -> KeyTable<'a> {
-        Self::with_cas(region, slot_count, capacity, secret, None)
-    }
-
-    /// [`new`](Self::new), told whether the 16-byte CAS is usable on this
-    /// region (`None`: find out; the file's mapping keeps the answer so
-    /// that the request path does not ask the CPU each time).
-    #[inline]
-    pub fn with_cas(
         region: Region<'a>,
         slot_count: u32,
         capacity: u64,
@@ -332,7 +322,13 @@ impl<'a> KeyTable<'a> {
         capacity: u64,
         secret: [u8; 16],
     ) -> KeyTable<'a> {
-        KeyTable::new(Region::from_atomics(words), slot_count, capacity, secret)
+        KeyTable::new(
+            Region::from_atomics(words),
+            slot_count,
+            capacity,
+            secret,
+            None,
+        )
     }
 
     /// Words of process-local memory for [`local`](Self::local); the

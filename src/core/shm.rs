@@ -511,7 +511,7 @@ impl Mapping {
     #[inline]
     fn keys_with(&self, cas: Option<bool>) -> super::keys::KeyTable<'_> {
         let g = &self.geometry;
-        super::keys::KeyTable::with_cas(
+        super::keys::KeyTable::new(
             self.region()
                 .sub(g.keys_off, g.keys_len)
                 .expect("validated"),
