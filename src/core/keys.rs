@@ -24,8 +24,18 @@
 //! tuple)` and the high 32 bits choose the probe range. The secret is 16
 //! random bytes in the file header, so positions are stable across the
 //! processes that map the file and cannot be predicted from outside. The
-//! tuple is hashed length-prefixed (`u32` length, bytes, per dimension), so
-//! ("ab","c") ≠ ("a","bc"). Two keys of one strategy share a state only if
+//! tuple is hashed as 64-bit words, each text value length-prefixed (a
+//! length word, then its bytes zero-padded), so ("ab","c") ≠ ("a","bc");
+//! an `ip` value is a fixed-form part whose first word carries the family
+//! (IPv4: that one word, address, prefix length and family; IPv6: three
+//! words), see [`KeyHasher::ip`]. Every encoding is injective for the
+//! strategy's own dimension list, and the function is still SipHash-1-3
+//! under the 128-bit secret, so the argument is unchanged: without the
+//! secret, a key's position is a pseudo-random function's output, and an
+//! outsider cannot choose addresses that share a probe range. The
+//! hash state after the strategy id is kept per compiled strategy
+//! ([`KeyPlan::seed`]): an IPv4 key costs one compression round plus the
+//! finalisation. Two keys of one strategy share a state only if
 //! they land in the same probe range with the same 32-bit tag (about 7 in
 //! 2³² per new key): that can only over-limit, never admit more.
 //!
