@@ -24,8 +24,18 @@
 //! tuple)` and the high 32 bits choose the probe range. The secret is 16
 //! random bytes in the file header, so positions are stable across the
 //! processes that map the file and cannot be predicted from outside. The
-//! tuple is hashed length-prefixed (`u32` length, bytes, per dimension), so
-//! ("ab","c") ≠ ("a","bc"). Two keys of one strategy share a state only if
+//! tuple is hashed as 64-bit words, each text value length-prefixed (a
+//! length word, then its bytes zero-padded), so ("ab","c") ≠ ("a","bc");
+//! an `ip` value is a fixed-form part whose first word carries the family
+//! (IPv4: that one word, address, prefix length and family; IPv6: three
+//! words), see [`KeyHasher::ip`]. Every encoding is injective for the
+//! strategy's own dimension list, and the function is still SipHash-1-3
+//! under the 128-bit secret, so the argument is unchanged: without the
+//! secret, a key's position is a pseudo-random function's output, and an
+//! outsider cannot choose addresses that share a probe range. The
+//! hash state after the strategy id is kept per compiled strategy
+//! ([`KeyPlan::seed`]): an IPv4 key costs one compression round plus the
+//! finalisation. Two keys of one strategy share a state only if
 //! they land in the same probe range with the same 32-bit tag (about 7 in
 //! 2³² per new key): that can only over-limit, never admit more.
 //!
@@ -194,7 +204,14 @@ pub enum Charge {
 
 /// Hashes a key tuple: strategy id, then each part length-prefixed, as
 /// 64-bit words (a part's last word zero-padded).
+#[derive(Clone, Copy)]
 pub struct KeyHasher(Sip13);
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHasher(..)") // never the keyed state
+    }
+}
 
 impl KeyHasher {
     /// A value part: its length, then its bytes.
@@ -204,24 +221,27 @@ impl KeyHasher {
         self.0.padded(bytes);
     }
 
-    /// A client-address part, aggregated (see [`IpPrefix`]): the same
-    /// words as [`part`](Self::part) of [`IpPrefix::bytes`], computed
-    /// from the matcher's 128-bit form without an `IpAddr`.
-    #[inline]
+    /// A client-address part, aggregated (see [`IpPrefix`]), as whole
+    /// words from the matcher's 128-bit form without an `IpAddr`: IPv4
+    /// (and IPv4-mapped IPv6) one word `masked address << 32 | prefix << 8
+    /// | 4`; IPv6 the word `prefix << 8 | 6`, then the masked address's
+    /// high and low halves. The family in the first word fixes the part's
+    /// length, so no length prefix is needed; one word for the common
+    /// IPv4 key (one compression round).
+    #[inline(always)]
     pub fn ip(&mut self, k: u128, v4: u8, v6: u8) {
         if k >> 32 == 0xffff {
             let p = v4.min(32);
             let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
-            let a = (k as u32 & mask).to_be_bytes();
-            self.part(&[4, a[0], a[1], a[2], a[3], p]);
+            self.0
+                .word(((k as u32 & mask) as u64) << 32 | (p as u64) << 8 | 4);
         } else {
             let p = v6.min(128);
             let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
-            let mut b = [0u8; 18];
-            b[0] = 6;
-            b[1..17].copy_from_slice(&(k & mask).to_be_bytes());
-            b[17] = p;
-            self.part(&b);
+            let a = k & mask;
+            self.0.word((p as u64) << 8 | 6);
+            self.0.word((a >> 64) as u64);
+            self.0.word(a as u64);
         }
     }
 }
@@ -265,13 +285,17 @@ pub struct KeyTable<'a> {
 }
 
 impl<'a> KeyTable<'a> {
-    /// The table in `region` (validated by the header checks).
+    /// The table in `region` (validated by the header checks); `cas`:
+    /// whether the 16-byte CAS is usable on this region (`None`: find out;
+    /// the file's mapping keeps the answer so that the request path does
+    /// not ask the CPU each time).
     #[inline]
     pub fn new(
         region: Region<'a>,
         slot_count: u32,
         capacity: u64,
         secret: [u8; 16],
+        cas: Option<bool>,
     ) -> KeyTable<'a> {
         let cb = counters_bytes(slot_count);
         let empty = region.sub(0, 0).expect("empty");
@@ -281,9 +305,11 @@ impl<'a> KeyTable<'a> {
             .sub(HEADER_BYTES + cb, capacity.saturating_mul(ENTRY_BYTES))
             .unwrap_or(empty);
         let capacity = entries.len() as u64 / ENTRY_BYTES;
-        let cas = entries
-            .u64_at(0)
-            .is_some_and(super::limiter::warm_up::cas128_available);
+        let cas = cas.unwrap_or_else(|| {
+            entries
+                .u64_at(0)
+                .is_some_and(super::limiter::warm_up::cas128_available)
+        });
         KeyTable {
             header,
             counters,
@@ -306,7 +332,13 @@ impl<'a> KeyTable<'a> {
         capacity: u64,
         secret: [u8; 16],
     ) -> KeyTable<'a> {
-        KeyTable::new(Region::from_atomics(words), slot_count, capacity, secret)
+        KeyTable::new(
+            Region::from_atomics(words),
+            slot_count,
+            capacity,
+            secret,
+            None,
+        )
     }
 
     /// Words of process-local memory for [`local`](Self::local); the
@@ -323,6 +355,7 @@ impl<'a> KeyTable<'a> {
     }
 
     /// Can this CPU and mapping run the table (16-byte CAS)?
+    #[inline]
     pub fn usable(&self) -> bool {
         self.cas && self.lines >= 2
     }
@@ -337,7 +370,7 @@ impl<'a> KeyTable<'a> {
 
     /// The key a finished hash names, for the strategy in stat slot `slot`
     /// at `generation`; `None` for a slot past [`MAX_SLOT`].
-    #[inline]
+    #[inline(always)]
     pub fn key(&self, h: KeyHasher, slot: u32, generation: u64) -> Option<KeyId> {
         if slot > MAX_SLOT || self.lines == 0 {
             return None;
@@ -470,6 +503,7 @@ impl<'a> KeyTable<'a> {
     /// (to judge whether another strategy's entry is fresh), `slots` the
     /// file's stat slots (their generations say whether an entry's
     /// strategy still exists).
+    #[inline(always)]
     pub fn charge<'l>(
         &self,
         key: &KeyId,
@@ -483,13 +517,42 @@ impl<'a> KeyTable<'a> {
             return Charge::Full;
         }
         let t = lim.clock(now);
+        // The common case inline: the key's entry is there and one CAS
+        // charges it. Anything else (a new key, a race) takes the loop.
+        if let Some(i) = self.find(key) {
+            let st = self.words(i)[1].load(Ordering::Acquire);
+            if let Some(c) = self.charge_at(i, key.ident, st, lim, t, force) {
+                return c;
+            }
+        }
+        self.charge_slow(key, lim, now, t, force, slots, owner)
+    }
+
+    /// The key's entry in its probe range (idents only).
+    #[inline(always)]
+    fn find(&self, key: &KeyId) -> Option<u64> {
+        (0..PROBE)
+            .map(|p| self.at(key.start, p))
+            .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)
+    }
+
+    /// [`charge`](Self::charge) for a new key or after a race.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn charge_slow<'l>(
+        &self,
+        key: &KeyId,
+        lim: &KeyLimiter,
+        now: Now,
+        t: u64,
+        force: bool,
+        slots: &Region<'_>,
+        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
+    ) -> Charge {
         // Bounded: each round either commits or saw another process commit.
         for _ in 0..64 {
             // The key's entry: idents only (the common case, one pass).
-            if let Some(i) = (0..PROBE)
-                .map(|p| self.at(key.start, p))
-                .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)
-            {
+            if let Some(i) = self.find(key) {
                 let st = self.words(i)[1].load(Ordering::Acquire);
                 match self.charge_at(i, key.ident, st, lim, t, force) {
                     Some(c) => return c,
@@ -597,7 +660,7 @@ impl<'a> KeyTable<'a> {
 
     /// One request on the key's entry `i` (last seen holding `st`); `None`
     /// when the entry no longer holds the key.
-    #[inline]
+    #[inline(always)]
     fn charge_at(
         &self,
         i: u64,
@@ -727,7 +790,16 @@ impl IpPrefix {
         }
     }
 
-    /// The bytes hashed: family, masked address, prefix length.
+    /// Hashes this prefix as the `ip` part of a key (the words of
+    /// [`KeyHasher::ip`]).
+    pub fn hash_into(&self, h: &mut KeyHasher) {
+        match self.addr {
+            IpAddr::V4(a) => h.ip(0xffff_0000_0000 | u32::from(a) as u128, self.prefix, 128),
+            IpAddr::V6(a) => h.ip(u128::from(a), 32, self.prefix),
+        }
+    }
+
+    /// Family, masked address, prefix length, as bytes.
     pub fn bytes(&self) -> ([u8; 18], usize) {
         let mut b = [0u8; 18];
         match self.addr {

@@ -26,7 +26,7 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// ranges in the blacklist (tags 3..=131, prefix bitset at 224).
 /// 4: the per-key table region (`H_KEYS_*`, [`super::keys`]) and the
 /// per-key fields after a strategy record's conditions.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
@@ -377,6 +377,8 @@ pub struct Mapping {
     ledger_row: std::sync::atomic::AtomicUsize,
     /// The key table's hash secret (header, written once at creation).
     key_secret: [u8; 16],
+    /// Can the key table's entries take a 16-byte CAS (asked once)?
+    keys_cas: bool,
 }
 
 const NO_ROW: usize = usize::MAX;
@@ -457,8 +459,9 @@ impl Mapping {
         let geometry = Geometry::read(&h, size, path)?;
         let mut key_secret = [0u8; 16];
         h.read_bytes(H_KEYS_SECRET, &mut key_secret);
-        Ok(Mapping {
+        let mut m = Mapping {
             key_secret,
+            keys_cas: false,
             guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
@@ -466,7 +469,9 @@ impl Mapping {
             geometry,
             dev_ino: (meta.dev(), meta.ino()),
             ledger_row: std::sync::atomic::AtomicUsize::new(NO_ROW),
-        })
+        };
+        m.keys_cas = m.keys_with(None).usable();
+        Ok(m)
     }
 
     /// The open file (its lock, for the writer).
@@ -514,6 +519,11 @@ impl Mapping {
     /// The per-key table (see [`super::keys`]).
     #[inline]
     pub fn keys(&self) -> super::keys::KeyTable<'_> {
+        self.keys_with(Some(self.keys_cas))
+    }
+
+    #[inline]
+    fn keys_with(&self, cas: Option<bool>) -> super::keys::KeyTable<'_> {
         let g = &self.geometry;
         super::keys::KeyTable::new(
             self.region()
@@ -522,6 +532,7 @@ impl Mapping {
             g.slot_count,
             g.keys_capacity,
             self.key_secret,
+            cas,
         )
     }
 

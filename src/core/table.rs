@@ -473,6 +473,7 @@ impl Table {
                     ipv6_prefix: e.ipv6_prefix,
                     on_full: e.on_full,
                     limiter,
+                    seed: map.as_ref().map(|m| m.keys().hasher(p.strategy.id)),
                 })
             } else {
                 None
@@ -1039,6 +1040,7 @@ impl Table {
 
     /// [`units`](Self::units) plus the per-key units the request decided
     /// last with `scratch` took; `None` when it holds nothing.
+    #[inline]
     pub fn units_with_keys(&self, held: &[u32], scratch: &mut Scratch) -> Option<Units> {
         if held.is_empty() && scratch.key_holds.is_empty() {
             return None;

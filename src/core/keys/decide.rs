@@ -44,6 +44,9 @@ pub struct KeyPlan {
     pub ipv6_prefix: u8,
     pub on_full: super::super::each::OnFull,
     pub limiter: KeyLimiter,
+    /// The hash state after the strategy id, with the secret of the file
+    /// the table was built on (`None`: no file): computed once per table.
+    pub seed: Option<super::KeyHasher>,
 }
 
 /// Per-key `concurrency` units a request holds until it ends.
@@ -65,7 +68,7 @@ fn client_addr<V: Values + ?Sized>(r: &Request<'_, V>, d: usize) -> Option<std::
 impl KeyPlan {
     /// Hashes the request's key into `h`; `false` when a value is empty
     /// (the strategy does not count the request).
-    #[inline]
+    #[inline(always)]
     fn hash<V: Values + ?Sized>(&self, r: &Request<'_, V>, h: &mut super::KeyHasher) -> bool {
         for &(d, is_ip) in &self.dims {
             if is_ip {
@@ -177,7 +180,7 @@ pub(crate) fn decide<V: Values + ?Sized>(
         if slot.generation().load(Ordering::Acquire) != c.generation {
             continue; // stale table: the slot is another strategy's now
         }
-        let mut h = kt.hasher(c.strategy.id);
+        let mut h = plan.seed.unwrap_or_else(|| kt.hasher(c.strategy.id));
         if !plan.hash(r, &mut h) {
             continue; // an empty value: not counted
         }
@@ -352,7 +355,7 @@ fn decide_one<V: Values + ?Sized>(
         return Some(d); // stale table
     }
     let kt = map.keys();
-    let mut h = kt.hasher(id);
+    let mut h = plan.seed.unwrap_or_else(|| kt.hasher(id));
     if !plan.hash(r, &mut h) {
         return Some(d); // an empty value: not counted
     }

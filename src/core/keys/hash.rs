@@ -31,6 +31,7 @@ fn round(v: &mut [u64; 4]) {
 }
 
 impl Sip13 {
+    #[inline]
     pub fn new(key: [u64; 2]) -> Sip13 {
         Sip13 {
             v: [
@@ -112,6 +113,7 @@ impl Sip13 {
         }
     }
 
+    #[inline(always)]
     pub fn finish(mut self) -> u64 {
         let b = ((self.len & 0xff) << 56) | self.tail;
         self.block(b);

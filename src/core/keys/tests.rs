@@ -282,7 +282,7 @@ fn threads_racing_on_keys_admit_exactly_the_allowance() {
 }
 
 #[test]
-fn the_ip_part_is_the_prefix_bytes_part() {
+fn the_ip_part_is_the_aggregated_prefix() {
     let f = Fixture::new(64);
     let t = f.table(64);
     for (text, v4, v6) in [
@@ -295,8 +295,20 @@ fn the_ip_part_is_the_prefix_bytes_part() {
         let mut a = t.hasher(3);
         a.ip(crate::core::table::IpKey::from(addr).0, v4, v6);
         let mut b = t.hasher(3);
-        let (bytes, n) = IpPrefix::new(addr, v4, v6).bytes();
-        b.part(&bytes[..n]);
+        IpPrefix::new(addr, v4, v6).hash_into(&mut b);
         assert_eq!(t.key(a, 0, 1), t.key(b, 0, 1), "{text}");
     }
+    let ip = |text: &str, v4: u8, v6: u8| {
+        let mut h = t.hasher(3);
+        let addr: IpAddr = text.parse().unwrap();
+        h.ip(crate::core::table::IpKey::from(addr).0, v4, v6);
+        t.key(h, 0, 1)
+    };
+    // Same network, same key; another prefix length or address, another.
+    assert_eq!(ip("203.0.113.7", 24, 64), ip("203.0.113.99", 24, 64));
+    assert_ne!(ip("203.0.113.7", 24, 64), ip("203.0.113.7", 25, 64));
+    assert_ne!(ip("203.0.113.7", 32, 64), ip("203.0.113.8", 32, 64));
+    assert_eq!(ip("2001:db8::1", 32, 64), ip("2001:db8::2", 32, 64));
+    assert_ne!(ip("2001:db8::1", 32, 64), ip("2001:db8::1", 32, 65));
+    assert_ne!(ip("2001:db8:0:1::1", 32, 64), ip("2001:db8::1", 32, 64));
 }
