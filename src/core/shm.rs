@@ -22,11 +22,11 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// Version of the whole layout (header, segments, slots, blacklist).
 /// 2: the concurrency ledger region (`H_LEDGER_OFF`, `H_LEDGER_LEN`) and
 /// the warm-up fields of a segment's strategy record. 3: the priority
-/// in the strategy record (56 fixed bytes), action 4 `allow`, and address
-/// ranges in the blacklist (tags 3..=131, prefix bitset at 224).
-/// 4: the per-key table region (`H_KEYS_*`, [`super::keys`]) and the
-/// per-key fields after a strategy record's conditions.
-pub const LAYOUT_VERSION: u32 = 5;
+/// in the strategy record (56 fixed bytes), action 4 `allow`, address
+/// ranges in the blacklist (tags 3..=131, prefix bitset at 224), the
+/// per-key table region (`H_KEYS_*`, [`super::keys`]) and the per-key
+/// fields after a strategy record's conditions.
+pub const LAYOUT_VERSION: u32 = 3;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
