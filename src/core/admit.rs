@@ -122,7 +122,7 @@ pub enum Verdict {
 
 /// Per-hit bookkeeping of one call.
 #[derive(Debug, Clone, Copy)]
-enum Entry {
+enum HitState {
     /// Slot generation differs from the table's: skipped.
     Stale,
     /// Evaluated, nothing held (dry-run rejection).
@@ -195,7 +195,7 @@ pub fn admit_listed(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota:
             now_ns,
             dry_run_all,
             quota,
-            &mut [Entry::Stale; 4][..n],
+            &mut [HitState::Stale; 4][..n],
         )
     } else if n <= 16 {
         admit_in(
@@ -203,7 +203,7 @@ pub fn admit_listed(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota:
             now_ns,
             dry_run_all,
             quota,
-            &mut [Entry::Stale; 16][..n],
+            &mut [HitState::Stale; 16][..n],
         )
     } else if n <= STACK_HITS {
         admit_in(
@@ -211,10 +211,16 @@ pub fn admit_listed(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota:
             now_ns,
             dry_run_all,
             quota,
-            &mut [Entry::Stale; STACK_HITS][..n],
+            &mut [HitState::Stale; STACK_HITS][..n],
         )
     } else {
-        admit_in(hits, now_ns, dry_run_all, quota, &mut vec![Entry::Stale; n])
+        admit_in(
+            hits,
+            now_ns,
+            dry_run_all,
+            quota,
+            &mut vec![HitState::Stale; n],
+        )
     }
 }
 
@@ -293,29 +299,29 @@ fn admit_in(
     now_both: Now,
     dry_run_all: bool,
     quota: bool,
-    entries: &mut [Entry],
+    entries: &mut [HitState],
 ) -> Decision {
     let mut dry_run_rejected = None;
     for (i, hit) in hits.iter().enumerate() {
         if !current(hit) {
-            entries[i] = Entry::Stale;
+            entries[i] = HitState::Stale;
             continue;
         }
         let now = now_both.of(hit.limiter);
         match hit.limiter.acquire(&hit.slot, now) {
-            Acquired::Admitted(r) => entries[i] = Entry::Admitted(r),
+            Acquired::Admitted(r) => entries[i] = HitState::Admitted(r),
             Acquired::Rejected { retry_after_ns } => {
                 hit.slot.limited().fetch_add(1, Ordering::Relaxed);
                 if dry_run_all || hit.action.is_dry_run() {
                     dry_run_rejected.get_or_insert(hit.id);
                     entries[i] = match hit.limiter.force_acquire(&hit.slot) {
-                        Some(r) => Entry::Forced(r),
-                        None => Entry::Rejected,
+                        Some(r) => HitState::Forced(r),
+                        None => HitState::Rejected,
                     };
                     continue;
                 }
                 for (taken, h) in entries[..i].iter().zip(hits) {
-                    if let Entry::Admitted(r) | Entry::Forced(r) = *taken {
+                    if let HitState::Admitted(r) | HitState::Forced(r) = *taken {
                         h.limiter.refund(&h.slot, r);
                     }
                 }
@@ -344,7 +350,7 @@ fn admit_in(
     let mut tightest: Option<(u32, Quota)> = None;
     let mut passed_by = None;
     for (entry, hit) in entries.iter().zip(hits) {
-        if let Entry::Admitted(r) = *entry {
+        if let HitState::Admitted(r) = *entry {
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {
                 hit.slot.delayed().fetch_add(1, Ordering::Relaxed);
@@ -361,7 +367,7 @@ fn admit_in(
                 }
             }
         }
-        if matches!(entry, Entry::Stale) || hit.action.is_dry_run() {
+        if matches!(entry, HitState::Stale) || hit.action.is_dry_run() {
             continue;
         }
         passed_by.get_or_insert(hit.id);

@@ -43,7 +43,7 @@ impl Event {
     }
 }
 
-struct Entry {
+struct LogTally {
     id: u32,
     event: Event,
     level: LogLevel,
@@ -60,7 +60,7 @@ struct Entry {
 #[derive(Default)]
 pub struct EventLog {
     window_start_ms: u64,
-    entries: Vec<Entry>,
+    entries: Vec<LogTally>,
 }
 
 pub const LOG_WINDOW_MS: u64 = 1000;
@@ -81,7 +81,7 @@ impl EventLog {
             e.suppressed += 1;
             return false;
         }
-        self.entries.push(Entry {
+        self.entries.push(LogTally {
             id,
             event,
             level,

@@ -64,7 +64,7 @@ pub struct Migration {
 }
 
 enum Step {
-    Table(Table),
+    Table(TableDef),
     /// Creates the row unless it exists (`INSERT OR IGNORE` / `INSERT IGNORE`).
     InsertIgnore(&'static str),
     /// `ALTER TABLE t ADD COLUMN …`; the migration runner ignores a
@@ -81,7 +81,7 @@ pub fn is_duplicate_column(e: &str) -> bool {
 /// an auto-increment primary key; `indexes` are `(name, columns)`, created
 /// with the table on MySQL and as separate `CREATE INDEX IF NOT EXISTS` on
 /// SQLite and PostgreSQL (so every statement stays idempotent on all three).
-struct Table {
+struct TableDef {
     name: &'static str,
     columns: &'static str,
     indexes: &'static [(&'static str, &'static str)],
@@ -112,7 +112,7 @@ impl Migration {
     }
 }
 
-impl Table {
+impl TableDef {
     fn render(&self, d: Dialect, out: &mut Vec<String>) {
         let (id, options) = match d {
             Dialect::Sqlite => ("id INTEGER PRIMARY KEY AUTOINCREMENT", ""),
@@ -156,7 +156,7 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 1,
         description: "config version, strategies, blacklist, hosts",
         steps: &[
-            Step::Table(Table {
+            Step::Table(TableDef {
                 name: "config_version",
                 columns: "id BIGINT NOT NULL PRIMARY KEY,
                     version BIGINT NOT NULL,
@@ -164,7 +164,7 @@ pub const MIGRATIONS: &[Migration] = &[
                 indexes: &[],
             }),
             Step::InsertIgnore("INTO config_version (id, version, changed_ms) VALUES (1, 1, 0)"),
-            Step::Table(Table {
+            Step::Table(TableDef {
                 name: "strategies",
                 columns: "{id},
                     name VARCHAR(200) NOT NULL,
@@ -184,7 +184,7 @@ pub const MIGRATIONS: &[Migration] = &[
                     CONSTRAINT strategies_name UNIQUE (name)",
                 indexes: &[],
             }),
-            Step::Table(Table {
+            Step::Table(TableDef {
                 name: "blacklist",
                 columns: "{id},
                     dimension VARCHAR(32) NOT NULL,
@@ -195,7 +195,7 @@ pub const MIGRATIONS: &[Migration] = &[
                     CONSTRAINT blacklist_dimension_value UNIQUE (dimension, value)",
                 indexes: &[],
             }),
-            Step::Table(Table {
+            Step::Table(TableDef {
                 name: "hosts",
                 columns: "host_id VARCHAR(255) NOT NULL PRIMARY KEY,
                     weight BIGINT NOT NULL,
@@ -211,7 +211,7 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 2,
         description: "audit log, counter samples for the stats series",
         steps: &[
-            Step::Table(Table {
+            Step::Table(TableDef {
                 name: "audit_log",
                 columns: "{id},
                     at_ms BIGINT NOT NULL,
@@ -222,7 +222,7 @@ pub const MIGRATIONS: &[Migration] = &[
                     after_json VARCHAR(7000) NULL",
                 indexes: &[],
             }),
-            Step::Table(Table {
+            Step::Table(TableDef {
                 name: "counter_samples",
                 columns: "host_id VARCHAR(255) NOT NULL,
                     strategy_id BIGINT NOT NULL,
@@ -276,7 +276,7 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "fleet leases: the leader row, per strategy and host leases, strategies.split",
         steps: &[
             Step::AddColumn("strategies", "split VARCHAR(16) NULL"),
-            Step::Table(Table {
+            Step::Table(TableDef {
                 name: "fleet_leader",
                 columns: "id BIGINT NOT NULL PRIMARY KEY,
                     holder VARCHAR(255) NOT NULL,
@@ -287,7 +287,7 @@ pub const MIGRATIONS: &[Migration] = &[
             Step::InsertIgnore(
                 "INTO fleet_leader (id, holder, term, expires_ms) VALUES (1, '', 0, 0)",
             ),
-            Step::Table(Table {
+            Step::Table(TableDef {
                 name: "leases",
                 columns: "strategy_id BIGINT NOT NULL,
                     host_id VARCHAR(255) NOT NULL,
