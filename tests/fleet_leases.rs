@@ -154,6 +154,24 @@ fn skew(total: u64, pct: [u64; 3]) -> Vec<u64> {
     pct.iter().map(|p| total * p / 100).collect()
 }
 
+/// An agent for host `h` through `serve`, its log `DIR/h.log`.
+fn fleet_agent(serve: &Serve, dir: &std::path::Path, shm: &std::path::Path, h: &str) -> AgentProc {
+    AgentProc::start(
+        &serve.url(),
+        shm,
+        h,
+        &dir.join(format!("{h}.log")),
+        &[
+            "--token",
+            &serve.token,
+            "--freshness",
+            "3s",
+            "--max-backoff-ms",
+            "500",
+        ],
+    )
+}
+
 #[test]
 fn demand_split_admits_the_rate_under_skew() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -188,22 +206,7 @@ fn demand_split_admits_the_rate_under_skew() {
     let mut agents: Vec<AgentProc> = hosts
         .iter()
         .zip(&shms)
-        .map(|(h, shm)| {
-            AgentProc::start(
-                &serve.url(),
-                shm,
-                h,
-                &dir.path().join(format!("{h}.log")),
-                &[
-                    "--token",
-                    &serve.token,
-                    "--freshness",
-                    "3s",
-                    "--max-backoff-ms",
-                    "500",
-                ],
-            )
-        })
+        .map(|(h, shm)| fleet_agent(&serve, dir.path(), shm, h))
         .collect();
     let logs = |agents: &[AgentProc]| {
         agents
@@ -374,20 +377,7 @@ fn demand_split_admits_the_rate_under_skew() {
     // its traffic gone): the shares re-converge — h3 gets its fair share
     // of what h1 (90/s) leaves, about (300 − 95) / 2 — and the total holds.
     let shm3 = dir.path().join("h3.shm");
-    let mut h3 = AgentProc::start(
-        &serve.url(),
-        &shm3,
-        "h3",
-        &dir.path().join("h3.log"),
-        &[
-            "--token",
-            &serve.token,
-            "--freshness",
-            "3s",
-            "--max-backoff-ms",
-            "500",
-        ],
-    );
+    let mut h3 = fleet_agent(&serve, dir.path(), &shm3, "h3");
     let load3 = Load::start(std::slice::from_ref(&shm3), "/fleet");
     load3.offer(&[150]);
     load.offer(&[0, 90, 480]);
