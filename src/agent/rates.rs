@@ -76,7 +76,12 @@ pub fn share(
 /// `lease`: this host's valid lease for a `split: demand` strategy
 /// (src/agent/lease.rs), which replaces the static share (the token-bucket
 /// burst in proportion, at least 1; a lease of 0 enforces 1, the smallest
-/// rate the model takes).
+/// rate a bucket takes). A window (`fixed_window`, `sliding_window`: the
+/// lease is a count of the window's allowance) leased 0 publishes limit 0,
+/// admit nothing more in this window: the core's
+/// [`ValidStrategy::leased`] is the one constructor that takes a rate of 0,
+/// and only this branch calls it; the written input (API, CLI, store)
+/// still goes through `Strategy::validate`, which refuses 0.
 ///
 /// `Err` names the field at fault.
 pub fn local_strategy(
@@ -84,17 +89,18 @@ pub fn local_strategy(
     share: Share,
     lease: Option<u64>,
 ) -> Result<ValidStrategy, Invalid> {
+    if let (Scope::Cluster, Some(lease)) = (rec.scope, lease) {
+        let least = if rec.algorithm.is_window() { 0 } else { 1 };
+        let rate = lease.clamp(least, rec.rate.max(1));
+        let burst = if rec.algorithm == Algorithm::TokenBucket && rec.rate > 0 {
+            ((rec.burst as u128 * rate as u128).div_ceil(rec.rate as u128)).max(1) as u32
+        } else {
+            rec.burst
+        };
+        return Ok(ValidStrategy::leased(rec.to_core(rate, burst)?)?);
+    }
     let (rate, burst) = match rec.scope {
         Scope::Host => (rec.rate, rec.burst),
-        Scope::Cluster if lease.is_some() => {
-            let rate = lease.unwrap_or(0).clamp(1, rec.rate.max(1));
-            let burst = if rec.algorithm == Algorithm::TokenBucket && rec.rate > 0 {
-                ((rec.burst as u128 * rate as u128).div_ceil(rec.rate as u128)).max(1) as u32
-            } else {
-                rec.burst
-            };
-            (rate, burst)
-        }
         Scope::Cluster => {
             let burst = if rec.algorithm == Algorithm::TokenBucket {
                 share.of(rec.burst as u64) as u32
@@ -203,6 +209,30 @@ mod tests {
         assert_eq!((s.rate, s.burst), (300, 15));
         let s = local_strategy(&r.clone().into_valid().unwrap(), half, Some(0)).unwrap();
         assert_eq!((s.rate, s.burst), (1, 1));
+    }
+
+    /// A window leased 0 publishes limit 0 (admit nothing more in this
+    /// window), which the reader's check of the file accepts; the written
+    /// input still refuses a rate of 0.
+    #[test]
+    fn window_lease_of_0_is_published_as_0() {
+        let r: StrategyRecord = serde_json::from_str(
+            r#"{"id":5,"name":"d","algorithm":"fixed_window","rate":100,"per":"day","scope":"cluster"}"#,
+        )
+        .unwrap();
+        let third = Share {
+            weight: 1,
+            total: 3,
+        };
+        let v = r.clone().into_valid().unwrap();
+        let s = local_strategy(&v, third, Some(0)).unwrap();
+        assert_eq!(s.rate, 0);
+        assert!(s.check().is_ok(), "the reader takes a leased window of 0");
+        assert_eq!(local_strategy(&v, third, None).unwrap().rate, 34);
+        let mut zero = r;
+        zero.rate = 0;
+        let e = zero.into_valid().unwrap_err().to_string();
+        assert!(e.starts_with("rate:"), "{e}");
     }
 
     /// What the record's one validation cannot see is checked here: a

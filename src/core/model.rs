@@ -167,6 +167,13 @@ impl Algorithm {
     pub fn can_delay(self) -> bool {
         self.is_bucket() || self == Algorithm::WarmUp
     }
+
+    /// Counting windows: a limit of 0 is meaningful for them (admit
+    /// nothing more in this window), so a fleet lease of 0 may be
+    /// published as is ([`ValidStrategy::leased`]).
+    pub fn is_window(self) -> bool {
+        matches!(self, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+    }
 }
 
 impl fmt::Display for Algorithm {
@@ -481,8 +488,18 @@ impl Strategy {
         if matches!(self.algorithm, Algorithm::LeakyBucket | Algorithm::WarmUp) {
             self.burst = 1;
         }
-        self.check()?;
+        self.check_written()?;
         self.check_clock_tick()
+    }
+
+    /// [`check`](Self::check) plus the rule for what is written (API,
+    /// CLI, store, tests): a rate of 0 is refused for every algorithm. Only
+    /// a fleet lease publishes a window with 0 ([`ValidStrategy::leased`]).
+    fn check_written(&self) -> Result<(), ModelError> {
+        if self.rate == 0 {
+            return Err(ModelError::ZeroRate);
+        }
+        self.check()
     }
 
     /// A bucket's horizon (burst × interval, plus the longest delay) must
@@ -576,7 +593,9 @@ impl Strategy {
         if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
             return Err(ModelError::BadPriority(self.priority));
         }
-        if self.rate == 0 {
+        // A window with limit 0 admits nothing (a fleet lease of 0, see
+        // `ValidStrategy::leased`); every other algorithm needs a rate.
+        if self.rate == 0 && !self.algorithm.is_window() {
             return Err(ModelError::ZeroRate);
         }
         if self.algorithm == Algorithm::WarmUp {
@@ -700,6 +719,18 @@ impl ValidStrategy {
     /// it decodes from the file.
     pub fn vouched(s: Strategy) -> ValidStrategy {
         ValidStrategy(s)
+    }
+
+    /// A host's part of a fleet strategy under a lease (src/agent/lease.rs
+    /// in the binary): the published-file rules ([`check`](Strategy::check)
+    /// and the clock tick) without the written-input rule `rate > 0`, so a
+    /// window (`fixed_window`, `sliding_window`) leased 0 admits nothing
+    /// more in its window. The only way a `ValidStrategy` carries a rate of
+    /// 0: [`Strategy::into_valid`] still refuses it.
+    pub fn leased(s: Strategy) -> Result<ValidStrategy, ModelError> {
+        s.check()?;
+        s.check_clock_tick()?;
+        Ok(ValidStrategy(s))
     }
 }
 
@@ -960,5 +991,24 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("per:"));
+    }
+
+    /// Only a fleet lease publishes a rate of 0, and only for a window:
+    /// written input refuses it for every algorithm.
+    #[test]
+    fn rate_0_only_for_a_leased_window() {
+        let mut s = base();
+        s.validate().unwrap();
+        s.algorithm = Algorithm::FixedWindow;
+        s.rate = 0;
+        assert_eq!(s.clone().validate(), Err(ModelError::ZeroRate));
+        assert!(s.check().is_ok());
+        assert_eq!(ValidStrategy::leased(s.clone()).unwrap().rate, 0);
+        s.algorithm = Algorithm::SlidingWindow;
+        assert!(ValidStrategy::leased(s.clone()).is_ok());
+        for a in [Algorithm::TokenBucket, Algorithm::Concurrency] {
+            s.algorithm = a;
+            assert_eq!(ValidStrategy::leased(s.clone()), Err(ModelError::ZeroRate));
+        }
     }
 }

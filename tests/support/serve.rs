@@ -48,14 +48,35 @@ impl Serve {
     /// Starts an instance on a free loopback port with the admin token in
     /// `token_file` (created by the first instance), plus `extra` arguments.
     pub fn start(store: &str, token_file: &Path, log: &Path, extra: &[&str]) -> Serve {
-        let logf = std::fs::File::create(log).unwrap();
+        Serve::start_listening(store, token_file, log, "127.0.0.1:0", extra)
+    }
+
+    /// A new instance on this one's address, token and log (appended),
+    /// after this one was killed: clients keep their URL.
+    pub fn restart(&self, store: &str, extra: &[&str]) -> Serve {
+        let token_file = self.log.with_file_name("admin.token");
+        Serve::start_listening(store, &token_file, &self.log, &self.addr, extra)
+    }
+
+    fn start_listening(
+        store: &str,
+        token_file: &Path,
+        log: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> Serve {
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
             .args([
                 "serve",
                 "--store",
                 store,
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--admin-token-file",
                 token_file.to_str().unwrap(),
             ])
@@ -119,6 +140,10 @@ impl Serve {
 
 impl Drop for Serve {
     fn drop(&mut self) {
+        // Killed and reaped already (a test's outage): its pid may be reused.
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
         // SAFETY: kill() on the pid of a child we spawned and have not reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let end = Instant::now() + Duration::from_secs(5);
