@@ -58,7 +58,7 @@ struct Seen {
     limited: u64,
 }
 
-struct Entry {
+struct StrategyLeases {
     alloc: Allocator,
     seen: HashMap<String, Seen>,
 }
@@ -67,7 +67,7 @@ pub struct Coordinator {
     me: String,
     cfg: Config,
     leading: bool,
-    entries: HashMap<u32, Entry>,
+    entries: HashMap<u32, StrategyLeases>,
 }
 
 impl Coordinator {
@@ -132,7 +132,7 @@ impl Coordinator {
                     .collect();
                 self.entries.insert(
                     rec.id,
-                    Entry {
+                    StrategyLeases {
                         alloc: Allocator::resume(rec.rate, kind_of(rec), self.cfg, &stored),
                         seen: HashMap::new(),
                     },
@@ -153,10 +153,13 @@ impl Coordinator {
         self.entries.retain(|id, _| ids.contains(id));
         for rec in &demand {
             let cfg = self.cfg;
-            let e = self.entries.entry(rec.id).or_insert_with(|| Entry {
-                alloc: Allocator::new(rec.rate, kind_of(rec), cfg),
-                seen: HashMap::new(),
-            });
+            let e = self
+                .entries
+                .entry(rec.id)
+                .or_insert_with(|| StrategyLeases {
+                    alloc: Allocator::new(rec.rate, kind_of(rec), cfg),
+                    seen: HashMap::new(),
+                });
             e.alloc.set_capacity(rec.rate, kind_of(rec));
             let samples = store
                 .samples(rec.id, now.saturating_sub(SAMPLES_MS))
