@@ -179,29 +179,32 @@ fn dry_run_keeping_a_delay_cap_is_published_as_accepted() {
     for st in stores("dry_run_tick") {
         let s = st.url.as_str();
         let dir = tempfile::tempdir().unwrap();
-        let fast = ["--scope", "host", "--max-delay-ms", "1"];
-        let added: u32 = add_strategy(
-            s,
-            "rehearse",
-            "leaky_bucket",
-            "2000",
-            &[&fast[..], &["--match", "api=/a", "--action", "dry_run"]].concat(),
-        )
-        .trim()
-        .parse()
-        .unwrap();
-        let toggled = add_strategy(
-            s,
-            "queue",
-            "leaky_bucket",
-            "2000",
-            &[&fast[..], &["--match", "api=/b", "--action", "delay"]].concat(),
-        );
-        let toggled = toggled.trim();
-        ok(&[
-            "strategy", "update", "--store", s, toggled, "--action", "dry_run",
-        ]);
-        let toggled: u32 = toggled.parse().unwrap();
+        // One made a dry run at once, one a delay first and then switched
+        // to dry run (the toggle keeps the cap).
+        let [added, toggled]: [u32; 2] = [
+            ("rehearse", "api=/a", "dry_run"),
+            ("queue", "api=/b", "delay"),
+        ]
+        .map(|(name, m, action)| {
+            let args = [
+                "--scope",
+                "host",
+                "--max-delay-ms",
+                "1",
+                "--match",
+                m,
+                "--action",
+                action,
+            ];
+            let id = add_strategy(s, name, "leaky_bucket", "2000", &args);
+            let id = id.trim().to_string();
+            if action == "delay" {
+                ok(&[
+                    "strategy", "update", "--store", s, &id, "--action", "dry_run",
+                ]);
+            }
+            id.parse().unwrap()
+        });
 
         let agent = AgentProc::start(
             s,
