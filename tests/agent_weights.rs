@@ -167,3 +167,82 @@ fn weights_1_1_2_split_400_and_resplit_when_a_host_goes_stale() {
         );
     }
 }
+
+/// A dry run that keeps a delay cap queues like the delay, so nginx's 1 ms
+/// clock-tick rule counts the cap for it too: a host-scope leaky bucket of
+/// 2000/s (0.5 ms) with `max_delay_ms` 1 is accepted by the CLI, whether
+/// added as a dry run or switched to one from `delay`, and the agent must
+/// publish it with that cap (it used to skip it as below one tick).
+#[test]
+fn dry_run_keeping_a_delay_cap_is_published_as_accepted() {
+    use rate_ctl::core::model::Action;
+    for st in stores("dry_run_tick") {
+        let s = st.url.as_str();
+        let dir = tempfile::tempdir().unwrap();
+        // One made a dry run at once, one a delay first and then switched
+        // to dry run (the toggle keeps the cap).
+        let [added, toggled]: [u32; 2] = [
+            ("rehearse", "api=/a", "dry_run"),
+            ("queue", "api=/b", "delay"),
+        ]
+        .map(|(name, m, action)| {
+            let args = [
+                "--scope",
+                "host",
+                "--max-delay-ms",
+                "1",
+                "--match",
+                m,
+                "--action",
+                action,
+            ];
+            let id = add_strategy(s, name, "leaky_bucket", "2000", &args);
+            let id = id.trim().to_string();
+            if action == "delay" {
+                ok(&[
+                    "strategy", "update", "--store", s, &id, "--action", "dry_run",
+                ]);
+            }
+            id.parse().unwrap()
+        });
+
+        let agent = AgentProc::start(
+            s,
+            &dir.path().join("a.shm"),
+            "a",
+            &dir.path().join("a.log"),
+            &[],
+        );
+        let mut reader = Reader::open(&agent.shm);
+        let want = vec![
+            (added, Action::DryRunDelay { max_delay_ms: 1 }),
+            (toggled, Action::DryRunDelay { max_delay_ms: 1 }),
+        ];
+        let got = wait_for(Duration::from_secs(10), || {
+            let t = reader.table()?;
+            let got: Vec<(u32, Action)> = t
+                .strategies()
+                .iter()
+                .map(|c| (c.strategy.id, c.strategy.action))
+                .collect();
+            (got == want).then_some(got)
+        });
+        assert!(
+            got.is_some(),
+            "{}: published {:?}, want {want:?}; agent log:\n{}",
+            st.label,
+            reader.table().map(|t| t
+                .strategies()
+                .iter()
+                .map(|c| (c.strategy.id, c.strategy.action))
+                .collect::<Vec<_>>()),
+            agent.log_text()
+        );
+        assert!(
+            !agent.log_text().contains("clock tick"),
+            "{}: {}",
+            st.label,
+            agent.log_text()
+        );
+    }
+}

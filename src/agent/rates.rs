@@ -261,14 +261,21 @@ mod tests {
         assert!(e.starts_with("burst: 53376 × interval"), "{e}");
 
         // Host scope, leaky bucket at 2000/s (0.5 ms), dry run keeping a
-        // 1 ms delay: valid with the delay, published without it.
+        // 1 ms delay: it queues like the delay, so the cap counts towards
+        // the tick as it did when the input was validated; published with it.
         let r: StrategyRecord = serde_json::from_str(
             r#"{"id":5,"name":"y","algorithm":"leaky_bucket","rate":2000,"scope":"host",
                 "action":"dry_run","max_delay_ms":1}"#,
         )
         .unwrap();
         let r = r.into_valid().unwrap();
-        let e = local_strategy(&r, alone, None).unwrap_err().to_string();
+        let s = local_strategy(&r, alone, None).unwrap();
+        use rate_ctl::core::model::Action;
+        assert_eq!(s.action, Action::DryRunDelay { max_delay_ms: 1 });
+        // Without the cap (a dry run of reject) it is below a tick again.
+        let mut r = r.into_inner();
+        r.max_delay_ms = None;
+        let e = r.into_valid().unwrap_err().to_string();
         assert!(e.contains("clock tick"), "{e}");
     }
 }

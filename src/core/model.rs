@@ -297,6 +297,20 @@ impl Action {
     pub fn is_dry_run(&self) -> bool {
         matches!(self, Action::DryRun | Action::DryRunDelay { .. })
     }
+
+    /// The longest wait the limiter queues a request for, in ns: the cap of
+    /// `delay` and of a dry run that keeps it (it queues the same way), 0
+    /// for every other action. The limiters and the clock-tick rule share
+    /// it, so what is checked is what is enforced.
+    #[inline]
+    pub fn max_delay_ns(&self) -> u64 {
+        match *self {
+            Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
+                (max_delay_ms as u64).saturating_mul(1_000_000)
+            }
+            _ => 0,
+        }
+    }
 }
 
 /// The warm-up of a `warm_up` strategy (both 0 for every other algorithm).
@@ -509,10 +523,7 @@ impl Strategy {
             return Ok(());
         }
         let interval = self.interval_ns();
-        let delay_ns = match self.action {
-            Action::Delay { max_delay_ms } => max_delay_ms as u64 * 1_000_000,
-            _ => 0,
-        };
+        let delay_ns = self.action.max_delay_ns();
         let horizon = interval.saturating_mul(self.burst as u64);
         if horizon.saturating_add(delay_ns) >= CLOCK_TICK_NS {
             return Ok(());
@@ -881,6 +892,9 @@ mod tests {
             .contains("use token_bucket"));
         s.action = Action::Delay { max_delay_ms: 1 };
         s.validate().expect("a delay queue spans ticks");
+        // A dry run keeping that cap queues the same way.
+        s.action = Action::DryRunDelay { max_delay_ms: 1 };
+        s.validate().expect("a dry run's delay queue spans ticks");
         // The reader's check accepts what an older writer published.
         s.action = Action::Reject { status: None };
         assert!(s.check().is_ok());

@@ -483,7 +483,9 @@ impl StrategyRecord {
         if dry_run {
             // What dry run keeps must be valid once dry run ends: check the
             // strategy with the action it goes back to (a dry run itself
-            // has nothing more to check).
+            // has nothing more to check). The clock-tick rule gives the
+            // published dry run the same answer: it queues with the kept
+            // cap (`Action::max_delay_ns`), so the agent publishes it.
             core.action = self.core_action_as(self.enforcing_action())?;
         }
         core.validate().map_err(|e| match e {

@@ -21,7 +21,7 @@
 //! `now` is read as newer (a stale clock), any other as older.
 
 use super::super::limiter::Quota;
-use super::super::model::{Action, Algorithm, Strategy, MAX_WINDOW_COUNT};
+use super::super::model::{Algorithm, Strategy, MAX_WINDOW_COUNT};
 
 /// Largest `rate` of a per-key `sliding_window` (20-bit counts).
 pub const MAX_SLIDING_COUNT: u64 = (1 << 20) - 1;
@@ -61,15 +61,6 @@ pub enum Step {
     Reject { retry_after_ns: u64 },
 }
 
-fn max_delay_ns(action: Action) -> u64 {
-    match action {
-        Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
-            (max_delay_ms as u64).saturating_mul(1_000_000)
-        }
-        _ => 0,
-    }
-}
-
 impl KeyLimiter {
     /// `None` for `warm_up`, which has no per-key form.
     pub fn from_strategy(s: &Strategy) -> Option<KeyLimiter> {
@@ -84,7 +75,7 @@ impl KeyLimiter {
                 KeyLimiter::Gcra {
                     interval,
                     tau: interval.saturating_mul(burst).min(u64::MAX / 4),
-                    max_delay: max_delay_ns(s.action).min(u64::MAX / 4),
+                    max_delay: s.action.max_delay_ns().min(u64::MAX / 4),
                 }
             }
             Algorithm::FixedWindow => KeyLimiter::Fixed {
@@ -377,6 +368,7 @@ impl SlidingView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::model::Action;
     use crate::core::model::Unit;
 
     const S: u64 = 1_000_000_000;

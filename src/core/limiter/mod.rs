@@ -78,7 +78,7 @@
 //! bucket full (then the refunded token had already drained and one extra
 //! request may pass). Concurrency: release (a decrement, exact).
 
-use crate::core::model::{Action, Algorithm, Strategy, MAX_WINDOW_COUNT};
+use crate::core::model::{Algorithm, Strategy, MAX_WINDOW_COUNT};
 use crate::core::slot::Slot;
 use warm_up::WarmUpParams;
 
@@ -219,7 +219,7 @@ impl Limiter {
                 };
                 let interval = s.interval_ns().clamp(1, u64::MAX / 4);
                 let tau = interval.saturating_mul(burst).min(u64::MAX / 4);
-                let max_delay = max_delay_ns(s.action);
+                let max_delay = s.action.max_delay_ns();
                 Params::Gcra {
                     interval,
                     tau,
@@ -237,7 +237,7 @@ impl Limiter {
                 s.interval_ns(),
                 s.warm_up.cold_factor,
                 s.warm_up.period_ms,
-                max_delay_ns(s.action),
+                s.action.max_delay_ns(),
             )),
         };
         Limiter {
@@ -350,16 +350,6 @@ impl Limiter {
             Params::WarmUp(p) => (warm_up::quota(&p, slot, now_ns), p.stable),
         };
         Quota { window_ns, ..q }
-    }
-}
-
-/// The `delay` action's cap in ns (0 for other actions).
-fn max_delay_ns(action: Action) -> u64 {
-    match action {
-        Action::Delay { max_delay_ms } | Action::DryRunDelay { max_delay_ms } => {
-            (max_delay_ms as u64).saturating_mul(1_000_000)
-        }
-        _ => 0,
     }
 }
 
