@@ -198,6 +198,32 @@ struct RequestValues<'a> {
     args_seen: std::cell::Cell<u64>,
 }
 
+impl<'a> RequestValues<'a> {
+    fn new(r: &'a Request, mc: &'a MainConf, sources: &'a [ValueSource]) -> Self {
+        RequestValues {
+            r,
+            mc,
+            sources,
+            args_seen: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The table's view of this request, without a clock, dry run or
+    /// quota (what building a key needs; the decision sets those). The
+    /// table matches `ip` (and the blacklist checks it) on the binary
+    /// address: no text form.
+    fn request(&self) -> TableRequest<'_, Self> {
+        TableRequest {
+            values: self,
+            ip: client_ip(self.r.as_ref()),
+            now_ns: 0,
+            now_unix_ms: 0,
+            dry_run: false,
+            quota: false,
+        }
+    }
+}
+
 impl Values for RequestValues<'_> {
     #[inline]
     fn value(&self, dim: usize) -> Option<&[u8]> {
@@ -239,21 +265,14 @@ fn decide(
         return (None, None);
     };
     let mut held = SmallVec::new();
+    let values = RequestValues::new(r, mc, sources);
     let outcome = table.decide_into(
         &TableRequest {
-            values: &RequestValues {
-                r,
-                mc,
-                sources,
-                args_seen: std::cell::Cell::new(0),
-            },
-            // The table matches `ip` (and the blacklist checks it) on the
-            // binary address: no text form.
-            ip: client_ip(r.as_ref()),
             now_ns,
             now_unix_ms: now_ms,
             dry_run: lc.dry_run(),
             quota: lc.headers() != HeaderStyle::Off,
+            ..values.request()
         },
         &mut held,
         scratch,
@@ -283,22 +302,8 @@ fn key_text(
     r: &Request,
     id: u32,
 ) -> Option<String> {
-    reader.table()?.key_text(
-        id,
-        &TableRequest {
-            values: &RequestValues {
-                r,
-                mc,
-                sources,
-                args_seen: std::cell::Cell::new(0),
-            },
-            ip: client_ip(r.as_ref()),
-            now_ns: 0,
-            now_unix_ms: 0,
-            dry_run: false,
-            quota: false,
-        },
-    )
+    let values = RequestValues::new(r, mc, sources);
+    reader.table()?.key_text(id, &values.request())
 }
 
 /// `$rate_ctl_key`: the key of the per-key strategy that decided the
