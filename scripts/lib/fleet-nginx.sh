@@ -11,6 +11,9 @@
 #   fleet_nginx_run       env: PHASE=25; uses target/modules/vendored
 # Every process it starts is stopped by its PID on exit.
 
+# shellcheck source=scripts/lib/bench-nginx.sh
+. "$(dirname "${BASH_SOURCE[0]}")/bench-nginx.sh"
+
 fleet_pids=()
 fleet_stop() {
     local p
@@ -57,12 +60,14 @@ fleet_gen() {
 }
 
 fleet_nginx_run() {
-    local phase="${PHASE:-25}" bin="$PWD/target/debug/rate-ctl"
-    local nginx="$PWD/target/modules/vendored/nginx" module="$PWD/target/modules/vendored/ngx_http_rate_ctl_module.so"
-    if [ ! -x "$nginx" ] || [ ! -f "$module" ]; then scripts/build-module.sh vendored >&2 || return 1; fi
+    local phase="${PHASE:-25}" root="$PWD" bin="$PWD/target/debug/rate-ctl"
+    # The benchmarks' setup: module, nginx and a scratch directory (the
+    # module is built only when there is none yet).
+    local SKIP_BUILD=${SKIP_BUILD:-}
+    [ -f "$root/target/modules/vendored/ngx_http_rate_ctl_module.so" ] && SKIP_BUILD=1
+    bench_setup vendored fleet || return 1
     [ -x "$bin" ] || cargo build -q --bin rate-ctl || return 1
-    fleet_dir="$(mktemp -d /tmp/rate_ctl_fleet_XXXXXX)"
-    chmod 0755 "$fleet_dir"
+    fleet_dir=$dir
     local d=$fleet_dir
     trap fleet_stop EXIT
     trap 'exit 130' INT TERM
@@ -92,13 +97,9 @@ fleet_nginx_run() {
     for h in 0 1 2; do
         for _ in $(seq 1 100); do [ -s "$d/h$h/shm" ] && break; sleep 0.1; done
         ports+=("$(fleet_free_port)")
-        cat >"$d/h$h/nginx.conf" <<CONF
-load_module $module;
-worker_processes 1;
-daemon off;
-pid $d/h$h/nginx.pid;
-error_log $d/h$h/logs/error.log warn;
-events { worker_connections 64; }
+        {
+            dir="$d/h$h" conf_head 1 warn
+            cat <<CONF
 http {
     access_log off;
     rate_ctl_shm $d/h$h/shm;
@@ -109,6 +110,7 @@ http {
     }
 }
 CONF
+        } >"$d/h$h/nginx.conf"
         "$nginx" -p "$d/h$h/" -c "$d/h$h/nginx.conf" -e "$d/h$h/logs/error.log" &
         fleet_pids+=($!)
     done
