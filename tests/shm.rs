@@ -659,3 +659,43 @@ fn a_file_of_another_layout_version_fails_open_and_the_agent_replaces_it() {
     e.refresh(RECHECK_NS + 1);
     assert_eq!(e.table().map(|t| t.config_version()), Some(2));
 }
+
+/// A large table published over before its build was installed: the first
+/// request after that decides with the newest table, never with the
+/// superseded one (t-nginx/03-dynamic.t saw a request pass uncounted this
+/// way: the finished build of the older table was installed first).
+#[test]
+fn a_build_of_a_table_since_replaced_is_never_installed() {
+    use rate_ctl::core::loader::BACKGROUND_MIN;
+    use rate_ctl::core::shm::Capacities;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut w = Writer::create_or_adopt(&path, Capacities::tables(8192, 2 << 20), 0o600).unwrap();
+    let small = strategy(1, &[("api", "/pay")], Algorithm::FixedWindow, 1, Unit::Hour);
+    w.publish(std::slice::from_ref(&small), &[], 1).unwrap();
+    let mut e = Reader::new(&path);
+    e.set_background(true);
+    e.refresh(1);
+    let large: Vec<_> = (2..=BACKGROUND_MIN + 10)
+        .map(|i| {
+            strategy(
+                i,
+                &[("userid", &format!("u{i}"))],
+                Algorithm::FixedWindow,
+                1,
+                Unit::Hour,
+            )
+        })
+        .collect();
+    w.publish(&large, &[], 2).unwrap();
+    assert!(e.refresh(2).is_none(), "the build of version 2 starts");
+    assert_eq!(e.table().unwrap().config_version(), 1);
+    w.publish(std::slice::from_ref(&small), &[], 3).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    e.refresh(3);
+    assert_eq!(
+        e.table().unwrap().config_version(),
+        3,
+        "the superseded build is not installed"
+    );
+}

@@ -229,14 +229,18 @@ impl Reader {
 
     fn reload(&mut self, map: &Arc<Mapping>, now_ns: u64) -> Option<StateChange> {
         if let Some((p, from)) = self.pending.take() {
-            if !p.is_finished() && Arc::ptr_eq(&from, map) {
-                self.pending = Some((p, from));
-                return None;
-            }
-            if Arc::ptr_eq(&from, map) {
+            // Only a build of what the file holds now is worth waiting for
+            // or installing: one of a table published over since (or read
+            // from a mapping since replaced) is dropped with its thread, and
+            // the current table is loaded below — installing it would decide
+            // requests with a table the agent has already replaced.
+            if Arc::ptr_eq(&from, map) && p.seq == map.seq() {
+                if !p.is_finished() {
+                    self.pending = Some((p, from));
+                    return None;
+                }
                 return self.install_built(p.seq, p.take());
             }
-            // Read from a mapping since replaced: dropped with its thread.
         }
         let seq = map.seq();
         if self.background
