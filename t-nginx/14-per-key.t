@@ -127,7 +127,7 @@ for_each_target(sub {
         server => many_clients_server());
     {
         local $ENV{RATE_CTL_TOOL_KEYS} = 8;
-        publish($f->shm, "strategy id=6 algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");
+        publish($f->shm, "strategy id=6 name=full-per-ip algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");
     }
     $f->start;
     my @first = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 1 .. 8;
@@ -139,6 +139,11 @@ for_each_target(sub {
     ok(@lines >= 1 && @lines <= 2 * $f->{workers}, scalar(@lines) . ' log line(s) for 4 refusals: at most one per worker per second');
     like($f->get('/stats')->{body}, qr/"keys":\{"in_use":8,"reclaims":0,"full":4,"overflow_admits":0\}/,
         'the stats count the four on_full events');
+    my $prom = $f->get('/stats?format=prometheus')->{body};
+    like($prom, qr/^rate_ctl_key_table_full_total\{strategy="6",name="full-per-ip"\} 4$/m,
+        'Prometheus: on_full events per strategy, with its name');
+    like($prom, qr/^rate_ctl_keys_in_use\{strategy="6",name="full-per-ip"\} 8$/m,
+        'Prometheus: keys in use per strategy, with its name');
     $f->no_alerts;
 });
 
