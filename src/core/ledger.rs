@@ -419,11 +419,14 @@ mod tests {
     use crate::core::keys::{Charge, KeyId, KeyLimiter};
     use crate::core::slot::LocalSlots;
 
+    /// Zeroed words for `n` ledger rows.
+    fn rows(n: u64) -> Vec<AtomicU64> {
+        (0..n * ROW_BYTES / 8).map(|_| AtomicU64::new(0)).collect()
+    }
+
     #[test]
     fn units_of_a_dead_owner_come_back_and_live_ones_stay() {
-        let words: Vec<AtomicU64> = (0..(2 * ROW_BYTES / 8))
-            .map(|_| AtomicU64::new(0))
-            .collect();
+        let words = rows(2);
         let ledger = Ledger::new(Region::from_atomics(&words));
         let local = LocalSlots::new(2);
         let slots = local.region();
@@ -478,15 +481,14 @@ mod tests {
 
     #[test]
     fn per_key_units_of_a_dead_owner_come_back_to_their_key_only() {
-        let words: Vec<AtomicU64> = (0..(2 * ROW_BYTES / 8))
-            .map(|_| AtomicU64::new(0))
-            .collect();
-        let ledger = Ledger::new(Region::from_atomics(&words));
+        // Four strategies at generation 7, a key table, two ledger rows.
         let local = LocalSlots::new(4);
         let slots = local.region();
         for i in 0..4 {
             Slot::at(&slots, i).unwrap().reset(i + 1, 7);
         }
+        let words = rows(2);
+        let ledger = Ledger::new(Region::from_atomics(&words));
         let kw = KeyTable::local_words(4, 64);
         let kt = KeyTable::local(crate::core::keys::aligned(&kw), 4, 64, [9; 16]);
         let lim = concurrency(1);
@@ -534,7 +536,7 @@ mod tests {
 
     #[test]
     fn per_key_entries_are_bounded_and_counted() {
-        let words: Vec<AtomicU64> = (0..(ROW_BYTES / 8)).map(|_| AtomicU64::new(0)).collect();
+        let words = rows(1);
         let ledger = Ledger::new(Region::from_atomics(&words));
         let row = ledger.claim(4_000_000_000, 1).unwrap();
         let at = |e: u64| KeyRef {
