@@ -14,6 +14,8 @@ use super::keyword::keyword_enum;
 
 /// Largest number of conditions in one strategy.
 pub const MAX_CONDITIONS: usize = 16;
+/// Longest strategy name, in bytes (the store's limit).
+pub const MAX_NAME_LEN: usize = 200;
 /// Longest dimension name, in bytes.
 pub const MAX_DIMENSION_LEN: usize = 32;
 /// Longest condition value, in bytes.
@@ -53,6 +55,8 @@ pub const MAX_PRIORITY: i32 = 1000;
 pub enum ModelError {
     #[error("id: must be between 1 and {max}", max = u32::MAX)]
     ZeroId,
+    #[error("name: at most {MAX_NAME_LEN} bytes, got {0}")]
+    NameTooLong(usize),
     #[error("conditions: at most {MAX_CONDITIONS} per strategy, got {0}")]
     TooManyConditions(usize),
     #[error("conditions[{index}].dimension: {name:?} is not a valid name ([a-z][a-z0-9_]*, at most {MAX_DIMENSION_LEN} bytes)")]
@@ -311,6 +315,9 @@ pub struct Strategy {
     /// Per-key: one limiter state per value tuple of these dimensions
     /// (empty: one shared state).
     pub each: super::each::Each,
+    /// The store's name (for the module's metrics; empty: none). At most
+    /// [`MAX_NAME_LEN`] bytes of any text: it is escaped where written.
+    pub name: String,
 }
 
 /// Is `name` a valid dimension name: `[a-z][a-z0-9_]*`, at most 32 bytes.
@@ -401,6 +408,7 @@ impl Strategy {
             warm_up: WarmUp::NONE,
             priority: 0,
             each: Default::default(),
+            name: String::new(),
         }
     }
 
@@ -491,6 +499,9 @@ impl Strategy {
     pub fn check(&self) -> Result<(), ModelError> {
         if self.id == 0 {
             return Err(ModelError::ZeroId);
+        }
+        if self.name.len() > MAX_NAME_LEN {
+            return Err(ModelError::NameTooLong(self.name.len()));
         }
         if self.conditions.len() > MAX_CONDITIONS {
             return Err(ModelError::TooManyConditions(self.conditions.len()));
@@ -715,6 +726,7 @@ mod tests {
             warm_up: WarmUp::NONE,
             priority: 0,
             each: Default::default(),
+            name: String::new(),
         }
     }
 
