@@ -155,7 +155,7 @@ pub(crate) fn decide<V: Values + ?Sized>(
             return d;
         }
     }
-    decide_all(table, matched, map, slots, r, held, (key_holds, full))
+    decide_all(table, matched, map, r, held, key_holds, full)
 }
 
 /// [`decide`] for any number of matched strategies, per-key and shared
@@ -165,11 +165,12 @@ fn decide_all<V: Values + ?Sized>(
     table: &Table,
     matched: &[u32],
     map: &Mapping,
-    slots: &Region<'_>,
     r: &Request<'_, V>,
     held: &mut SmallVec<[u32; 2]>,
-    (key_holds, full): (&mut KeyHolds, &mut Option<(u32, OnFull)>),
+    key_holds: &mut KeyHolds,
+    full: &mut Option<(u32, OnFull)>,
 ) -> Decision {
+    let slots = &map.slots();
     let kt = map.keys();
     let now = r.now();
     let owner = |slot: u32| table.key_owner(slot);
