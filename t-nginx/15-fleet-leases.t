@@ -188,7 +188,7 @@ sub generator {
 }
 
 # Admitted per second: {second => {host => admitted}}, and offered.
-my (%adm, %off, %first);    # %first: host => its first second with traffic
+my (%adm, %off, %sent, %first);    # %sent: per second and host; %first: host => its first second with traffic
 sub collect {
     for my $g (@gen) {
         my ($h, $file) = @$g;
@@ -196,6 +196,7 @@ sub collect {
             my ($s, $ok, $sent) = split;
             $adm{$s}{$h} += $ok;
             $off{$s} += $sent;
+            $sent{$s}{$h} += $sent;
             $first{$h} = $s if $sent && (!defined $first{$h} || $s < $first{$h});
         }
     }
@@ -285,17 +286,28 @@ for my $p ([0, '1.0x'], [1, '2.0x'], [2, 'flip']) {
 }
 
 # serve killed: never above 105 %; after the lease expiry (5 s, and the
-# agent's next poll) each host at least 90 % of its static share.
+# agent's next poll) each host admits at least 90 % of its static share or
+# of what it was offered that second, whichever is less (a generator
+# starved of CPU for part of a second offers less; the limiter is not at
+# fault then).
 my $down = seconds($T_KILL, $T_BACK);
 ok(!grep({ $_ * 100 > $RATE * 105 } @$down), 'serve killed: no second above 105 %') or diag explain $down;
 my @static = (30, 90, 100);
-my @after = map { my $s = $_; [map { $adm{$s}{"h$_"} // 0 } 0 .. 2] } $T_KILL + 7 .. $T_BACK - 1;
-ok(!grep({ my $x = $_; grep { $x->[$_] * 100 < $static[$_] * 90 } 0 .. 2 } @after),
+my @short = grep {
+    my $s = $_;
+    grep { my $want = $static[$_] < ($sent{$s}{"h$_"} // 0) ? $static[$_] : ($sent{$s}{"h$_"} // 0);
+        ($adm{$s}{"h$_"} // 0) * 100 < $want * 90 } 0 .. 2
+} $T_KILL + 7 .. $T_BACK - 1;
+ok(!@short,
     'serve killed: after the lease expiry every host at its static share (30/90/100)')
-    or diag explain \@after, slurp("$dir/h0.agent.log");
-my @least = map { my $i = $_; (sort { $a <=> $b } map { $_->[$i] } @after)[0] // 0 } 0 .. 2;
-push @fig, sprintf "serve killed %d s: max second %d; after the expiry per host at least %s/s (static 30/90/100)",
-    $OUTAGE, (sort { $b <=> $a } @$down)[0], join('/', @least);
+    or diag explain [map { [$_ - $T_KILL, $adm{$_}, $sent{$_}] } @short];
+# The figure: the lowest of admitted / min(offered, static share) over hosts and seconds.
+my ($least) = sort { $a <=> $b } map {
+    my $s = $_;
+    map { my $o = $sent{$s}{"h$_"} // 0; my $w = $static[$_] < $o ? $static[$_] : $o; $w ? ($adm{$s}{"h$_"} // 0) / $w : 1 } 0 .. 2
+} $T_KILL + 7 .. $T_BACK - 1;
+push @fig, sprintf "serve killed %d s: max second %d; after the expiry every host at least %d %% of its static share (or of its offered load if less)",
+    $OUTAGE, (sort { $b <=> $a } @$down)[0], 100 * ($least // 0);
 my $back = converge($T_BACK, $BACK - 3);
 ok(defined $back, 'serve back: within ±5 % of the rate again') or diag explain seconds($T_BACK, $T_JOIN);
 push @fig, sprintf "serve back: converged in Some(%s) s", $back // 'none';
