@@ -35,6 +35,8 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 use File::Temp qw(tempdir);
 use HTTP::Tiny;
+use IO::Select;
+use IO::Socket::IP;
 use JSON::PP qw(decode_json);
 use POSIX qw(ceil floor);
 use Time::HiRes qw(sleep time);
@@ -50,6 +52,12 @@ BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
 my @targets = targets();
 my %build = (h0 => $targets[0], h1 => $targets[-1], h2 => $targets[-1], h3 => $targets[0]);
 
+# The processes of this test (serve, agents, nginx, load generators) at a
+# higher priority where allowed (root): on a machine busy with builds a
+# generator or worker that waits 200 ms for a CPU loses that much of its
+# host's lease (the bucket holds 20 × lease / 300 tokens), which measures
+# the machine, not the split. No effect without the privilege.
+POSIX::nice(-5) if $> == 0;
 my $dir = tempdir('rate_ctl_fleet_XXXXXX', TMPDIR => 1, CLEANUP => !$ENV{RATE_CTL_KEEP});
 chmod 0755, $dir;
 my %pids;    # name => pid of every process started here
@@ -157,14 +165,39 @@ ok(wait_until(15, sub {
 
 # The load generator: a child requesting PATH on a host at the rate its
 # schedule ([from_s, rate], ... from T0) gives, until T0 + END_S; writes
-# "second admitted sent" lines to FILE at the end.
+# "second admitted sent" lines to FILE at the end. One keep-alive
+# connection, each request written whole and its response read to the end
+# of its body: a fraction of HTTP::Tiny's CPU per request, so that the
+# 480/s of a busy host are offered on a loaded machine too.
 my @gen;    # [host, file] of the /fleet generators
 sub generator {
     my ($h, $path, $t0, $end, $file, @schedule) = @_;
     my $pid = fork // die "fork: $!";
     if ($pid) { $pids{"gen $h $path"} = $pid; return }
-    my $ua  = HTTP::Tiny->new(keep_alive => 1, timeout => 2);
-    my $url = $nginx{$h}->url($path);
+    my $port = $nginx{$h}->port;
+    my $req  = "GET $path HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    my ($conn, $buf);
+    # The status of one request; 0 when the connection failed.
+    my $get = sub {
+        if (!$conn) {
+            $conn = IO::Socket::IP->new(PeerHost => '127.0.0.1', PeerPort => $port, Timeout => 2) or return 0;
+            $buf = '';
+        }
+        if ((syswrite($conn, $req) // 0) != length $req) { undef $conn; return 0 }
+        while (1) {
+            if ($buf =~ m{^HTTP/1\.1 (\d{3})[^\r\n]*\r\n(.*?)\r\n\r\n}s) {
+                my ($status, $head, $at) = ($1, $2, $+[0]);
+                my ($len) = $head =~ /^content-length:\s*(\d+)/im;
+                if (length($buf) >= $at + ($len // 0)) {
+                    substr($buf, 0, $at + ($len // 0), '');
+                    undef $conn if $head =~ /^connection:\s*close/im;
+                    return $status;
+                }
+            }
+            my $ready = IO::Select->new($conn)->can_read(2);
+            if (!$ready || !sysread($conn, $buf, 65536, length $buf)) { undef $conn; return 0 }
+        }
+    };
     my (%ok, %sent);
     my ($due, $last) = (0, time);
     while ((my $now = time) < $t0 + $end) {
@@ -174,10 +207,10 @@ sub generator {
         $last = $now;
         while ($due >= 1) {
             $due -= 1;
-            my $r = $ua->get($url);
+            my $status = $get->();
             my $s = floor(time);
             $sent{$s}++;
-            $ok{$s} += $r->{status} == 200 ? 1 : 0;
+            $ok{$s} += $status == 200 ? 1 : 0;
         }
         sleep 0.002;
     }
@@ -279,7 +312,7 @@ for my $p ([0, '1.0x'], [1, '2.0x'], [2, 'flip']) {
     push @fig, sprintf "%s: converged in %d s, %.1f %% of the rate over 10 s, max second %d (real nginx; offered %.0f/s, admitted per host %.1f/%.1f/%.1f per s)",
         $label, $c, $avg * 100 / $RATE, $max, $offered, map { per_host($s, 10, "h$_") } 0 .. 2;
     ok($avg >= 0.95 * $RATE && $avg <= 1.02 * $RATE, sprintf "$label: %.1f/s over 10 s after convergence (95–102 %%)", $avg)
-        or diag explain $secs;
+        or diag explain [map { [total($_), $adm{$_}, $sent{$_}] } $s .. $s + 9];
     my @all = @{ seconds($from, $from + $PHASE) };
     ok(!grep({ $_ * 100 > $RATE * 105 } @all), "$label: no second above 105 % in the phase") or diag explain \@all;
     ok($c <= 6, "flip: back within ±5 % after $c s (≤ 6)") if $label eq 'flip';
