@@ -485,7 +485,7 @@ function updateFormHints() {
   $('#s-action-error').dataset.hint = action === 'delay' && !bucket ? 'Delay works with token bucket, leaky bucket or warm-up.' : '';
   $('#s-scope-hint').textContent = $('#s-scope').value === 'cluster'
     ? 'Split between hosts (below).' : 'Each host allows the full rate.';
-  $('#s-split-field').hidden = $('#s-scope').value !== 'cluster';
+  $('#s-split-field').hidden = $('#s-scope').value !== 'cluster' || action === 'allow';
 }
 for (const id of ['#s-algorithm', '#s-action', '#s-scope']) $(id).addEventListener('change', updateFormHints);
 
@@ -512,7 +512,7 @@ function fillForm(s) {
   $('#s-on-full').value = s && s.on_full ? s.on_full : 'overflow';
   $('#s-per-key-fields').hidden = $('#s-each').value.trim() === '';
   $('#s-scope').value = s ? s.scope : 'cluster';
-  $('#s-split').value = s && s.split ? s.split : 'static';
+  $('#s-split').value = s && s.split ? s.split : 'demand';
   $('#s-action').value = s ? s.action : 'reject';
   $('#s-status').value = s && s.status ? s.status : '';
   $('#s-max-delay').value = s && s.max_delay_ms ? s.max_delay_ms : '';
@@ -586,8 +586,8 @@ function readForm() {
     body.on_full = $('#s-on-full').value;
   }
   body.scope = $('#s-scope').value;
-  if (body.scope === 'cluster') body.split = $('#s-split').value;
   body.action = $('#s-action').value;
+  if (body.scope === 'cluster' && body.action !== 'allow') body.split = $('#s-split').value;
   if (body.action === 'reject') {
     const st = numberOrText($('#s-status').value);
     if (st !== null) body.status = st;

@@ -686,9 +686,17 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     startNginx('nginx2', dir2, shm2, port2);
     const hosts = [nginxUrl('/fleet'), `http://127.0.0.1:${port2}/fleet`];
     await waitFor('the second nginx to answer', async () => (await fetch(hosts[1])).ok, 10000);
+    // The form offers the demand split for a cluster strategy by default,
+    // and so does the API.
+    await page.getByRole('button', { name: '+ New strategy' }).click();
+    const dlg = page.getByRole('dialog', { name: 'New strategy' });
+    await dlg.getByLabel('Scope').selectOption('cluster');
+    assert.equal(await dlg.getByLabel('Split between hosts').inputValue(), 'demand');
+    await dlg.getByRole('button', { name: 'Cancel' }).click();
     const made = await apiCall('POST', '/strategies', { name: 'fleet-chart', algorithm: 'token_bucket', rate: 10,
-      burst: 1, match: { api: '/fleet' }, split: 'demand' });
+      burst: 1, match: { api: '/fleet' } });
     assert.equal(made.status, 201, JSON.stringify(made.body));
+    assert.equal(made.body.split, 'demand', 'the default split of a cluster strategy');
     // Back to the list (it is not refreshed under the focus of its own chart button).
     await page.getByRole('tab', { name: 'Hosts' }).click();
     await page.getByRole('tab', { name: 'Strategies' }).click();
