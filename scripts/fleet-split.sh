@@ -55,7 +55,7 @@ out="$(mktemp)"
 mariadb_dir=""
 cleanup() {
     rm -f "$out"
-    [ -z "$mariadb_dir" ] || scripts/mariadb-test-server.sh stop "$mariadb_dir" || true
+    [ -z "$mariadb_dir" ] || { scripts/mariadb-test-server.sh stop "$mariadb_dir" && rm -rf "$mariadb_dir"; } || true
 }
 trap cleanup EXIT
 if [ "$nginx" = 1 ]; then
