@@ -608,9 +608,11 @@ mod tests {
         }
     }
 
+    /// A cluster strategy split by weight: these tests are about the
+    /// static split (a demand strategy's share comes from its lease).
     fn rec(name: &str, rate: u64) -> Valid<StrategyRecord> {
         serde_json::from_str::<StrategyRecord>(&format!(
-            r#"{{"name":"{name}","algorithm":"token_bucket","rate":{rate},"burst":4}}"#
+            r#"{{"name":"{name}","algorithm":"token_bucket","rate":{rate},"burst":4,"split":"static"}}"#
         ))
         .unwrap()
         .into_valid()
