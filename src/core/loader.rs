@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::segment::{read_segment, SegmentError};
+use super::segment::SegmentError;
 use super::shm::Mapping;
 use super::table::Table;
 
@@ -97,15 +97,17 @@ fn build(map: &Arc<Mapping>, seq: u64) -> Built {
         if map.seq() != seq {
             return Built::Busy;
         }
-        match read_segment(&map.segment((seq & 1) as usize), seq, &mut buf) {
-            Ok(decoded) => {
-                let strategies = decoded.strategies.len();
-                let config_version = decoded.config_version;
-                drop(buf);
+        match Table::read(
+            &map.segment((seq & 1) as usize),
+            seq,
+            &mut buf,
+            Some(map.clone()),
+        ) {
+            Ok(table) => {
                 return Built::Table {
-                    table: Box::new(Table::build(decoded, Some(map.clone()))),
-                    strategies,
-                    config_version,
+                    strategies: table.published_strategies(),
+                    config_version: table.config_version(),
+                    table: Box::new(table),
                 };
             }
             Err(SegmentError::Busy) => std::thread::yield_now(),
