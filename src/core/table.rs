@@ -362,6 +362,11 @@ struct Builder<'a> {
     /// The dimension names of the conditions, each once, and how many
     /// conditions name each.
     names: Vec<(&'a str, usize)>,
+    /// Per strategy: per-key (`each`)? Read here so that the passes over
+    /// the strategies (large) happen once.
+    keyed: Vec<bool>,
+    /// Some strategy has a priority other than 0 or is an `allow`.
+    ranked: bool,
     /// Records read, disabled included.
     published: usize,
 }
@@ -373,6 +378,8 @@ impl<'a> Builder<'a> {
             spans: Vec::with_capacity(count),
             pool: Vec::with_capacity(count * 2),
             names: Vec::new(),
+            keyed: Vec::with_capacity(count),
+            ranked: false,
             published: 0,
         }
     }
@@ -406,6 +413,8 @@ impl<'a> Builder<'a> {
             });
         }
         self.spans.push((start, self.pool.len() as u32));
+        self.keyed.push(r.strategy.each.is_keyed());
+        self.ranked |= r.strategy.priority != 0 || r.strategy.action == Action::Allow;
         self.strategies.push(Compiled {
             limiter: Limiter::from_strategy(&r.strategy),
             strategy: r.strategy,
@@ -501,6 +510,8 @@ impl Table {
             spans: cond_spans,
             pool,
             names,
+            keyed,
+            ranked,
             published,
         } = b;
         // Per dimension: value → its entry (interned id, anchored list);
@@ -551,6 +562,8 @@ impl Table {
         // Each name's dimension index, found once.
         let mut name_dims: Vec<Option<Option<usize>>> = vec![None; names.len()];
         let mut dropped: Vec<usize> = Vec::new();
+        // Stat slot → per-key limiter (see `Table::key_owners`).
+        let mut key_owners: Vec<(u32, super::keys::KeyLimiter)> = Vec::new();
         // Every strategy's `(dimension, value id)`, `flat[fspans[si]]`:
         // compact, for the passes below (anchors), then boxed per strategy.
         let mut flat: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
@@ -657,15 +670,15 @@ impl Table {
                 counts[id as usize] += 1;
                 flat.push((d as u8, id));
             }
-            let s = &mut strategies[si];
-            s.key = if s.strategy.each.is_keyed() {
+            if keyed[si] {
+                let s = &mut strategies[si];
                 let e = &s.strategy.each;
                 let Some(limiter) = super::keys::KeyLimiter::from_strategy(&s.strategy) else {
                     flat.truncate(start);
                     dropped.push(si);
                     continue 'next; // the model refuses it
                 };
-                let mut kd = SmallVec::new();
+                let mut kd = SmallVec::<[(usize, bool); 4]>::new();
                 for name in &e.dims {
                     let Some(d) = dim_of(&mut dims, name) else {
                         flat.truncate(start);
@@ -674,17 +687,16 @@ impl Table {
                     };
                     kd.push((d, name == "ip"));
                 }
-                Some(Box::new(super::keys::KeyPlan {
+                key_owners.push((s.slot, limiter));
+                s.key = Some(Box::new(super::keys::KeyPlan {
                     dims: kd,
                     ipv4_prefix: e.ipv4_prefix,
                     ipv6_prefix: e.ipv6_prefix,
                     on_full: e.on_full,
                     limiter,
                     seed: map.as_ref().map(|m| m.keys().hasher(s.strategy.id)),
-                }))
-            } else {
-                None
-            };
+                }));
+            }
             fspans.push((start as u32, flat.len() as u32));
         }
         if !dropped.is_empty() {
@@ -765,10 +777,6 @@ impl Table {
                 }
             }
         }
-        let mut key_owners: Vec<_> = strategies
-            .iter()
-            .filter_map(|c| Some((c.slot, c.key.as_ref()?.limiter)))
-            .collect();
         key_owners.sort_by_key(|o| o.0);
         let ip_dim = dims.iter().position(|d| d == "ip");
         // Longest prefix first (any order gives the same matches).
@@ -805,9 +813,6 @@ impl Table {
         for r in &mut ip_ranges {
             r.addrs = Vec::new();
         }
-        let ranked = strategies
-            .iter()
-            .any(|c| c.strategy.priority != 0 || c.strategy.action == Action::Allow);
         let named = |d: &usize| Some(*d) != ip_dim && !index[*d].values.is_empty();
         let anchors = |d: &usize| index[*d].values.values().any(|e| e.len != 0);
         let lookups = (0..dims.len()).filter(named).filter(anchors).collect();
