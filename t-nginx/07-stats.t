@@ -1,4 +1,5 @@
-# Stats endpoint: counts equal the requests sent; Prometheus output parses.
+# Stats endpoint: counts equal the requests sent; Prometheus output parses,
+# its series carry the strategy's name (escaped) beside its id.
 use strict;
 use warnings;
 use FindBin;
@@ -12,7 +13,7 @@ for_each_target(sub {
     my $n = RateCtlTest->new($t,
         server => stats_server);
     publish($n->shm, <<'T', 42);
-strategy id=11 algorithm=fixed_window rate=4 per=day when api=/s1
+strategy id=11 name=login"s\x algorithm=fixed_window rate=4 per=day when api=/s1
 strategy id=12 algorithm=token_bucket rate=100 per=second burst=100 when api=/s2
 T
     $n->start;
@@ -34,11 +35,13 @@ T
 
     $r = $n->get('/rate_ctl?format=prometheus');
     like($r->{headers}{'content-type'}, qr{text/plain}, 'prometheus content type');
-    my @bad = grep { !/^# (HELP|TYPE) / && !/^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? -?[0-9.eE+-]+$/ }
+    my $v = qr/"(?:[^"\\\n]|\\["\\n])*"/;    # a label value, escapes included
+    my @bad = grep { !/^# (HELP|TYPE) / && !/^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*=$v(,[a-zA-Z_][a-zA-Z0-9_]*=$v)*\})? -?[0-9.eE+-]+$/ }
         split /\n/, $r->{body};
     ok(!@bad, 'every prometheus line parses') or diag join "\n", @bad;
-    like($r->{body}, qr/^rate_ctl_limited_total\{strategy="11"\} 6$/m, 'prometheus limited counter');
-    like($r->{body}, qr/^rate_ctl_passed_total\{strategy="12"\} 7$/m, 'prometheus passed counter');
+    like($r->{body}, qr/^rate_ctl_limited_total\{strategy="11",name="login\\"s\\\\x"\} 6$/m,
+        'prometheus limited counter, with the name escaped');
+    like($r->{body}, qr/^rate_ctl_passed_total\{strategy="12",name=""\} 7$/m, 'prometheus passed counter (no name)');
     is($n->get('/rate_ctl', '-X POST')->{code}, 405, 'POST not allowed');
     $n->stop;
     $n->no_alerts;

@@ -2,13 +2,14 @@
 # realip), per $arg_a / $arg_b value (nginx-tests limit_req2.t), per IPv6
 # /64; $rate_ctl_key and the rejection log line; state kept over an nginx
 # reload, an agent restart (the file adopted by a new writer) and a rate
-# edit.
+# edit; per-key concurrency units of a worker killed with -9 come back.
 use strict;
 use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use IO::Socket::IP;
+use Time::HiRes qw(sleep time);
 use RateCtlTest;
 
 # Sends one GET of $path per address in @ips (X-Forwarded-For), pipelined
@@ -126,7 +127,7 @@ for_each_target(sub {
         server => many_clients_server());
     {
         local $ENV{RATE_CTL_TOOL_KEYS} = 8;
-        publish($f->shm, "strategy id=6 algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");
+        publish($f->shm, "strategy id=6 name=full-per-ip algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");
     }
     $f->start;
     my @first = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 1 .. 8;
@@ -138,7 +139,61 @@ for_each_target(sub {
     ok(@lines >= 1 && @lines <= 2 * $f->{workers}, scalar(@lines) . ' log line(s) for 4 refusals: at most one per worker per second');
     like($f->get('/stats')->{body}, qr/"keys":\{"in_use":8,"reclaims":0,"full":4,"overflow_admits":0\}/,
         'the stats count the four on_full events');
+    my $prom = $f->get('/stats?format=prometheus')->{body};
+    like($prom, qr/^rate_ctl_key_table_full_total\{strategy="6",name="full-per-ip"\} 4$/m,
+        'Prometheus: on_full events per strategy, with its name');
+    like($prom, qr/^rate_ctl_keys_in_use\{strategy="6",name="full-per-ip"\} 8$/m,
+        'Prometheus: keys in use per strategy, with its name');
     $f->no_alerts;
+});
+
+# Per-key concurrency units held by a worker killed with -9 come back (the
+# ledger records them by key; a live or respawned worker gives them back),
+# to that key only: the limit still holds afterwards.
+for_each_target(sub {
+    my ($t) = @_;
+    my $n = RateCtlTest->new($t,
+        http => q{ rate_ctl_dimension a $arg_a; },
+        server => q{
+            rate_ctl on;
+            location / { empty_gif; }
+            # 240 KiB at 8 KiB/s: a request lasts about 30 s.
+            location /slow/ { limit_rate 8k; limit_rate_after 0; }
+        });
+    $n->slow_file;
+    publish($n->shm, "strategy id=7 algorithm=concurrency rate=1 each=a when api=/slow/big\n");
+    $n->start;
+    my @bg = ($n->background_get('/slow/big?a=k1', 40));
+    sleep 0.5;
+    is($n->get('/slow/big?a=k1', '-m 0.3')->{code}, 503, 'a slow request of key k1 holds its unit: a second is refused');
+    kill 'KILL', $n->worker_pids;
+    waitpid $_, 0 for @bg;
+    # Seconds until k1 is admitted again (a probe gives up after 0.3 s).
+    my $admitted = sub {
+        my $t0 = time;
+        while (time - $t0 < 5) {
+            return time - $t0 if $n->get('/slow/big?a=k1', '-m 0.3')->{code} == 200;
+            sleep 0.05;
+        }
+        return;
+    };
+    my $back = $admitted->();
+    ok(defined $back, sprintf('the unit of the killed worker came back after %.2f s', $back // -1));
+    ok(defined $back && $back <= 2.5, 'within the documented bound (about a second, 2.5 s here)');
+    my $given = 0;
+    $given += $_ for $n->error_log =~ /gave back (\d+) concurrency units? held by a process that died/g;
+    is($given, 1, 'the reclaim is logged with the one unit given back');
+    # The probe that passed ends when nginx sees its client gone: once k1
+    # passes again, one long request takes the unit and the limit holds.
+    sleep 0.5;
+    ok(defined $admitted->(), 'k1 free again once the probe ended');
+    sleep 0.5;
+    @bg = ($n->background_get('/slow/big?a=k1', 3));
+    sleep 0.5;
+    is($n->get('/slow/big?a=k1', '-m 0.3')->{code}, 503, 'the limit of 1 holds for k1 after the reclaim');
+    kill 'TERM', @bg;
+    waitpid $_, 0 for @bg;
+    $n->stop;
 });
 
 done_testing;

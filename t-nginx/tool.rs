@@ -77,6 +77,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
         let num = || v.parse::<u64>().map_err(|e| format!("{k}: {e}"));
         match k {
             "id" => s.id = num()? as u32,
+            "name" => s.name = v.to_string(),
             "algorithm" => s.algorithm = v.parse().map_err(|e| format!("{e}"))?,
             "rate" => s.rate = num()?,
             "per" => s.per = v.parse().map_err(|e| format!("{e}"))?,

@@ -467,6 +467,8 @@ fn per_key_concurrency_is_released_when_the_request_ends() {
 fn key_figures_in_stats_prometheus_and_shm_inspect() {
     let mut s = keyed(7, &[], &["u"], Algorithm::TokenBucket, 1, Unit::Hour);
     s.each.on_full = OnFull::Reject;
+    // The name goes through the file and comes out escaped in Prometheus.
+    s.name = "per \"user\" \\ 2".into();
     let plain = strategy(8, &[("api", "/x")], Algorithm::TokenBucket, 5, Unit::Second);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
@@ -500,9 +502,11 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
     assert!((1..=8).contains(&probe), "{probe}");
     let prom = rate_ctl::core::stats::render_prometheus(&stats, 0);
     for line in [
-        "rate_ctl_keys_in_use{strategy=\"7\"} 8",
-        "rate_ctl_key_reclaims_total{strategy=\"7\"} 1",
-        "rate_ctl_key_table_full_total{strategy=\"7\"} 2",
+        r#"rate_ctl_keys_in_use{strategy="7",name="per \"user\" \\ 2"} 8"#,
+        r#"rate_ctl_key_reclaims_total{strategy="7",name="per \"user\" \\ 2"} 1"#,
+        r#"rate_ctl_key_table_full_total{strategy="7",name="per \"user\" \\ 2"} 2"#,
+        r#"rate_ctl_passed_total{strategy="7",name="per \"user\" \\ 2"} 9"#,
+        r#"rate_ctl_passed_total{strategy="8",name=""} 0"#,
         "rate_ctl_key_table_occupied 8",
     ] {
         assert!(prom.lines().any(|l| l == line), "{line} missing:\n{prom}");
@@ -528,6 +532,7 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
         .find(|r| r["id"] == 7)
         .unwrap();
     assert_eq!(row["each"], serde_json::json!(["u"]));
+    assert_eq!(row["name"], "per \"user\" \\ 2");
     assert_eq!(row["keys"]["reclaims"], 1);
     assert_eq!(row["on_full"], "reject");
     let text = std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))

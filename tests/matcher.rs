@@ -45,6 +45,7 @@ fn strategy(id: u32, spec: &[Option<usize>; 4], enabled: bool) -> Published {
             warm_up: Default::default(),
             priority: 0,
             each: Default::default(),
+            name: String::new(),
         },
         slot: id - 1,
         generation: 1,

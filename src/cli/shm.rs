@@ -57,6 +57,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
             };
             rows.push(json!({
                 "id": s.id,
+                "name": s.name,
                 "match": s.conditions.iter().map(|c| {
                     (c.dimension.clone(), json!(String::from_utf8_lossy(&c.value)))
                 }).collect::<serde_json::Map<_, _>>(),

@@ -3,10 +3,10 @@
 //! (`ipv4_prefix`, `ipv6_prefix`) and `on_full`. The state lives in the key
 //! table ([`super::keys`]).
 
-use std::fmt;
 use std::str::FromStr;
 
 use super::keys::state::MAX_SLIDING_COUNT;
+use super::keyword::keyword_enum;
 use super::model::{valid_dimension_name, Algorithm, MAX_DIMENSION_LEN};
 
 /// Most dimensions in `each`.
@@ -14,50 +14,26 @@ pub const MAX_EACH: usize = 4;
 pub const DEFAULT_IPV4_PREFIX: u8 = 32;
 pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
-/// What a new key gets when no entry of its probe range can be used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u8)]
-pub enum OnFull {
-    /// Charged against the strategy's shared overflow limiter (its stat
-    /// slot, at the strategy's rate): a crowd of new keys may be
-    /// over-limited, no key is ever handed a fresh bucket.
-    #[default]
-    Overflow = 1,
-    /// Refused (nginx `limit_req`'s behaviour).
-    Reject = 2,
-    /// Let through uncounted.
-    Allow = 3,
-}
-
-impl OnFull {
-    pub const ALL: [OnFull; 3] = [OnFull::Overflow, OnFull::Reject, OnFull::Allow];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnFull::Overflow => "overflow",
-            OnFull::Reject => "reject",
-            OnFull::Allow => "allow",
-        }
-    }
-
-    pub fn from_u8(v: u8) -> Option<OnFull> {
-        OnFull::ALL.into_iter().find(|o| *o as u8 == v)
-    }
-}
-
-impl fmt::Display for OnFull {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+keyword_enum! {
+    /// What a new key gets when no entry of its probe range can be used.
+    #[derive(Default)]
+    pub enum OnFull {
+        /// Charged against the strategy's shared overflow limiter (its stat
+        /// slot, at the strategy's rate): a crowd of new keys may be
+        /// over-limited, no key is ever handed a fresh bucket.
+        #[default]
+        Overflow = 1 => "overflow",
+        /// Refused (nginx `limit_req`'s behaviour).
+        Reject = 2 => "reject",
+        /// Let through uncounted.
+        Allow = 3 => "allow",
     }
 }
 
 impl FromStr for OnFull {
     type Err = EachError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        OnFull::ALL
-            .into_iter()
-            .find(|o| o.as_str() == s)
-            .ok_or_else(|| EachError::OnFull(s.to_string()))
+        OnFull::parse(s).ok_or_else(|| EachError::OnFull(s.to_string()))
     }
 }
 
@@ -82,7 +58,7 @@ pub enum EachError {
     Ipv6Prefix(u8),
     #[error("{0}: applies only to a strategy with each")]
     NeedsEach(&'static str),
-    #[error("on_full: unknown value {0:?} (expected one of overflow, reject, allow)")]
+    #[error("on_full: unknown value {0:?} (expected one of {expected})", expected = OnFull::EXPECTED)]
     OnFull(String),
     #[error("each: makes no sense for action allow (an allowed request is not limited, and never gets a key)")]
     Allow,

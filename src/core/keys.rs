@@ -57,9 +57,10 @@
 //! When no entry of the range can be used the table is full for that key:
 //! [`Charge::Full`], and the strategy's `on_full` decides (the caller).
 //!
-//! Per-key `concurrency` units are not in the concurrency ledger: units of
-//! a worker killed while holding them stay held until the key's entry is
-//! cleared by a new file.
+//! Per-key `concurrency` units are in the concurrency ledger
+//! ([`super::ledger`]) by entry and ident: the units of a worker killed
+//! while holding them are given back ([`KeyTable::give_back`]) while the
+//! entry still holds that key.
 
 mod decide;
 mod hash;
@@ -734,6 +735,36 @@ impl<'a> KeyTable<'a> {
     /// `concurrency`: the request ended.
     pub fn release(&self, at: KeyRef, lim: &KeyLimiter) {
         self.update(at, |cur| lim.release(cur));
+    }
+
+    /// Ledger reclaim: gives back `n` `concurrency` units that a process
+    /// which died held on the key at `at`, while the entry still holds that
+    /// key and the key's strategy still has its stat slot (same generation);
+    /// never below 0. Returns the units given back.
+    pub fn give_back(&self, at: KeyRef, n: u64, slots: &Region<'_>) -> u64 {
+        if !self.usable() || at.entry >= self.capacity {
+            return 0;
+        }
+        let current = ident_slot(at.ident)
+            .and_then(|s| Slot::at(slots, s))
+            .is_some_and(|s| {
+                s.generation().load(Ordering::Acquire) & 0xFFF == ident_generation(at.ident)
+            });
+        if !current {
+            return 0; // the strategy is gone: its keys are free anyway
+        }
+        let (mut ident, mut st) = self.load(at.entry);
+        for _ in 0..1024 {
+            if ident != at.ident || st == 0 {
+                return 0; // another key now, or nothing in flight
+            }
+            let k = n.min(st);
+            match self.cas(at.entry, [ident, st], [ident, st - k]) {
+                Ok(()) => return k,
+                Err([i, s]) => (ident, st) = (i, s),
+            }
+        }
+        0
     }
 
     /// The key's word (`None`: not in the table), for quotas and tests.

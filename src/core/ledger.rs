@@ -17,6 +17,19 @@
 //! | 8 | 8 | owner start time (`/proc/PID/stat` field 22, clock ticks since boot) |
 //! | 16 | 48 | reserved |
 //! | 64 | 24 × [`ENTRIES`] | entries: slot index + 1 (0 = empty), slot generation, units held |
+//! | 4096 | 16 × [`KEY_ENTRIES`] | per-key entries: `(key table entry + 1) << 20 \| units held` (0 = never used), the key's ident |
+//!
+//! Per-key `concurrency` units (see [`super::keys`]) are recorded by the
+//! key's position in the key table and its identity: a row's per-key
+//! entries are an open-addressed table (the position's hash picks where a
+//! probe of [`KEY_PROBE`] entries starts; a probe stops at a never-used
+//! entry). An entry whose count fell to 0 keeps its key and is reused
+//! first by that key, or by another one. Reclaiming gives units back with
+//! the key table's 16-byte compare-and-swap, only while the entry still
+//! holds the recorded ident (the key's strategy slot, generation and tag)
+//! and that slot still has the generation: a unit is never released from
+//! another key's state (an entry with units in flight is never reused by
+//! another key, so the ident cannot come back to it in between).
 //!
 //! # Protocol
 //!
@@ -33,8 +46,10 @@
 //!   freed. **Bound**: the units of a dead worker return within about one
 //!   recheck interval (1 s) of the next request any live worker serves, and
 //!   at once when nginx starts a replacement worker.
-//! * A worker records up to [`ENTRIES`] distinct slots at once; units taken
-//!   beyond that are not recorded (and would not come back after a crash).
+//! * A worker records up to [`ENTRIES`] distinct slots and up to
+//!   [`KEY_ENTRIES`] distinct keys at once (fewer keys when their probes
+//!   collide); units taken beyond that are not recorded (and would not come
+//!   back after a crash).
 //!
 //! Only the owner writes its entries (nginx workers are single-threaded);
 //! a reclaimer writes a row only once its owner is dead. Everything read
@@ -42,17 +57,27 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::keys::{KeyRef, KeyTable};
 use super::region::Region;
 use super::slot::Slot;
 
 /// Rows (processes holding units at once: workers, old workers during a
 /// reload).
 pub const ROWS: u64 = 128;
-pub const ROW_BYTES: u64 = 4096;
+/// Bytes of a row's header and shared-strategy entries.
+const SHARED_BYTES: usize = 4096;
 const ROW_HEADER: usize = 64;
 const ENTRY_BYTES: usize = 24;
 /// Distinct slots one process records at once.
-pub const ENTRIES: usize = (ROW_BYTES as usize - ROW_HEADER) / ENTRY_BYTES;
+pub const ENTRIES: usize = (SHARED_BYTES - ROW_HEADER) / ENTRY_BYTES;
+/// Distinct per-key entries one process records at once (at most).
+pub const KEY_ENTRIES: usize = 1024;
+const KEY_ENTRY_BYTES: usize = 16;
+/// Per-key entries a lookup scans (from the one its position's hash picks).
+pub const KEY_PROBE: usize = 16;
+const COUNT_BITS: u32 = 20;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+pub const ROW_BYTES: u64 = (SHARED_BYTES + KEY_ENTRIES * KEY_ENTRY_BYTES) as u64;
 const RECLAIMING: u64 = 1 << 63;
 
 /// Bytes of the ledger region.
@@ -129,6 +154,7 @@ impl<'a> Ledger<'a> {
                         w.store(0, Ordering::Relaxed);
                     }
                 }
+                self.clear_keys(row);
                 return Some(row);
             }
         }
@@ -150,9 +176,113 @@ impl<'a> Ledger<'a> {
                 c.store(0, Ordering::Relaxed);
             }
         }
+        self.clear_keys(row);
         if let Some(owner) = self.word(row, 0) {
             owner.store(0, Ordering::Release);
         }
+    }
+
+    /// Every per-key entry of `row` never used.
+    fn clear_keys(&self, row: usize) {
+        for e in 0..KEY_ENTRIES {
+            if let Some([w, i]) = self.key_entry(row, e) {
+                w.store(0, Ordering::Relaxed);
+                i.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Per-key entry `e` of `row`: its count word and the key's ident.
+    #[inline]
+    fn key_entry(&self, row: usize, e: usize) -> Option<[&'a AtomicU64; 2]> {
+        let off = SHARED_BYTES + e * KEY_ENTRY_BYTES;
+        Some([self.word(row, off)?, self.word(row, off + 8)?])
+    }
+
+    /// The per-key entry of `row` recording `at`, or the first free one of
+    /// its probe (`(entry, found)`); `None`: neither.
+    #[inline]
+    fn find_key(&self, row: usize, at: KeyRef) -> Option<([&'a AtomicU64; 2], bool)> {
+        let tag = at
+            .entry
+            .checked_add(1)
+            .filter(|&t| t <= u64::MAX >> COUNT_BITS)?;
+        let start = (at.entry.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % KEY_ENTRIES;
+        let mut free = None;
+        for p in 0..KEY_PROBE {
+            let words = self.key_entry(row, (start + p) % KEY_ENTRIES)?;
+            let w = words[0].load(Ordering::Relaxed);
+            if w >> COUNT_BITS == tag && words[1].load(Ordering::Relaxed) == at.ident {
+                return Some((words, true));
+            }
+            if w & COUNT_MAX == 0 && free.is_none() {
+                free = Some(words);
+            }
+            if w == 0 {
+                break; // never used: the key was never recorded past it
+            }
+        }
+        free.map(|w| (w, false))
+    }
+
+    /// Records one more per-key `concurrency` unit of the key at `at` in
+    /// `row` (the caller's own), after the key's entry was charged.
+    /// `false` if it could not be recorded.
+    pub fn add_key(&self, row: usize, at: KeyRef) -> bool {
+        let Some(([w, i], found)) = self.find_key(row, at) else {
+            return false;
+        };
+        let cur = w.load(Ordering::Relaxed);
+        if found {
+            if cur & COUNT_MAX == COUNT_MAX {
+                return false;
+            }
+            w.store(cur + 1, Ordering::Release);
+        } else {
+            i.store(at.ident, Ordering::Relaxed);
+            w.store((at.entry + 1) << COUNT_BITS | 1, Ordering::Release);
+        }
+        true
+    }
+
+    /// Removes one per-key unit of the key at `at` from `row`, before the
+    /// key's entry is released; `false` if none was recorded.
+    pub fn remove_key(&self, row: usize, at: KeyRef) -> bool {
+        match self.find_key(row, at) {
+            Some(([w, _], true)) => {
+                let cur = w.load(Ordering::Relaxed);
+                if cur & COUNT_MAX == 0 {
+                    return false;
+                }
+                w.store(cur - 1, Ordering::Release);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives back the per-key units recorded in a dead owner's `row`.
+    fn reclaim_keys(&self, row: usize, keys: &KeyTable<'_>, slots: &Region<'_>) -> u64 {
+        let mut returned = 0;
+        for e in 0..KEY_ENTRIES {
+            let Some([w, i]) = self.key_entry(row, e) else {
+                break;
+            };
+            let v = w.swap(0, Ordering::AcqRel);
+            let n = v & COUNT_MAX;
+            if n == 0 {
+                continue;
+            }
+            let Some(entry) = (v >> COUNT_BITS).checked_sub(1) else {
+                continue; // garbage: no key
+            };
+            let at = KeyRef {
+                entry,
+                ident: i.load(Ordering::Relaxed),
+            };
+            returned += keys.give_back(at, n, slots);
+        }
+        returned
     }
 
     /// Word `w` (0 slot + 1, 1 generation, 2 count) of entry `e` of `row`.
@@ -223,7 +353,7 @@ impl<'a> Ledger<'a> {
 
     /// Gives back the units of every row whose owner is gone (never
     /// `me`'s). Returns the units given back.
-    pub fn reclaim(&self, slots: &Region<'_>, me: (u64, u64)) -> u64 {
+    pub fn reclaim(&self, slots: &Region<'_>, keys: &KeyTable<'_>, me: (u64, u64)) -> u64 {
         let mut returned = 0;
         for row in 0..self.rows() {
             let (Some(owner), Some(start)) = (self.word(row, 0), self.word(row, 8)) else {
@@ -266,6 +396,7 @@ impl<'a> Ledger<'a> {
                     returned += n;
                 }
             }
+            returned += self.reclaim_keys(row, keys, slots);
             start.store(0, Ordering::Relaxed);
             owner.store(0, Ordering::Release);
         }
@@ -285,13 +416,17 @@ pub fn release_units(slot: &Slot<'_>, n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::keys::{Charge, KeyId, KeyLimiter};
     use crate::core::slot::LocalSlots;
+
+    /// Zeroed words for `n` ledger rows.
+    fn rows(n: u64) -> Vec<AtomicU64> {
+        (0..n * ROW_BYTES / 8).map(|_| AtomicU64::new(0)).collect()
+    }
 
     #[test]
     fn units_of_a_dead_owner_come_back_and_live_ones_stay() {
-        let words: Vec<AtomicU64> = (0..(2 * ROW_BYTES / 8))
-            .map(|_| AtomicU64::new(0))
-            .collect();
+        let words = rows(2);
         let ledger = Ledger::new(Region::from_atomics(&words));
         let local = LocalSlots::new(2);
         let slots = local.region();
@@ -305,9 +440,11 @@ mod tests {
             s0.state0().fetch_add(1, Ordering::Relaxed);
             assert!(ledger.add(row, 0, 3));
         }
-        assert_eq!(ledger.reclaim(&slots, me()), 2);
+        let kw = KeyTable::local_words(2, 8);
+        let kt = KeyTable::local(crate::core::keys::aligned(&kw), 2, 8, [1; 16]);
+        assert_eq!(ledger.reclaim(&slots, &kt, me()), 2);
         assert_eq!(s0.state0().load(Ordering::Relaxed), 1);
-        assert_eq!(ledger.reclaim(&slots, me()), 0, "once");
+        assert_eq!(ledger.reclaim(&slots, &kt, me()), 0, "once");
         // The dead row is free again.
         assert_eq!(ledger.claim(4_000_000_001, 1), Some(dead));
         assert!(ledger.remove(mine, 0, 3));
@@ -316,7 +453,121 @@ mod tests {
         s0.state0().store(5, Ordering::Relaxed);
         assert!(ledger.add(dead, 0, 3));
         s0.generation().store(4, Ordering::Relaxed);
-        assert_eq!(ledger.reclaim(&slots, me()), 0);
+        assert_eq!(ledger.reclaim(&slots, &kt, me()), 0);
         assert_eq!(s0.state0().load(Ordering::Relaxed), 5);
+    }
+
+    fn concurrency(limit: u64) -> KeyLimiter {
+        use crate::core::model::{Action, Algorithm, Strategy, Unit};
+        let s = Strategy::unconditioned(
+            Algorithm::Concurrency,
+            limit,
+            Unit::Second,
+            1,
+            Action::Reject { status: None },
+        )
+        .unwrap();
+        KeyLimiter::from_strategy(&s).unwrap()
+    }
+
+    /// Charges one unit of `key` and returns where it lives.
+    fn take(kt: &KeyTable, slots: &Region, key: &KeyId, lim: &KeyLimiter) -> Option<KeyRef> {
+        let now = crate::core::admit::Now::from(1_000_000_000);
+        match kt.charge(key, lim, now, false, slots, |_| Some(lim)) {
+            Charge::Admitted { at, .. } => Some(at),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn per_key_units_of_a_dead_owner_come_back_to_their_key_only() {
+        // Four strategies at generation 7, a key table, two ledger rows.
+        let local = LocalSlots::new(4);
+        let slots = local.region();
+        for i in 0..4 {
+            Slot::at(&slots, i).unwrap().reset(i + 1, 7);
+        }
+        let words = rows(2);
+        let ledger = Ledger::new(Region::from_atomics(&words));
+        let kw = KeyTable::local_words(4, 64);
+        let kt = KeyTable::local(crate::core::keys::aligned(&kw), 4, 64, [9; 16]);
+        let lim = concurrency(1);
+        let key = |slot: u32, v: &[u8]| {
+            let mut h = kt.hasher(slot + 1);
+            h.part(v);
+            kt.key(h, slot, 7).unwrap()
+        };
+        let (a, b) = (key(0, b"a"), key(0, b"b"));
+        let dead = ledger.claim(4_000_000_000, 1).unwrap();
+        let mine = ledger.claim(me().0, me().1).unwrap();
+        // The dead process holds key a's only unit; we hold key b's.
+        let at_a = take(&kt, &slots, &a, &lim).unwrap();
+        assert!(ledger.add_key(dead, at_a));
+        let at_b = take(&kt, &slots, &b, &lim).unwrap();
+        assert!(ledger.add_key(mine, at_b));
+        assert_eq!(take(&kt, &slots, &a, &lim), None, "a is at its limit");
+        assert_eq!(ledger.reclaim(&slots, &kt, me()), 1);
+        assert_eq!(kt.peek(&a), Some(0));
+        assert_eq!(kt.peek(&b), Some(1), "a live owner's unit stays");
+        assert!(take(&kt, &slots, &a, &lim).is_some(), "a is admitted again");
+        assert_eq!(ledger.reclaim(&slots, &kt, me()), 0, "once");
+        // Our own unit: recorded once, removed once.
+        assert!(ledger.remove_key(mine, at_b));
+        assert!(!ledger.remove_key(mine, at_b));
+
+        // A dead owner's record of an entry that now holds another key (or
+        // one whose strategy moved to another generation) releases nothing.
+        let dead = ledger.claim(4_000_000_001, 1).unwrap();
+        let c = key(1, b"c");
+        let at_c = take(&kt, &slots, &c, &lim).unwrap();
+        let other = KeyRef {
+            entry: at_c.entry,
+            ident: at_c.ident ^ 1,
+        };
+        assert!(ledger.add_key(dead, other));
+        assert_eq!(ledger.reclaim(&slots, &kt, me()), 0);
+        assert_eq!(kt.peek(&c), Some(1), "another key's unit is never released");
+        let dead = ledger.claim(4_000_000_002, 1).unwrap();
+        assert!(ledger.add_key(dead, at_c));
+        Slot::at(&slots, 1).unwrap().reset(2, 8);
+        assert_eq!(ledger.reclaim(&slots, &kt, me()), 0, "strategy gone");
+        assert_eq!(kt.peek(&c), Some(1));
+    }
+
+    #[test]
+    fn per_key_entries_are_bounded_and_counted() {
+        let words = rows(1);
+        let ledger = Ledger::new(Region::from_atomics(&words));
+        let row = ledger.claim(4_000_000_000, 1).unwrap();
+        let at = |e: u64| KeyRef {
+            entry: e,
+            ident: 1 << 44 | e,
+        };
+        // Many distinct keys: most are recorded, none twice, each removable.
+        let recorded: Vec<u64> = (0..2 * KEY_ENTRIES as u64)
+            .filter(|&e| ledger.add_key(row, at(e)))
+            .collect();
+        assert!(recorded.len() >= KEY_ENTRIES / 2, "{}", recorded.len());
+        assert!(recorded.len() <= KEY_ENTRIES);
+        for &e in &recorded {
+            assert!(ledger.remove_key(row, at(e)), "entry {e}");
+            assert!(!ledger.remove_key(row, at(e)));
+        }
+        // One key several times: one entry, its count.
+        for _ in 0..3 {
+            assert!(ledger.add_key(row, at(5)));
+        }
+        for _ in 0..3 {
+            assert!(ledger.remove_key(row, at(5)));
+        }
+        assert!(!ledger.remove_key(row, at(5)));
+        // A garbage entry (no position) is skipped by a reclaim.
+        assert!(!ledger.add_key(
+            row,
+            KeyRef {
+                entry: u64::MAX,
+                ident: 1
+            }
+        ));
     }
 }

@@ -10,6 +10,7 @@ pub mod fuzz;
 pub mod headers;
 pub mod ipnet;
 pub mod keys;
+pub mod keyword;
 pub mod ledger;
 pub mod limiter;
 pub mod loader;

@@ -6,14 +6,16 @@
 //! absurd burst or an interval that rounds to 0 is an error here, never a
 //! silent bypass later.
 
-use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
 pub use super::ipnet::{parse_ip_net, IpNet, IpNetError};
+use super::keyword::keyword_enum;
 
 /// Largest number of conditions in one strategy.
 pub const MAX_CONDITIONS: usize = 16;
+/// Longest strategy name, in bytes (the store's limit).
+pub const MAX_NAME_LEN: usize = 200;
 /// Longest dimension name, in bytes.
 pub const MAX_DIMENSION_LEN: usize = 32;
 /// Longest condition value, in bytes.
@@ -53,6 +55,8 @@ pub const MAX_PRIORITY: i32 = 1000;
 pub enum ModelError {
     #[error("id: must be between 1 and {max}", max = u32::MAX)]
     ZeroId,
+    #[error("name: at most {MAX_NAME_LEN} bytes, got {0}")]
+    NameTooLong(usize),
     #[error("conditions: at most {MAX_CONDITIONS} per strategy, got {0}")]
     TooManyConditions(usize),
     #[error("conditions[{index}].dimension: {name:?} is not a valid name ([a-z][a-z0-9_]*, at most {MAX_DIMENSION_LEN} bytes)")]
@@ -120,43 +124,19 @@ pub enum ModelError {
     },
 }
 
-/// The limiting algorithm of a strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Algorithm {
-    FixedWindow = 1,
-    SlidingWindow = 2,
-    TokenBucket = 3,
-    LeakyBucket = 4,
-    Concurrency = 5,
-    WarmUp = 6,
+keyword_enum! {
+    /// The limiting algorithm of a strategy.
+    pub enum Algorithm {
+        FixedWindow = 1 => "fixed_window",
+        SlidingWindow = 2 => "sliding_window",
+        TokenBucket = 3 => "token_bucket",
+        LeakyBucket = 4 => "leaky_bucket",
+        Concurrency = 5 => "concurrency",
+        WarmUp = 6 => "warm_up",
+    }
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 6] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-        Algorithm::Concurrency,
-        Algorithm::WarmUp,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::LeakyBucket => "leaky_bucket",
-            Algorithm::Concurrency => "concurrency",
-            Algorithm::WarmUp => "warm_up",
-        }
-    }
-
-    pub fn from_u8(v: u8) -> Option<Algorithm> {
-        Algorithm::ALL.into_iter().find(|a| *a as u8 == v)
-    }
-
     /// GCRA algorithms (one theoretical arrival time per slot).
     pub fn is_bucket(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
@@ -176,52 +156,28 @@ impl Algorithm {
     }
 }
 
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 impl FromStr for Algorithm {
     type Err = ModelError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Algorithm::ALL
-            .into_iter()
-            .find(|a| a.as_str() == s)
-            .ok_or_else(|| ModelError::UnknownKeyword {
-                field: "algorithm",
-                value: s.to_string(),
-                expected: "fixed_window, sliding_window, token_bucket, leaky_bucket, concurrency, warm_up",
-            })
+        Algorithm::parse(s).ok_or_else(|| ModelError::UnknownKeyword {
+            field: "algorithm",
+            value: s.to_string(),
+            expected: Algorithm::EXPECTED,
+        })
     }
 }
 
-/// The period a rate is counted over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Unit {
-    Second = 1,
-    Minute = 2,
-    Hour = 3,
-    Day = 4,
+keyword_enum! {
+    /// The period a rate is counted over.
+    pub enum Unit {
+        Second = 1 => "second",
+        Minute = 2 => "minute",
+        Hour = 3 => "hour",
+        Day = 4 => "day",
+    }
 }
 
 impl Unit {
-    pub const ALL: [Unit; 4] = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unit::Second => "second",
-            Unit::Minute => "minute",
-            Unit::Hour => "hour",
-            Unit::Day => "day",
-        }
-    }
-
-    pub fn from_u8(v: u8) -> Option<Unit> {
-        Unit::ALL.into_iter().find(|u| *u as u8 == v)
-    }
-
     /// Length of the period in nanoseconds.
     pub fn period_ns(self) -> u64 {
         const S: u64 = 1_000_000_000;
@@ -231,12 +187,6 @@ impl Unit {
             Unit::Hour => 3_600 * S,
             Unit::Day => 86_400 * S,
         }
-    }
-}
-
-impl fmt::Display for Unit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -250,14 +200,11 @@ impl FromStr for Unit {
             "d" => "day",
             other => other.strip_suffix('s').unwrap_or(other),
         };
-        Unit::ALL
-            .into_iter()
-            .find(|u| u.as_str() == s)
-            .ok_or_else(|| ModelError::UnknownKeyword {
-                field: "per",
-                value: s.to_string(),
-                expected: "second, minute, hour, day",
-            })
+        Unit::parse(s).ok_or_else(|| ModelError::UnknownKeyword {
+            field: "per",
+            value: s.to_string(),
+            expected: Unit::EXPECTED,
+        })
     }
 }
 
@@ -368,6 +315,9 @@ pub struct Strategy {
     /// Per-key: one limiter state per value tuple of these dimensions
     /// (empty: one shared state).
     pub each: super::each::Each,
+    /// The store's name (for the module's metrics; empty: none). At most
+    /// [`MAX_NAME_LEN`] bytes of any text: it is escaped where written.
+    pub name: String,
 }
 
 /// Is `name` a valid dimension name: `[a-z][a-z0-9_]*`, at most 32 bytes.
@@ -493,6 +443,7 @@ impl Strategy {
             warm_up: WarmUp::NONE,
             priority: 0,
             each: Default::default(),
+            name: String::new(),
         }
     }
 
@@ -596,6 +547,9 @@ impl Strategy {
     ) -> Result<(), ModelError> {
         if self.id == 0 {
             return Err(ModelError::ZeroId);
+        }
+        if self.name.len() > MAX_NAME_LEN {
+            return Err(ModelError::NameTooLong(self.name.len()));
         }
         if count > MAX_CONDITIONS {
             return Err(ModelError::TooManyConditions(count));
@@ -817,6 +771,7 @@ mod tests {
             warm_up: WarmUp::NONE,
             priority: 0,
             each: Default::default(),
+            name: String::new(),
         }
     }
 

@@ -97,7 +97,11 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         out.push(s.enabled as u8);
         out.push(s.warm_up.cold_factor);
         out.extend_from_slice(&s.priority.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes()); // reserved
+        // The name's length (checked: at most MAX_NAME_LEN), 2 reserved
+        // bytes, then the name before the conditions.
+        out.extend_from_slice(&(s.name.len() as u16).to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(s.name.as_bytes());
         for c in &s.conditions {
             out.push(c.dimension.len() as u8);
             out.extend_from_slice(c.dimension.as_bytes());
@@ -376,7 +380,15 @@ pub fn decode_records<'a>(
         let enabled = r.u8().ok_or_else(trunc)? != 0;
         let cold_factor = r.u8().ok_or_else(trunc)?;
         let priority = r.u32().ok_or_else(trunc)? as i32;
-        let _reserved = r.u32().ok_or_else(trunc)?;
+        let name_len = r.u16().ok_or_else(trunc)? as usize;
+        let _reserved = r.u16().ok_or_else(trunc)?;
+        if name_len > super::model::MAX_NAME_LEN {
+            return Err(bad("name too long"));
+        }
+        let name = r.take(name_len).ok_or_else(trunc)?;
+        let name = std::str::from_utf8(name)
+            .map_err(|_| bad("name not UTF-8"))?
+            .to_string();
         let action = match kind {
             1 => Action::Reject {
                 status: (status != 0).then_some(status),
@@ -419,6 +431,7 @@ pub fn decode_records<'a>(
             },
             priority,
             each: each_key,
+            name,
         };
         strategy
             .check_with(conditions.len(), |i| conditions[i])
@@ -492,6 +505,7 @@ mod tests {
             enabled: true,
             warm_up: WarmUp::NONE,
             priority: id as i32 - 5,
+            name: format!("rule \"{id}\" \\ \n"),
             each: if id % 2 == 0 {
                 crate::core::each::Each {
                     ipv6_prefix: 56,
@@ -623,5 +637,25 @@ mod tests {
         assert!(decode_payload(&payload, 2, 0).is_err());
         assert!(decode_payload(&payload, u32::MAX, 0).is_err());
         assert!(decode_payload(&payload[..40], 1, 0).is_err());
+        // A hostile name: too long, or not UTF-8 (the CRC is the writer's).
+        let mut long = payload.clone();
+        long[52..54].copy_from_slice(&201u16.to_le_bytes());
+        assert_eq!(
+            decode_payload(&long, 1, 0).unwrap_err().to_string(),
+            "record 0: name too long"
+        );
+        let mut not_utf8 = payload.clone();
+        not_utf8[56] = 0xFF;
+        assert_eq!(
+            decode_payload(&not_utf8, 1, 0).unwrap_err().to_string(),
+            "record 0: name not UTF-8"
+        );
+        let mut past_end = payload;
+        let len = past_end.len() as u16;
+        past_end[52..54].copy_from_slice(&(len.min(200)).to_le_bytes());
+        assert!(
+            decode_payload(&past_end, 1, 0).is_err(),
+            "a name past the record"
+        );
     }
 }

@@ -592,10 +592,32 @@ impl Mapping {
         }
     }
 
+    /// Records that this process holds one per-key `concurrency` unit of
+    /// the key at `at` (after the key's entry was charged), so that it is
+    /// given back if the process dies holding it.
+    #[inline]
+    pub fn hold_key_unit(&self, at: super::keys::KeyRef) {
+        if let Some(row) = self.ledger_row() {
+            self.ledger().add_key(row, at);
+        }
+    }
+
+    /// Gives back a unit taken with [`hold_key_unit`](Self::hold_key_unit):
+    /// off the ledger first, then off the key's entry (if it still holds
+    /// the key).
+    #[inline]
+    pub fn release_key_unit(&self, at: super::keys::KeyRef, lim: &super::keys::KeyLimiter) {
+        if let Some(row) = self.ledger_row() {
+            self.ledger().remove_key(row, at);
+        }
+        self.keys().release(at, lim);
+    }
+
     /// Gives back the units of processes that died holding them; returns
     /// how many.
     pub fn reclaim_dead(&self) -> u64 {
-        self.ledger().reclaim(&self.slots(), super::ledger::me())
+        self.ledger()
+            .reclaim(&self.slots(), &self.keys(), super::ledger::me())
     }
 
     /// The published sequence (Acquire): changes on every publish; its low

@@ -9,9 +9,12 @@ use super::reader::Reader;
 use super::slot::Slot;
 
 /// One strategy's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StrategyStats {
     pub id: u32,
+    /// The store's name (from the file: any text of at most
+    /// [`MAX_NAME_LEN`](super::model::MAX_NAME_LEN) bytes).
+    pub name: String,
     pub passed: u64,
     pub limited: u64,
     pub delayed: u64,
@@ -62,6 +65,7 @@ pub fn snapshot(reader: &Reader) -> Stats {
                 let k = Slot::counters_at(&slots, c.slot, c.generation)?;
                 Some(StrategyStats {
                     id: c.strategy.id,
+                    name: c.strategy.name.clone(),
                     passed: k.passed,
                     limited: k.limited,
                     delayed: k.delayed,
@@ -181,7 +185,8 @@ pub fn render_prometheus(s: &Stats, now_unix_ms: u64) -> String {
     ] {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
         for st in &s.strategies {
-            let _ = writeln!(o, "{name}{{strategy=\"{}\"}} {}", st.id, get(st));
+            series(&mut o, name, st);
+            let _ = writeln!(o, " {}", get(st));
         }
     }
     render_keys_prometheus(&mut o, s);
@@ -220,7 +225,8 @@ fn render_keys_prometheus(o: &mut String, s: &Stats) {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for st in &s.strategies {
             if let Some(k) = &st.keys {
-                let _ = writeln!(o, "{name}{{strategy=\"{}\"}} {}", st.id, get(k));
+                series(o, name, st);
+                let _ = writeln!(o, " {}", get(k));
             }
         }
     }
@@ -246,6 +252,32 @@ fn render_keys_prometheus(o: &mut String, s: &Stats) {
     }
 }
 
+/// A strategy's series name and labels: `NAME{strategy="ID",name="..."}`.
+fn series(o: &mut String, name: &str, st: &StrategyStats) {
+    let _ = write!(o, "{name}{{strategy=\"{}\",name=\"", st.id);
+    push_label(o, &st.name);
+    o.push_str("\"}");
+}
+
+/// Appends `v` as a Prometheus label value: `\`, `"` and newlines escaped.
+pub fn push_label(o: &mut String, v: &str) {
+    for c in v.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+}
+
+/// `v` as a Prometheus label value (see [`push_label`]).
+pub fn label(v: &str) -> String {
+    let mut o = String::with_capacity(v.len());
+    push_label(&mut o, v);
+    o
+}
+
 fn heartbeat_age_ms(s: &Stats, now_unix_ms: u64) -> Option<u64> {
     (s.heartbeat_unix_ms != 0).then(|| now_unix_ms.saturating_sub(s.heartbeat_unix_ms))
 }
@@ -269,6 +301,7 @@ mod tests {
             heartbeat_unix_ms: 1_000,
             strategies: vec![StrategyStats {
                 id: 12,
+                name: "login \"per\" ip \\ x\ny".into(),
                 passed: 5,
                 limited: 15,
                 delayed: 0,
@@ -301,20 +334,31 @@ mod tests {
     #[test]
     fn prometheus_lines() {
         let p = render_prometheus(&sample(), 1_500);
+        // The name escaped: `"` and `\` and a newline (a hostile file may
+        // hold any text; the store refuses control characters).
+        let labels = r#"{strategy="12",name="login \"per\" ip \\ x\ny"}"#;
         assert!(
-            p.contains("rate_ctl_limited_total{strategy=\"12\"} 15\n"),
+            p.contains(&format!("rate_ctl_limited_total{labels} 15\n")),
             "{p}"
         );
         assert!(
             p.contains("rate_ctl_agent_heartbeat_age_seconds 0.500\n"),
             "{p}"
         );
+        for series in [
+            "rate_ctl_keys_in_use",
+            "rate_ctl_key_reclaims_total",
+            "rate_ctl_key_table_full_total",
+            "rate_ctl_key_overflow_admits_total",
+        ] {
+            assert!(p.contains(&format!("{series}{labels} ")), "{series}: {p}");
+        }
         assert!(
-            p.contains("rate_ctl_keys_in_use{strategy=\"12\"} 4\n"),
+            p.contains(&format!("rate_ctl_keys_in_use{labels} 4\n")),
             "{p}"
         );
         assert!(
-            p.contains("rate_ctl_key_reclaims_total{strategy=\"12\"} 2\n"),
+            p.contains(&format!("rate_ctl_key_reclaims_total{labels} 2\n")),
             "{p}"
         );
         assert!(p.contains("rate_ctl_key_table_max_probe 2\n"), "{p}");

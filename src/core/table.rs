@@ -1317,7 +1317,8 @@ impl Table {
     }
 
     /// [`units`](Self::units) plus the per-key units the request decided
-    /// last with `scratch` took; `None` when it holds nothing.
+    /// last with `scratch` took (recorded in this process's ledger row
+    /// from here on); `None` when it holds nothing.
     #[inline]
     pub fn units_with_keys(&self, held: &[u32], scratch: &mut Scratch) -> Option<Units> {
         if held.is_empty() && scratch.key_holds.is_empty() {
@@ -1325,6 +1326,9 @@ impl Table {
         }
         let mut u = self.units(held)?;
         u.keys = std::mem::take(&mut scratch.key_holds);
+        for (at, _) in &u.keys {
+            u.map.hold_key_unit(*at);
+        }
         Some(u)
     }
 
@@ -1462,9 +1466,8 @@ impl Units {
         for &(slot, generation) in &self.units {
             self.map.release_unit(slot, generation);
         }
-        let kt = self.map.keys();
         for (at, lim) in &self.keys {
-            kt.release(*at, lim);
+            self.map.release_key_unit(*at, lim);
         }
     }
 }

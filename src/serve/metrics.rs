@@ -12,7 +12,7 @@
 //!   that its last publish was refused (the message is in the hosts API).
 //! - `rate_ctl_store_config_version`.
 //!
-//! The module's own series (`rate_ctl_passed_total{strategy}`, …) come from
+//! The module's own series (`rate_ctl_passed_total{strategy,name}`, …) come from
 //! each nginx's `rate_ctl_stats` location; docs/grafana-dashboard.json uses both.
 
 use std::collections::HashMap;
@@ -28,6 +28,7 @@ use super::Shared;
 use crate::store::record::HostRecord;
 use crate::store::StoredSample;
 use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::stats::label;
 
 /// The content type Prometheus expects for the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -88,20 +89,6 @@ pub fn render_leases(
             );
         }
     }
-}
-
-/// A label value with `\`, `"` and newlines escaped.
-fn label(v: &str) -> String {
-    let mut o = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => o.push_str("\\\\"),
-            '"' => o.push_str("\\\""),
-            '\n' => o.push_str("\\n"),
-            c => o.push(c),
-        }
-    }
-    o
 }
 
 fn head(o: &mut String, name: &str, kind: &str, help: &str) {

@@ -113,6 +113,7 @@ impl From<ModelError> for Invalid {
         use ModelError as E;
         let (field, name) = match &e {
             E::ZeroId => (Field::Id, "id".to_string()),
+            E::NameTooLong(_) => (Field::Name, "name".to_string()),
             E::TooManyConditions(_) => (Field::Conditions, "conditions".to_string()),
             E::BadDimension { index, .. } | E::DuplicateDimension { index, .. } => (
                 Field::Condition(*index),

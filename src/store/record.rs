@@ -20,7 +20,7 @@ use rate_ctl::core::model::{
 };
 
 /// Longest strategy name, in bytes.
-pub const MAX_NAME_LEN: usize = 200;
+pub const MAX_NAME_LEN: usize = rate_ctl::core::model::MAX_NAME_LEN;
 /// Longest blacklist reason, in bytes.
 pub const MAX_REASON_LEN: usize = 500;
 
@@ -395,6 +395,7 @@ impl StrategyRecord {
             warm_up: self.core_warm_up()?,
             priority: self.priority,
             each: self.core_each(),
+            name: self.name.clone(),
         })
     }
 
