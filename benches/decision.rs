@@ -153,14 +153,7 @@ fn decider<'a>(
 }
 
 fn decision(c: &mut Criterion) {
-    let dir = tempfile::Builder::new()
-        .prefix("rate-ctl-bench")
-        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        })
-        .unwrap();
+    let dir = common::scratch_dir("rate-ctl-bench");
     let mut g = c.benchmark_group("decide");
     g.throughput(Throughput::Elements(1));
     for n in [10u32, 1_000, 10_000, 100_000] {

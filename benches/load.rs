@@ -106,14 +106,7 @@ fn load_cpu(c: &mut Criterion<ThreadCpu>) {
 }
 
 fn loads<M: Measurement>(c: &mut Criterion<M>, group: &str) {
-    let dir = tempfile::Builder::new()
-        .prefix("rate-ctl-bench-load")
-        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        })
-        .unwrap();
+    let dir = common::scratch_dir("rate-ctl-bench-load");
     let mut g = c.benchmark_group(group);
     g.sample_size(20);
     for (n, name, list) in [

@@ -68,3 +68,16 @@ pub fn never_full(id: u32, conditions: Vec<Condition>) -> Strategy {
         )
     }
 }
+
+/// A scratch directory for the benchmark's files, in /dev/shm when there
+/// is one (as the nginx workers' file).
+pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        })
+        .unwrap()
+}

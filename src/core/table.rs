@@ -806,7 +806,8 @@ impl Table {
         // Anchors come first in `conds` (swapped above); the groups of a
         // heavy value read the same conditions.
         let read = |d: &(u8, u32)| range_dims.contains(&usize::from(d.0));
-        let range_dims = match strategies.iter().any(|s| s.conds.iter().skip(1).any(read)) {
+        let checked = |si: usize| flat[conds_of(si)].iter().skip(1).any(read);
+        let range_dims = match !range_dims.is_empty() && (0..strategies.len()).any(checked) {
             true => range_dims,
             false => 0..0,
         };
