@@ -39,7 +39,7 @@ use super::limiter::Limiter;
 use super::model::{parse_canonical_ipv4, parse_ip, Action, Algorithm, Condition, Strategy};
 use super::region::Region;
 use super::segment::{
-    decode_blacklist_dimensions, decode_records, read_raw, Decoded, RawSegment, Record,
+    decode_blacklist_dimensions, decode_records, read_raw, Decoded, Published, RawSegment, Record,
     SegmentError, MAX_TABLE_DIMENSIONS,
 };
 use super::shm::Mapping;
@@ -355,7 +355,9 @@ const MAX_NAMES: usize = 4 * MAX_TABLE_DIMENSIONS;
 /// A table being built: the enabled strategies of the records so far
 /// (conditions not yet interned) and their conditions, borrowed.
 struct Builder<'a> {
-    strategies: Vec<Compiled>,
+    /// Compiled once their conditions are interned and anchored (each
+    /// written once, never read back).
+    strategies: Vec<Published>,
     /// `pool[start..end]` are `strategies[i]`'s conditions.
     spans: Vec<(u32, u32)>,
     pool: Vec<PendingCond<'a>>,
@@ -415,13 +417,10 @@ impl<'a> Builder<'a> {
         self.spans.push((start, self.pool.len() as u32));
         self.keyed.push(r.strategy.each.is_keyed());
         self.ranked |= r.strategy.priority != 0 || r.strategy.action == Action::Allow;
-        self.strategies.push(Compiled {
-            limiter: Limiter::from_strategy(&r.strategy),
+        self.strategies.push(Published {
             strategy: r.strategy,
             slot: r.slot,
             generation: r.generation,
-            conds: Box::default(),
-            key: None,
         });
     }
 }
@@ -506,7 +505,7 @@ impl Table {
             Some(dims.len() - 1)
         };
         let Builder {
-            mut strategies,
+            strategies: pending,
             spans: cond_spans,
             pool,
             names,
@@ -567,7 +566,9 @@ impl Table {
         // Every strategy's `(dimension, value id)`, `flat[fspans[si]]`:
         // compact, for the passes below (anchors), then boxed per strategy.
         let mut flat: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
-        let mut fspans: Vec<(u32, u32)> = Vec::with_capacity(strategies.len());
+        let mut fspans: Vec<(u32, u32)> = Vec::with_capacity(pending.len());
+        // Per-key plans, by index in `pending` (ascending).
+        let mut plans: Vec<(usize, Box<super::keys::KeyPlan>)> = Vec::new();
         'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
             let start = flat.len();
             for (i, c) in pool
@@ -671,7 +672,7 @@ impl Table {
                 flat.push((d as u8, id));
             }
             if keyed[si] {
-                let s = &mut strategies[si];
+                let s = &pending[si];
                 let e = &s.strategy.each;
                 let Some(limiter) = super::keys::KeyLimiter::from_strategy(&s.strategy) else {
                     flat.truncate(start);
@@ -688,23 +689,19 @@ impl Table {
                     kd.push((d, name == "ip"));
                 }
                 key_owners.push((s.slot, limiter));
-                s.key = Some(Box::new(super::keys::KeyPlan {
-                    dims: kd,
-                    ipv4_prefix: e.ipv4_prefix,
-                    ipv6_prefix: e.ipv6_prefix,
-                    on_full: e.on_full,
-                    limiter,
-                    seed: map.as_ref().map(|m| m.keys().hasher(s.strategy.id)),
-                }));
+                plans.push((
+                    si,
+                    Box::new(super::keys::KeyPlan {
+                        dims: kd,
+                        ipv4_prefix: e.ipv4_prefix,
+                        ipv6_prefix: e.ipv6_prefix,
+                        on_full: e.on_full,
+                        limiter,
+                        seed: map.as_ref().map(|m| m.keys().hasher(s.strategy.id)),
+                    }),
+                ));
             }
             fspans.push((start as u32, flat.len() as u32));
-        }
-        if !dropped.is_empty() {
-            let mut i = 0;
-            strategies.retain(|_| {
-                i += 1;
-                dropped.binary_search(&(i - 1)).is_err()
-            });
         }
         drop(pool);
         // Room was made for every condition; most dimensions have fewer
@@ -727,11 +724,12 @@ impl Table {
         index.resize_with(dims.len(), DimIndex::default);
         // Anchor each strategy under its least shared condition; lay the
         // anchored lists out contiguously (counting sort by value id).
-        let mut anchor_of: Vec<u32> = Vec::with_capacity(strategies.len());
+        let count = fspans.len();
+        let mut anchor_of: Vec<u32> = Vec::with_capacity(count);
         let mut per_value = vec![0u32; counts.len() + 1];
         let mut unconditioned = Vec::new();
         let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
-        for si in 0..strategies.len() {
+        for si in 0..count {
             match flat[conds_of(si)]
                 .iter()
                 .min_by_key(|(_, v)| counts[*v as usize])
@@ -761,8 +759,23 @@ impl Table {
                 }
             }
         }
-        for (si, s) in strategies.iter_mut().enumerate() {
-            s.conds = flat[conds_of(si)].into();
+        // The compiled strategies, each written once: those not dropped,
+        // in order, with their conditions (anchor first) and key plan.
+        let mut plans = plans.into_iter().peekable();
+        let mut strategies: Vec<Compiled> = Vec::with_capacity(count);
+        for (si, p) in pending.into_iter().enumerate() {
+            if dropped.binary_search(&si).is_ok() {
+                continue;
+            }
+            let k = strategies.len();
+            strategies.push(Compiled {
+                limiter: Limiter::from_strategy(&p.strategy),
+                strategy: p.strategy,
+                slot: p.slot,
+                generation: p.generation,
+                conds: flat[conds_of(k)].into(),
+                key: plans.next_if(|(i, _)| *i == si).map(|(_, plan)| plan),
+            });
         }
         let (groups, group_lists, spans) =
             group_heavy_values(|si| &flat[conds_of(si as usize)], &anchored, &starts);
