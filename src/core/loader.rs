@@ -1,9 +1,10 @@
 //! Loading a large table off the request path.
 //!
-//! Copying, decoding and indexing a published segment takes about 1 µs
-//! per strategy, and freeing the table it replaces a good part of that
-//! again: tens of milliseconds for 65,536 strategies, during which an nginx
-//! worker that did it on its event loop would answer nobody. So a worker
+//! Copying, checking and indexing a published segment takes about half a
+//! microsecond per strategy (`cargo bench --bench load`), and freeing the
+//! table it replaces some more: tens of milliseconds for 65,536
+//! strategies, during which an nginx worker that did it on its event loop
+//! would answer nobody. So a worker
 //! ([`Reader::set_background`](super::reader::Reader::set_background))
 //! hands a segment of at least [`BACKGROUND_MIN`] strategies to a helper
 //! thread, which reads, decodes and builds the [`Table`]; the worker goes
