@@ -32,6 +32,9 @@
 #   perkey      rate_ctl, the 10,000 and one per-address strategy (`each
 #               ip`, the key table's 1,048,576 entries empty but the
 #               client's): the counterpart of limitreq
+#   perkey_only the per-address strategy alone (no other strategy in
+#               the table): the same configuration as limitreq's single
+#               zone
 #   perkey90    the same with the key table about 90 % occupied (943,718
 #               other addresses charged before the run by a per-address
 #               strategy whose keys stay limited all day)
@@ -146,6 +149,7 @@ table_for() {
     ranges) range_strategies disjoint ;;
     ranges_out) range_strategies out ;;
     ranges_nested) range_strategies nested ;;
+    perkey_only) ;;
     *) background_strategies ;;
     esac
     case ${kind%_bg} in
@@ -160,7 +164,7 @@ table_for() {
     args) echo "strategy id=20003 algorithm=token_bucket rate=1000000 per=second burst=1000000 when a=a5 b=b5" ;;
     # One token an hour, a burst of a million: every request passes and the
     # client's key, once charged, is never reusable during the run.
-    perkey) echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench" ;;
+    perkey | perkey_only) echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench" ;;
     perkey90)
         echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench"
         # The filler: keys that stay limited (not reusable) all day.

@@ -40,5 +40,5 @@ RATE_CTL_BIN="$root/target/debug/rate-ctl" node --test --test-reporter=spec page
     tee "$root/target/browser/test-output.txt"
 rc=${PIPESTATUS[0]}
 set -e
-echo "browser-test: artifacts in $root/target/browser/ (screenshot.png, invalid-form.png, hosts.png, audit.png, last.png)"
+echo "browser-test: artifacts in $root/target/browser/ (screenshot.png, fleet-chart.png, invalid-form.png, hosts.png, audit.png, last.png)"
 exit "$rc"

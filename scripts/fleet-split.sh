@@ -1,54 +1,90 @@
 #!/usr/bin/env bash
-# Fleet leases (issue 17): runs tests/fleet_leases.rs's one-machine test
-# RUNS times (default 3) and prints the README's "Fleet leases" table from
-# its figures; with --write, replaces the table between the
-# `<!-- fleet-split:begin -->` / `<!-- fleet-split:end -->` markers in
-# README.md.
+# Fleet leases (issue 17): runs the one-machine fleet test RUNS times
+# (default 3) and prints the README's table from its figures; with --write,
+# replaces the table between its `<!-- MARKER:begin -->` /
+# `<!-- MARKER:end -->` markers in README.md.
 #
-# The test: one `rate-ctl serve` on SQLite, three agents through it (host
-# ids h0 h1 h2), a load generator per host deciding requests against that
-# host's shared-memory file with the core table (the code nginx workers
-# run); a cluster token bucket of 300/s, split: demand, offered 80/15/5 of
-# 1.0× and 2.0×, then flipped to 5/15/80; serve killed; a per-day quota of
-# 100 with all traffic on h0; serve back; a fourth host joins as h0 dies.
-# About 90 s per run.
+# Without --nginx: tests/fleet_leases.rs (marker `fleet-split`): one
+# `rate-ctl serve` on SQLite, three agents through it (host ids h0 h1 h2), a
+# load generator per host deciding requests against that host's
+# shared-memory file with the core table (the code nginx workers run); a
+# cluster token bucket of 300/s, split: demand, offered 80/15/5 of 1.0× and
+# 2.0×, then flipped to 5/15/80; serve killed; a per-day quota of 100 with
+# all traffic on h0; serve back; a fourth host joins as h0 dies. About 90 s
+# per run.
 #
-# With --nginx (scripts/lib/fleet-nginx.sh): the same fleet through three
-# real vendored nginx instances (target/modules/vendored, built if missing),
-# an HTTP load generator per instance, 1.0× and 2.0× only (about 55 s per
-# run); --write then fills the `fleet-split-nginx` markers.
+# With --nginx: t-nginx/15-fleet-leases.t, the same scenarios through real
+# nginx (three instances, a fourth joining, each with its own agent, Perl
+# HTTP load generators), with the README's phases: PHASE=25 s per load
+# phase, serve killed for OUTAGE=30 s (CI runs the test with 16 s and 11 s).
+# About 150 s per run. Marker `fleet-split-nginx-BUILD-STORE`.
+#   --build vendored|debian|both   the nginx build of every host (default
+#       vendored; both: h0 and h3 vendored 1.28, h1 and h2 Debian 1.22);
+#       the module is built with scripts/build-module.sh if missing
+#   --store sqlite|mariadb         serve's store (mariadb: a throw-away
+#       server from scripts/mariadb-test-server.sh, stopped on exit)
 #
-#   scripts/fleet-split.sh [--nginx] [--write]      env: RUNS=3, PHASE=25 (--nginx)
+#   scripts/fleet-split.sh [--nginx [--build B] [--store S]] [--write]   env: RUNS=3, PHASE, OUTAGE
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=scripts/lib/fleet-nginx.sh
-. scripts/lib/fleet-nginx.sh
-write=0 nginx=0
-for arg in "$@"; do
-    case "$arg" in
+write=0 nginx=0 build=vendored store=sqlite
+usage() {
+    echo "usage: $0 [--nginx [--build vendored|debian|both] [--store sqlite|mariadb]] [--write]" >&2
+    exit 2
+}
+while [ $# -gt 0 ]; do
+    case "$1" in
     --write) write=1 ;;
     --nginx) nginx=1 ;;
-    *)
-        echo "usage: $0 [--nginx] [--write]" >&2
-        exit 2
+    --build)
+        build="${2:-}"
+        shift
         ;;
+    --store)
+        store="${2:-}"
+        shift
+        ;;
+    *) usage ;;
     esac
+    shift
 done
+case "$build" in vendored | debian | both) ;; *) usage ;; esac
+case "$store" in sqlite | mariadb) ;; *) usage ;; esac
 runs="${RUNS:-3}"
 out="$(mktemp)"
-trap 'rm -f "$out"' EXIT
+mariadb_dir=""
+cleanup() {
+    rm -f "$out"
+    [ -z "$mariadb_dir" ] || { scripts/mariadb-test-server.sh stop "$mariadb_dir" && rm -rf "$mariadb_dir"; } || true
+}
+trap cleanup EXIT
+if [ "$nginx" = 1 ]; then
+    targets="$build"
+    [ "$build" = both ] && targets=vendored,debian
+    for b in ${targets//,/ }; do
+        [ -f "target/modules/$b/ngx_http_rate_ctl_module.so" ] || scripts/build-module.sh "$b" >&2
+    done
+    cargo build -q --bin rate-ctl
+    unset RATE_CTL_TEST_MYSQL_URL
+    if [ "$store" = mariadb ]; then
+        mariadb_dir="$(mktemp -d /tmp/rate-ctl-fleet-mariadb-XXXXXX)"
+        RATE_CTL_TEST_MYSQL_URL="$(scripts/mariadb-test-server.sh start "$mariadb_dir")"
+        export RATE_CTL_TEST_MYSQL_URL
+    fi
+fi
 for i in $(seq 1 "$runs"); do
     echo "fleet-split: run $i of $runs" >&2
     if [ "$nginx" = 1 ]; then
-        run="$( (fleet_nginx_run) 2>&1)"
+        run="$(RATE_CTL_TARGETS="$targets" FLEET_PHASE="${PHASE:-25}" FLEET_OUTAGE="${OUTAGE:-30}" \
+            perl -I t-nginx/lib t-nginx/15-fleet-leases.t 2>&1)"
     else
         run="$(cargo test -q --test fleet_leases demand_split -- --nocapture 2>&1)"
     fi || {
         echo "fleet-split: run $i FAILED:" >&2
-        grep -E -A3 'panicked|alert|crit|emerg|not converged' <<<"$run" >&2 || true
+        grep -E -A3 'panicked|alert|crit|emerg|not converged|^not ok' <<<"$run" >&2 || true
         failed=$((${failed:-0} + 1))
     }
-    grep -E '^(1\.0x|2\.0x|flip|per-day|serve killed|serve back|h3 joins)' <<<"$run" >>"$out" || true
+    grep -E '^(# )?(1\.0x|2\.0x|flip|per-day|serve killed|serve back|h3 joins)' <<<"$run" | sed 's/^# //' >>"$out" || true
 done
 # range LABEL REGEX: "min–max" of the first number the regex captures.
 range() {
@@ -68,14 +104,26 @@ head="$(cat <<TABLE
 TABLE
 )"
 if [ "$nginx" = 1 ]; then
-    marker=fleet-split-nginx
+    marker="fleet-split-nginx-$build-$store"
     head="${head/| offered/| real nginx: offered}"
+    builds="vendored nginx 1.28"
+    [ "$build" = debian ] && builds="Debian nginx 1.22"
+    [ "$build" = both ] && builds="h0, h3 vendored nginx 1.28, h1, h2 Debian nginx 1.22"
+    store_name=SQLite
+    [ "$store" = mariadb ] && store_name=MariaDB
     table="$(cat <<TABLE
 $head
+| flip to 5/15/80 (2.0×) | 220/s (73 %) | $(range flip '([0-9.]+) % of the rate') % | $(range flip 'converged in ([0-9]+) s') s | $(range flip 'max second ([0-9]+)') |
 
-Admitted per host (h0/h1/h2, 10 s average): $(per_host '1\.0x') at 1.0× (offered
-240/45/15); $(per_host '2\.0x') at 2.0× (offered 480/90/30). Offered in total, measured:
-$(range '1\.0x' 'offered ([0-9]+)')/s and $(range '2\.0x' 'offered ([0-9]+)')/s. $runs runs of \`scripts/fleet-split.sh --nginx\`${failed:+, $failed of them failed}.
+$builds, serve on $store_name, ${PHASE:-25} s per phase. Admitted per host (h0/h1/h2, 10 s
+average): $(per_host '1\.0x') at 1.0× (offered 240/45/15); $(per_host '2\.0x') at 2.0× (offered
+480/90/30); $(per_host flip) after the flip (offered 30/90/480). Offered in total, measured:
+$(range '1\.0x' 'offered ([0-9]+)')/s and $(range '2\.0x' 'offered ([0-9]+)')/s. serve killed for $(range 'serve killed' 'killed ([0-9]+) s') s: highest second
+$(range 'serve killed' 'max second ([0-9]+)'), after the lease expiry every host in every second at least
+$(range 'serve killed' 'at least ([0-9]+) %') % of its static share (30/90/100), or of what it was offered if less. serve back: within ±5 % after
+$(range 'serve back' 'Some\(([0-9]+)\)') s. h3 joins (150/s) as h0 dies: within ±5 % with h3 at ≥ 90/s after
+$(range 'h3 joins' 'Some\(([0-9]+)\)') s, highest second $(range 'h3 joins' 'max second ([0-9]+)') (h3 on its static share until its first lease). Per-day quota 100, all traffic on h0: $(range per-day 'admitted \[([0-9]+),')
+admitted (static: 34). $runs runs of \`scripts/fleet-split.sh --nginx --build $build --store $store\`${failed:+, $failed of them failed}.
 TABLE
 )"
 else

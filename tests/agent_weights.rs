@@ -39,6 +39,9 @@ fn weights_1_1_2_split_400_and_resplit_when_a_host_goes_stale() {
             ),
         ]
         .map(|(name, algorithm, extra)| {
+            // The weighted split is what this test is about (cluster
+            // strategies default to leases by demand).
+            let extra = [&extra[..], &["--split", "static"]].concat();
             let id = add_strategy(s, name, algorithm, "400", &extra);
             id.trim().parse().unwrap()
         });

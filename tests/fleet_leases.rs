@@ -543,3 +543,51 @@ fn agents_on_a_direct_store_elect_a_leader() {
         }
     }
 }
+
+/// `split` not given: `demand` for a cluster strategy, `static` for host
+/// scope and allow (CLI add, import); a row stored before the column
+/// existed (NULL) stays `static`; `strategy update` without `--split`
+/// keeps the strategy's split; export writes every split out, so an
+/// exported static strategy imports as static.
+#[test]
+fn split_defaults_to_demand_for_cluster_scope() {
+    let st = cli::sqlite_store();
+    let s = st.url.as_str();
+    let id = |out: String| out.trim().to_string();
+    cli::add_strategy(s, "c", "token_bucket", "300", &[]);
+    cli::add_strategy(s, "h", "token_bucket", "300", &["--scope", "host"]);
+    cli::ok(&[
+        "strategy", "add", "--store", s, "--name", "a", "--action", "allow",
+    ]);
+    let old = id(cli::add_strategy(s, "old", "fixed_window", "100", &[]));
+    // A row from before migration 7 (written with the static split).
+    cli::sql(
+        s,
+        &format!("UPDATE strategies SET split = NULL WHERE id = {old}"),
+    );
+    // "name split" of every strategy, in id order.
+    let splits = || -> String {
+        cli::json_lines(&cli::ok(&["--store", s, "--json", "strategy", "list"]))
+            .iter()
+            .map(|v| format!("{} {}", v["name"].as_str().unwrap(), v["split"]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let before = r#"c "demand", h "static", a "static", old "static""#;
+    assert_eq!(splits(), before);
+    // update without --split keeps it (the old row stays static).
+    cli::ok(&["strategy", "update", "--store", s, &old, "--rate", "50"]);
+    assert_eq!(splits(), before);
+    // Export names every split; import of it keeps them, and an import
+    // line without a split gets the default.
+    let (_dir, file, text) = cli::export_strategies(s);
+    assert_eq!(text.matches("\"split\":\"static\"").count(), 3, "{text}");
+    let mut lines = text;
+    lines.push_str(
+        r#"{"name":"new","match":{"api":"/new"},"algorithm":"fixed_window","rate":5,"per":"day"}"#,
+    );
+    lines.push('\n');
+    std::fs::write(&file, lines).unwrap();
+    cli::ok(&["strategy", "import", "--store", s, "--replace", &file]);
+    assert_eq!(splits(), format!(r#"{before}, new "demand""#));
+}

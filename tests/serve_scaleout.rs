@@ -3,7 +3,7 @@
 //! agents with different host ids reading through `--store http://` (one
 //! per instance) and writing two shm files. A change made through either
 //! instance reaches both files within 1 s (p50/max printed); weights split
-//! a cluster rate between the hosts; the long-poll answers within 300 ms of
+//! a cluster rate between the hosts (split: static); the long-poll answers within 300 ms of
 //! a change made through the other instance, and after ~30 s unchanged.
 //! On PostgreSQL too with RATE_CTL_TEST_POSTGRES_URL; with neither it runs
 //! on one SQLite file instead (and says so).
@@ -67,7 +67,8 @@ fn two_instances_two_agents_on(st: &cli::TestStore) {
         Some(
             &json!({
         "name": "cluster-400", "match": {"api": "/x"}, "algorithm": "token_bucket",
-        "rate": 400, "burst": 40, "scope": "cluster"})
+        "rate": 400, "burst": 40, "scope": "cluster",
+        "split": "static"})
             .to_string(),
         ),
     );

@@ -485,7 +485,7 @@ function updateFormHints() {
   $('#s-action-error').dataset.hint = action === 'delay' && !bucket ? 'Delay works with token bucket, leaky bucket or warm-up.' : '';
   $('#s-scope-hint').textContent = $('#s-scope').value === 'cluster'
     ? 'Split between hosts (below).' : 'Each host allows the full rate.';
-  $('#s-split-field').hidden = $('#s-scope').value !== 'cluster';
+  $('#s-split-field').hidden = $('#s-scope').value !== 'cluster' || action === 'allow';
 }
 for (const id of ['#s-algorithm', '#s-action', '#s-scope']) $(id).addEventListener('change', updateFormHints);
 
@@ -512,7 +512,7 @@ function fillForm(s) {
   $('#s-on-full').value = s && s.on_full ? s.on_full : 'overflow';
   $('#s-per-key-fields').hidden = $('#s-each').value.trim() === '';
   $('#s-scope').value = s ? s.scope : 'cluster';
-  $('#s-split').value = s && s.split ? s.split : 'static';
+  $('#s-split').value = s && s.split ? s.split : 'demand';
   $('#s-action').value = s ? s.action : 'reject';
   $('#s-status').value = s && s.status ? s.status : '';
   $('#s-max-delay').value = s && s.max_delay_ms ? s.max_delay_ms : '';
@@ -586,8 +586,8 @@ function readForm() {
     body.on_full = $('#s-on-full').value;
   }
   body.scope = $('#s-scope').value;
-  if (body.scope === 'cluster') body.split = $('#s-split').value;
   body.action = $('#s-action').value;
+  if (body.scope === 'cluster' && body.action !== 'allow') body.split = $('#s-split').value;
   if (body.action === 'reject') {
     const st = numberOrText($('#s-status').value);
     if (st !== null) body.status = st;
@@ -761,7 +761,17 @@ function niceMax(v) {
   return 10 * p;
 }
 
-const COLORS = { passed: '#2f7d4f', limited: '#c2412d', grid: '#e3e6ea', axis: '#5b6570' };
+const COLORS = { passed: '#2f7d4f', limited: '#c2412d', grid: '#e3e6ea', axis: '#5b6570', rate: '#3553c8' };
+const PER_SECONDS = { second: 1, minute: 60, hour: 3600, day: 86400 };
+
+// The chart's rate line: the strategy's rate in requests per second and what
+// it limits (a cluster rate is for the whole fleet, as the chart's lines,
+// which add up every host); null where admitted per second has no rate to
+// compare with (allow, concurrency, a rate per key).
+function chartRate(s) {
+  if (!s || s.action === 'allow' || s.algorithm === 'concurrency' || (s.each && s.each.length)) return null;
+  return { perS: s.rate / (PER_SECONDS[s.per] || 1), label: s.scope === 'host' ? 'rate per host' : 'rate, fleet-wide' };
+}
 
 function plotLines(g, points, x0, y0, w, h, max, now, seconds, lineWidth) {
   const xs = (at) => x0 + w - ((now - at) / (seconds * 1000)) * w;
@@ -812,7 +822,8 @@ function drawChart() {
   const top = 8;
   const pw = w - left - 10;
   const ph = h - top - bottom;
-  const max = niceMax(Math.max(0, ...pts.map((p) => Math.max(p.passed_per_s || 0, p.limited_per_s || 0))));
+  const rate = chartRate(state.strategies.find((x) => x.id === state.chartId));
+  const max = niceMax(Math.max(rate ? rate.perS * 1.15 : 0, ...pts.map((p) => Math.max(p.passed_per_s || 0, p.limited_per_s || 0))));
   g.font = '12px system-ui, sans-serif';
   g.lineWidth = 1;
   for (let i = 0; i <= 4; i++) {
@@ -836,11 +847,28 @@ function drawChart() {
   g.rotate(-Math.PI / 2);
   g.fillText('req/s', 0, 0);
   g.restore();
+  delete c.dataset.rateY;
+  if (rate) {
+    const y = Math.round(top + ph - (rate.perS / max) * ph) + 0.5;
+    g.strokeStyle = COLORS.rate;
+    g.lineWidth = 2;
+    g.setLineDash([8, 4]);
+    g.beginPath();
+    g.moveTo(left, y);
+    g.lineTo(left + pw, y);
+    g.stroke();
+    g.setLineDash([]);
+    g.fillStyle = COLORS.rate;
+    g.textAlign = 'left';
+    g.fillText(`${rate.label}: ${fmtRate(rate.perS)}/s`, left + 6, y - 5);
+    c.dataset.rateY = Math.floor(y); // where the line is, for the page's test
+  }
   if (pts.length) plotLines(g, pts, left, top, pw, ph, max, now, STATS_SECONDS, 2);
   const last = pts[pts.length - 1];
-  $('#chart-now').textContent = last
-    ? `Latest: ${fmtRate(last.passed_per_s || 0)} passed/s, ${fmtRate(last.limited_per_s || 0)} limited/s (${fmtAgo(last.at)}).`
-    : 'No traffic reported for this strategy in the last 2 minutes. Agents report counters every second or so.';
+  const rateText = rate ? ` Dashed: the ${rate.label}, ${fmtRate(rate.perS)}/s.` : '';
+  $('#chart-now').textContent = (last
+    ? `Latest: ${fmtRate(last.passed_per_s || 0)} passed/s, ${fmtRate(last.limited_per_s || 0)} limited/s, all hosts together (${fmtAgo(last.at)}).`
+    : 'No traffic reported for this strategy in the last 2 minutes. Agents report counters every second or so.') + rateText;
 }
 
 // ---------------------------------------------------------------- blacklist

@@ -253,17 +253,19 @@ pub struct StrategyAdd {
     /// warm_up: the cold interval is this × 1/rate (2 … 10, default 3).
     #[arg(long)]
     pub cold_factor: Option<u8>,
-    /// cluster: the rate is for the whole fleet; each host enforces
-    /// ceil(rate × its weight / Σ weights of hosts with a fresh heartbeat),
-    /// at least 1 (token-bucket burst split alike). host: per host as written.
+    /// cluster: the rate is for the whole fleet, divided as --split says
+    /// (static: each host enforces ceil(rate × its weight / Σ weights of
+    /// hosts with a fresh heartbeat), at least 1, token-bucket burst split
+    /// alike). host: per host as written.
     #[arg(long, default_value = "cluster", value_parser = parse_scope)]
     pub scope: Scope,
     #[command(flatten)]
     pub per_key: PerKeyArgs,
     /// cluster only: static (the weighted split above) or demand (leases
-    /// by each host's demand from the fleet leader, README "Fleet leases").
-    #[arg(long, default_value = "static", value_parser = parse_split)]
-    pub split: Split,
+    /// by each host's demand from the fleet leader, README "Fleet leases");
+    /// default demand for cluster scope (static for host scope and allow).
+    #[arg(long, value_parser = parse_split)]
+    pub split: Option<Split>,
     /// Store it disabled.
     #[arg(long)]
     pub disabled: bool,

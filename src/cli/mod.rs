@@ -327,8 +327,12 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             if let Some(s) = u.scope {
                 rec.scope = s;
             }
-            if let Some(s) = u.split {
-                rec.split = s;
+            match u.split {
+                Some(s) => rec.split = Some(s),
+                // Nothing to lease: an allow takes the static split (its
+                // default) rather than refusing the demand split it had.
+                None if rec.action == ActionKind::Allow => rec.split = None,
+                None => {}
             }
             if u.enable {
                 rec.enabled = true;

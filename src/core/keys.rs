@@ -20,21 +20,20 @@
 //! ident = (stat slot + 1) << 44 | (slot generation mod 4096) << 32 | tag
 //! ```
 //!
-//! where `tag` is the low 32 bits of `SipHash-1-3(secret; strategy id,
-//! tuple)` and the high 32 bits choose the probe range. The secret is 16
-//! random bytes in the file header, so positions are stable across the
-//! processes that map the file and cannot be predicted from outside. The
+//! where `tag` is the low 32 bits of `Mix(keys; strategy id, tuple)` and
+//! the high 32 bits choose the probe range. `Mix` ([`hash`]) is a keyed
+//! multiply-fold hash whose four 64-bit keys SipHash-1-3 derives from the
+//! file header's 16 random secret bytes (once per mapping), so positions
+//! are stable across the processes that map the file and cannot be
+//! predicted from outside (the attack model is argued in [`hash`]). The
 //! tuple is hashed as 64-bit words, each text value length-prefixed (a
 //! length word, then its bytes zero-padded), so ("ab","c") ≠ ("a","bc");
 //! an `ip` value is a fixed-form part whose first word carries the family
 //! (IPv4: that one word, address, prefix length and family; IPv6: three
 //! words), see [`KeyHasher::ip`]. Every encoding is injective for the
-//! strategy's own dimension list, and the function is still SipHash-1-3
-//! under the 128-bit secret, so the argument is unchanged: without the
-//! secret, a key's position is a pseudo-random function's output, and an
-//! outsider cannot choose addresses that share a probe range. The
-//! hash state after the strategy id is kept per compiled strategy
-//! ([`KeyPlan::seed`]): an IPv4 key costs one compression round plus the
+//! strategy's own dimension list. The hash state after the strategy id
+//! is kept per compiled strategy ([`KeyPlan::seed`]): an IPv4 key costs
+//! one multiplication plus two for the
 //! finalisation. Two keys of one strategy share a state only if
 //! they land in the same probe range with the same 32-bit tag (about 7 in
 //! 2³² per new key): that can only over-limit, never admit more.
@@ -72,7 +71,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use decide::decide;
 pub use decide::{KeyHolds, KeyPlan};
-pub use hash::Sip13;
+pub use hash::{Mix, MixKeys, Sip13};
 pub use state::{KeyLimiter, Step};
 
 use super::admit::Now;
@@ -204,9 +203,10 @@ pub enum Charge {
 }
 
 /// Hashes a key tuple: strategy id, then each part length-prefixed, as
-/// 64-bit words (a part's last word zero-padded).
+/// 64-bit words (a part's last word zero-padded), with the file's keyed
+/// [`Mix`].
 #[derive(Clone, Copy)]
-pub struct KeyHasher(Sip13);
+pub struct KeyHasher(Mix);
 
 impl std::fmt::Debug for KeyHasher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -219,7 +219,17 @@ impl KeyHasher {
     #[inline]
     pub fn part(&mut self, bytes: &[u8]) {
         self.0.word(bytes.len() as u64);
-        self.0.padded(bytes);
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.0
+                .word(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.0.word(u64::from_le_bytes(b));
+        }
     }
 
     /// A client-address part, aggregated (see [`IpPrefix`]), as whole
@@ -278,15 +288,34 @@ pub struct KeyTable<'a> {
     header: Region<'a>,
     counters: Region<'a>,
     entries: Region<'a>,
+    /// `entries` as (ident, state) pairs: `capacity` of them.
+    pairs: &'a [[AtomicU64; 2]],
     slot_count: u32,
     capacity: u64,
     lines: u64,
-    secret: [u64; 2],
+    mix: MixKeys,
+    cas: bool,
+}
+
+/// Where a key table's parts lie in its region, worked out once per
+/// mapping ([`KeyTable::prepare`]) so that the request path builds its
+/// [`KeyTable`] without recomputing and re-checking the geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyGeometry {
+    /// Length of the region the offsets were checked against.
+    region_len: usize,
+    counters_len: usize,
+    entries_off: usize,
+    entries_len: usize,
+    slot_count: u32,
+    mix: MixKeys,
     cas: bool,
 }
 
 impl<'a> KeyTable<'a> {
-    /// The table in `region` (validated by the header checks); `cas`:
+    /// The table in `region` (validated by the header checks), hashing
+    /// with `mix` (the keys [`MixKeys::from_secret`] derives from the
+    /// file's secret, once per mapping); `cas`:
     /// whether the 16-byte CAS is usable on this region (`None`: find out;
     /// the file's mapping keeps the answer so that the request path does
     /// not ask the CPU each time).
@@ -295,7 +324,7 @@ impl<'a> KeyTable<'a> {
         region: Region<'a>,
         slot_count: u32,
         capacity: u64,
-        secret: [u8; 16],
+        mix: MixKeys,
         cas: Option<bool>,
     ) -> KeyTable<'a> {
         let cb = counters_bytes(slot_count);
@@ -315,14 +344,73 @@ impl<'a> KeyTable<'a> {
             header,
             counters,
             entries,
+            pairs: entries.records::<2>(),
             slot_count,
             capacity,
             lines: capacity / LINE_ENTRIES,
-            secret: [
-                u64::from_le_bytes(secret[..8].try_into().expect("8")),
-                u64::from_le_bytes(secret[8..].try_into().expect("8")),
-            ],
+            mix,
             cas,
+        }
+    }
+
+    /// The geometry of the table [`new`](Self::new) builds on `region`,
+    /// for [`with_geometry`](Self::with_geometry).
+    pub fn prepare(
+        region: Region<'a>,
+        slot_count: u32,
+        capacity: u64,
+        mix: MixKeys,
+        cas: Option<bool>,
+    ) -> KeyGeometry {
+        let t = KeyTable::new(region, slot_count, capacity, mix, cas);
+        let base = region.as_ptr() as usize;
+        KeyGeometry {
+            region_len: region.len(),
+            counters_len: t.counters.len(),
+            entries_off: (t.entries.as_ptr() as usize).wrapping_sub(base),
+            entries_len: t.entries.len(),
+            slot_count,
+            mix,
+            cas: t.cas,
+        }
+    }
+
+    /// The table [`prepare`](Self::prepare) described, on the same
+    /// region (anything else is rebuilt with [`new`](Self::new)).
+    #[inline(always)]
+    pub fn with_geometry(region: Region<'a>, g: &KeyGeometry) -> KeyTable<'a> {
+        if region.len() != g.region_len
+            || g.entries_off < HEADER_BYTES as usize + g.counters_len
+            || g.entries_off.saturating_add(g.entries_len) > g.region_len
+            || g.counters_len > g.region_len
+        {
+            let capacity = (g.entries_len as u64) / ENTRY_BYTES;
+            return KeyTable::new(region, g.slot_count, capacity, g.mix, Some(g.cas));
+        }
+        let p = region.as_ptr();
+        // SAFETY: `prepare` found these parts inside a region of this
+        // length (checked again just above: the header's 4,096 bytes, the
+        // counters after them, the entries after the counters, all ending
+        // inside), and a region's memory is valid and 8-byte aligned for
+        // its whole length (every offset here is a multiple of 8).
+        let (header, counters, entries) = unsafe {
+            (
+                Region::from_raw(p, HEADER_BYTES as usize),
+                Region::from_raw(p.add(HEADER_BYTES as usize), g.counters_len),
+                Region::from_raw(p.add(g.entries_off), g.entries_len),
+            )
+        };
+        let capacity = (g.entries_len as u64) / ENTRY_BYTES;
+        KeyTable {
+            header,
+            counters,
+            entries,
+            pairs: entries.records::<2>(),
+            slot_count: g.slot_count,
+            capacity,
+            lines: capacity / LINE_ENTRIES,
+            mix: g.mix,
+            cas: g.cas,
         }
     }
 
@@ -337,7 +425,7 @@ impl<'a> KeyTable<'a> {
             Region::from_atomics(words),
             slot_count,
             capacity,
-            secret,
+            MixKeys::from_secret(secret),
             None,
         )
     }
@@ -364,9 +452,7 @@ impl<'a> KeyTable<'a> {
     /// Starts hashing a key of strategy `strategy_id`.
     #[inline]
     pub fn hasher(&self, strategy_id: u32) -> KeyHasher {
-        let mut h = Sip13::new(self.secret);
-        h.word(strategy_id as u64);
-        KeyHasher(h)
+        KeyHasher(Mix::new(self.mix, strategy_id as u64))
     }
 
     /// The key a finished hash names, for the strategy in stat slot `slot`
@@ -403,9 +489,7 @@ impl<'a> KeyTable<'a> {
         } else {
             i % self.capacity
         };
-        self.entries
-            .words_at::<2>((i * ENTRY_BYTES) as usize)
-            .expect("inside the table")
+        &self.pairs[i as usize]
     }
 
     #[inline(always)]
@@ -529,9 +613,23 @@ impl<'a> KeyTable<'a> {
         self.charge_slow(key, lim, now, t, force, slots, owner)
     }
 
-    /// The key's entry in its probe range (idents only).
+    /// The key's entry in its probe range (idents only): the two lines
+    /// with one bounds check, unless the range wraps.
     #[inline(always)]
     fn find(&self, key: &KeyId) -> Option<u64> {
+        let s = key.start as usize;
+        let Some(range) = self.pairs.get(s..s.wrapping_add(PROBE as usize)) else {
+            return self.find_wrapping(key);
+        };
+        range
+            .iter()
+            .position(|e| e[0].load(Ordering::Acquire) == key.ident)
+            .map(|p| key.start + p as u64)
+    }
+
+    /// [`find`](Self::find) for a range that wraps to the first line.
+    #[inline(never)]
+    fn find_wrapping(&self, key: &KeyId) -> Option<u64> {
         (0..PROBE)
             .map(|p| self.at(key.start, p))
             .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)

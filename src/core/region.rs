@@ -106,6 +106,21 @@ impl<'a> Region<'a> {
         Some(unsafe { &*(self.ptr.add(off) as *const [AtomicU64; N]) })
     }
 
+    /// The region as consecutive records of `N` 64-bit words (a tail
+    /// shorter than a record left out): index a record without an offset
+    /// check of its own.
+    #[inline]
+    pub fn records<const N: usize>(&self) -> &'a [[AtomicU64; N]] {
+        if N == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` is 8-byte aligned and valid for `len` bytes for 'a
+        // (contract of `from_raw`); `[AtomicU64; N]` has the layout and
+        // alignment of N consecutive words and the count is rounded down,
+        // so the slice lies inside; the memory is only accessed atomically.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const [AtomicU64; N], self.len / (8 * N)) }
+    }
+
     /// The 32-bit word at `off`, if it lies inside and is aligned.
     #[inline]
     pub fn u32_at(&self, off: usize) -> Option<&'a AtomicU32> {

@@ -375,10 +375,10 @@ pub struct Mapping {
     pub dev_ino: (u64, u64),
     /// This process's row in the concurrency ledger (claimed on first use).
     ledger_row: std::sync::atomic::AtomicUsize,
-    /// The key table's hash secret (header, written once at creation).
-    key_secret: [u8; 16],
-    /// Can the key table's entries take a 16-byte CAS (asked once)?
-    keys_cas: bool,
+    /// The key table's geometry, hash keys (derived once from the
+    /// header's secret, written once at creation) and whether its entries
+    /// take a 16-byte CAS (asked once).
+    keys_geometry: super::keys::KeyGeometry,
 }
 
 const NO_ROW: usize = usize::MAX;
@@ -459,9 +459,17 @@ impl Mapping {
         let geometry = Geometry::read(&h, size, path)?;
         let mut key_secret = [0u8; 16];
         h.read_bytes(H_KEYS_SECRET, &mut key_secret);
-        let mut m = Mapping {
-            key_secret,
-            keys_cas: false,
+        let keys_geometry = super::keys::KeyTable::prepare(
+            whole
+                .sub(geometry.keys_off, geometry.keys_len)
+                .expect("validated"),
+            geometry.slot_count,
+            geometry.keys_capacity,
+            super::keys::MixKeys::from_secret(key_secret),
+            None,
+        );
+        let m = Mapping {
+            keys_geometry,
             guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
@@ -470,7 +478,6 @@ impl Mapping {
             dev_ino: (meta.dev(), meta.ino()),
             ledger_row: std::sync::atomic::AtomicUsize::new(NO_ROW),
         };
-        m.keys_cas = m.keys_with(None).usable();
         Ok(m)
     }
 
@@ -519,20 +526,12 @@ impl Mapping {
     /// The per-key table (see [`super::keys`]).
     #[inline]
     pub fn keys(&self) -> super::keys::KeyTable<'_> {
-        self.keys_with(Some(self.keys_cas))
-    }
-
-    #[inline]
-    fn keys_with(&self, cas: Option<bool>) -> super::keys::KeyTable<'_> {
         let g = &self.geometry;
-        super::keys::KeyTable::new(
+        super::keys::KeyTable::with_geometry(
             self.region()
                 .sub(g.keys_off, g.keys_len)
                 .expect("validated"),
-            g.slot_count,
-            g.keys_capacity,
-            self.key_secret,
-            cas,
+            &self.keys_geometry,
         )
     }
 

@@ -103,8 +103,8 @@ fn schemas() -> Value {
                         "description": "per-key only: IPv6 client addresses are aggregated to this prefix (default 64; IPv4-mapped IPv6 counts as IPv4)"},
         "on_full": {"type": ["string", "null"], "enum": ["overflow", "reject", "allow", null],
                     "description": "per-key only: a new key when its part of the key table is full: overflow (default; charged against one shared limiter at the strategy's rate), reject or allow"},
-        "split": {"type": "string", "enum": ["static", "demand"], "default": "static",
-                  "description": "cluster only: static = rate × weight / Σ weights of fresh hosts; demand = leases from the fleet leader by each host's demand (README, Fleet leases)"},
+        "split": {"type": "string", "enum": ["static", "demand"],
+                  "description": "cluster only: static = rate × weight / Σ weights of fresh hosts; demand = leases from the fleet leader by each host's demand (README, Fleet leases). Default: demand for cluster scope, static for host scope and allow (a strategy stored before the split existed stays static)"},
     });
     // algorithm and rate are required unless the action is allow.
     let rate_required = json!({
@@ -151,7 +151,7 @@ fn schemas() -> Value {
         ("ipv4_prefix", json!(null)),
         ("ipv6_prefix", json!(null)),
         ("on_full", json!(null)),
-        ("split", json!("static")),
+        ("split", json!("demand")),
     ] {
         example[k] = v;
     }

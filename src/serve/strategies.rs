@@ -112,7 +112,7 @@ fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyR
         ipv4_prefix: f.uint("ipv4_prefix", u8::MAX as u64)?.map(|p| p as u8),
         ipv6_prefix: f.uint("ipv6_prefix", u8::MAX as u64)?.map(|p| p as u8),
         on_full: f.parsed("on_full")?,
-        split: f.parsed("split")?.unwrap_or_default(),
+        split: f.parsed("split")?,
         created_ms: 0,
         updated_ms: 0,
         version: 0,

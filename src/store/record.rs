@@ -64,7 +64,10 @@ impl FromStr for Scope {
     }
 }
 
-/// How a `cluster` strategy's rate is divided among the hosts.
+/// How a `cluster` strategy's rate is divided among the hosts. Not given:
+/// `demand` for a cluster strategy that limits, `static` otherwise
+/// ([`Split::default_for`], filled in by validation); a stored row from
+/// before migration 7 (NULL) is `static`, what it was written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Split {
@@ -77,6 +80,17 @@ pub enum Split {
 }
 
 impl Split {
+    /// The split of a strategy that names none: leases by demand for a
+    /// cluster rate (it admits the rate under skew, README "Fleet leases"),
+    /// the static split where nothing is leased (host scope, allow).
+    pub fn default_for(scope: Scope, action: ActionKind) -> Split {
+        if scope == Scope::Cluster && action != ActionKind::Allow {
+            Split::Demand
+        } else {
+            Split::Static
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Split::Static => "static",
@@ -96,10 +110,6 @@ impl FromStr for Split {
                 Invalid::new(Field::Column("split"), "split", why)
             })
     }
-}
-
-fn is_static(s: &Split) -> bool {
-    *s == Split::Static
 }
 
 /// The overflow action, as stored: a keyword plus its optional parameters.
@@ -200,9 +210,10 @@ pub struct StrategyRecord {
     /// (default overflow).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_keyword")]
     pub on_full: Option<OnFull>,
-    /// `cluster` only: static weight split or demand-aware leases.
-    #[serde(default, skip_serializing_if = "is_static")]
-    pub split: Split,
+    /// `cluster` only: static weight split or demand-aware leases; `None`
+    /// (not given) until validation fills in [`Split::default_for`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
     /// Unix ms; set by the store.
     #[serde(default)]
     pub created_ms: u64,
@@ -350,7 +361,11 @@ impl StrategyRecord {
                     (self.warm_up_ms.is_some(), Field::WarmUpMs, "warm_up_ms"),
                     (self.cold_factor.is_some(), Field::ColdFactor, "cold_factor"),
                     // No rate to lease out.
-                    (self.split == Split::Demand, Field::Column("split"), "split"),
+                    (
+                        self.split == Some(Split::Demand),
+                        Field::Column("split"),
+                        "split",
+                    ),
                 ] {
                     if given {
                         return Err(Invalid::new(
@@ -507,6 +522,12 @@ impl StrategyRecord {
                 )
             })
             .collect();
+        // Not given: the default for what it is (after the checks above,
+        // which refuse only a `demand` someone asked for).
+        self.split = Some(
+            self.split
+                .unwrap_or(Split::default_for(self.scope, self.action)),
+        );
         Ok(())
     }
 }

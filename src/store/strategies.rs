@@ -415,7 +415,7 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.ipv4_prefix.map(|p| p as i64))
         .bind(r.ipv6_prefix.map(|p| p as i64))
         .bind(r.on_full.map(|o| o.as_str()))
-        .bind(r.split.as_str())
+        .bind(r.split.unwrap_or_default().as_str())
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<Valid<StrategyRecord>>, Vec<BadRow>) {
@@ -557,14 +557,17 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         ipv4_prefix: opt_u8("ipv4_prefix")?,
         ipv6_prefix: opt_u8("ipv6_prefix")?,
         on_full: get_os("on_full")?.map(on_full_of).transpose()?,
-        // NULL: a row from before migration 7.
-        split: match row
-            .try_get::<Option<String>, _>("split")
-            .map_err(|e| unreadable("split", e))?
-        {
-            Some(s) => s.parse().map_err(bad)?,
-            None => Split::default(),
-        },
+        // NULL: a row from before migration 7, written with the static
+        // split (the only one then): it keeps it.
+        split: Some(
+            match row
+                .try_get::<Option<String>, _>("split")
+                .map_err(|e| unreadable("split", e))?
+            {
+                Some(s) => s.parse().map_err(bad)?,
+                None => Split::Static,
+            },
+        ),
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
         version: get_i("version")?.max(0) as u64,

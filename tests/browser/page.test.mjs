@@ -148,6 +148,45 @@ async function newTwoPerMinute(name, match) {
   return dlg;
 }
 
+// An agent for host `hostId` through the service, writing `shmFile`; returns
+// once the file exists.
+async function startAgent(name, shmFile, hostId) {
+  start(name, BIN, ['--store', serveUrl(), 'agent', '--shm', shmFile, '--host-id', hostId,
+    '--mode', '0666', '--poll-ms', '100', '--heartbeat-ms', '500', '--blacklist-entries', '4'],
+  { RATE_CTL_TOKEN: TOKEN, RATE_CTL_AGENT_TOKEN: TOKEN });
+  await waitFor(`${name} to create the shm file`, () => fs.existsSync(shmFile), 20000)
+    .catch((e) => { throw new Error(`${e.message}\n${name} log:\n${logOf(name)}`); });
+}
+
+// nginx with the module in the foreground (its PID is ours), in `prefix`
+// (with logs/ and tmp/), reading `shmFile`, listening on `port`.
+function startNginx(name, prefix, shmFile, port) {
+  const conf = `load_module ${MODULE};
+worker_processes 2;
+daemon off;
+master_process on;
+pid ${prefix}/logs/nginx.pid;
+error_log ${prefix}/logs/error.log notice;
+events { worker_connections 256; }
+http {
+    access_log ${prefix}/logs/access.log;
+    client_body_temp_path ${prefix}/tmp/body;
+    proxy_temp_path ${prefix}/tmp/proxy;
+    fastcgi_temp_path ${prefix}/tmp/fastcgi;
+    uwsgi_temp_path ${prefix}/tmp/uwsgi;
+    scgi_temp_path ${prefix}/tmp/scgi;
+    rate_ctl_shm ${shmFile};
+    rate_ctl on;
+    server {
+        listen 127.0.0.1:${port};
+        location / { empty_gif; }
+    }
+}
+`;
+  fs.writeFileSync(path.join(prefix, 'nginx.conf'), conf);
+  start(name, NGINX, ['-p', prefix + '/', '-c', path.join(prefix, 'nginx.conf'), '-e', path.join(prefix, 'logs/error.log')]);
+}
+
 // ------------------------------------------------------------------ setup
 
 before(async () => {
@@ -174,37 +213,10 @@ before(async () => {
     .catch((e) => { throw new Error(`${e.message}\nserve log:\n${logOf('serve')}`); });
 
   // The agent, talking to the service over HTTP.
-  start('agent', BIN, ['--store', serveUrl(), 'agent', '--shm', shm, '--host-id', HOST_ID,
-    '--mode', '0666', '--poll-ms', '100', '--heartbeat-ms', '500', '--blacklist-entries', '4'],
-  { RATE_CTL_TOKEN: TOKEN, RATE_CTL_AGENT_TOKEN: TOKEN });
-  await waitFor('the agent to create the shm file', () => fs.existsSync(shm), 20000)
-    .catch((e) => { throw new Error(`${e.message}\nagent log:\n${logOf('agent')}`); });
+  await startAgent('agent', shm, HOST_ID);
 
   // nginx with the module, in the foreground so that its PID is ours.
-  const conf = `load_module ${MODULE};
-worker_processes 2;
-daemon off;
-master_process on;
-pid ${dir}/logs/nginx.pid;
-error_log ${dir}/logs/error.log notice;
-events { worker_connections 256; }
-http {
-    access_log ${dir}/logs/access.log;
-    client_body_temp_path ${dir}/tmp/body;
-    proxy_temp_path ${dir}/tmp/proxy;
-    fastcgi_temp_path ${dir}/tmp/fastcgi;
-    uwsgi_temp_path ${dir}/tmp/uwsgi;
-    scgi_temp_path ${dir}/tmp/scgi;
-    rate_ctl_shm ${shm};
-    rate_ctl on;
-    server {
-        listen 127.0.0.1:${nginxPort};
-        location / { empty_gif; }
-    }
-}
-`;
-  fs.writeFileSync(path.join(dir, 'nginx.conf'), conf);
-  start('nginx', NGINX, ['-p', dir + '/', '-c', path.join(dir, 'nginx.conf'), '-e', path.join(dir, 'logs/error.log')]);
+  startNginx('nginx', dir, shm, nginxPort);
   await waitFor('nginx to answer', async () => (await nginxStatus('/')) === 200, 10000)
     .catch((e) => { throw new Error(`${e.message}\nnginx: ${logOf('nginx')}\n${fs.readFileSync(path.join(dir, 'logs/error.log'), 'utf8')}`); });
 
@@ -226,7 +238,7 @@ after(async () => {
   }
   if (context) await context.close().catch(() => {});
   // nginx first (it reads the file), then the agent, then the service.
-  for (const name of ['nginx', 'agent', 'serve']) {
+  for (const name of ['nginx', 'nginx2', 'agent', 'agent2', 'serve']) {
     for (const p of procs.filter((x) => x.name === name)) await stop(p);
   }
   for (const p of procs) assert.ok(p.child.exited, `${p.name} (pid ${p.child.pid}) still running`);
@@ -660,5 +672,86 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
       await load;
     }
     await page.screenshot({ path: path.join(ARTIFACTS, 'screenshot.png') });
+  });
+
+  await step('a cluster strategy\'s chart adds up what every host admits and draws the fleet-wide rate', async () => {
+    // A second host: its own agent and nginx through the same service.
+    const dir2 = path.join(dir, 'host2');
+    for (const d of ['', 'logs', 'tmp']) fs.mkdirSync(path.join(dir2, d), { recursive: true });
+    fs.chmodSync(dir2, 0o755);
+    fs.chmodSync(path.join(dir2, 'tmp'), 0o777);
+    const shm2 = path.join(dir2, 'shm');
+    const port2 = await freePort();
+    await startAgent('agent2', shm2, `${HOST_ID}-2`);
+    startNginx('nginx2', dir2, shm2, port2);
+    const hosts = [nginxUrl('/fleet'), `http://127.0.0.1:${port2}/fleet`];
+    await waitFor('the second nginx to answer', async () => (await fetch(hosts[1])).ok, 10000);
+    // The form offers the demand split for a cluster strategy by default,
+    // and so does the API.
+    await page.getByRole('button', { name: '+ New strategy' }).click();
+    const dlg = page.getByRole('dialog', { name: 'New strategy' });
+    await dlg.getByLabel('Scope').selectOption('cluster');
+    assert.equal(await dlg.getByLabel('Split between hosts').inputValue(), 'demand');
+    await dlg.getByRole('button', { name: 'Cancel' }).click();
+    const made = await apiCall('POST', '/strategies', { name: 'fleet-chart', algorithm: 'token_bucket', rate: 10,
+      burst: 1, match: { api: '/fleet' } });
+    assert.equal(made.status, 201, JSON.stringify(made.body));
+    assert.equal(made.body.split, 'demand', 'the default split of a cluster strategy');
+    // Back to the list (it is not refreshed under the focus of its own chart button).
+    await page.getByRole('tab', { name: 'Hosts' }).click();
+    await page.getByRole('tab', { name: 'Strategies' }).click();
+    await page.getByRole('button', { name: 'Show live chart of fleet-chart' }).click();
+    await page.locator('#chart-card').waitFor();
+    // 20 requests a second to each host against 10/s for the fleet: each
+    // host admits about half, the chart shows their sum.
+    const admitted = [[], []]; // per host: the times of its 200s
+    let traffic = true;
+    const loads = hosts.map(async (url, i) => {
+      while (traffic) {
+        const res = await fetch(url, { cache: 'no-store' });
+        await res.arrayBuffer();
+        if (res.status === 200) admitted[i].push(Date.now());
+        await sleep(50);
+      }
+    });
+    const perS = (i, ms) => admitted[i].filter((t) => t > Date.now() - ms).length / (ms / 1000);
+    let seen;
+    try {
+      await waitFor('every host enforcing the strategy', async () => (await nginxStatus('/fleet')) === 503, 10000);
+      await sleep(6000); // the leases settle, a few reports reach the chart
+      seen = await waitFor('the chart at the fleet-wide rate', () => page.evaluate((id) => {
+        const pts = (state.stats.get(id) || []).slice(-5, -1); // whole seconds every host has reported
+        const avg = pts.reduce((a, p) => a + p.passed_per_s, 0) / Math.max(1, pts.length);
+        return pts.length === 4 && avg >= 8 && avg <= 11.5 && avg;
+      }, made.body.id), 15000, 250).catch((e) => {
+        throw new Error(`${e.message}: per host ${perS(0, 4000)}/s and ${perS(1, 4000)}/s at nginx`);
+      });
+    } finally {
+      traffic = false;
+      await Promise.all(loads);
+    }
+    // Neither host alone admits what the chart shows: it is the sum.
+    for (const i of [0, 1]) {
+      const own = perS(i, 4000);
+      assert.ok(own > 2 && own < seen * 0.8, `host ${i + 1} admitted ${own}/s at nginx; the chart ${seen}/s`);
+    }
+    const now = await page.locator('#chart-now').innerText();
+    assert.match(now, /passed\/s, [\d.]+ limited\/s, all hosts together/);
+    assert.match(now, /Dashed: the rate, fleet-wide, 10(\.0)?\/s\./);
+    // The rate line: a dashed row of its colour across the plot at 10/s.
+    const line = await page.evaluate(() => {
+      const c = document.querySelector('#chart');
+      const ratio = c.width / Number(c.dataset.cssw);
+      const y = Math.floor((Number(c.dataset.rateY) + 0.5) * ratio); // a row inside the 2 px line
+      const row = c.getContext('2d').getImageData(0, y, c.width, 1).data;
+      let blue = 0;
+      for (let x = 0; x < c.width; x++) {
+        const [r, g, b] = row.slice(x * 4, x * 4 + 3);
+        if (Math.abs(r - 0x35) < 40 && Math.abs(g - 0x53) < 40 && Math.abs(b - 0xc8) < 40) blue += 1;
+      }
+      return { y: Number(c.dataset.rateY), share: blue / c.width };
+    });
+    assert.ok(line.share > 0.4, `rate line drawn across the plot at y ${line.y} (${Math.round(line.share * 100)} % of the row)`);
+    await page.screenshot({ path: path.join(ARTIFACTS, 'fleet-chart.png') });
   });
 });

@@ -140,7 +140,7 @@ fn reject_status(a: Action) -> Option<u16> {
 /// See the module documentation. `held` receives the shared concurrency
 /// strategies the request holds (as [`Table::decide_into`]), `key_holds`
 /// the per-key ones.
-#[inline(never)]
+#[inline]
 pub(crate) fn decide<V: Values + ?Sized>(
     table: &Table,
     matched: &[u32],
@@ -155,7 +155,22 @@ pub(crate) fn decide<V: Values + ?Sized>(
             return d;
         }
     }
-    // Any number of matched strategies, per-key and shared.
+    decide_all(table, matched, map, r, held, key_holds, full)
+}
+
+/// [`decide`] for any number of matched strategies, per-key and shared
+/// (out of line: the one-strategy path keeps a small frame).
+#[inline(never)]
+fn decide_all<V: Values + ?Sized>(
+    table: &Table,
+    matched: &[u32],
+    map: &Mapping,
+    r: &Request<'_, V>,
+    held: &mut SmallVec<[u32; 2]>,
+    key_holds: &mut KeyHolds,
+    full: &mut Option<(u32, OnFull)>,
+) -> Decision {
+    let slots = &map.slots();
     let kt = map.keys();
     let now = r.now();
     let owner = |slot: u32| table.key_owner(slot);
@@ -334,7 +349,7 @@ pub(crate) fn decide<V: Values + ?Sized>(
 /// The common case, one enforcing per-key strategy, without the lists of
 /// [`decide_all`]: the same decision and effects. `None` (nothing
 /// charged) for what it does not handle: a dry run, a full range.
-#[inline(always)]
+#[inline(never)]
 fn decide_one<V: Values + ?Sized>(
     table: &Table,
     si: u32,

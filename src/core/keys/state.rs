@@ -108,7 +108,7 @@ impl KeyLimiter {
     }
 
     /// One request at `now` on the word `w`.
-    #[inline]
+    #[inline(always)]
     pub fn step(&self, w: u64, now: u64) -> Step {
         match *self {
             KeyLimiter::Gcra {

@@ -312,3 +312,33 @@ fn the_ip_part_is_the_aggregated_prefix() {
     assert_ne!(ip("2001:db8::1", 32, 64), ip("2001:db8::1", 32, 65));
     assert_ne!(ip("2001:db8:0:1::1", 32, 64), ip("2001:db8::1", 32, 64));
 }
+
+/// A key whose range is the table's last line and the first (the probe
+/// range wraps) is found again, charged on its own entry, and its
+/// neighbours of the last line stay apart from it.
+#[test]
+fn a_range_that_wraps_keeps_its_keys() {
+    let f = Fixture::new(64);
+    let t = f.table(64);
+    let l = limiter(Algorithm::FixedWindow, 2, Unit::Hour, 0);
+    let last: Vec<KeyId> = (0u32..)
+        .map(|i| key(&t, 0, &[&i.to_le_bytes()]))
+        .filter(|k| k.start == 60)
+        .take(6)
+        .collect();
+    // Six keys in a range of eight: four on the last line, two wrapped.
+    for k in &last {
+        assert!(admitted(charge(&t, &f, k, &l, T0)));
+    }
+    for k in &last {
+        assert!(admitted(charge(&t, &f, k, &l, T0)), "second request");
+        assert!(
+            matches!(charge(&t, &f, k, &l, T0), Charge::Rejected { .. }),
+            "third request of a key with 2 an hour"
+        );
+        assert!(t.peek(k).is_some());
+    }
+    // Two of them live in the first line (wrapped).
+    let wrapped = (0..4).filter(|&i| t.load(i).0 != 0).count();
+    assert_eq!(wrapped, 2);
+}
