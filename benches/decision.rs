@@ -7,60 +7,22 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rate_ctl::core::blacklist::BlacklistEntry;
-use rate_ctl::core::model::{Algorithm, Condition, Strategy, Unit};
+use rate_ctl::core::model::{Condition, Strategy};
 use rate_ctl::core::reader::Reader;
-use rate_ctl::core::segment::read_segment;
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::table::{Request, RequestOutcome, Scratch, Table};
 use rate_ctl::core::writer::Writer;
 use smallvec::SmallVec;
 
-const DIMS: [&str; 6] = ["ip", "userid", "api", "method", "host", "appid"];
-
-/// `n` strategies over 6 dimensions, 1 to 3 conditions each, deterministic.
-/// Like real strategy sets, low-cardinality values (method, host) only
-/// narrow a strategy that also names a caller (ip, userid, appid) or an
-/// api: thousands of global "every GET" limits would be one strategy.
-fn strategies(n: u32) -> Vec<Strategy> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    (1..=n)
-        .map(|id| {
-            let k = 1 + (rnd() % 3) as usize;
-            // First condition: a high-cardinality dimension.
-            let mut dims: Vec<usize> = vec![[0, 1, 2, 5][(rnd() % 4) as usize]];
-            while dims.len() < k {
-                let d = (rnd() % 6) as usize;
-                if !dims.contains(&d) {
-                    dims.push(d);
-                }
-            }
-            let conditions = dims
-                .iter()
-                .map(|&d| {
-                    let v = match DIMS[d] {
-                        "ip" => format!("10.{}.{}.{}", rnd() % 256, rnd() % 256, rnd() % 256),
-                        "api" => format!("/api/v{}", rnd() % 200),
-                        "method" => ["GET", "POST", "PUT"][(rnd() % 3) as usize].to_string(),
-                        "host" => format!("h{}.example", rnd() % 50),
-                        other => format!("{other}{}", rnd() % (n as u64 * 4)),
-                    };
-                    Condition::new(DIMS[d], v)
-                })
-                .collect();
-            never_full(id, conditions)
-        })
-        .collect()
-}
+mod common;
+use common::{passing, strategies};
 
 fn setup(n: u32, dir: &std::path::Path) -> (Arc<Table>, Writer) {
     let path = dir.join(format!("bench-{n}"));
-    let caps = Capacities::tables(131_072, 32 << 20);
+    let caps = Capacities {
+        blacklist_entries: 4096, // the 1,000 entries below
+        ..Capacities::tables(131_072, 32 << 20)
+    };
     let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
     let mut list = strategies(n);
     // The request's own strategy: ip AND userid AND api, never rejects.
@@ -92,29 +54,6 @@ fn setup(n: u32, dir: &std::path::Path) -> (Arc<Table>, Writer) {
     let mut e = Reader::new(&path);
     e.refresh(1);
     (e.table().unwrap().clone(), w)
-}
-
-/// A strategy that never rejects, on `conds`.
-fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
-    let conditions = conds
-        .iter()
-        .map(|(d, v)| Condition::new(*d, v.as_str()))
-        .collect();
-    never_full(id, conditions)
-}
-
-/// A token bucket of a million a second: every request passes.
-fn never_full(id: u32, conditions: Vec<Condition>) -> Strategy {
-    Strategy {
-        burst: 1_000_000,
-        ..Strategy::plain(
-            id,
-            conditions,
-            Algorithm::TokenBucket,
-            1_000_000,
-            Unit::Second,
-        )
-    }
 }
 
 /// The tables of `scripts/bench-instructions.sh` (same names): 10,000
@@ -214,14 +153,7 @@ fn decider<'a>(
 }
 
 fn decision(c: &mut Criterion) {
-    let dir = tempfile::Builder::new()
-        .prefix("rate-ctl-bench")
-        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        })
-        .unwrap();
+    let dir = common::scratch_dir("rate-ctl-bench");
     let mut g = c.benchmark_group("decide");
     g.throughput(Throughput::Elements(1));
     for n in [10u32, 1_000, 10_000, 100_000] {
@@ -278,57 +210,6 @@ fn decision(c: &mut Criterion) {
         );
         let mut decide = decider(&t, values, false);
         g.bench_function(case, |b| b.iter(&mut decide));
-    }
-    g.finish();
-
-    let mut g = c.benchmark_group("reload");
-    // What a worker does when a table of 65,536 strategies is published:
-    // copy the segment, decode, build (random shapes; a 256 x 256 grid).
-    g.sample_size(10);
-    for (name, list) in [
-        ("random", strategies(65_536)),
-        ("grid256", {
-            let mut l = Vec::new();
-            for i in 0..256u32 {
-                for j in 0..256u32 {
-                    l.push(passing(
-                        1 + i * 256 + j,
-                        &[("a", format!("a{i}")), ("b", format!("b{j}"))],
-                    ));
-                }
-            }
-            l
-        }),
-    ] {
-        let (t, _w) = publish(&list, &dir.path().join(format!("load-{name}")));
-        let map = t.mapping().unwrap().clone();
-        let mut buf = Vec::new();
-        g.bench_function(BenchmarkId::new("copy+decode+build/65536", name), |b| {
-            b.iter(|| {
-                let seq = map.seq();
-                let d = read_segment(&map.segment((seq & 1) as usize), seq, &mut buf).unwrap();
-                black_box(Table::build(d, Some(map.clone())))
-            })
-        });
-    }
-    {
-        let n = 10_000u32;
-        let (t, _w) = setup(n, dir.path());
-        let map = t.mapping().unwrap().clone();
-        let mut buf = Vec::new();
-        g.bench_with_input(BenchmarkId::new("copy+decode+build", n), &n, |b, _| {
-            b.iter(|| {
-                let seq = map.seq();
-                let d = read_segment(&map.segment((seq & 1) as usize), seq, &mut buf).unwrap();
-                black_box(Table::build(d, Some(map.clone())))
-            })
-        });
-        g.bench_with_input(BenchmarkId::new("copy+decode", n), &n, |b, _| {
-            b.iter(|| {
-                let seq = map.seq();
-                black_box(read_segment(&map.segment((seq & 1) as usize), seq, &mut buf).unwrap())
-            })
-        });
     }
     g.finish();
 }

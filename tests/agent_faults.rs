@@ -237,7 +237,7 @@ fn replace_import_of_a_full_table_is_published_in_stages() {
     let names: Vec<String> = t
         .strategies()
         .iter()
-        .map(|c| String::from_utf8_lossy(&c.strategy.conditions[0].value).into_owned())
+        .map(|c| String::from_utf8_lossy(&t.conditions(c)[0].value).into_owned())
         .collect();
     assert_eq!(names, ["/new0", "/new1", "/new2", "/new3"]);
     let took = t0.elapsed();

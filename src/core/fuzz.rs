@@ -49,6 +49,10 @@ pub fn fuzz_reader(data: &[u8]) {
     for off in g.seg_off {
         if let Some(seg) = whole.sub(off, g.seg_len) {
             let _ = read_segment(&seg, seq, &mut buf);
+            // The worker's path: decoded and compiled straight from the copy.
+            if let Ok(t) = Table::read(&seg, seq, &mut buf, None) {
+                t.matching(&vec![Some(&b"10.0.0.1"[..]); t.dimensions().len()]);
+            }
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Loading a large table off the request path.
 //!
-//! Copying, decoding and indexing a published segment takes about 1 µs
-//! per strategy, and freeing the table it replaces a good part of that
-//! again: tens of milliseconds for 65,536 strategies, during which an nginx
-//! worker that did it on its event loop would answer nobody. So a worker
+//! Copying, checking and indexing a published segment takes about half a
+//! microsecond per strategy (`cargo bench --bench load`), and freeing the
+//! table it replaces some more: tens of milliseconds for 65,536
+//! strategies, during which an nginx worker that did it on its event loop
+//! would answer nobody. So a worker
 //! ([`Reader::set_background`](super::reader::Reader::set_background))
 //! hands a segment of at least [`BACKGROUND_MIN`] strategies to a helper
 //! thread, which reads, decodes and builds the [`Table`]; the worker goes
@@ -20,7 +21,7 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::segment::{read_segment, SegmentError};
+use super::segment::SegmentError;
 use super::shm::Mapping;
 use super::table::Table;
 
@@ -97,15 +98,17 @@ fn build(map: &Arc<Mapping>, seq: u64) -> Built {
         if map.seq() != seq {
             return Built::Busy;
         }
-        match read_segment(&map.segment((seq & 1) as usize), seq, &mut buf) {
-            Ok(decoded) => {
-                let strategies = decoded.strategies.len();
-                let config_version = decoded.config_version;
-                drop(buf);
+        match Table::read(
+            &map.segment((seq & 1) as usize),
+            seq,
+            &mut buf,
+            Some(map.clone()),
+        ) {
+            Ok(table) => {
                 return Built::Table {
-                    table: Box::new(Table::build(decoded, Some(map.clone()))),
-                    strategies,
-                    config_version,
+                    strategies: table.published_strategies(),
+                    config_version: table.config_version(),
+                    table: Box::new(table),
                 };
             }
             Err(SegmentError::Busy) => std::thread::yield_now(),

@@ -348,14 +348,13 @@ pub fn canonical_ip(value: &[u8]) -> Option<String> {
 /// allocation: the reader checks every published `ip` value with it.
 pub fn is_canonical_ip(value: &[u8]) -> bool {
     use std::io::Write;
+    // A dotted quad is canonical if it parses: the whole check.
+    if parse_canonical_ipv4(value).is_some() {
+        return true;
+    }
     let Ok(s) = std::str::from_utf8(value) else {
         return false;
     };
-    // std's IPv4 parser accepts only the canonical dotted quad (no leading
-    // zeros, no spaces): parsing is the whole check.
-    if s.parse::<std::net::Ipv4Addr>().is_ok() {
-        return true;
-    }
     let Ok(ip) = s.parse::<IpAddr>() else {
         return false;
     };
@@ -370,6 +369,42 @@ pub fn is_canonical_ip(value: &[u8]) -> bool {
     }
     let n = 64 - w.len();
     buf[..n] == *value
+}
+
+/// An IPv4 address in canonical text (what std's `Ipv4Addr` parser
+/// accepts: four decimal octets of 1 to 3 digits, none above 255, no
+/// leading zero, nothing around them), as its 32-bit value. No UTF-8 pass,
+/// no allocation: the reader's path for the `ip` values of a table (most
+/// are IPv4 addresses); anything else goes through the general parsers.
+pub fn parse_canonical_ipv4(b: &[u8]) -> Option<u32> {
+    let mut addr = 0u32;
+    let mut i = 0;
+    for octet in 0..4 {
+        if octet > 0 {
+            if b.get(i) != Some(&b'.') {
+                return None;
+            }
+            i += 1;
+        }
+        let start = i;
+        let mut v = 0u32;
+        while let Some(&c) = b.get(i) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            if i - start == 3 {
+                return None;
+            }
+            v = v * 10 + u32::from(c - b'0');
+            i += 1;
+        }
+        let n = i - start;
+        if n == 0 || v > 255 || (n > 1 && b[start] == b'0') {
+            return None;
+        }
+        addr = addr << 8 | v;
+    }
+    (i == b.len()).then_some(addr)
 }
 
 /// See [`canonical_ip`].
@@ -497,58 +532,68 @@ impl Strategy {
     /// already be canonical and a leaky bucket's burst 1 (the reader's check
     /// of published strategies).
     pub fn check(&self) -> Result<(), ModelError> {
+        let c = &self.conditions;
+        self.check_with(c.len(), |i| (c[i].dimension.as_str(), &c[i].value[..]))
+    }
+
+    /// [`check`](Self::check) with the conditions given apart, borrowed
+    /// (`cond(i)` for `i < count`; `self.conditions` is not read): the
+    /// reader checks a published record this way, straight from the
+    /// segment's bytes.
+    pub fn check_with<'c>(
+        &self,
+        count: usize,
+        cond: impl Fn(usize) -> (&'c str, &'c [u8]),
+    ) -> Result<(), ModelError> {
         if self.id == 0 {
             return Err(ModelError::ZeroId);
         }
         if self.name.len() > MAX_NAME_LEN {
             return Err(ModelError::NameTooLong(self.name.len()));
         }
-        if self.conditions.len() > MAX_CONDITIONS {
-            return Err(ModelError::TooManyConditions(self.conditions.len()));
+        if count > MAX_CONDITIONS {
+            return Err(ModelError::TooManyConditions(count));
         }
-        for index in 0..self.conditions.len() {
-            let c = &self.conditions[index];
-            if !valid_dimension_name(&c.dimension) {
+        for index in 0..count {
+            let (dimension, value) = cond(index);
+            if !valid_dimension_name(dimension) {
                 return Err(ModelError::BadDimension {
                     index,
-                    name: c.dimension.clone(),
+                    name: dimension.to_string(),
                 });
             }
-            if self.conditions[..index]
-                .iter()
-                .any(|p| p.dimension == c.dimension)
-            {
+            if (0..index).any(|p| cond(p).0 == dimension) {
                 return Err(ModelError::DuplicateDimension {
                     index,
-                    name: c.dimension.clone(),
+                    name: dimension.to_string(),
                 });
             }
-            if c.value.is_empty() || c.value.len() > MAX_VALUE_LEN {
+            if value.is_empty() || value.len() > MAX_VALUE_LEN {
                 return Err(ModelError::BadValueLength {
                     index,
-                    len: c.value.len(),
+                    len: value.len(),
                 });
             }
             // A newline would forge lines in listings and logs; no request
             // value nginx hands over carries NUL.
-            if let Some(&byte) = c.value.iter().find(|b| b.is_ascii_control()) {
+            if let Some(&byte) = value.iter().find(|b| b.is_ascii_control()) {
                 return Err(ModelError::ControlCharacter { index, byte });
             }
-            if c.dimension == "ip" && !is_canonical_ip(&c.value) {
+            if dimension == "ip" && !is_canonical_ip(value) {
                 // Else a network in canonical form (`10.0.0.0/8`).
-                let value = || String::from_utf8_lossy(&c.value).into_owned();
-                match parse_ip_net(&c.value) {
-                    Ok(net) if net.to_string().as_bytes() == &c.value[..] => {}
+                let value_text = || String::from_utf8_lossy(value).into_owned();
+                match parse_ip_net(value) {
+                    Ok(net) if net.to_string().as_bytes() == value => {}
                     Ok(_) | Err(IpNetError::NotAnAddress) => {
                         return Err(ModelError::BadIp {
                             index,
-                            value: value(),
+                            value: value_text(),
                         })
                     }
                     Err(reason) => {
                         return Err(ModelError::BadIpNet {
                             index,
-                            value: value(),
+                            value: value_text(),
                             reason,
                         })
                     }
@@ -728,6 +773,84 @@ mod tests {
             each: Default::default(),
             name: String::new(),
         }
+    }
+
+    /// The reader's IPv4 fast path accepts exactly what std's parser
+    /// does (canonical text is what std parses and prints alike).
+    #[test]
+    fn canonical_ipv4_parses_exactly_what_std_parses() {
+        let std_v4 = |b: &[u8]| {
+            std::str::from_utf8(b)
+                .ok()?
+                .parse::<std::net::Ipv4Addr>()
+                .ok()
+                .map(u32::from)
+        };
+        let mut cases: Vec<Vec<u8>> = [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.0.0.1",
+            "1.2.3.4",
+            "01.2.3.4",
+            "1.2.3.04",
+            "1.2.3.00",
+            "256.1.1.1",
+            "1.2.3",
+            "1.2.3.4.",
+            ".1.2.3.4",
+            "1..2.3",
+            "1.2.3.4 ",
+            " 1.2.3.4",
+            "1.2.3.4/8",
+            "1.2.3.-4",
+            "1.2.3.+4",
+            "1000.1.1.1",
+            "1.2.3.1000",
+            "::1",
+            "",
+            "1.2.3.4\0",
+            "9.99.199.249",
+            "0.00.0.0",
+        ]
+        .iter()
+        .map(|c| c.as_bytes().to_vec())
+        .collect();
+        // Every quad of these octet spellings (valid, leading zeros, too
+        // large, too long, empty, stray bytes), and random bytes over the
+        // grammar's alphabet.
+        let octets = [
+            "0", "00", "01", "1", "9", "10", "99", "100", "199", "249", "255", "256", "999",
+            "0000", "", "1x",
+        ];
+        for i in 0..octets.len().pow(4) {
+            let o = |k: u32| octets[i / octets.len().pow(k) % octets.len()];
+            cases.push(format!("{}.{}.{}.{}", o(0), o(1), o(2), o(3)).into_bytes());
+        }
+        let alphabet = b"0129.5x";
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut y = x;
+            let v: Vec<u8> = (0..x % 16)
+                .map(|_| {
+                    let b = alphabet[(y % 7) as usize];
+                    y /= 7;
+                    b
+                })
+                .collect();
+            cases.push(v);
+        }
+        for c in &cases {
+            assert_eq!(
+                parse_canonical_ipv4(c),
+                std_v4(c),
+                "{:?}",
+                String::from_utf8_lossy(c)
+            );
+        }
+        assert!(cases.iter().filter(|c| std_v4(c).is_some()).count() >= 6_561);
     }
 
     #[test]

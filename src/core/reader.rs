@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::loader::{self, Built, Pending};
-use super::segment::{read_segment, SegmentError};
+use super::segment::SegmentError;
 use super::shm::{Mapping, ShmError};
 use super::table::Table;
 
@@ -263,11 +263,12 @@ impl Reader {
                     format_args!("no table published yet; requests pass"),
                 );
             }
-            match read_segment(&map.segment((seq & 1) as usize), seq, &mut self.buf) {
-                Ok(decoded) => {
-                    let n = decoded.strategies.len();
-                    let version = decoded.config_version;
-                    self.table = Some(Arc::new(Table::build(decoded, Some(map.clone()))));
+            let seg = map.segment((seq & 1) as usize);
+            match Table::read(&seg, seq, &mut self.buf, Some(map.clone())) {
+                Ok(table) => {
+                    let n = table.published_strategies();
+                    let version = table.config_version();
+                    self.table = Some(Arc::new(table));
                     self.seen_seq = seq;
                     return self.file_state(
                         State::Enforcing,

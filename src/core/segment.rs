@@ -7,6 +7,8 @@
 
 use std::sync::atomic::{fence, Ordering};
 
+use smallvec::SmallVec;
+
 use super::model::{Action, Algorithm, Condition, Strategy, Unit, WarmUp};
 use super::region::Region;
 
@@ -171,6 +173,18 @@ pub fn announced_count(seg: &Region<'_>) -> u32 {
     (seg.load(S_LEN_COUNT) >> 32) as u32
 }
 
+/// What a segment's header says about the payload [`read_raw`] copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawSegment {
+    pub publish_seq: u64,
+    pub config_version: u64,
+    pub published_unix_ms: u64,
+    /// Strategy records in the payload.
+    pub count: u32,
+    /// Blacklist dimension names after them.
+    pub bl_dims: u32,
+}
+
 /// Reader side: copies the segment out under its seqlock and decodes it.
 /// `expected_seq` is the header sequence that named this segment.
 pub fn read_segment(
@@ -178,6 +192,25 @@ pub fn read_segment(
     expected_seq: u64,
     buf: &mut Vec<u8>,
 ) -> Result<Decoded, SegmentError> {
+    let raw = read_raw(seg, expected_seq, buf)?;
+    let (strategies, blacklist_dimensions) = decode_payload(buf, raw.count, raw.bl_dims)?;
+    Ok(Decoded {
+        publish_seq: raw.publish_seq,
+        config_version: raw.config_version,
+        published_unix_ms: raw.published_unix_ms,
+        strategies,
+        blacklist_dimensions,
+    })
+}
+
+/// Copies the segment's payload into `buf` under its seqlock and checks
+/// the header and the checksum; the records are not decoded yet
+/// ([`decode_records`], or [`read_segment`] for the whole of it).
+pub fn read_raw(
+    seg: &Region<'_>,
+    expected_seq: u64,
+    buf: &mut Vec<u8>,
+) -> Result<RawSegment, SegmentError> {
     let ws = seg.u64_at(S_WRITE_SEQ).ok_or(SegmentError::Magic)?;
     let w1 = ws.load(Ordering::Acquire);
     if w1 & 1 == 1 {
@@ -218,13 +251,12 @@ pub fn read_segment(
     if checksum(buf, publish_seq, config_version, count, bl_dims) != crc_dims as u32 {
         return Err(SegmentError::Checksum);
     }
-    let (strategies, blacklist_dimensions) = decode_payload(buf, count, bl_dims)?;
-    Ok(Decoded {
+    Ok(RawSegment {
         publish_seq,
         config_version,
         published_unix_ms,
-        strategies,
-        blacklist_dimensions,
+        count,
+        bl_dims,
     })
 }
 
@@ -256,18 +288,67 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// One strategy record of a payload, checked with the model's rules,
+/// its conditions borrowed from the payload: `strategy.conditions` is
+/// empty, `conditions` holds them (`(dimension, value)`, as published).
+pub struct Record<'a> {
+    pub strategy: Strategy,
+    pub slot: u32,
+    pub generation: u64,
+    pub conditions: SmallVec<[(&'a str, &'a [u8]); 4]>,
+}
+
+impl Record<'_> {
+    /// The record with its conditions owned, as [`decode_payload`] gives it.
+    pub fn into_published(self) -> Published {
+        let mut strategy = self.strategy;
+        strategy.conditions = self
+            .conditions
+            .iter()
+            .map(|&(d, v)| Condition::new(d, v))
+            .collect();
+        Published {
+            strategy,
+            slot: self.slot,
+            generation: self.generation,
+        }
+    }
+}
+
 /// Decodes a payload; every record is validated with the model's rules.
 pub fn decode_payload(
     payload: &[u8],
     count: u32,
     bl_dims: u32,
 ) -> Result<(Vec<Published>, Vec<String>), SegmentError> {
+    let mut out = Vec::new();
+    let end = decode_records(payload, count, |r| {
+        if out.capacity() == 0 {
+            out.reserve_exact(count as usize);
+        }
+        out.push(r.into_published());
+    })?;
+    let dims = decode_blacklist_dimensions(payload, end, count, bl_dims)?;
+    Ok((out, dims))
+}
+
+/// Decodes and checks the `count` strategy records at the start of
+/// `payload`, handing each to `each` in order, borrowed (no allocation
+/// per condition); returns where the blacklist dimension names start
+/// ([`decode_blacklist_dimensions`]). Ids must be strictly ascending (the
+/// writer sorts them and refuses duplicates). Stops at the first bad
+/// record: a caller building from them discards what it has.
+pub fn decode_records<'a>(
+    payload: &'a [u8],
+    count: u32,
+    mut each: impl FnMut(Record<'a>),
+) -> Result<usize, SegmentError> {
     let mut c = Cursor { b: payload, pos: 0 };
-    // A record is at least REC_FIXED bytes: bound the allocation by the payload.
+    // A record is at least REC_FIXED bytes: bound the work by the payload.
     if count as usize > payload.len() / REC_FIXED {
         return Err(SegmentError::Length(count as u64));
     }
-    let mut out = Vec::with_capacity(count as usize);
+    let mut last_id = 0u32;
     for index in 0..count as usize {
         let bad = |what: &str| SegmentError::Record {
             index,
@@ -318,20 +399,26 @@ pub fn decode_payload(
             4 => Action::Allow,
             _ => return Err(bad("unknown action")),
         };
-        let mut conditions = Vec::with_capacity(n.min(super::model::MAX_CONDITIONS + 1));
+        if n > super::model::MAX_CONDITIONS {
+            return Err(bad(&format!(
+                "strategy {id}: {}",
+                super::model::ModelError::TooManyConditions(n)
+            )));
+        }
+        let mut conditions = SmallVec::new();
         for _ in 0..n {
             let dl = r.u8().ok_or_else(trunc)? as usize;
             let dim = r.take(dl).ok_or_else(trunc)?;
             let dim = std::str::from_utf8(dim).map_err(|_| bad("dimension not UTF-8"))?;
             let vl = r.u16().ok_or_else(trunc)? as usize;
             let value = r.take(vl).ok_or_else(trunc)?;
-            conditions.push(Condition::new(dim, value));
+            conditions.push((dim, value));
         }
         let rest = &r.b[r.pos..];
-        let each = super::keys::segment::decode(rest).map_err(bad)?;
+        let each_key = super::keys::segment::decode(rest).map_err(bad)?;
         let strategy = Strategy {
             id,
-            conditions,
+            conditions: Vec::new(),
             algorithm,
             rate,
             per,
@@ -343,19 +430,41 @@ pub fn decode_payload(
                 cold_factor,
             },
             priority,
-            each,
+            each: each_key,
             name,
         };
         strategy
-            .check()
+            .check_with(conditions.len(), |i| conditions[i])
             .map_err(|e| bad(&format!("strategy {id}: {e}")))?;
-        out.push(Published {
+        if index > 0 && id <= last_id {
+            return Err(bad(&format!(
+                "strategy {id}: ids not in ascending order (after {last_id})"
+            )));
+        }
+        last_id = id;
+        each(Record {
             strategy,
             slot,
             generation,
+            conditions,
         });
         c.pos = start + len;
     }
+    Ok(c.pos)
+}
+
+/// The `bl_dims` blacklist dimension names at `at` (after the `count`
+/// records, see [`decode_records`]).
+pub fn decode_blacklist_dimensions(
+    payload: &[u8],
+    at: usize,
+    count: u32,
+    bl_dims: u32,
+) -> Result<Vec<String>, SegmentError> {
+    let mut c = Cursor {
+        b: payload,
+        pos: at,
+    };
     let mut dims = Vec::with_capacity(bl_dims.min(MAX_TABLE_DIMENSIONS as u32) as usize);
     for index in 0..bl_dims as usize {
         let bad = || SegmentError::Record {
@@ -373,7 +482,7 @@ pub fn decode_payload(
         }
         dims.push(d.to_string());
     }
-    Ok((out, dims))
+    Ok(dims)
 }
 
 #[cfg(test)]
@@ -451,6 +560,67 @@ mod tests {
         assert_eq!(
             read_segment(&seg, 7, &mut buf).unwrap_err(),
             SegmentError::Busy
+        );
+    }
+
+    /// The writer sorts by id and refuses duplicates: a segment whose ids
+    /// are not strictly ascending is refused, naming the record.
+    #[test]
+    fn decoder_refuses_ids_out_of_order_or_repeated() {
+        for ids in [[2, 1], [3, 3]] {
+            let items: Vec<_> = ids.iter().map(|&i| sample(i)).collect();
+            let payload = encode_payload(&items, &[]);
+            match decode_payload(&payload, 2, 0) {
+                Err(SegmentError::Record { index: 1, what }) => {
+                    assert!(what.contains("ascending"), "{what}")
+                }
+                other => panic!("{ids:?}: {other:?}"),
+            }
+        }
+    }
+
+    /// The worker's read (decoded straight into the table) gives the
+    /// strategies and conditions the owned decoding gives, and refuses
+    /// what it refuses, with the same error.
+    #[test]
+    fn a_table_read_from_the_segment_holds_what_was_published() {
+        use crate::core::table::Table;
+        let words: Vec<AtomicU64> = (0..4096).map(|_| AtomicU64::new(0)).collect();
+        let seg = Region::from_atomics(&words);
+        let mut items: Vec<_> = (1..=10).map(sample).collect();
+        items[4].strategy.enabled = false;
+        items[5].strategy.conditions[0].value = b"2001:db8::/32".to_vec();
+        items[6].strategy.conditions[0].value = b"2001:db8::7".to_vec();
+        let payload = encode_payload(&items, &["userid".to_string()]);
+        write_segment(&seg, &payload, 10, 1, 7, 42, 1000);
+        let mut buf = Vec::new();
+        let t = Table::read(&seg, 7, &mut buf, None).unwrap();
+        assert_eq!((t.published_strategies(), t.strategies().len()), (10, 9));
+        assert_eq!(t.config_version(), 42);
+        for c in t.strategies() {
+            let p = items
+                .iter()
+                .find(|p| p.strategy.id == c.strategy.id)
+                .unwrap();
+            let mut got = t.conditions(c);
+            let mut want = p.strategy.conditions.clone();
+            got.sort_by(|a, b| a.dimension.cmp(&b.dimension));
+            want.sort_by(|a, b| a.dimension.cmp(&b.dimension));
+            assert_eq!(got, want, "strategy {}", c.strategy.id);
+            assert_eq!((c.slot, c.generation), (p.slot, p.generation));
+            let named: Vec<&str> = t.condition_dimensions(c).collect();
+            assert_eq!(named.len(), want.len());
+            assert!(want.iter().all(|w| named.contains(&w.dimension.as_str())));
+        }
+        // A record the model refuses, under a good checksum: refused whole.
+        items[8].strategy.conditions[0].value = b"10.0.0.01".to_vec();
+        let payload = encode_payload(&items, &[]);
+        write_segment(&seg, &payload, 10, 0, 8, 43, 1000);
+        let err = Table::read(&seg, 8, &mut buf, None).err().unwrap();
+        assert_eq!(Some(&err), read_segment(&seg, 8, &mut buf).err().as_ref());
+        assert!(
+            matches!(&err, SegmentError::Record { index: 8, what } if what.contains("10.0.0.01")),
+            "{err}"
         );
     }
 

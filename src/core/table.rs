@@ -33,15 +33,25 @@ use smallvec::SmallVec;
 
 use super::admit::{self, Decision, Hit, Verdict};
 use super::blacklist::Blacklist;
+use super::ipnet::IpNet;
 use super::ipnet::{parse_ip_net, prefix_mask};
 use super::limiter::Limiter;
-use super::model::{parse_ip, Action, Algorithm, Strategy};
+use super::model::{parse_canonical_ipv4, parse_ip, Action, Algorithm, Condition, Strategy};
 use super::region::Region;
-use super::segment::{Decoded, MAX_TABLE_DIMENSIONS};
+use super::segment::{
+    decode_blacklist_dimensions, decode_records, read_raw, Decoded, Published, RawSegment, Record,
+    SegmentError, MAX_TABLE_DIMENSIONS,
+};
 use super::shm::Mapping;
 use super::slot::Slot;
 use super::tuple_map::{Group, NONE};
-use super::value_map::ValueMap;
+use super::value_map::{bytes_eq, ValueMap};
+
+/// Where an interned value is kept (see [`Table::conditions`]): the
+/// dimension's text map, the `ip` address map, a prefix length's networks.
+const TEXT_VALUE: u8 = 0;
+const IP_VALUE: u8 = 1;
+const RANGE_VALUE: u8 = 2;
 
 /// An anchored list at least this long is probed by shape (when it has at
 /// most half as many shapes as strategies): checking a candidate costs
@@ -107,7 +117,7 @@ pub struct Compiled {
     /// where the matcher found the strategy).
     conds: Box<[(u8, u32)]>,
     /// Per-key strategies (`each`): how the key is built, its limiter.
-    pub key: Option<super::keys::KeyPlan>,
+    pub key: Option<Box<super::keys::KeyPlan>>,
 }
 
 impl Compiled {
@@ -266,6 +276,12 @@ pub struct Table {
     publish_seq: u64,
     config_version: u64,
     published_unix_ms: u64,
+    /// Strategies in the segment, disabled ones included.
+    published: usize,
+    /// Per interned value id: which map holds it ([`TEXT_VALUE`],
+    /// [`IP_VALUE`], [`RANGE_VALUE`]) and its entry there
+    /// ([`conditions`](Self::conditions)).
+    value_keys: Vec<(u8, u32)>,
     dims: Vec<String>,
     index: Vec<DimIndex>,
     /// The `ip` dimension, matched on the binary address (no text form).
@@ -322,10 +338,161 @@ pub struct Table {
     key_owners: Vec<(u32, super::keys::KeyLimiter)>,
 }
 
+/// A condition of a record being built: borrowed from the segment (or
+/// from a [`Decoded`]), with its `ip` value parsed once.
+#[derive(Clone, Copy)]
+struct PendingCond<'a> {
+    dim: &'a str,
+    value: &'a [u8],
+    /// `Builder::names[name]` is `dim` (`NONE`: past `MAX_NAMES`).
+    name: u32,
+}
+
+/// Distinct dimension names a builder numbers as it reads (the table
+/// uses at most [`MAX_TABLE_DIMENSIONS`]; a hostile file may name more).
+const MAX_NAMES: usize = 4 * MAX_TABLE_DIMENSIONS;
+
+/// A table being built: the enabled strategies of the records so far
+/// (conditions not yet interned) and their conditions, borrowed.
+struct Builder<'a> {
+    /// Compiled once their conditions are interned and anchored (each
+    /// written once, never read back).
+    strategies: Vec<Published>,
+    /// `pool[start..end]` are `strategies[i]`'s conditions.
+    spans: Vec<(u32, u32)>,
+    pool: Vec<PendingCond<'a>>,
+    /// The dimension names of the conditions, each once, and how many
+    /// conditions name each.
+    names: Vec<(&'a str, usize)>,
+    /// Per strategy: per-key (`each`)? Read here so that the passes over
+    /// the strategies (large) happen once.
+    keyed: Vec<bool>,
+    /// Some strategy has a priority other than 0 or is an `allow`.
+    ranked: bool,
+    /// Records read, disabled included.
+    published: usize,
+}
+
+impl<'a> Builder<'a> {
+    fn new(count: usize) -> Builder<'a> {
+        Builder {
+            strategies: Vec::with_capacity(count),
+            spans: Vec::with_capacity(count),
+            pool: Vec::with_capacity(count * 2),
+            names: Vec::new(),
+            keyed: Vec::with_capacity(count),
+            ranked: false,
+            published: 0,
+        }
+    }
+
+    fn add(&mut self, r: Record<'a>) {
+        self.published += 1;
+        if !r.strategy.enabled {
+            return;
+        }
+        let start = self.pool.len() as u32;
+        for &(dim, value) in &r.conditions {
+            let name = match self
+                .names
+                .iter()
+                .position(|n| bytes_eq(n.0.as_bytes(), dim.as_bytes()))
+            {
+                Some(i) => i,
+                None if self.names.len() < MAX_NAMES => {
+                    self.names.push((dim, 0));
+                    self.names.len() - 1
+                }
+                None => NONE as usize,
+            };
+            if let Some(n) = self.names.get_mut(name) {
+                n.1 += 1;
+            }
+            self.pool.push(PendingCond {
+                dim,
+                value,
+                name: name as u32,
+            });
+        }
+        self.spans.push((start, self.pool.len() as u32));
+        self.keyed.push(r.strategy.each.is_keyed());
+        self.ranked |= r.strategy.priority != 0 || r.strategy.action == Action::Allow;
+        self.strategies.push(Published {
+            strategy: r.strategy,
+            slot: r.slot,
+            generation: r.generation,
+        });
+    }
+}
+
+/// An `ip` condition's value as a network (an address: the `/128`): the
+/// IPv4 dotted quad most values are without the general parser.
+fn ip_net(value: &[u8]) -> Option<IpNet> {
+    match parse_canonical_ipv4(value) {
+        Some(a) => Some(IpNet::host(IpKey::v4(a).0)),
+        None => parse_ip_net(value).ok(),
+    }
+}
+
 impl Table {
-    /// Compiles a decoded segment. `map` provides the slots and blacklist
-    /// (None for a table that only matches, e.g. in tests).
+    /// Compiles a decoded segment (tests, tools; a worker reads its
+    /// segment with [`read`](Self::read)). `map` provides the slots and
+    /// blacklist (None for a table that only matches, e.g. in tests).
+    /// Strategies are taken by id, the first of a repeated id only.
     pub fn build(decoded: Decoded, map: Option<Arc<Mapping>>) -> Table {
+        let mut published = decoded.strategies;
+        published.sort_by_key(|p| p.strategy.id);
+        published.dedup_by_key(|p| p.strategy.id);
+        let owned: Vec<Vec<Condition>> = published
+            .iter_mut()
+            .map(|p| std::mem::take(&mut p.strategy.conditions))
+            .collect();
+        let mut b = Builder::new(published.len());
+        for (p, conds) in published.into_iter().zip(&owned) {
+            b.add(Record {
+                strategy: p.strategy,
+                slot: p.slot,
+                generation: p.generation,
+                conditions: conds
+                    .iter()
+                    .map(|c| (c.dimension.as_str(), &c.value[..]))
+                    .collect(),
+            });
+        }
+        let meta = RawSegment {
+            publish_seq: decoded.publish_seq,
+            config_version: decoded.config_version,
+            published_unix_ms: decoded.published_unix_ms,
+            count: b.published as u32,
+            bl_dims: decoded.blacklist_dimensions.len() as u32,
+        };
+        Table::finish(b, meta, &decoded.blacklist_dimensions, map)
+    }
+
+    /// What a worker does when a table is published: copies segment `seg`
+    /// (named by header sequence `expected_seq`) into `buf`, checks it
+    /// (header, checksum, every record with the model's rules) and
+    /// compiles it, straight from the copied bytes (no owned copy of each
+    /// condition on the way). A bad segment is refused whole.
+    pub fn read(
+        seg: &Region<'_>,
+        expected_seq: u64,
+        buf: &mut Vec<u8>,
+        map: Option<Arc<Mapping>>,
+    ) -> Result<Table, SegmentError> {
+        let raw = read_raw(seg, expected_seq, buf)?;
+        let mut b = Builder::new(raw.count as usize);
+        let end = decode_records(buf, raw.count, |r| b.add(r))?;
+        let bl = decode_blacklist_dimensions(buf, end, raw.count, raw.bl_dims)?;
+        Ok(Table::finish(b, raw, &bl, map))
+    }
+
+    fn finish(
+        b: Builder<'_>,
+        meta: RawSegment,
+        blacklist_dimensions: &[String],
+        map: Option<Arc<Mapping>>,
+    ) -> Table {
         let mut dims: Vec<String> = Vec::new();
         let dim_of = |dims: &mut Vec<String>, name: &str| -> Option<usize> {
             if let Some(i) = dims.iter().position(|d| d == name) {
@@ -337,26 +504,48 @@ impl Table {
             dims.push(name.to_string());
             Some(dims.len() - 1)
         };
-        let mut strategies: Vec<Compiled> = Vec::with_capacity(decoded.strategies.len());
+        let Builder {
+            strategies: pending,
+            spans: cond_spans,
+            pool,
+            names,
+            keyed,
+            ranked,
+            published,
+        } = b;
         // Per dimension: value → its entry (interned id, anchored list);
         // the `ip` dimension's values by address (see `ip_index`).
         let mut index: Vec<DimIndex> = Vec::new();
         let mut ip_index: ValueMap<u128, ValueEntry> = ValueMap::default();
         let mut ip_ranges: Vec<IpRanges> = Vec::new();
         // Strategies per interned value id.
-        let mut counts: Vec<u32> = Vec::new();
-        let mut published = decoded.strategies;
-        published.sort_by_key(|p| p.strategy.id);
-        published.dedup_by_key(|p| p.strategy.id);
+        let mut counts: Vec<u32> = Vec::with_capacity(pool.len());
+        // Per interned value id: which map holds it and its entry there
+        // (see `conditions`).
+        let mut value_keys: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
+        // Conditions per dimension name: room made in each map at once.
+        let room = |name: &str| names.iter().find(|n| n.0 == name).map_or(0, |n| n.1);
+        ip_index.reserve(room("ip"));
+        // An `ip` value as a network (an address: the /128), parsed once.
+        let any_ip = names.iter().any(|n| n.0 == "ip") || names.len() >= MAX_NAMES;
+        let nets: Vec<Option<IpNet>> = match any_ip {
+            true => pool
+                .iter()
+                .map(|c| {
+                    bytes_eq(c.dim.as_bytes(), b"ip")
+                        .then(|| ip_net(c.value))
+                        .flatten()
+                })
+                .collect(),
+            false => Vec::new(),
+        };
+        let net_of = |i: usize| nets.get(i).copied().flatten();
         // The prefix lengths of the networks in use become dimensions
         // first, longest first, so that their indexes are contiguous
         // (`range_dims`: one fill clears them for a request outside).
-        let mut lens: Vec<u8> = published
+        let mut lens: Vec<u8> = nets
             .iter()
-            .filter(|p| p.strategy.enabled)
-            .flat_map(|p| &p.strategy.conditions)
-            .filter(|c| c.dimension == "ip")
-            .filter_map(|c| parse_ip_net(&c.value).ok())
+            .flatten()
             .filter(|n| !n.is_host())
             .map(|n| n.len)
             .collect();
@@ -365,51 +554,74 @@ impl Table {
         if !lens.is_empty() {
             dim_of(&mut dims, "ip");
         }
-        for l in &lens {
-            dim_of(&mut dims, &format!("ip/{l}"));
-        }
-        'next: for p in published {
-            if !p.strategy.enabled {
-                continue;
-            }
-            let mut conds = Vec::with_capacity(p.strategy.conditions.len());
-            for c in &p.strategy.conditions {
+        let len_dims: Vec<(u8, Option<usize>)> = lens
+            .iter()
+            .map(|&l| (l, dim_of(&mut dims, &format!("ip/{l}"))))
+            .collect();
+        // Each name's dimension index, found once.
+        let mut name_dims: Vec<Option<Option<usize>>> = vec![None; names.len()];
+        let mut dropped: Vec<usize> = Vec::new();
+        // Stat slot → per-key limiter (see `Table::key_owners`).
+        let mut key_owners: Vec<(u32, super::keys::KeyLimiter)> = Vec::new();
+        // Every strategy's `(dimension, value id)`, `flat[fspans[si]]`:
+        // compact, for the passes below (anchors), then boxed per strategy.
+        let mut flat: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
+        let mut fspans: Vec<(u32, u32)> = Vec::with_capacity(pending.len());
+        // Per-key plans, by index in `pending` (ascending).
+        let mut plans: Vec<(usize, Box<super::keys::KeyPlan>)> = Vec::new();
+        'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
+            let start = flat.len();
+            for (i, c) in pool
+                .iter()
+                .enumerate()
+                .take(to as usize)
+                .skip(from as usize)
+            {
+                let net = net_of(i);
                 // A network is matched as the pseudo-dimension `ip/<len>`
                 // (`len` over the IPv6 form), one per prefix length: a
                 // strategy names it at most once, like any dimension, so
                 // anchoring and tuple-space groups need nothing more.
-                let net = if c.dimension == "ip" {
-                    parse_ip_net(&c.value).ok()
-                } else {
-                    None
-                };
-                let name = match net {
+                let d = match net {
                     Some(n) if !n.is_host() => {
                         // The text form of a request's address is read
                         // through `ip` (callers without a binary address).
                         if dim_of(&mut dims, "ip").is_none() {
+                            flat.truncate(start);
+                            dropped.push(si);
                             continue 'next;
                         }
-                        std::borrow::Cow::Owned(format!("ip/{}", n.len))
+                        len_dims.iter().find(|x| x.0 == n.len).and_then(|x| x.1)
                     }
-                    _ => std::borrow::Cow::Borrowed(c.dimension.as_str()),
+                    _ => match name_dims.get_mut(c.name as usize) {
+                        Some(Some(d)) => *d,
+                        Some(slot) => *slot.insert(dim_of(&mut dims, c.dim)),
+                        None => dim_of(&mut dims, c.dim),
+                    },
                 };
-                let Some(d) = dim_of(&mut dims, &name) else {
+                let Some(d) = d else {
+                    flat.truncate(start);
+                    dropped.push(si);
                     continue 'next; // over the dimension limit: the writer refuses this
                 };
                 if index.len() <= d {
+                    let at = index.len();
                     index.resize_with(d + 1, DimIndex::default);
+                    for (i, e) in index.iter_mut().enumerate().skip(at) {
+                        if dims[i] != "ip" && !dims[i].starts_with("ip/") {
+                            e.values.reserve(room(&dims[i]));
+                        }
+                    }
                 }
                 let next = counts.len() as u32;
                 // `ip` values are canonical addresses (the model validates
                 // them): interned by their 128-bit form, so a request never
                 // formats its address as text.
-                let ip = if dims[d] == "ip" {
-                    IpKey::parse(&c.value)
-                } else {
-                    None
+                let ip = match net {
+                    Some(n) if n.is_host() && dims[d] == "ip" => Some(n.addr),
+                    _ => None,
                 };
-                let id = match (net, ip) {
+                let (id, entry) = match (net, ip) {
                     (Some(n), _) if !n.is_host() => {
                         let r = match ip_ranges.iter().position(|r| r.dim == d) {
                             Some(r) => r,
@@ -428,68 +640,79 @@ impl Table {
                         };
                         let span = &mut ip_ranges[r];
                         (span.lo, span.hi) = (span.lo.min(n.addr), span.hi.max(n.addr));
-                        let id = ip_ranges[r]
-                            .nets
+                        let nets = &mut ip_ranges[r].nets;
+                        let id = nets
                             .get_or_insert_with(&n.addr, || ValueEntry::new(next))
                             .id;
+                        let entry = nets.len() - 1;
                         if id == next {
                             ip_ranges[r].addrs.push(n.addr);
                         }
-                        id
+                        (id, (RANGE_VALUE, entry))
                     }
                     (_, Some(ip)) => {
-                        ip_index
-                            .get_or_insert_with(&ip.0, || ValueEntry::new(next))
-                            .id
+                        let id = ip_index
+                            .get_or_insert_with(&ip, || ValueEntry::new(next))
+                            .id;
+                        (id, (IP_VALUE, ip_index.len() - 1))
                     }
                     (_, None) => {
-                        index[d]
-                            .values
-                            .get_or_insert_with(&c.value[..], || ValueEntry::new(next))
-                            .id
+                        let values = &mut index[d].values;
+                        let id = values
+                            .get_or_insert_with(c.value, || ValueEntry::new(next))
+                            .id;
+                        (id, (TEXT_VALUE, values.len() - 1))
                     }
                 };
                 if id == next {
                     counts.push(0);
+                    value_keys.push((entry.0, entry.1 as u32));
                 }
                 counts[id as usize] += 1;
-                conds.push((d as u8, id));
+                flat.push((d as u8, id));
             }
-            let key = if p.strategy.each.is_keyed() {
-                let e = &p.strategy.each;
-                let Some(limiter) = super::keys::KeyLimiter::from_strategy(&p.strategy) else {
+            if keyed[si] {
+                let s = &pending[si];
+                let e = &s.strategy.each;
+                let Some(limiter) = super::keys::KeyLimiter::from_strategy(&s.strategy) else {
+                    flat.truncate(start);
+                    dropped.push(si);
                     continue 'next; // the model refuses it
                 };
-                let mut kd = SmallVec::new();
+                let mut kd = SmallVec::<[(usize, bool); 4]>::new();
                 for name in &e.dims {
                     let Some(d) = dim_of(&mut dims, name) else {
+                        flat.truncate(start);
+                        dropped.push(si);
                         continue 'next;
                     };
                     kd.push((d, name == "ip"));
                 }
-                Some(super::keys::KeyPlan {
-                    dims: kd,
-                    ipv4_prefix: e.ipv4_prefix,
-                    ipv6_prefix: e.ipv6_prefix,
-                    on_full: e.on_full,
-                    limiter,
-                    seed: map.as_ref().map(|m| m.keys().hasher(p.strategy.id)),
-                })
-            } else {
-                None
-            };
-            strategies.push(Compiled {
-                limiter: Limiter::from_strategy(&p.strategy),
-                strategy: p.strategy,
-                slot: p.slot,
-                generation: p.generation,
-                conds: conds.into_boxed_slice(),
-                key,
-            });
+                key_owners.push((s.slot, limiter));
+                plans.push((
+                    si,
+                    Box::new(super::keys::KeyPlan {
+                        dims: kd,
+                        ipv4_prefix: e.ipv4_prefix,
+                        ipv6_prefix: e.ipv6_prefix,
+                        on_full: e.on_full,
+                        limiter,
+                        seed: map.as_ref().map(|m| m.keys().hasher(s.strategy.id)),
+                    }),
+                ));
+            }
+            fspans.push((start as u32, flat.len() as u32));
         }
+        drop(pool);
+        // Room was made for every condition; most dimensions have fewer
+        // distinct values.
+        for d in &mut index {
+            d.values.shrink_to_fit();
+        }
+        ip_index.shrink_to_fit();
         let mut bl_dims = Vec::new();
         let mut bl_ip = false;
-        for d in &decoded.blacklist_dimensions {
+        for d in blacklist_dimensions {
             if d == "ip" {
                 bl_ip = true;
             } else {
@@ -501,11 +724,16 @@ impl Table {
         index.resize_with(dims.len(), DimIndex::default);
         // Anchor each strategy under its least shared condition; lay the
         // anchored lists out contiguously (counting sort by value id).
-        let mut anchor_of: Vec<u32> = Vec::with_capacity(strategies.len());
+        let count = fspans.len();
+        let mut anchor_of: Vec<u32> = Vec::with_capacity(count);
         let mut per_value = vec![0u32; counts.len() + 1];
         let mut unconditioned = Vec::new();
-        for (si, s) in strategies.iter().enumerate() {
-            match s.conds.iter().min_by_key(|(_, v)| counts[*v as usize]) {
+        let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
+        for si in 0..count {
+            match flat[conds_of(si)]
+                .iter()
+                .min_by_key(|(_, v)| counts[*v as usize])
+            {
                 Some(&(_, v)) => {
                     anchor_of.push(v);
                     per_value[v as usize + 1] += 1;
@@ -525,28 +753,43 @@ impl Table {
             if v != NONE {
                 anchored[per_value[v as usize] as usize] = si as u32;
                 per_value[v as usize] += 1;
-                let conds = &mut strategies[si].conds;
+                let conds = &mut flat[conds_of(si)];
                 if let Some(i) = conds.iter().position(|&(_, c)| c == v) {
                     conds.swap(0, i);
                 }
             }
         }
-        let (groups, group_lists, spans) = group_heavy_values(&strategies, &anchored, &starts);
+        // The compiled strategies, each written once: those not dropped,
+        // in order, with their conditions (anchor first) and key plan.
+        let mut plans = plans.into_iter().peekable();
+        let mut strategies: Vec<Compiled> = Vec::with_capacity(count);
+        for (si, p) in pending.into_iter().enumerate() {
+            if dropped.binary_search(&si).is_ok() {
+                continue;
+            }
+            let k = strategies.len();
+            strategies.push(Compiled {
+                limiter: Limiter::from_strategy(&p.strategy),
+                strategy: p.strategy,
+                slot: p.slot,
+                generation: p.generation,
+                conds: flat[conds_of(k)].into(),
+                key: plans.next_if(|(i, _)| *i == si).map(|(_, plan)| plan),
+            });
+        }
+        let (groups, group_lists, spans) =
+            group_heavy_values(|si| &flat[conds_of(si as usize)], &anchored, &starts);
         let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
         let ranges = ip_ranges.iter_mut().flat_map(|r| r.nets.values_mut());
         for e in entries.chain(ip_index.values_mut()).chain(ranges) {
             (e.start, e.len) = spans[e.id as usize];
             if e.len == 1 {
                 let si = anchored[e.start as usize];
-                if strategies[si as usize].conds.len() == 1 {
+                if conds_of(si as usize).len() == 1 {
                     e.only = si;
                 }
             }
         }
-        let mut key_owners: Vec<_> = strategies
-            .iter()
-            .filter_map(|c| Some((c.slot, c.key.as_ref()?.limiter)))
-            .collect();
         key_owners.sort_by_key(|o| o.0);
         let ip_dim = dims.iter().position(|d| d == "ip");
         // Longest prefix first (any order gives the same matches).
@@ -576,16 +819,14 @@ impl Table {
         // Anchors come first in `conds` (swapped above); the groups of a
         // heavy value read the same conditions.
         let read = |d: &(u8, u32)| range_dims.contains(&usize::from(d.0));
-        let range_dims = match strategies.iter().any(|s| s.conds.iter().skip(1).any(read)) {
+        let checked = |si: usize| flat[conds_of(si)].iter().skip(1).any(read);
+        let range_dims = match !range_dims.is_empty() && (0..strategies.len()).any(checked) {
             true => range_dims,
             false => 0..0,
         };
         for r in &mut ip_ranges {
             r.addrs = Vec::new();
         }
-        let ranked = strategies
-            .iter()
-            .any(|c| c.strategy.priority != 0 || c.strategy.action == Action::Allow);
         let named = |d: &usize| Some(*d) != ip_dim && !index[*d].values.is_empty();
         let anchors = |d: &usize| index[*d].values.values().any(|e| e.len != 0);
         let lookups = (0..dims.len()).filter(named).filter(anchors).collect();
@@ -595,9 +836,11 @@ impl Table {
             .collect();
         Table {
             map,
-            publish_seq: decoded.publish_seq,
-            config_version: decoded.config_version,
-            published_unix_ms: decoded.published_unix_ms,
+            publish_seq: meta.publish_seq,
+            config_version: meta.config_version,
+            published_unix_ms: meta.published_unix_ms,
+            published,
+            value_keys,
             dims,
             index,
             ip_dim,
@@ -637,6 +880,55 @@ impl Table {
             .binary_search_by_key(&id, |c| c.strategy.id)
             .ok()?;
         self.strategies[i].key.as_ref()?.text(&self.dims, r)
+    }
+
+    /// Strategies the table was read from, disabled ones included.
+    pub fn published_strategies(&self) -> usize {
+        self.published
+    }
+
+    /// The dimension named by each condition of `c` (a strategy of this
+    /// table): anchor first, then as published.
+    pub fn condition_dimensions<'t>(&'t self, c: &'t Compiled) -> impl Iterator<Item = &'t str> {
+        c.conds.iter().map(|&(d, _)| {
+            let name = self.dims[usize::from(d)].as_str();
+            // An address range is matched as `ip/<len>`.
+            if name.starts_with("ip/") {
+                "ip"
+            } else {
+                name
+            }
+        })
+    }
+
+    /// The conditions of `c` (a strategy of this table), anchor first:
+    /// the table keeps each value once, interned, not per strategy (tools,
+    /// tests; allocates).
+    pub fn conditions(&self, c: &Compiled) -> Vec<Condition> {
+        c.conds
+            .iter()
+            .zip(self.condition_dimensions(c))
+            .map(|(&(d, id), name)| {
+                let (kind, entry) = self.value_keys[id as usize];
+                let entry = entry as usize;
+                let value = match kind {
+                    IP_VALUE => IpNet::host(*self.ip_index.key_at(entry)).to_string(),
+                    RANGE_VALUE => {
+                        let r = self.ip_ranges.iter().find(|r| r.dim == usize::from(d));
+                        match r {
+                            Some(r) => IpNet {
+                                addr: *r.nets.key_at(entry),
+                                len: r.len,
+                            }
+                            .to_string(),
+                            None => String::new(),
+                        }
+                    }
+                    _ => return Condition::new(name, self.index[d as usize].values.key_at(entry)),
+                };
+                Condition::new(name, value)
+            })
+            .collect()
     }
 
     /// Dimension names the request must supply, by index.
@@ -1103,8 +1395,8 @@ fn shape(conds: &[(u8, u32)]) -> u64 {
 /// one per `(anchor dimension, shape)`. Returns the groups, the group
 /// lists and the spans. `anchored[starts[v]..starts[v + 1]]` are the
 /// strategies anchored under value `v` (their first condition).
-fn group_heavy_values(
-    strategies: &[Compiled],
+fn group_heavy_values<'c>(
+    conds_of: impl Fn(u32) -> &'c [(u8, u32)],
     anchored: &[u32],
     starts: &[u32],
 ) -> (Vec<Group>, Vec<u32>, Vec<(u32, u32)>) {
@@ -1126,7 +1418,7 @@ fn group_heavy_values(
         shapes.clear();
         let mut distinct_dims = true;
         for &si in list {
-            let conds = &strategies[si as usize].conds;
+            let conds = conds_of(si);
             let m = shape(conds);
             // A strategy naming a dimension twice (the model refuses it)
             // has no tuple: the value keeps its list.
@@ -1138,8 +1430,8 @@ fn group_heavy_values(
         if !distinct_dims || shapes.len() * 2 > len as usize {
             continue;
         }
-        let anchor_dim = strategies[list[0] as usize].conds[0].0;
-        debug_assert_eq!(strategies[list[0] as usize].conds[0].1, v as u32);
+        let anchor_dim = conds_of(list[0])[0].0;
+        debug_assert_eq!(conds_of(list[0])[0].1, v as u32);
         let first = group_lists.len() as u32;
         for &m in &shapes {
             let g = *group_of.entry((anchor_dim, m)).or_insert_with(|| {
@@ -1150,7 +1442,7 @@ fn group_heavy_values(
             group_lists.push(g);
         }
         for &si in list {
-            let conds = &strategies[si as usize].conds;
+            let conds = conds_of(si);
             let g = group_of[&(anchor_dim, shape(conds))] as usize;
             let tuple = group_dims[g]
                 .iter()

@@ -143,6 +143,36 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
         &mut self.values[i]
     }
 
+    /// The key of entry `i` (entries are numbered in insertion order:
+    /// the first inserted is 0).
+    pub fn key_at(&self, i: usize) -> &K {
+        self.keys[i].borrow()
+    }
+
+    /// Makes room for `additional` more keys, so that inserting them
+    /// never re-places the entries (a table build knows how many values
+    /// it may insert).
+    pub fn reserve(&mut self, additional: usize) {
+        let want = ((self.keys.len() + additional) * 2).next_power_of_two();
+        self.keys.reserve(additional);
+        self.values.reserve(additional);
+        if want > self.slots.len() {
+            self.resize(want);
+        }
+    }
+
+    /// Shrinks a map [`reserve`](Self::reserve) made much larger than its
+    /// entries need (fewer distinct values than conditions): the lookups'
+    /// array back to at most four times the entries.
+    pub fn shrink_to_fit(&mut self) {
+        let want = ((self.keys.len() + 1) * 2).next_power_of_two().max(8);
+        if self.slots.len() > 2 * want {
+            self.resize(want);
+        }
+        self.keys.shrink_to_fit();
+        self.values.shrink_to_fit();
+    }
+
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.values.iter()
     }
@@ -163,7 +193,12 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
 
     /// Doubles the slot array (at least 8) and re-places every entry.
     fn grow(&mut self) {
-        let n = (self.slots.len() * 2).max(8);
+        self.resize((self.slots.len() * 2).max(8));
+    }
+
+    /// A slot array of `n` (a power of two, more than twice the entries)
+    /// with every entry re-placed.
+    fn resize(&mut self, n: usize) {
         self.slots = vec![(0, 0); n].into_boxed_slice();
         for e in 0..self.keys.len() {
             let h = self.keys[e].borrow().hash();

@@ -274,8 +274,8 @@ fn undefined_dimensions(
     let slots = t.mapping().map(|m| m.slots());
     for c in t.strategies() {
         let mut undefined = false;
-        for cond in &c.strategy.conditions {
-            if let Some((_, ids)) = out.iter_mut().find(|(n, _)| *n == cond.dimension) {
+        for dim in t.condition_dimensions(c) {
+            if let Some((_, ids)) = out.iter_mut().find(|(n, _)| *n == dim) {
                 if ids.last() != Some(&c.strategy.id) {
                     ids.push(c.strategy.id);
                 }

@@ -1,0 +1,158 @@
+//! Worker table load: what a worker (or its loader thread,
+//! `src/core/loader.rs`) does when a table is published — copy the segment
+//! out of shared memory, decode and check every record, build the matcher.
+//! Freeing the table is not timed (the worker frees the table it replaces
+//! on a helper thread). Run: `cargo bench --bench load`.
+//!
+//! Two clocks: `load` is wall time, `load_cpu` the CPU time of the
+//! loading thread (`CLOCK_THREAD_CPUTIME_ID`): on a 2-core VM shared with
+//! builds, wall time counts the time the thread waits for a core, CPU time
+//! only the work (the figure to compare across runs).
+
+use std::hint::black_box;
+
+use std::time::Duration;
+
+use criterion::measurement::{Measurement, ValueFormatter};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use rate_ctl::core::model::Strategy;
+use rate_ctl::core::reader::Reader;
+use rate_ctl::core::segment::{decode_records, read_raw};
+use rate_ctl::core::shm::Capacities;
+use rate_ctl::core::table::Table;
+use rate_ctl::core::writer::Writer;
+
+mod common;
+use common::{passing, strategies};
+
+/// Every `a=ai AND b=bj`, i, j < n.
+fn grid(n: u32) -> Vec<Strategy> {
+    let mut l = Vec::new();
+    for i in 0..n {
+        for j in 0..n {
+            l.push(passing(
+                1 + i * n + j,
+                &[("a", format!("a{i}")), ("b", format!("b{j}"))],
+            ));
+        }
+    }
+    l
+}
+
+/// The CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own; the clock id is a
+    // constant every Linux has.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Criterion measurement: the benchmark thread's CPU time.
+struct ThreadCpu;
+
+impl Measurement for ThreadCpu {
+    type Intermediate = Duration;
+    type Value = Duration;
+    fn start(&self) -> Duration {
+        thread_cpu()
+    }
+    fn end(&self, start: Duration) -> Duration {
+        thread_cpu().saturating_sub(start)
+    }
+    fn add(&self, a: &Duration, b: &Duration) -> Duration {
+        *a + *b
+    }
+    fn zero(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn to_f64(&self, v: &Duration) -> f64 {
+        v.as_nanos() as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &Ms
+    }
+}
+
+/// Values in milliseconds of CPU time.
+struct Ms;
+
+impl ValueFormatter for Ms {
+    fn scale_values(&self, _typical: f64, values: &mut [f64]) -> &'static str {
+        values.iter_mut().for_each(|v| *v /= 1e6);
+        "ms (CPU)"
+    }
+    fn scale_throughputs(&self, _typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
+        let n = match *t {
+            Throughput::Elements(n) | Throughput::Bytes(n) | Throughput::BytesDecimal(n) => n,
+        };
+        values.iter_mut().for_each(|v| *v = n as f64 * 1e9 / *v);
+        "/s (CPU)"
+    }
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
+
+fn load(c: &mut Criterion) {
+    loads(c, "load");
+}
+
+fn load_cpu(c: &mut Criterion<ThreadCpu>) {
+    loads(c, "load_cpu");
+}
+
+fn loads<M: Measurement>(c: &mut Criterion<M>, group: &str) {
+    let dir = common::scratch_dir("rate-ctl-bench-load");
+    let mut g = c.benchmark_group(group);
+    g.sample_size(20);
+    for (n, name, list) in [
+        (65_536, "random", strategies(65_536)),
+        (65_536, "grid256", grid(256)),
+        (10_000, "random", strategies(10_000)),
+    ] {
+        let path = dir.path().join(format!("load-{name}-{n}"));
+        let caps = Capacities::tables(131_072, 64 << 20);
+        let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
+        w.publish(&list, &[], 1).unwrap();
+        let mut r = Reader::new(&path);
+        r.refresh(1);
+        let map = r.table().unwrap().mapping().unwrap().clone();
+        let mut buf = Vec::new();
+        g.bench_function(BenchmarkId::new(name, n), |b| {
+            b.iter_with_large_drop(|| {
+                let seq = map.seq();
+                let seg = map.segment((seq & 1) as usize);
+                let t = Table::read(&seg, seq, &mut buf, Some(map.clone())).unwrap();
+                assert_eq!(t.strategies().len(), list.len());
+                black_box(t)
+            })
+        });
+        if name == "random" && n == 65_536 {
+            // The first half alone: copy out, checksum, decode and check
+            // every record (no table built).
+            g.bench_function(BenchmarkId::new("check-only", n), |b| {
+                b.iter(|| {
+                    let seq = map.seq();
+                    let seg = map.segment((seq & 1) as usize);
+                    let raw = read_raw(&seg, seq, &mut buf).unwrap();
+                    let mut k = 0;
+                    decode_records(&buf, raw.count, |r| k += r.conditions.len()).unwrap();
+                    black_box(k)
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, load);
+criterion_group! {
+    name = cpu;
+    config = Criterion::default().with_measurement(ThreadCpu);
+    targets = load_cpu
+}
+criterion_main!(benches, cpu);
