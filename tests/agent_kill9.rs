@@ -50,19 +50,22 @@ fn consistent(t: &Table) -> Result<(), String> {
         .rate;
     for c in list {
         let s = &c.strategy;
+        // The table keeps conditions once, interned; `conditions` gives
+        // them back.
+        let value = &t.conditions(c)[0].value;
         if s.id == 1 {
-            if s.rate != 4_000_000_000 || s.conditions[0].value != b"/steady" {
+            if s.rate != 4_000_000_000 || value != b"/steady" {
                 return Err("steady strategy changed".into());
             }
             continue;
         }
         let want = format!("u{}-{g}", s.id);
-        if s.rate != g || s.conditions[0].value != want.as_bytes() {
+        if s.rate != g || value != want.as_bytes() {
             return Err(format!(
                 "torn: id {} has rate {} value {:?}, id 2 has generation {g}",
                 s.id,
                 s.rate,
-                String::from_utf8_lossy(&s.conditions[0].value)
+                String::from_utf8_lossy(value)
             ));
         }
     }
