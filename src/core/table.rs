@@ -108,6 +108,9 @@ impl Scratch {
 
 /// One published strategy, compiled.
 pub struct Compiled {
+    /// The strategy as published, except its `conditions`, which are
+    /// empty here: the table keeps each condition once, interned
+    /// ([`Table::conditions`] gives them back).
     pub strategy: Strategy,
     pub limiter: Limiter,
     pub slot: u32,
