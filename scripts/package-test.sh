@@ -218,7 +218,10 @@ ok "$link → $(readlink "$link")"
 /usr/sbin/nginx -t 2>&1 | tee "$tmp/nginx-t.txt"
 grep -q 'test is successful' "$tmp/nginx-t.txt" || fail "nginx -t after install"
 # nginx -T shows the configuration nginx -t checked: the module is in it.
-/usr/sbin/nginx -T 2>/dev/null | grep -q '^load_module modules/ngx_http_rate_ctl_module.so;' ||
+# Into a file first: `nginx -T | grep -q` under pipefail fails whenever grep
+# exits on its match before nginx has written the rest (SIGPIPE, 141).
+/usr/sbin/nginx -T >"$tmp/nginx-T.txt" 2>/dev/null || fail "nginx -T after install"
+grep -q '^load_module modules/ngx_http_rate_ctl_module.so;' "$tmp/nginx-T.txt" ||
     fail "nginx -T does not show the module's load_module line"
 ok "nginx -t passes with the module enabled by the package (no edit)"
 
