@@ -156,14 +156,25 @@ impl Algorithm {
     }
 }
 
+/// `word` as one of a keyword field's values, or the error naming the
+/// field and the words it takes.
+fn keyword<K>(
+    field: &'static str,
+    word: &str,
+    parse: fn(&str) -> Option<K>,
+    expected: &'static str,
+) -> Result<K, ModelError> {
+    parse(word).ok_or_else(|| ModelError::UnknownKeyword {
+        field,
+        value: word.to_string(),
+        expected,
+    })
+}
+
 impl FromStr for Algorithm {
     type Err = ModelError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Algorithm::parse(s).ok_or_else(|| ModelError::UnknownKeyword {
-            field: "algorithm",
-            value: s.to_string(),
-            expected: Algorithm::EXPECTED,
-        })
+        keyword("algorithm", s, Algorithm::parse, Algorithm::EXPECTED)
     }
 }
 
@@ -200,11 +211,7 @@ impl FromStr for Unit {
             "d" => "day",
             other => other.strip_suffix('s').unwrap_or(other),
         };
-        Unit::parse(s).ok_or_else(|| ModelError::UnknownKeyword {
-            field: "per",
-            value: s.to_string(),
-            expected: Unit::EXPECTED,
-        })
+        keyword("per", s, Unit::parse, Unit::EXPECTED)
     }
 }
 
