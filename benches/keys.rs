@@ -175,6 +175,24 @@ fn benches(c: &mut Criterion) {
             black_box(kt.charge(&k, &lim, Now::from(now), false, &slots, |_| Some(&lim)))
         })
     });
+    // The floor under a uniform-key decision: one read of a random line of
+    // a shared file mapping as large as the key table (4 KiB pages, as the
+    // module's), each read's address taken from the previous one so that no
+    // two overlap. A decision for a key not in cache pays this at least
+    // once; the figure says how much of `decision_1M_resident` is the
+    // machine's memory latency rather than our code.
+    let floor = Floor::new(
+        dir.path(),
+        (CAPACITY as usize) * rate_ctl::core::keys::ENTRY_BYTES as usize,
+    );
+    let mut line = 0usize;
+    g.bench_function("memory_floor_random_line_32MiB", |b| {
+        b.iter(|| {
+            line = floor.next(line);
+            black_box(line)
+        })
+    });
+    drop(floor);
     for (name, same) in [
         ("decision_vs_process_on_same_key", true),
         ("decision_vs_process_on_other_keys", false),
@@ -194,6 +212,48 @@ fn benches(c: &mut Criterion) {
         let _ = child.wait();
     }
     g.finish();
+}
+
+/// A file mapping whose 64-byte lines form one random cycle: line `i`
+/// holds the number of the line to read after it.
+struct Floor {
+    map: memmap2::MmapMut,
+}
+
+impl Floor {
+    fn new(dir: &Path, bytes: usize) -> Floor {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("floor"))
+            .unwrap();
+        f.set_len(bytes as u64).unwrap();
+        // SAFETY: the file is this benchmark's own, in its own temporary
+        // directory; nothing else maps or resizes it.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }.unwrap();
+        let lines = bytes / 64;
+        // Sattolo's shuffle: a single cycle through every line.
+        let mut next: Vec<u64> = (0..lines as u64).collect();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in (1..lines).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            next.swap(i, (x % i as u64) as usize);
+        }
+        for (i, n) in next.iter().enumerate() {
+            map[i * 64..i * 64 + 8].copy_from_slice(&n.to_ne_bytes());
+        }
+        Floor { map }
+    }
+
+    #[inline(always)]
+    fn next(&self, line: usize) -> usize {
+        let b: [u8; 8] = self.map[line * 64..line * 64 + 8].try_into().unwrap();
+        u64::from_ne_bytes(b) as usize
+    }
 }
 
 fn main() {
