@@ -67,14 +67,14 @@ fn race(path: &Path, start_unix_ms: u64, out: &Path) {
     let map = Mapping::open(path).unwrap();
     let t = map.keys();
     let l = limiter();
-    let keys: Vec<KeyId> = (0..KEYS).map(|i| key(&t, &map, &format!("k{i}"))).collect();
+    let keys: Vec<KeyId> = (0..KEYS).map(|i| key(t, &map, &format!("k{i}"))).collect();
     while rate_ctl::core::shm::unix_ms() < start_unix_ms {
         std::hint::spin_loop();
     }
     let mut admitted = vec![0u64; keys.len()];
     for _ in 0..ROUNDS {
         for (i, k) in keys.iter().enumerate() {
-            if matches!(charge(&t, &map, k, &l, NOW), Charge::Admitted { .. }) {
+            if matches!(charge(t, &map, k, &l, NOW), Charge::Admitted { .. }) {
                 admitted[i] += 1;
             }
         }
@@ -153,15 +153,15 @@ fn a_limited_key_stays_limited_through_ten_times_capacity_of_new_keys() {
     let map = Mapping::open(&path).unwrap();
     let t = map.keys();
     let l = limiter(); // 5 at once, then one per 12 minutes
-    let a = key(&t, &map, "A");
+    let a = key(t, &map, "A");
     let n = (0..10)
-        .filter(|_| matches!(charge(&t, &map, &a, &l, NOW), Charge::Admitted { .. }))
+        .filter(|_| matches!(charge(t, &map, &a, &l, NOW), Charge::Admitted { .. }))
         .count();
     assert_eq!(n, ALLOWANCE as usize);
     let mut full = 0;
     for i in 0..10 * cap {
-        let k = key(&t, &map, &format!("flood{i}"));
-        if charge(&t, &map, &k, &l, NOW + S) == Charge::Full {
+        let k = key(t, &map, &format!("flood{i}"));
+        if charge(t, &map, &k, &l, NOW + S) == Charge::Full {
             full += 1;
         }
     }
@@ -169,19 +169,19 @@ fn a_limited_key_stays_limited_through_ten_times_capacity_of_new_keys() {
     let interval = 3600 * S; // one token per hour
     for dt in [2 * S, interval / 2, interval - 1] {
         assert!(
-            matches!(charge(&t, &map, &a, &l, NOW + dt), Charge::Rejected { .. }),
+            matches!(charge(t, &map, &a, &l, NOW + dt), Charge::Rejected { .. }),
             "A admitted at +{dt} ns"
         );
     }
     assert!(matches!(
-        charge(&t, &map, &a, &l, NOW + interval),
+        charge(t, &map, &a, &l, NOW + interval),
         Charge::Admitted { .. }
     ));
     // Another process sees the same state.
     let other = Mapping::open(&path).unwrap();
     let t2 = other.keys();
     assert!(matches!(
-        charge(&t2, &other, &a, &l, NOW + interval),
+        charge(t2, &other, &a, &l, NOW + interval),
         Charge::Rejected { .. }
     ));
 }
@@ -195,10 +195,10 @@ fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
     {
         let map = Mapping::open(&path).unwrap();
         let t = map.keys();
-        let a = key(&t, &map, "A");
+        let a = key(t, &map, "A");
         for _ in 0..ALLOWANCE {
             assert!(matches!(
-                charge(&t, &map, &a, &l, NOW),
+                charge(t, &map, &a, &l, NOW),
                 Charge::Admitted { .. }
             ));
         }
@@ -210,9 +210,9 @@ fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
     {
         let map = Mapping::open(&path).unwrap();
         let t = map.keys();
-        let a = key(&t, &map, "A");
+        let a = key(t, &map, "A");
         assert!(matches!(
-            charge(&t, &map, &a, &l, NOW),
+            charge(t, &map, &a, &l, NOW),
             Charge::Rejected { .. }
         ));
     }
@@ -568,7 +568,7 @@ fn two_million_distinct_keys_change_neither_file_size_nor_memory_beyond_the_tabl
     };
     // Touch the whole table once, then measure from there.
     for i in 0..200_000u32 {
-        charge(&t, &map, &key(&t, &map, &format!("warm{i}")), &l, NOW);
+        charge(t, &map, &key(t, &map, &format!("warm{i}")), &l, NOW);
     }
     let before = rss_kib();
     let mut full = 0u64;
@@ -576,7 +576,7 @@ fn two_million_distinct_keys_change_neither_file_size_nor_memory_beyond_the_tabl
         let mut h = t.hasher(1);
         h.part(&i.to_le_bytes());
         let k = t.key(h, 0, 0).unwrap();
-        full += (charge(&t, &map, &k, &l, NOW) == Charge::Full) as u64;
+        full += (charge(t, &map, &k, &l, NOW) == Charge::Full) as u64;
     }
     assert!(full > 1_900_000, "the table was full for new keys: {full}");
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);

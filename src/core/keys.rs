@@ -243,7 +243,8 @@ impl KeyHasher {
     pub fn ip(&mut self, k: u128, v4: u8, v6: u8) {
         if k >> 32 == 0xffff {
             let p = v4.min(32);
-            let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+            // The top `p` bits of the address (p in 0..=32, no branch).
+            let mask = !(u64::from(u32::MAX) >> p) as u32;
             self.0
                 .word(((k as u32 & mask) as u64) << 32 | (p as u64) << 8 | 4);
         } else {
@@ -294,31 +295,18 @@ pub struct KeyTable<'a> {
     capacity: u64,
     lines: u64,
     mix: MixKeys,
-    cas: bool,
-}
-
-/// Where a key table's parts lie in its region, worked out once per
-/// mapping ([`KeyTable::prepare`]) so that the request path builds its
-/// [`KeyTable`] without recomputing and re-checking the geometry.
-#[derive(Debug, Clone, Copy)]
-pub struct KeyGeometry {
-    /// Length of the region the offsets were checked against.
-    region_len: usize,
-    counters_len: usize,
-    entries_off: usize,
-    entries_len: usize,
-    slot_count: u32,
-    mix: MixKeys,
-    cas: bool,
+    /// The 16-byte CAS works on the entries and there are at least two
+    /// lines ([`usable`](Self::usable)): asked once, when the table is built.
+    usable: bool,
 }
 
 impl<'a> KeyTable<'a> {
     /// The table in `region` (validated by the header checks), hashing
     /// with `mix` (the keys [`MixKeys::from_secret`] derives from the
     /// file's secret, once per mapping); `cas`:
-    /// whether the 16-byte CAS is usable on this region (`None`: find out;
-    /// the file's mapping keeps the answer so that the request path does
-    /// not ask the CPU each time).
+    /// whether the 16-byte CAS is usable on this region (`None`: find out).
+    /// A file's [`Mapping`](super::shm::Mapping) builds its table once, so
+    /// the request path neither rebuilds it nor asks the CPU.
     #[inline]
     pub fn new(
         region: Region<'a>,
@@ -349,68 +337,7 @@ impl<'a> KeyTable<'a> {
             capacity,
             lines: capacity / LINE_ENTRIES,
             mix,
-            cas,
-        }
-    }
-
-    /// The geometry of the table [`new`](Self::new) builds on `region`,
-    /// for [`with_geometry`](Self::with_geometry).
-    pub fn prepare(
-        region: Region<'a>,
-        slot_count: u32,
-        capacity: u64,
-        mix: MixKeys,
-        cas: Option<bool>,
-    ) -> KeyGeometry {
-        let t = KeyTable::new(region, slot_count, capacity, mix, cas);
-        let base = region.as_ptr() as usize;
-        KeyGeometry {
-            region_len: region.len(),
-            counters_len: t.counters.len(),
-            entries_off: (t.entries.as_ptr() as usize).wrapping_sub(base),
-            entries_len: t.entries.len(),
-            slot_count,
-            mix,
-            cas: t.cas,
-        }
-    }
-
-    /// The table [`prepare`](Self::prepare) described, on the same
-    /// region (anything else is rebuilt with [`new`](Self::new)).
-    #[inline(always)]
-    pub fn with_geometry(region: Region<'a>, g: &KeyGeometry) -> KeyTable<'a> {
-        if region.len() != g.region_len
-            || g.entries_off < HEADER_BYTES as usize + g.counters_len
-            || g.entries_off.saturating_add(g.entries_len) > g.region_len
-            || g.counters_len > g.region_len
-        {
-            let capacity = (g.entries_len as u64) / ENTRY_BYTES;
-            return KeyTable::new(region, g.slot_count, capacity, g.mix, Some(g.cas));
-        }
-        let p = region.as_ptr();
-        // SAFETY: `prepare` found these parts inside a region of this
-        // length (checked again just above: the header's 4,096 bytes, the
-        // counters after them, the entries after the counters, all ending
-        // inside), and a region's memory is valid and 8-byte aligned for
-        // its whole length (every offset here is a multiple of 8).
-        let (header, counters, entries) = unsafe {
-            (
-                Region::from_raw(p, HEADER_BYTES as usize),
-                Region::from_raw(p.add(HEADER_BYTES as usize), g.counters_len),
-                Region::from_raw(p.add(g.entries_off), g.entries_len),
-            )
-        };
-        let capacity = (g.entries_len as u64) / ENTRY_BYTES;
-        KeyTable {
-            header,
-            counters,
-            entries,
-            pairs: entries.records::<2>(),
-            slot_count: g.slot_count,
-            capacity,
-            lines: capacity / LINE_ENTRIES,
-            mix: g.mix,
-            cas: g.cas,
+            usable: cas && capacity / LINE_ENTRIES >= 2,
         }
     }
 
@@ -446,7 +373,7 @@ impl<'a> KeyTable<'a> {
     /// Can this CPU and mapping run the table (16-byte CAS)?
     #[inline]
     pub fn usable(&self) -> bool {
-        self.cas && self.lines >= 2
+        self.usable
     }
 
     /// Starts hashing a key of strategy `strategy_id`.
@@ -598,33 +525,51 @@ impl<'a> KeyTable<'a> {
         slots: &Region<'_>,
         owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
     ) -> Charge {
+        // The common case inline: the key's entry is there and one CAS
+        // charges it. Anything else (a new key, a race) takes the loop.
+        if let Some(c) = self.charge_found(key, lim, now, force) {
+            return c;
+        }
         if !self.usable() {
             return Charge::Full;
         }
-        let t = lim.clock(now);
-        // The common case inline: the key's entry is there and one CAS
-        // charges it. Anything else (a new key, a race) takes the loop.
-        if let Some(i) = self.find(key) {
-            let st = self.words(i)[1].load(Ordering::Acquire);
-            if let Some(c) = self.charge_at(i, key.ident, st, lim, t, force) {
-                return c;
-            }
-        }
-        self.charge_slow(key, lim, now, t, force, slots, owner)
+        self.charge_slow(key, lim, now, lim.clock(now), force, slots, owner)
     }
 
-    /// The key's entry in its probe range (idents only): the two lines
-    /// with one bounds check, unless the range wraps.
+    /// [`charge`](Self::charge) of a key whose entry is in the table:
+    /// `None`, nothing charged, when it is not (a new key: the caller takes
+    /// [`charge`](Self::charge)) or when the entry moved on under us. No
+    /// call in it, so the request path that uses it keeps its registers.
     #[inline(always)]
-    fn find(&self, key: &KeyId) -> Option<u64> {
+    pub(crate) fn charge_found(
+        &self,
+        key: &KeyId,
+        lim: &KeyLimiter,
+        now: Now,
+        force: bool,
+    ) -> Option<Charge> {
+        if !self.usable() {
+            return None;
+        }
+        let (i, e) = self.find(key)?;
+        let st = e[1].load(Ordering::Acquire);
+        self.charge_at(i, e, key.ident, st, lim, lim.clock(now), force)
+    }
+
+    /// The key's entry in its probe range (idents only), its index and
+    /// its words: the two lines with one bounds check, unless the range
+    /// wraps.
+    #[inline(always)]
+    fn find(&self, key: &KeyId) -> Option<(u64, &'a [AtomicU64; 2])> {
         let s = key.start as usize;
         let Some(range) = self.pairs.get(s..s.wrapping_add(PROBE as usize)) else {
-            return self.find_wrapping(key);
+            return self.find_wrapping(key).map(|i| (i, self.words(i)));
         };
         range
             .iter()
-            .position(|e| e[0].load(Ordering::Acquire) == key.ident)
-            .map(|p| key.start + p as u64)
+            .enumerate()
+            .find(|(_, e)| e[0].load(Ordering::Acquire) == key.ident)
+            .map(|(p, e)| (key.start + p as u64, e))
     }
 
     /// [`find`](Self::find) for a range that wraps to the first line.
@@ -651,9 +596,9 @@ impl<'a> KeyTable<'a> {
         // Bounded: each round either commits or saw another process commit.
         for _ in 0..64 {
             // The key's entry: idents only (the common case, one pass).
-            if let Some(i) = self.find(key) {
-                let st = self.words(i)[1].load(Ordering::Acquire);
-                match self.charge_at(i, key.ident, st, lim, t, force) {
+            if let Some((i, e)) = self.find(key) {
+                let st = e[1].load(Ordering::Acquire);
+                match self.charge_at(i, e, key.ident, st, lim, t, force) {
                     Some(c) => return c,
                     None => continue, // the entry moved on: look again
                 }
@@ -691,7 +636,8 @@ impl<'a> KeyTable<'a> {
                     if self.cas(i, [key.ident, next.0], [0, 0]).is_ok() {
                         self.drop_in_use(key.slot());
                     }
-                    if let Some(c) = self.charge_at(j, key.ident, st, lim, t, force) {
+                    let e = self.words(j);
+                    if let Some(c) = self.charge_at(j, e, key.ident, st, lim, t, force) {
                         return c;
                     }
                     break;
@@ -757,12 +703,14 @@ impl<'a> KeyTable<'a> {
         }
     }
 
-    /// One request on the key's entry `i` (last seen holding `st`); `None`
-    /// when the entry no longer holds the key.
+    /// One request on the key's entry `i`, whose words are `e` (last seen
+    /// holding `st`); `None` when the entry no longer holds the key.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn charge_at(
         &self,
         i: u64,
+        e: &[AtomicU64; 2],
         ident: u64,
         mut st: u64,
         lim: &KeyLimiter,
@@ -779,7 +727,7 @@ impl<'a> KeyTable<'a> {
                         None => {
                             // A rejection writes nothing: check that the
                             // word read was this key's.
-                            if self.entry(i).load(Ordering::Acquire) != ident {
+                            if e[0].load(Ordering::Acquire) != ident {
                                 return None;
                             }
                             return Some(Charge::Rejected { retry_after_ns });
@@ -787,7 +735,7 @@ impl<'a> KeyTable<'a> {
                     }
                 }
             };
-            match self.cas(i, [ident, st], [ident, next]) {
+            match super::limiter::warm_up::cas128(&e[0], [ident, st], [ident, next]) {
                 Ok(()) => {
                     return Some(Charge::Admitted {
                         at: KeyRef { entry: i, ident },

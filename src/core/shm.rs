@@ -367,6 +367,14 @@ pub struct Mapping {
     /// The SIGBUS guard of the range; declared first so that it is
     /// unregistered before `map` unmaps the range.
     guard: Option<super::sigbus::Guard>,
+    /// The key table, built once: its parts' bounds, hash keys (derived
+    /// from the header's secret, written once at creation) and whether its
+    /// entries take a 16-byte CAS (asked once), so that the request path
+    /// takes it by reference ([`keys`](Self::keys)) without rebuilding or
+    /// re-checking anything. It borrows `map`'s memory: private, handed out
+    /// only as a borrow of the Mapping (see `from_file`), and declared
+    /// before `map` so that it is gone before the range is unmapped.
+    keys: super::keys::KeyTable<'static>,
     map: MmapRaw,
     file: File,
     pub path: PathBuf,
@@ -375,10 +383,6 @@ pub struct Mapping {
     pub dev_ino: (u64, u64),
     /// This process's row in the concurrency ledger (claimed on first use).
     ledger_row: std::sync::atomic::AtomicUsize,
-    /// The key table's geometry, hash keys (derived once from the
-    /// header's secret, written once at creation) and whether its entries
-    /// take a 16-byte CAS (asked once).
-    keys_geometry: super::keys::KeyGeometry,
 }
 
 const NO_ROW: usize = usize::MAX;
@@ -459,8 +463,14 @@ impl Mapping {
         let geometry = Geometry::read(&h, size, path)?;
         let mut key_secret = [0u8; 16];
         h.read_bytes(H_KEYS_SECRET, &mut key_secret);
-        let keys_geometry = super::keys::KeyTable::prepare(
-            whole
+        // SAFETY: as `whole`, for the lifetime of the Mapping that keeps
+        // `map` (the memory never moves with the Mapping); the 'static
+        // table built on it stays private to the Mapping and is handed out
+        // only as `&KeyTable<'_>` borrowed from it (`keys`), so nothing of
+        // it outlives the mapping.
+        let mapped: Region<'static> = unsafe { Region::from_raw(map.as_mut_ptr(), len) };
+        let keys = super::keys::KeyTable::new(
+            mapped
                 .sub(geometry.keys_off, geometry.keys_len)
                 .expect("validated"),
             geometry.slot_count,
@@ -469,7 +479,7 @@ impl Mapping {
             None,
         );
         let m = Mapping {
-            keys_geometry,
+            keys,
             guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
@@ -523,16 +533,11 @@ impl Mapping {
         self.region().sub(g.bl_off, g.bl_len).expect("validated")
     }
 
-    /// The per-key table (see [`super::keys`]).
-    #[inline]
-    pub fn keys(&self) -> super::keys::KeyTable<'_> {
-        let g = &self.geometry;
-        super::keys::KeyTable::with_geometry(
-            self.region()
-                .sub(g.keys_off, g.keys_len)
-                .expect("validated"),
-            &self.keys_geometry,
-        )
+    /// The per-key table (see [`super::keys`]), built when the file was
+    /// mapped.
+    #[inline(always)]
+    pub fn keys(&self) -> &super::keys::KeyTable<'_> {
+        &self.keys
     }
 
     /// The concurrency ledger (see [`super::ledger`]).
@@ -616,7 +621,7 @@ impl Mapping {
     /// how many.
     pub fn reclaim_dead(&self) -> u64 {
         self.ledger()
-            .reclaim(&self.slots(), &self.keys(), super::ledger::me())
+            .reclaim(&self.slots(), self.keys(), super::ledger::me())
     }
 
     /// The published sequence (Acquire): changes on every publish; its low

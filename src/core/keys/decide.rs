@@ -67,19 +67,18 @@ fn client_addr<V: Values + ?Sized>(r: &Request<'_, V>, d: usize) -> Option<std::
 
 impl KeyPlan {
     /// Hashes the request's key into `h`; `false` when a value is empty
-    /// (the strategy does not count the request).
+    /// (the strategy does not count the request). The one-address key
+    /// (`each ip`, the common per-client limit) without the loop.
     #[inline(always)]
     fn hash<V: Values + ?Sized>(&self, r: &Request<'_, V>, h: &mut super::KeyHasher) -> bool {
+        if let [(d, true)] = self.dims[..] {
+            return self.hash_ip(r, d, h);
+        }
         for &(d, is_ip) in &self.dims {
             if is_ip {
-                let k = match r.ip {
-                    Some(ip) => ip,
-                    None => match r.values.value(d).and_then(IpKey::parse) {
-                        Some(ip) => ip,
-                        None => return false,
-                    },
-                };
-                h.ip(k.0, self.ipv4_prefix, self.ipv6_prefix);
+                if !self.hash_ip(r, d, h) {
+                    return false;
+                }
             } else {
                 match r.values.value(d) {
                     Some(v) if !v.is_empty() => h.part(v),
@@ -87,6 +86,26 @@ impl KeyPlan {
                 }
             }
         }
+        true
+    }
+
+    /// The `ip` part of the key (dimension `d` when the request has no
+    /// client address of its own); `false` when there is none.
+    #[inline(always)]
+    fn hash_ip<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+        d: usize,
+        h: &mut super::KeyHasher,
+    ) -> bool {
+        let k = match r.ip {
+            Some(ip) => ip,
+            None => match r.values.value(d).and_then(IpKey::parse) {
+                Some(ip) => ip,
+                None => return false,
+            },
+        };
+        h.ip(k.0, self.ipv4_prefix, self.ipv6_prefix);
         true
     }
 
@@ -151,9 +170,7 @@ pub(crate) fn decide<V: Values + ?Sized>(
     (key_holds, full): (&mut KeyHolds, &mut Option<(u32, OnFull)>),
 ) -> Decision {
     if let [si] = *matched {
-        if let Some(d) = decide_one(table, si, map, slots, r, key_holds) {
-            return d;
-        }
+        return decide_one(table, si, map, slots, r, held, key_holds, full);
     }
     decide_all(table, matched, map, r, held, key_holds, full)
 }
@@ -255,10 +272,10 @@ fn decide_all<V: Values + ?Sized>(
             dry_run_rejected.get_or_insert(c.strategy.id);
             continue;
         }
-        refund_all(&kt, table, &taken);
+        refund_all(kt, table, &taken);
         let tightest = r.quota.then(|| {
             let t = plan.limiter.clock(now);
-            (c.strategy.id, quota_of(&kt, table, si, None, t))
+            (c.strategy.id, quota_of(kt, table, si, None, t))
         });
         return Decision {
             verdict: Verdict::Reject {
@@ -278,7 +295,7 @@ fn decide_all<V: Values + ?Sized>(
         admit::admit_with(&shared, now, r.dry_run, r.quota)
     };
     if let Verdict::Reject { .. } = d.verdict {
-        refund_all(&kt, table, &taken);
+        refund_all(kt, table, &taken);
         for &si in &overflow {
             kt.count_full(strategies[si as usize].slot, false);
         }
@@ -334,7 +351,7 @@ fn decide_all<V: Values + ?Sized>(
             d.passed_by = Some(c.strategy.id);
         }
         if r.quota {
-            let q = quota_of(&kt, table, t.si, Some(t.token), plan.limiter.clock(now));
+            let q = quota_of(kt, table, t.si, Some(t.token), plan.limiter.clock(now));
             if let Some(q) = q {
                 match d.tightest {
                     Some((_, tq)) if tq.remaining <= q.remaining => {}
@@ -347,68 +364,95 @@ fn decide_all<V: Values + ?Sized>(
 }
 
 /// The common case, one enforcing per-key strategy, without the lists of
-/// [`decide_all`]: the same decision and effects. `None` (nothing
-/// charged) for what it does not handle: a dry run, a full range.
+/// [`decide_all`]: the same decision and effects. What it does not handle
+/// (a dry run, a new key, a full range) goes to [`decide_all`] before
+/// anything is charged. It returns the decision itself (no `Option` around it to
+/// unpack and copy): the caller's frame receives it directly.
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn decide_one<V: Values + ?Sized>(
     table: &Table,
     si: u32,
     map: &Mapping,
     slots: &Region<'_>,
     r: &Request<'_, V>,
+    held: &mut SmallVec<[u32; 2]>,
     key_holds: &mut KeyHolds,
-) -> Option<Decision> {
+    full: &mut Option<(u32, OnFull)>,
+) -> Decision {
     let c = &table.strategies()[si as usize];
-    let plan = c.key.as_ref()?;
-    if r.dry_run || c.strategy.action.is_dry_run() {
-        return None;
-    }
-    let slot = Slot::at(slots, c.slot)?;
+    let (Some(plan), false) = (&c.key, r.dry_run || c.strategy.action.is_dry_run()) else {
+        return decide_all(table, &[si], map, r, held, key_holds, full);
+    };
     let id = c.strategy.id;
-    let mut d = Decision::pass();
-    if slot.generation().load(Ordering::Acquire) != c.generation {
-        return Some(d); // stale table
-    }
     let kt = map.keys();
+    // The key first: its entry's line is the one memory access that may
+    // miss the cache, and what follows (the stat slot, the clock) does
+    // not depend on it.
     let mut h = plan.seed.unwrap_or_else(|| kt.hasher(id));
     if !plan.hash(r, &mut h) {
-        return Some(d); // an empty value: not counted
+        return Decision::pass(); // an empty value: not counted
     }
-    let key = kt.key(h, c.slot, c.generation)?;
+    let Some(key) = kt.key(h, c.slot, c.generation) else {
+        return decide_all(table, &[si], map, r, held, key_holds, full);
+    };
+    let Some(slot) = Slot::at(slots, c.slot) else {
+        return Decision::pass(); // no such slot: nothing counted
+    };
+    if slot.generation().load(Ordering::Acquire) != c.generation {
+        return Decision::pass(); // stale table
+    }
     let now = r.now();
-    let owner = |s: u32| table.key_owner(s);
-    match kt.charge(&key, &plan.limiter, now, false, slots, owner) {
+    // A key found in the table; a new key (its entry to claim, maybe
+    // another strategy's to judge) takes the general path.
+    let Some(charge) = kt.charge_found(&key, &plan.limiter, now, false) else {
+        return decide_all(table, &[si], map, r, held, key_holds, full);
+    };
+    match charge {
         Charge::Admitted {
             at, wait_ns, token, ..
         } => {
             slot.passed().fetch_add(1, Ordering::Relaxed);
-            if wait_ns > 0 {
+            let verdict = if wait_ns > 0 {
                 slot.delayed().fetch_add(1, Ordering::Relaxed);
-                d.verdict = Verdict::Delay { id, wait_ns };
-            }
+                Verdict::Delay { id, wait_ns }
+            } else {
+                Verdict::Pass
+            };
             if plan.limiter.is_concurrency() {
                 key_holds.push((at, plan.limiter));
             }
-            d.passed_by = Some(id);
+            let mut d = Decision {
+                verdict,
+                passed_by: Some(id),
+                ..Decision::pass()
+            };
             if r.quota {
                 d.tightest = Some((id, plan.limiter.quota(token, plan.limiter.clock(now))));
             }
-            Some(d)
+            d
         }
         Charge::Rejected { retry_after_ns } => {
             slot.limited().fetch_add(1, Ordering::Relaxed);
-            d.verdict = Verdict::Reject {
-                id,
-                status: reject_status(c.strategy.action),
-                retry_after_ns,
-            };
-            if r.quota {
+            let tightest = if r.quota {
                 let t = plan.limiter.clock(now);
-                d.tightest = quota_of(&kt, table, si, None, t).map(|q| (id, q));
+                quota_of(kt, table, si, None, t).map(|q| (id, q))
+            } else {
+                None
+            };
+            Decision {
+                verdict: Verdict::Reject {
+                    id,
+                    status: reject_status(c.strategy.action),
+                    retry_after_ns,
+                },
+                dry_run_rejected: None,
+                would_delay: None,
+                tightest,
+                passed_by: None,
             }
-            Some(d)
         }
-        Charge::Full => None,
+        Charge::Full => decide_all(table, &[si], map, r, held, key_holds, full),
     }
 }
 

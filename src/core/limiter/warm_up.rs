@@ -342,10 +342,10 @@ pub(crate) fn cas128_available(w: &AtomicU64) -> bool {
 pub(crate) fn cas128(w: &AtomicU64, old: [u64; 2], new: [u64; 2]) -> Result<(), [u64; 2]> {
     debug_assert!(cas128_available(w));
     let dst = w.as_ptr();
-    let (prev_lo, prev_hi): (u64, u64);
-    let ok: u8;
-    // SAFETY: `dst` points to two consecutive AtomicU64 of one stat slot
-    // (state0, state1: a `Slot` borrows all eight words of its slot, so the
+    let (prev_lo, prev_hi, ok_word): (u64, u64, u64);
+    // SAFETY: `dst` points to two consecutive AtomicU64 (state0, state1 of
+    // one stat slot: a `Slot` borrows all eight words of its slot; or the
+    // ident and word of a key table entry, one `[AtomicU64; 2]`; so the
     // second word is in bounds) and is 16-byte aligned and the CPU has
     // cmpxchg16b (both checked by `cas128_available`). The memory is only
     // ever accessed atomically (see `Region`), and `lock cmpxchg16b` is an
@@ -353,22 +353,25 @@ pub(crate) fn cas128(w: &AtomicU64, old: [u64; 2], new: [u64; 2]) -> Result<(), 
     // as an operand (LLVM may reserve it), so the low new word goes in
     // another register and is swapped into rbx around the instruction, and
     // rbx is restored before the block ends; `dst` is pinned to rdi so it
-    // can never be rbx.
+    // can never be rbx. The result goes to cl (rcx is free once the
+    // instruction has read it), never to a register the compiler picks:
+    // it could pick bl, which restoring rbx overwrites — a failed swap
+    // then read as done, or a done one as failed and charged again.
     unsafe {
         std::arch::asm!(
             "xchg {tmp}, rbx",
             "lock cmpxchg16b xmmword ptr [rdi]",
-            "sete {ok}",
+            "sete cl",
             "mov rbx, {tmp}",
             in("rdi") dst,
             tmp = inout(reg) new[0] => _,
-            ok = out(reg_byte) ok,
             inout("rax") old[0] => prev_lo,
             inout("rdx") old[1] => prev_hi,
-            in("rcx") new[1],
+            inout("rcx") new[1] => ok_word,
             options(nostack),
         );
     }
+    let ok = ok_word as u8;
     if ok != 0 {
         Ok(())
     } else {
