@@ -238,7 +238,7 @@ impl KeyHasher {
     /// | 4`; IPv6 the word `prefix << 8 | 6`, then the masked address's
     /// high and low halves. The family in the first word fixes the part's
     /// length, so no length prefix is needed; one word for the common
-    /// IPv4 key (one compression round).
+    /// IPv4 key (one multiply-fold of [`Mix`]).
     #[inline(always)]
     pub fn ip(&mut self, k: u128, v4: u8, v6: u8) {
         if k >> 32 == 0xffff {
