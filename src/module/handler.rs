@@ -30,7 +30,7 @@ use super::worker::{with_worker, Event, EventLog, ValueSource, Worker};
 use super::RateCtlModule;
 use crate::core::admit::Verdict as Admission;
 use crate::core::headers::{rate_limit_headers, HeaderStyle};
-use crate::core::table::{IpKey, Request as TableRequest, RequestOutcome, Values};
+use crate::core::table::{IpKey, Request as TableRequest, RequestOutcome, Scratch, Table, Values};
 
 /// Concurrency units a request holds until it ends: their slots and
 /// generations in the mapping that granted them (released there even if a
@@ -173,15 +173,26 @@ fn handle(r: &mut Request) -> Status {
         // Rejection summaries are written by the worker's timer (armed when
         // a window opens) and at exit, never on the request path.
         w.refresh(mc, now_ns, log);
-        let (outcome, hold) = decide(w, mc, r, now_ns, now_ms, lc);
         let Worker {
             reader,
             sources,
+            scratch,
             log,
             ..
         } = w;
+        let Some(table) = reader.table() else {
+            // No usable table: fail open.
+            return act(r, mc, lc, log, None, &mut || None, now_ms, &|_, _| None);
+        };
+        let mut held = SmallVec::new();
+        let outcome = decide(
+            table, sources, scratch, log, mc, r, now_ns, now_ms, lc, &mut held,
+        );
+        // The units the request holds, built only where the decision is
+        // recorded (most requests hold none).
+        let mut hold = || table.units_with_keys(&held, scratch);
         let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
-        act(r, mc, lc, log, outcome, hold, now_ms, &key_of)
+        act(r, mc, lc, log, Some(&outcome), &mut hold, now_ms, &key_of)
     })
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
@@ -244,27 +255,23 @@ impl Values for RequestValues<'_> {
     }
 }
 
-/// Blacklist, match and admit with the worker's current table: `None`
-/// without a usable table (fail open), and the concurrency units held.
+/// Blacklist, match and admit with the worker's current table. The
+/// concurrency strategies the request holds go to `held`, its per-key
+/// units to the working space (see `Table::units_with_keys`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn decide(
-    w: &mut Worker,
+    table: &Table,
+    sources: &[ValueSource],
+    scratch: &mut Scratch,
+    log: &mut EventLog,
     mc: &MainConf,
     r: &Request,
     now_ns: u64,
     now_ms: u64,
     lc: &LocConf,
-) -> (Option<RequestOutcome>, Option<Hold>) {
-    let Worker {
-        reader,
-        sources,
-        scratch,
-        log,
-        ..
-    } = w;
-    let Some(table) = reader.table() else {
-        return (None, None);
-    };
-    let mut held = SmallVec::new();
+    held: &mut SmallVec<[u32; 2]>,
+) -> RequestOutcome {
     let values = RequestValues::new(r, mc, sources);
     let outcome = table.decide_into(
         &TableRequest {
@@ -274,10 +281,9 @@ fn decide(
             quota: lc.headers() != HeaderStyle::Off,
             ..values.request()
         },
-        &mut held,
+        held,
         scratch,
     );
-    let hold = table.units_with_keys(&held, scratch);
     if let Some((id, on_full)) = scratch.key_table_full() {
         // At most one line per strategy per second (the rest summarised).
         let level = lc.log_level().lower();
@@ -290,7 +296,7 @@ fn decide(
             );
         }
     }
-    (Some(outcome), hold)
+    outcome
 }
 
 /// The key of per-key strategy `id` for request `r`, as text (`None`: no
@@ -347,16 +353,16 @@ fn act(
     mc: &MainConf,
     lc: &LocConf,
     events: &mut EventLog,
-    outcome: Option<RequestOutcome>,
-    hold: Option<Hold>,
+    outcome: Option<&RequestOutcome>,
+    hold: &mut dyn FnMut() -> Option<Hold>,
     now_ms: u64,
     key_of: KeyOf<'_>,
 ) -> Status {
     let error = Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     let d = match outcome {
         Some(RequestOutcome::Limited(d)) => d,
-        Some(RequestOutcome::Allowed { id }) => {
-            return if record(r, mc, ReqStatus::Allowed, id, hold) {
+        Some(&RequestOutcome::Allowed { id }) => {
+            return if record(r, mc, ReqStatus::Allowed, id, hold()) {
                 Status::NGX_DECLINED
             } else {
                 error
@@ -377,7 +383,7 @@ fn act(
             };
             // Matching nothing (or no table) leaves the request open to
             // the next location's strategies.
-            if !record_as(r, mc, status, 0, hold, blacklisted) {
+            if !record_as(r, mc, status, 0, hold(), blacklisted) {
                 return error;
             }
             if blacklisted {
@@ -398,7 +404,7 @@ fn act(
         (&d.verdict, d.dry_run_rejected, &d.tightest, d.would_delay)
     {
         // The plain pass: most requests.
-        return if record(r, mc, ReqStatus::Passed, d.passed_by.unwrap_or(0), hold) {
+        return if record(r, mc, ReqStatus::Passed, d.passed_by.unwrap_or(0), hold()) {
             Status::NGX_DECLINED
         } else {
             error
@@ -413,7 +419,7 @@ fn act(
         (Admission::Delay { id, .. }, _) => (ReqStatus::Delayed, id),
         (Admission::Reject { id, .. }, _) => (ReqStatus::Rejected, id),
     };
-    if !record(r, mc, status, strategy, hold) {
+    if !record(r, mc, status, strategy, hold()) {
         return error;
     }
     // `rate_ctl_headers` (the quota is computed only when it is not off).
