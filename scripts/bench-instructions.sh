@@ -35,6 +35,9 @@
 #   perkey_only the per-address strategy alone (no other strategy in
 #               the table): the same configuration as limitreq's single
 #               zone
+#   perkey_all  a per-address strategy with no condition (`each ip`
+#               alone: every request of the location, as limit_req's
+#               zone): limit_req's configuration exactly
 #   perkey90    the same with the key table about 90 % occupied (943,718
 #               other addresses charged before the run by a per-address
 #               strategy whose keys stay limited all day)
@@ -165,7 +168,7 @@ table_for() {
     ranges) range_strategies disjoint ;;
     ranges_out) range_strategies out ;;
     ranges_nested) range_strategies nested ;;
-    perkey_only) ;;
+    perkey_only | perkey_all) ;;
     *) background_strategies ;;
     esac
     case ${kind%_bg} in
@@ -181,6 +184,8 @@ table_for() {
     # One token an hour, a burst of a million: every request passes and the
     # client's key, once charged, is never reusable during the run.
     perkey | perkey_only) echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench" ;;
+    # No condition: every request of the location, as limit_req's zone.
+    perkey_all) echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip" ;;
     perkey90)
         echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench"
         # The filler: keys that stay limited (not reusable) all day.
