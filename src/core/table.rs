@@ -1070,7 +1070,13 @@ impl Table {
             }
         };
         if let Some(d) = self.ip_dim {
-            found(d, ip.and_then(|ip| self.ip_index.get(&ip.0)));
+            // No exact address in the table (a table of per-address or
+            // range strategies only): nothing to hash.
+            let e = match ip {
+                Some(ip) if !self.ip_index.is_empty() => self.ip_index.get(&ip.0),
+                _ => None,
+            };
+            found(d, e);
         }
         match in_ranges {
             Some((ip, u64::MAX)) => {
