@@ -39,7 +39,7 @@ use super::limiter::Limiter;
 use super::model::{parse_canonical_ipv4, parse_ip, Action, Algorithm, Condition, Strategy};
 use super::region::Region;
 use super::segment::{
-    decode_blacklist_dimensions, decode_records, read_raw, Decoded, Published, RawSegment, Record,
+    decode_blacklist_dimensions, decode_records, read_raw, Decoded, RawSegment, Record,
     SegmentError, MAX_TABLE_DIMENSIONS,
 };
 use super::shm::Mapping;
@@ -115,10 +115,11 @@ pub struct Compiled {
     pub limiter: Limiter,
     pub slot: u32,
     pub generation: u64,
-    /// `(dimension index, interned value id)` of every condition; the one
-    /// it is anchored under comes first and is not re-checked (implied by
-    /// where the matcher found the strategy).
-    conds: Box<[(u8, u32)]>,
+    /// Its conditions, `Table::conds[start..end]`: `(dimension index,
+    /// interned value id)` of each; the one it is anchored under comes
+    /// first and is not re-checked (implied by where the matcher found
+    /// the strategy). One array for the table, not one per strategy.
+    conds: (u32, u32),
     /// Per-key strategies (`each`): how the key is built, its limiter.
     pub key: Option<Box<super::keys::KeyPlan>>,
 }
@@ -322,6 +323,8 @@ pub struct Table {
     /// matches none of them nothing.
     checks: Box<[usize]>,
     anchored: Vec<u32>,
+    /// Every strategy's conditions ([`Compiled::conds`] spans).
+    conds: Box<[(u8, u32)]>,
     /// Tuple-space groups, and the groups of each heavy value
     /// (see [`ValueEntry`]).
     groups: Vec<Group>,
@@ -358,9 +361,9 @@ const MAX_NAMES: usize = 4 * MAX_TABLE_DIMENSIONS;
 /// A table being built: the enabled strategies of the records so far
 /// (conditions not yet interned) and their conditions, borrowed.
 struct Builder<'a> {
-    /// Compiled once their conditions are interned and anchored (each
-    /// written once, never read back).
-    strategies: Vec<Published>,
+    /// Compiled as they are read (each moved once, into the table); their
+    /// conditions and key plans are filled in once interned and anchored.
+    strategies: Vec<Compiled>,
     /// `pool[start..end]` are `strategies[i]`'s conditions.
     spans: Vec<(u32, u32)>,
     pool: Vec<PendingCond<'a>>,
@@ -395,6 +398,7 @@ impl<'a> Builder<'a> {
             return;
         }
         let start = self.pool.len() as u32;
+        let end = start + r.conditions.len() as u32;
         for &(dim, value) in &r.conditions {
             let name = match self
                 .names
@@ -420,10 +424,14 @@ impl<'a> Builder<'a> {
         self.spans.push((start, self.pool.len() as u32));
         self.keyed.push(r.strategy.each.is_keyed());
         self.ranked |= r.strategy.priority != 0 || r.strategy.action == Action::Allow;
-        self.strategies.push(Published {
+        self.strategies.push(Compiled {
+            limiter: Limiter::from_strategy(&r.strategy),
             strategy: r.strategy,
             slot: r.slot,
             generation: r.generation,
+            // Where `Table::finish` interns them: `conds[i]` is `pool[i]`.
+            conds: (start, end),
+            key: None,
         });
     }
 }
@@ -508,7 +516,7 @@ impl Table {
             Some(dims.len() - 1)
         };
         let Builder {
-            strategies: pending,
+            strategies: mut pending,
             spans: cond_spans,
             pool,
             names,
@@ -573,6 +581,9 @@ impl Table {
         // Per-key plans, by index in `pending` (ascending).
         let mut plans: Vec<(usize, Box<super::keys::KeyPlan>)> = Vec::new();
         'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
+            // `flat[i]` is `pool[i]` ([`Compiled::conds`] was set so): a
+            // dropped strategy's conditions are left as padding.
+            flat.resize(from as usize, (0, NONE));
             let start = flat.len();
             for (i, c) in pool
                 .iter()
@@ -762,24 +773,20 @@ impl Table {
                 }
             }
         }
-        // The compiled strategies, each written once: those not dropped,
-        // in order, with their conditions (anchor first) and key plan.
-        let mut plans = plans.into_iter().peekable();
-        let mut strategies: Vec<Compiled> = Vec::with_capacity(count);
-        for (si, p) in pending.into_iter().enumerate() {
-            if dropped.binary_search(&si).is_ok() {
-                continue;
-            }
-            let k = strategies.len();
-            strategies.push(Compiled {
-                limiter: Limiter::from_strategy(&p.strategy),
-                strategy: p.strategy,
-                slot: p.slot,
-                generation: p.generation,
-                conds: flat[conds_of(k)].into(),
-                key: plans.next_if(|(i, _)| *i == si).map(|(_, plan)| plan),
+        // The compiled strategies: those not dropped (usually all: then
+        // none is moved or touched), in order, with their key plans.
+        if !dropped.is_empty() {
+            let mut si = 0;
+            pending.retain(|_| {
+                si += 1;
+                dropped.binary_search(&(si - 1)).is_err()
             });
         }
+        for (si, plan) in plans {
+            let k = si - dropped.partition_point(|&d| d < si);
+            pending[k].key = Some(plan);
+        }
+        let strategies = pending;
         let (groups, group_lists, spans) =
             group_heavy_values(|si| &flat[conds_of(si as usize)], &anchored, &starts);
         let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
@@ -856,6 +863,7 @@ impl Table {
             lookups,
             checks,
             anchored,
+            conds: flat.into_boxed_slice(),
             groups,
             group_lists,
             unconditioned,
@@ -890,10 +898,16 @@ impl Table {
         self.published
     }
 
+    /// `c`'s `(dimension index, value id)` conditions, anchor first.
+    #[inline]
+    fn conds_of(&self, c: &Compiled) -> &[(u8, u32)] {
+        &self.conds[c.conds.0 as usize..c.conds.1 as usize]
+    }
+
     /// The dimension named by each condition of `c` (a strategy of this
     /// table): anchor first, then as published.
     pub fn condition_dimensions<'t>(&'t self, c: &'t Compiled) -> impl Iterator<Item = &'t str> {
-        c.conds.iter().map(|&(d, _)| {
+        self.conds_of(c).iter().map(|&(d, _)| {
             let name = self.dims[usize::from(d)].as_str();
             // An address range is matched as `ip/<len>`.
             if name.starts_with("ip/") {
@@ -908,7 +922,7 @@ impl Table {
     /// the table keeps each value once, interned, not per strategy (tools,
     /// tests; allocates).
     pub fn conditions(&self, c: &Compiled) -> Vec<Condition> {
-        c.conds
+        self.conds_of(c)
             .iter()
             .zip(self.condition_dimensions(c))
             .map(|(&(d, id), name)| {
@@ -1118,7 +1132,12 @@ impl Table {
             sources += 1;
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
-                if s.conds.iter().skip(1).all(|&(d, v)| req[d as usize] == v) {
+                if self
+                    .conds_of(s)
+                    .iter()
+                    .skip(1)
+                    .all(|&(d, v)| req[d as usize] == v)
+                {
                     out.push(si);
                 }
             }
