@@ -1427,7 +1427,7 @@ fn group_heavy_values<'c>(
         .map(|v| (starts[v], starts[v + 1] - starts[v]))
         .collect();
     let mut group_of: std::collections::HashMap<(u8, u64), u32> = Default::default();
-    let mut rows: Vec<Vec<(Vec<u32>, u32)>> = Vec::new();
+    let mut rows: Vec<Vec<(super::tuple_map::Tuple, u32)>> = Vec::new();
     let mut group_dims: Vec<Vec<u8>> = Vec::new();
     let mut group_lists = Vec::new();
     let mut shapes: Vec<u64> = Vec::new();
