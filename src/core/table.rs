@@ -45,7 +45,7 @@ use super::segment::{
 use super::shm::Mapping;
 use super::slot::Slot;
 use super::tuple_map::{Group, NONE};
-use super::value_map::{bytes_eq, ValueMap};
+use super::value_map::{bytes_eq, hash_bytes, MapKey, ValueMap};
 
 /// Where an interned value is kept (see [`Table::conditions`]): the
 /// dimension's text map, the `ip` address map, a prefix length's networks.
@@ -350,9 +350,15 @@ pub struct Table {
 struct PendingCond<'a> {
     dim: &'a str,
     value: &'a [u8],
+    /// `hash_bytes(value)`, computed while the record is read.
+    hash: u64,
     /// `Builder::names[name]` is `dim` (`NONE`: past `MAX_NAMES`).
     name: u32,
 }
+
+/// How many conditions ahead a table build prefetches the value map slot
+/// a condition will probe (see [`ValueMap::prefetch`]).
+const PREFETCH_AHEAD: usize = 8;
 
 /// Distinct dimension names a builder numbers as it reads (the table
 /// uses at most [`MAX_TABLE_DIMENSIONS`]; a hostile file may name more).
@@ -418,6 +424,7 @@ impl<'a> Builder<'a> {
             self.pool.push(PendingCond {
                 dim,
                 value,
+                hash: hash_bytes(value),
                 name: name as u32,
             });
         }
@@ -591,6 +598,21 @@ impl Table {
                 .take(to as usize)
                 .skip(from as usize)
             {
+                // The slot a later condition will probe, asked for now:
+                // most values are new to their map (a cache miss each).
+                if let Some(p) = pool.get(i + PREFETCH_AHEAD) {
+                    match net_of(i + PREFETCH_AHEAD) {
+                        Some(n) if n.is_host() => ip_index.prefetch(n.addr.hash()),
+                        Some(_) => {}
+                        None => {
+                            if let Some(&Some(Some(d))) = name_dims.get(p.name as usize) {
+                                if let Some(x) = index.get(d) {
+                                    x.values.prefetch(p.hash);
+                                }
+                            }
+                        }
+                    }
+                }
                 let net = net_of(i);
                 // A network is matched as the pseudo-dimension `ip/<len>`
                 // (`len` over the IPv6 form), one per prefix length: a
@@ -673,7 +695,7 @@ impl Table {
                     (_, None) => {
                         let values = &mut index[d].values;
                         let id = values
-                            .get_or_insert_with(c.value, || ValueEntry::new(next))
+                            .get_or_insert_hashed(c.value, c.hash, || ValueEntry::new(next))
                             .id;
                         (id, (TEXT_VALUE, values.len() - 1))
                     }
