@@ -1576,8 +1576,77 @@ impl From<IpAddr> for IpKey {
 
 #[cfg(test)]
 mod tests {
-    use super::IpKey;
+    use super::{IpKey, Table, MAX_TABLE_DIMENSIONS};
+    use crate::core::each::Each;
+    use crate::core::model::{Algorithm, Condition, Strategy, Unit};
+    use crate::core::segment::{Decoded, Published};
     use std::net::IpAddr;
+
+    fn published(id: u32, conds: &[(&str, &str)], each: &[&str]) -> Published {
+        let conditions = conds.iter().map(|&(d, v)| Condition::new(d, v)).collect();
+        let mut strategy =
+            Strategy::plain(id, conditions, Algorithm::TokenBucket, 10, Unit::Second);
+        strategy.each = Each::of(each);
+        Published {
+            strategy,
+            slot: id,
+            generation: 1,
+        }
+    }
+
+    /// A strategy over the dimension limit (a file the writer would
+    /// refuse) is dropped alone: the ones after it keep their own
+    /// conditions, key plan and matches (the builder lays every strategy's
+    /// conditions out where the records list them, dropped ones padded).
+    #[test]
+    fn strategies_after_a_dropped_one_keep_their_conditions_and_key() {
+        // d0 and d1 … d65: 66 names, two over the limit.
+        let names: Vec<String> = (1..MAX_TABLE_DIMENSIONS + 2)
+            .map(|i| format!("d{i}"))
+            .collect();
+        let mut list: Vec<Published> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| published(i as u32 + 1, &[("d0", "a"), (n.as_str(), "v")], &[]))
+            .collect();
+        let after = [
+            published(1000, &[("d1", "y"), ("d2", "z")], &["d3"]),
+            published(1001, &[("d2", "z")], &[]),
+            published(1002, &[("d3", "w"), ("d1", "y")], &[]),
+        ];
+        list.extend(after.iter().cloned());
+        let t = Table::build(
+            Decoded {
+                publish_seq: 1,
+                config_version: 1,
+                published_unix_ms: 0,
+                strategies: list,
+                blacklist_dimensions: Vec::new(),
+            },
+            None,
+        );
+        // d0 … d63 fit; the strategies naming d64 and d65 are dropped.
+        assert_eq!(t.dimensions().len(), MAX_TABLE_DIMENSIONS);
+        let kept = MAX_TABLE_DIMENSIONS - 1;
+        assert_eq!(t.strategies().len(), kept + after.len());
+        assert_eq!(t.published_strategies(), kept + 2 + after.len());
+        for (c, p) in t.strategies()[kept..].iter().zip(&after) {
+            assert_eq!(c.strategy.id, p.strategy.id);
+            let mut got = t.conditions(c);
+            let mut want = p.strategy.conditions.clone();
+            got.sort_by(|a, b| a.dimension.cmp(&b.dimension));
+            want.sort_by(|a, b| a.dimension.cmp(&b.dimension));
+            assert_eq!(got, want, "strategy {}", p.strategy.id);
+            assert_eq!(c.key.is_some(), p.strategy.id == 1000);
+        }
+        let values = t.values_of(&[("d1", b"y"), ("d2", b"z"), ("d3", b"w")]);
+        let ids: Vec<u32> = t
+            .matching(&values)
+            .iter()
+            .map(|&i| t.strategies()[i as usize].strategy.id)
+            .collect();
+        assert_eq!(ids, [1000, 1001, 1002]);
+    }
 
     #[test]
     fn ipv4_and_its_v4_mapped_form_are_one_key() {
