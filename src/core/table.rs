@@ -1154,12 +1154,9 @@ impl Table {
             sources += 1;
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
-                if self
-                    .conds_of(s)
-                    .iter()
-                    .skip(1)
-                    .all(|&(d, v)| req[d as usize] == v)
-                {
+                // The anchor (first) is implied by where it was found.
+                let others = &self.conds[s.conds.0 as usize + 1..s.conds.1 as usize];
+                if others.iter().all(|&(d, v)| req[d as usize] == v) {
                     out.push(si);
                 }
             }
