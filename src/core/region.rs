@@ -162,10 +162,17 @@ impl<'a> Region<'a> {
         if off % 8 != 0 || end > self.len {
             return false;
         }
-        for (i, chunk) in dst.chunks_mut(8).enumerate() {
-            let v = self.load(off + i * 8).to_le_bytes();
-            let n = chunk.len();
-            chunk.copy_from_slice(&v[..n]);
+        // Whole words first (a plain store each, no copy call per word),
+        // then the partial one.
+        let mut words = dst.chunks_exact_mut(8);
+        for (i, chunk) in (&mut words).enumerate() {
+            chunk.copy_from_slice(&self.load(off + i * 8).to_le_bytes());
+        }
+        let tail = words.into_remainder();
+        if !tail.is_empty() {
+            let n = tail.len();
+            let v = self.load(off + padded - 8).to_le_bytes();
+            tail.copy_from_slice(&v[..n]);
         }
         true
     }

@@ -225,11 +225,13 @@ pub fn read_raw(
     let len = (lc & 0xffff_ffff) as usize;
     let count = (lc >> 32) as u32;
     let ok_len = len <= capacity_bytes(seg.len() as u64) as usize && len % 8 == 0;
-    if ok_len {
-        buf.clear();
+    // Every byte is overwritten (or the copy refused): only a payload
+    // longer than the last one zeroes (a worker reuses its buffer).
+    let ok_len = ok_len && {
+        buf.truncate(len);
         buf.resize(len, 0);
-        seg.read_bytes(SEG_HEADER, buf);
-    }
+        seg.read_bytes(SEG_HEADER, buf)
+    };
     fence(Ordering::Acquire);
     if ws.load(Ordering::Relaxed) != w1 {
         return Err(SegmentError::Busy);

@@ -39,13 +39,13 @@ use super::limiter::Limiter;
 use super::model::{parse_canonical_ipv4, parse_ip, Action, Algorithm, Condition, Strategy};
 use super::region::Region;
 use super::segment::{
-    decode_blacklist_dimensions, decode_records, read_raw, Decoded, Published, RawSegment, Record,
+    decode_blacklist_dimensions, decode_records, read_raw, Decoded, RawSegment, Record,
     SegmentError, MAX_TABLE_DIMENSIONS,
 };
 use super::shm::Mapping;
 use super::slot::Slot;
 use super::tuple_map::{Group, NONE};
-use super::value_map::{bytes_eq, ValueMap};
+use super::value_map::{bytes_eq, hash_bytes, MapKey, ValueMap};
 
 /// Where an interned value is kept (see [`Table::conditions`]): the
 /// dimension's text map, the `ip` address map, a prefix length's networks.
@@ -115,10 +115,11 @@ pub struct Compiled {
     pub limiter: Limiter,
     pub slot: u32,
     pub generation: u64,
-    /// `(dimension index, interned value id)` of every condition; the one
-    /// it is anchored under comes first and is not re-checked (implied by
-    /// where the matcher found the strategy).
-    conds: Box<[(u8, u32)]>,
+    /// Its conditions, `Table::conds[start..end]`: `(dimension index,
+    /// interned value id)` of each; the one it is anchored under comes
+    /// first and is not re-checked (implied by where the matcher found
+    /// the strategy). One array for the table, not one per strategy.
+    conds: (u32, u32),
     /// Per-key strategies (`each`): how the key is built, its limiter.
     pub key: Option<Box<super::keys::KeyPlan>>,
 }
@@ -322,6 +323,8 @@ pub struct Table {
     /// matches none of them nothing.
     checks: Box<[usize]>,
     anchored: Vec<u32>,
+    /// Every strategy's conditions ([`Compiled::conds`] spans).
+    conds: Box<[(u8, u32)]>,
     /// Tuple-space groups, and the groups of each heavy value
     /// (see [`ValueEntry`]).
     groups: Vec<Group>,
@@ -347,9 +350,15 @@ pub struct Table {
 struct PendingCond<'a> {
     dim: &'a str,
     value: &'a [u8],
+    /// `hash_bytes(value)`, computed while the record is read.
+    hash: u64,
     /// `Builder::names[name]` is `dim` (`NONE`: past `MAX_NAMES`).
     name: u32,
 }
+
+/// How many conditions ahead a table build prefetches the value map slot
+/// a condition will probe (see [`ValueMap::prefetch`]).
+const PREFETCH_AHEAD: usize = 8;
 
 /// Distinct dimension names a builder numbers as it reads (the table
 /// uses at most [`MAX_TABLE_DIMENSIONS`]; a hostile file may name more).
@@ -358,9 +367,9 @@ const MAX_NAMES: usize = 4 * MAX_TABLE_DIMENSIONS;
 /// A table being built: the enabled strategies of the records so far
 /// (conditions not yet interned) and their conditions, borrowed.
 struct Builder<'a> {
-    /// Compiled once their conditions are interned and anchored (each
-    /// written once, never read back).
-    strategies: Vec<Published>,
+    /// Compiled as they are read (each moved once, into the table); their
+    /// conditions and key plans are filled in once interned and anchored.
+    strategies: Vec<Compiled>,
     /// `pool[start..end]` are `strategies[i]`'s conditions.
     spans: Vec<(u32, u32)>,
     pool: Vec<PendingCond<'a>>,
@@ -395,6 +404,7 @@ impl<'a> Builder<'a> {
             return;
         }
         let start = self.pool.len() as u32;
+        let end = start + r.conditions.len() as u32;
         for &(dim, value) in &r.conditions {
             let name = match self
                 .names
@@ -414,16 +424,21 @@ impl<'a> Builder<'a> {
             self.pool.push(PendingCond {
                 dim,
                 value,
+                hash: hash_bytes(value),
                 name: name as u32,
             });
         }
         self.spans.push((start, self.pool.len() as u32));
         self.keyed.push(r.strategy.each.is_keyed());
         self.ranked |= r.strategy.priority != 0 || r.strategy.action == Action::Allow;
-        self.strategies.push(Published {
+        self.strategies.push(Compiled {
+            limiter: Limiter::from_strategy(&r.strategy),
             strategy: r.strategy,
             slot: r.slot,
             generation: r.generation,
+            // Where `Table::finish` interns them: `conds[i]` is `pool[i]`.
+            conds: (start, end),
+            key: None,
         });
     }
 }
@@ -508,7 +523,7 @@ impl Table {
             Some(dims.len() - 1)
         };
         let Builder {
-            strategies: pending,
+            strategies: mut pending,
             spans: cond_spans,
             pool,
             names,
@@ -573,6 +588,9 @@ impl Table {
         // Per-key plans, by index in `pending` (ascending).
         let mut plans: Vec<(usize, Box<super::keys::KeyPlan>)> = Vec::new();
         'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
+            // `flat[i]` is `pool[i]` ([`Compiled::conds`] was set so): a
+            // dropped strategy's conditions are left as padding.
+            flat.resize(from as usize, (0, NONE));
             let start = flat.len();
             for (i, c) in pool
                 .iter()
@@ -580,6 +598,21 @@ impl Table {
                 .take(to as usize)
                 .skip(from as usize)
             {
+                // The slot a later condition will probe, asked for now:
+                // most values are new to their map (a cache miss each).
+                if let Some(p) = pool.get(i + PREFETCH_AHEAD) {
+                    match net_of(i + PREFETCH_AHEAD) {
+                        Some(n) if n.is_host() => ip_index.prefetch(n.addr.hash()),
+                        Some(_) => {}
+                        None => {
+                            if let Some(&Some(Some(d))) = name_dims.get(p.name as usize) {
+                                if let Some(x) = index.get(d) {
+                                    x.values.prefetch(p.hash);
+                                }
+                            }
+                        }
+                    }
+                }
                 let net = net_of(i);
                 // A network is matched as the pseudo-dimension `ip/<len>`
                 // (`len` over the IPv6 form), one per prefix length: a
@@ -662,7 +695,7 @@ impl Table {
                     (_, None) => {
                         let values = &mut index[d].values;
                         let id = values
-                            .get_or_insert_with(c.value, || ValueEntry::new(next))
+                            .get_or_insert_hashed(c.value, c.hash, || ValueEntry::new(next))
                             .id;
                         (id, (TEXT_VALUE, values.len() - 1))
                     }
@@ -762,24 +795,20 @@ impl Table {
                 }
             }
         }
-        // The compiled strategies, each written once: those not dropped,
-        // in order, with their conditions (anchor first) and key plan.
-        let mut plans = plans.into_iter().peekable();
-        let mut strategies: Vec<Compiled> = Vec::with_capacity(count);
-        for (si, p) in pending.into_iter().enumerate() {
-            if dropped.binary_search(&si).is_ok() {
-                continue;
-            }
-            let k = strategies.len();
-            strategies.push(Compiled {
-                limiter: Limiter::from_strategy(&p.strategy),
-                strategy: p.strategy,
-                slot: p.slot,
-                generation: p.generation,
-                conds: flat[conds_of(k)].into(),
-                key: plans.next_if(|(i, _)| *i == si).map(|(_, plan)| plan),
+        // The compiled strategies: those not dropped (usually all: then
+        // none is moved or touched), in order, with their key plans.
+        if !dropped.is_empty() {
+            let mut si = 0;
+            pending.retain(|_| {
+                si += 1;
+                dropped.binary_search(&(si - 1)).is_err()
             });
         }
+        for (si, plan) in plans {
+            let k = si - dropped.partition_point(|&d| d < si);
+            pending[k].key = Some(plan);
+        }
+        let strategies = pending;
         let (groups, group_lists, spans) =
             group_heavy_values(|si| &flat[conds_of(si as usize)], &anchored, &starts);
         let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
@@ -856,6 +885,7 @@ impl Table {
             lookups,
             checks,
             anchored,
+            conds: flat.into_boxed_slice(),
             groups,
             group_lists,
             unconditioned,
@@ -890,10 +920,16 @@ impl Table {
         self.published
     }
 
+    /// `c`'s `(dimension index, value id)` conditions, anchor first.
+    #[inline]
+    fn conds_of(&self, c: &Compiled) -> &[(u8, u32)] {
+        &self.conds[c.conds.0 as usize..c.conds.1 as usize]
+    }
+
     /// The dimension named by each condition of `c` (a strategy of this
     /// table): anchor first, then as published.
     pub fn condition_dimensions<'t>(&'t self, c: &'t Compiled) -> impl Iterator<Item = &'t str> {
-        c.conds.iter().map(|&(d, _)| {
+        self.conds_of(c).iter().map(|&(d, _)| {
             let name = self.dims[usize::from(d)].as_str();
             // An address range is matched as `ip/<len>`.
             if name.starts_with("ip/") {
@@ -908,7 +944,7 @@ impl Table {
     /// the table keeps each value once, interned, not per strategy (tools,
     /// tests; allocates).
     pub fn conditions(&self, c: &Compiled) -> Vec<Condition> {
-        c.conds
+        self.conds_of(c)
             .iter()
             .zip(self.condition_dimensions(c))
             .map(|(&(d, id), name)| {
@@ -1124,7 +1160,9 @@ impl Table {
             sources += 1;
             for &si in &self.anchored[start as usize..(start + len) as usize] {
                 let s = &self.strategies[si as usize];
-                if s.conds.iter().skip(1).all(|&(d, v)| req[d as usize] == v) {
+                // The anchor (first) is implied by where it was found.
+                let others = &self.conds[s.conds.0 as usize + 1..s.conds.1 as usize];
+                if others.iter().all(|&(d, v)| req[d as usize] == v) {
                     out.push(si);
                 }
             }
@@ -1414,7 +1452,7 @@ fn group_heavy_values<'c>(
         .map(|v| (starts[v], starts[v + 1] - starts[v]))
         .collect();
     let mut group_of: std::collections::HashMap<(u8, u64), u32> = Default::default();
-    let mut rows: Vec<Vec<(Vec<u32>, u32)>> = Vec::new();
+    let mut rows: Vec<Vec<(super::tuple_map::Tuple, u32)>> = Vec::new();
     let mut group_dims: Vec<Vec<u8>> = Vec::new();
     let mut group_lists = Vec::new();
     let mut shapes: Vec<u64> = Vec::new();
@@ -1541,8 +1579,77 @@ impl From<IpAddr> for IpKey {
 
 #[cfg(test)]
 mod tests {
-    use super::IpKey;
+    use super::{IpKey, Table, MAX_TABLE_DIMENSIONS};
+    use crate::core::each::Each;
+    use crate::core::model::{Algorithm, Condition, Strategy, Unit};
+    use crate::core::segment::{Decoded, Published};
     use std::net::IpAddr;
+
+    fn published(id: u32, conds: &[(&str, &str)], each: &[&str]) -> Published {
+        let conditions = conds.iter().map(|&(d, v)| Condition::new(d, v)).collect();
+        let mut strategy =
+            Strategy::plain(id, conditions, Algorithm::TokenBucket, 10, Unit::Second);
+        strategy.each = Each::of(each);
+        Published {
+            strategy,
+            slot: id,
+            generation: 1,
+        }
+    }
+
+    /// A strategy over the dimension limit (a file the writer would
+    /// refuse) is dropped alone: the ones after it keep their own
+    /// conditions, key plan and matches (the builder lays every strategy's
+    /// conditions out where the records list them, dropped ones padded).
+    #[test]
+    fn strategies_after_a_dropped_one_keep_their_conditions_and_key() {
+        // d0 and d1 … d65: 66 names, two over the limit.
+        let names: Vec<String> = (1..MAX_TABLE_DIMENSIONS + 2)
+            .map(|i| format!("d{i}"))
+            .collect();
+        let mut list: Vec<Published> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| published(i as u32 + 1, &[("d0", "a"), (n.as_str(), "v")], &[]))
+            .collect();
+        let after = [
+            published(1000, &[("d1", "y"), ("d2", "z")], &["d3"]),
+            published(1001, &[("d2", "z")], &[]),
+            published(1002, &[("d3", "w"), ("d1", "y")], &[]),
+        ];
+        list.extend(after.iter().cloned());
+        let t = Table::build(
+            Decoded {
+                publish_seq: 1,
+                config_version: 1,
+                published_unix_ms: 0,
+                strategies: list,
+                blacklist_dimensions: Vec::new(),
+            },
+            None,
+        );
+        // d0 … d63 fit; the strategies naming d64 and d65 are dropped.
+        assert_eq!(t.dimensions().len(), MAX_TABLE_DIMENSIONS);
+        let kept = MAX_TABLE_DIMENSIONS - 1;
+        assert_eq!(t.strategies().len(), kept + after.len());
+        assert_eq!(t.published_strategies(), kept + 2 + after.len());
+        for (c, p) in t.strategies()[kept..].iter().zip(&after) {
+            assert_eq!(c.strategy.id, p.strategy.id);
+            let mut got = t.conditions(c);
+            let mut want = p.strategy.conditions.clone();
+            got.sort_by(|a, b| a.dimension.cmp(&b.dimension));
+            want.sort_by(|a, b| a.dimension.cmp(&b.dimension));
+            assert_eq!(got, want, "strategy {}", p.strategy.id);
+            assert_eq!(c.key.is_some(), p.strategy.id == 1000);
+        }
+        let values = t.values_of(&[("d1", b"y"), ("d2", b"z"), ("d3", b"w")]);
+        let ids: Vec<u32> = t
+            .matching(&values)
+            .iter()
+            .map(|&i| t.strategies()[i as usize].strategy.id)
+            .collect();
+        assert_eq!(ids, [1000, 1001, 1002]);
+    }
 
     #[test]
     fn ipv4_and_its_v4_mapped_form_are_one_key() {

@@ -15,7 +15,13 @@
 //! request's one lookup per dimension), so a probe hashes a few integers
 //! and compares a few integers: no byte string is hashed twice.
 
+use smallvec::SmallVec;
+
 use super::value_map::{mix, K1, K2, SEED};
+
+/// A strategy's value ids over a group's dimensions (inline up to four:
+/// building the groups of a large table allocates nothing per strategy).
+pub type Tuple = SmallVec<[u32; 4]>;
 
 /// An id that no value has (the request's value is absent or named by no
 /// strategy): a tuple holding it matches nothing.
@@ -71,7 +77,7 @@ impl Group {
     /// A group of `dims` (ascending) holding `rows`: each a strategy index
     /// with its value ids over `dims`, in that order (`tuple.len() ==
     /// dims.len()`).
-    pub fn build(dims: Vec<u8>, mut rows: Vec<(Vec<u32>, u32)>) -> Group {
+    pub fn build(dims: Vec<u8>, mut rows: Vec<(Tuple, u32)>) -> Group {
         let k = dims.len();
         rows.sort_unstable();
         let mut keys: Vec<u32> = Vec::new();
@@ -193,6 +199,7 @@ impl Group {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use smallvec::smallvec;
 
     #[test]
     fn finds_the_strategies_of_the_request_tuple_only() {
@@ -200,10 +207,10 @@ mod tests {
         let mut rows = Vec::new();
         for i in 0..30u32 {
             for j in 0..30u32 {
-                rows.push((vec![i, 100 + j], i * 30 + j));
+                rows.push((smallvec![i, 100 + j], i * 30 + j));
             }
         }
-        rows.push((vec![3, 104], 5000));
+        rows.push((smallvec![3, 104], 5000));
         let g = Group::build(vec![0, 2], rows);
         let mut req = [3, 7, 104];
         assert_eq!(g.find(&req), &[3 * 30 + 4, 5000]);
@@ -219,14 +226,17 @@ mod tests {
 
     #[test]
     fn one_and_three_dimension_shapes() {
-        let g = Group::build(vec![1], (0..50u32).map(|i| (vec![i], 1000 + i)).collect());
+        let g = Group::build(
+            vec![1],
+            (0..50u32).map(|i| (smallvec![i], 1000 + i)).collect(),
+        );
         assert_eq!(g.find(&[NONE, 7]), &[1007]);
         assert!(g.find(&[7, 50]).is_empty());
         assert!(g.find(&[7, NONE]).is_empty());
         let mut rows = Vec::new();
         for i in 0..10u32 {
             for j in 0..10u32 {
-                rows.push((vec![i, 100 + j, 200 + (i + j) % 3], i * 10 + j));
+                rows.push((smallvec![i, 100 + j, 200 + (i + j) % 3], i * 10 + j));
             }
         }
         let g = Group::build(vec![0, 1, 3], rows);

@@ -99,8 +99,10 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
         self.keys.is_empty()
     }
 
-    /// The value of `key`.
-    #[inline]
+    /// The value of `key` (inlined: the request path makes one call per
+    /// dimension, and the nginx module's handler is measured in
+    /// instructions).
+    #[inline(always)]
     pub fn get(&self, key: &K) -> Option<&V> {
         self.find(key).map(|i| &self.values[i])
     }
@@ -109,8 +111,13 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
     /// call per dimension).
     #[inline(always)]
     fn find(&self, key: &K) -> Option<usize> {
+        self.find_hashed(key, key.hash())
+    }
+
+    /// [`find`](Self::find) with `key`'s hash `h` given.
+    #[inline(always)]
+    fn find_hashed(&self, key: &K, h: u64) -> Option<usize> {
         let mask = self.slots.len() - 1;
-        let h = key.hash();
         let t = tag(h);
         let mut i = h as usize & mask;
         loop {
@@ -127,7 +134,15 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
 
     /// The value of `key`, inserting `make()` first if it is absent.
     pub fn get_or_insert_with(&mut self, key: &K, make: impl FnOnce() -> V) -> &mut V {
-        let i = match self.find(key) {
+        self.get_or_insert_hashed(key, key.hash(), make)
+    }
+
+    /// [`get_or_insert_with`](Self::get_or_insert_with) with `key`'s hash
+    /// `h` (`key.hash()`) computed by the caller (a table build hashes
+    /// each value once, ahead, to [`prefetch`](Self::prefetch) its slot).
+    pub fn get_or_insert_hashed(&mut self, key: &K, h: u64, make: impl FnOnce() -> V) -> &mut V {
+        debug_assert_eq!(h, key.hash());
+        let i = match self.find_hashed(key, h) {
             Some(i) => i,
             None => {
                 if (self.keys.len() + 1) * 2 > self.slots.len() {
@@ -136,11 +151,29 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
                 let i = self.keys.len();
                 self.keys.push(key.to_owned_key());
                 self.values.push(make());
-                self.place(key.hash(), i as u32);
+                self.place(h, i as u32);
                 i
             }
         };
         &mut self.values[i]
+    }
+
+    /// Hints that the slot of hash `h` is about to be probed: a build
+    /// inserting many distinct values (a cache miss each, the slots of a
+    /// large map being out of cache) asks for the slot some inserts ahead,
+    /// so that its miss overlaps the inserts in between.
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        let slot = &self.slots[h as usize & (self.slots.len() - 1)];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch only hints the cache: it reads nothing the
+        // program sees and never faults; the address is one of our slots.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>((slot as *const (u32, u32)).cast());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = slot;
     }
 
     /// The key of entry `i` (entries are numbered in insertion order:
