@@ -219,17 +219,7 @@ impl KeyHasher {
     #[inline]
     pub fn part(&mut self, bytes: &[u8]) {
         self.0.word(bytes.len() as u64);
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.0
-                .word(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.0.word(u64::from_le_bytes(b));
-        }
+        self.0.padded(bytes);
     }
 
     /// A client-address part, aggregated (see [`IpPrefix`]), as whole

@@ -101,10 +101,6 @@ impl Sip13 {
         self.ntail = chunks.remainder().len() as u32;
     }
 
-    pub fn write_u32(&mut self, n: u32) {
-        self.write(&n.to_le_bytes());
-    }
-
     /// Appends one 64-bit word (little-endian). When everything written so
     /// far is whole words (the key table writes only words), this is one
     /// compression round, no byte shuffling.
@@ -115,22 +111,6 @@ impl Sip13 {
             self.block(w);
         } else {
             self.write(&w.to_le_bytes());
-        }
-    }
-
-    /// Appends `bytes` as whole words, the last one zero-padded (callers
-    /// write the length first, so the padding is unambiguous).
-    #[inline]
-    pub fn padded(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.word(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.word(u64::from_le_bytes(b));
         }
     }
 
@@ -203,6 +183,22 @@ impl Mix {
     #[inline(always)]
     pub fn word(&mut self, w: u64) {
         self.acc = fold(self.acc ^ w, self.k.0[1]);
+    }
+
+    /// Appends `bytes` as whole words, the last one zero-padded (callers
+    /// write the length first, so the padding is unambiguous).
+    #[inline]
+    pub fn padded(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.word(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.word(u64::from_le_bytes(b));
+        }
     }
 
     #[inline(always)]
