@@ -446,10 +446,8 @@ fn decide_one<V: Values + ?Sized>(
                     status: reject_status(c.strategy.action),
                     retry_after_ns,
                 },
-                dry_run_rejected: None,
-                would_delay: None,
                 tightest,
-                passed_by: None,
+                ..Decision::pass()
             }
         }
         Charge::Full => decide_all(table, &[si], map, r, held, key_holds, full),
