@@ -600,18 +600,16 @@ impl Table {
             {
                 // The slot a later condition will probe, asked for now:
                 // most values are new to their map (a cache miss each).
-                if let Some(p) = pool.get(i + PREFETCH_AHEAD) {
-                    match net_of(i + PREFETCH_AHEAD) {
-                        Some(n) if n.is_host() => ip_index.prefetch(n.addr.hash()),
-                        Some(_) => {}
-                        None => {
-                            if let Some(&Some(Some(d))) = name_dims.get(p.name as usize) {
-                                if let Some(x) = index.get(d) {
-                                    x.values.prefetch(p.hash);
-                                }
-                            }
+                let ahead = i + PREFETCH_AHEAD;
+                match (pool.get(ahead), net_of(ahead)) {
+                    (_, Some(n)) if n.is_host() => ip_index.prefetch(n.addr.hash()),
+                    (Some(p), None) => {
+                        let dim = name_dims.get(p.name as usize).copied().flatten().flatten();
+                        if let Some(x) = dim.and_then(|d| index.get(d)) {
+                            x.values.prefetch(p.hash);
                         }
                     }
+                    _ => {}
                 }
                 let net = net_of(i);
                 // A network is matched as the pseudo-dimension `ip/<len>`
@@ -921,7 +919,7 @@ impl Table {
     }
 
     /// `c`'s `(dimension index, value id)` conditions, anchor first.
-    #[inline]
+    #[inline(always)]
     fn conds_of(&self, c: &Compiled) -> &[(u8, u32)] {
         &self.conds[c.conds.0 as usize..c.conds.1 as usize]
     }
@@ -1159,9 +1157,8 @@ impl Table {
             }
             sources += 1;
             for &si in &self.anchored[start as usize..(start + len) as usize] {
-                let s = &self.strategies[si as usize];
                 // The anchor (first) is implied by where it was found.
-                let others = &self.conds[s.conds.0 as usize + 1..s.conds.1 as usize];
+                let others = &self.conds_of(&self.strategies[si as usize])[1..];
                 if others.iter().all(|&(d, v)| req[d as usize] == v) {
                     out.push(si);
                 }
