@@ -32,17 +32,25 @@ RateCtlTest::for_each_target(sub {
     for my $i (0 .. $#lines) {
         next unless $lines[$i] =~ /\tlock cmpxchg16b/;
         $sites++;
-        # Up to the instruction that restores rbx (mov %reg,%rbx).
+        (my $at = $lines[$i]) =~ s/^\s+|\s+$//g;
+        # Up to the instruction that restores rbx (mov %reg,%rbx), which
+        # the asm puts within a few instructions: a site without it is a
+        # finding too (the check would otherwise see nothing).
+        my $restored = 0;
         for my $j ($i + 1 .. $i + 8) {
             last if $j > $#lines;
             my ($ins) = $lines[$j] =~ /^\s*[0-9a-f]+:\t(.*)$/ or last;
-            last if $ins =~ /^mov\s+%\w+,%rbx$/;
+            if ($ins =~ /^mov\s+%\w+,%rbx$/) {
+                $restored = 1;
+                last;
+            }
             if (writes_rbx($ins)) {
-                (my $at = $lines[$i]) =~ s/^\s+|\s+$//g;
                 push @bad, "$at: then $ins";
+                $restored = 1;
                 last;
             }
         }
+        push @bad, "$at: no rbx restore within 8 instructions" unless $restored;
     }
     cmp_ok($sites, '>=', 2, "$t->{name}: the module has 16-byte CAS sites ($sites)");
     is_deeply(\@bad, [], "$t->{name}: no CAS result is written into rbx before rbx is restored")
