@@ -47,7 +47,7 @@ pub fn kind_of(rec: &StrategyRecord) -> Kind {
 
 /// Whether the leader allocates `rec`.
 pub fn leased(rec: &StrategyRecord) -> bool {
-    rec.enabled && rec.scope == Scope::Cluster && rec.split == Some(Split::Demand)
+    rec.enabled && rec.scope == Scope::Cluster && rec.split() == Split::Demand
 }
 
 /// The last counter sample used for one host.

@@ -29,7 +29,7 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
         "ipv4_prefix": r.ipv4_prefix,
         "ipv6_prefix": r.ipv6_prefix,
         "on_full": r.on_full.map(|o| o.as_str()),
-        "split": r.split.unwrap_or_default().as_str(),
+        "split": r.split().as_str(),
         "version": r.version,
         "created_at": r.created_ms,
         "updated_at": r.updated_ms,

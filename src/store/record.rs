@@ -68,11 +68,10 @@ impl FromStr for Scope {
 /// `demand` for a cluster strategy that limits, `static` otherwise
 /// ([`Split::default_for`], filled in by validation); a stored row from
 /// before migration 7 (NULL) is `static`, what it was written as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Split {
     /// `rate × weight / Σ weights` of the fresh hosts.
-    #[default]
     Static,
     /// Leases from the fleet leader, by demand (src/agent/lease.rs); the
     /// static split while a host has no valid lease.
@@ -524,11 +523,15 @@ impl StrategyRecord {
             .collect();
         // Not given: the default for what it is (after the checks above,
         // which refuse only a `demand` someone asked for).
-        self.split = Some(
-            self.split
-                .unwrap_or(Split::default_for(self.scope, self.action)),
-        );
+        self.split = Some(self.split());
         Ok(())
+    }
+
+    /// The split: the one given, else [`Split::default_for`] what it is
+    /// (validation stores that, so a validated record always has one).
+    pub fn split(&self) -> Split {
+        self.split
+            .unwrap_or(Split::default_for(self.scope, self.action))
     }
 }
 

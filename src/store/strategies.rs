@@ -415,7 +415,7 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.ipv4_prefix.map(|p| p as i64))
         .bind(r.ipv6_prefix.map(|p| p as i64))
         .bind(r.on_full.map(|o| o.as_str()))
-        .bind(r.split.unwrap_or_default().as_str())
+        .bind(r.split().as_str())
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<Valid<StrategyRecord>>, Vec<BadRow>) {
