@@ -353,6 +353,71 @@ fn the_highest_priority_present_decides_and_allow_wins_there() {
     );
 }
 
+/// Strategies without conditions match every request without a lookup;
+/// that shortcut must keep ranking (a priority or an `allow` among them),
+/// per-key limits, shared limits and the blacklist as they are with
+/// conditions.
+#[test]
+fn tables_without_conditions_rank_limit_per_key_and_blacklist() {
+    let (_dir, path, mut w) = fresh_writer();
+    let mut e = Reader::new(&path);
+    let mut per_ip = with(1, &[], 2, 0, REJECT);
+    per_ip.each = rate_ctl::core::each::Each::of(&["ip"]);
+    // Per client: 2 an hour.
+    w.publish(
+        std::slice::from_ref(&per_ip),
+        &[BlacklistEntry::new("ip", "10.9.0.0/16", None)],
+        1,
+    )
+    .unwrap();
+    e.refresh(1);
+    let t = e.table().unwrap().clone();
+    for ip in ["10.0.0.1", "10.0.0.2"] {
+        let got: Vec<_> = (0..3).map(|_| id_of(&decide(&t, ip, "x", 10))).collect();
+        assert_eq!(
+            got,
+            [Some(("pass", 1)), Some(("pass", 1)), Some(("reject", 1))],
+            "{ip}"
+        );
+    }
+    assert!(matches!(
+        decide(&t, "10.9.0.1", "x", 10),
+        RequestOutcome::Blacklisted { .. }
+    ));
+    // A shared limit beside it: both apply; the first to refuse refuses.
+    let shared = with(2, &[], 3, 0, REJECT);
+    w.publish(&[per_ip.clone(), shared.clone()], &[], 2)
+        .unwrap();
+    e.refresh(2);
+    let t = e.table().unwrap().clone();
+    let got: Vec<_> = ["10.0.0.3", "10.0.0.3", "10.0.0.4", "10.0.0.5"]
+        .iter()
+        .map(|ip| id_of(&decide(&t, ip, "x", 10)))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            Some(("pass", 1)),
+            Some(("pass", 1)),
+            Some(("pass", 1)),
+            Some(("reject", 2))
+        ]
+    );
+    // An allow at a higher priority, without conditions either: every
+    // request passes on it, counted by it alone.
+    let allow = with(3, &[], 1, 5, Action::Allow);
+    w.publish(&[per_ip, shared, allow], &[], 3).unwrap();
+    e.refresh(3);
+    let t = e.table().unwrap().clone();
+    for _ in 0..5 {
+        assert_eq!(
+            id_of(&decide(&t, "10.0.0.6", "x", 10)),
+            Some(("allowed", 3))
+        );
+    }
+    assert_eq!(passed(&t, 3), (5, 0));
+}
+
 #[test]
 fn blacklist_networks_block_inside_only_and_expire() {
     let (_dir, path, mut w) = fresh_writer();

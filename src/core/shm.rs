@@ -375,6 +375,10 @@ pub struct Mapping {
     /// only as a borrow of the Mapping (see `from_file`), and declared
     /// before `map` so that it is gone before the range is unmapped.
     keys: super::keys::KeyTable<'static>,
+    /// The stat slot array, bounds checked once here (as `keys`, and
+    /// handed out the same way: [`slots`](Self::slots)): every decision
+    /// takes it.
+    slots: Region<'static>,
     map: MmapRaw,
     file: File,
     pub path: PathBuf,
@@ -478,8 +482,12 @@ impl Mapping {
             super::keys::MixKeys::from_secret(key_secret),
             None,
         );
+        let slots = mapped
+            .sub(geometry.slots_off, geometry.slots_len)
+            .expect("validated");
         let m = Mapping {
             keys,
+            slots,
             guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
@@ -515,10 +523,7 @@ impl Mapping {
 
     #[inline]
     pub fn slots(&self) -> Region<'_> {
-        let g = &self.geometry;
-        self.region()
-            .sub(g.slots_off, g.slots_len)
-            .expect("validated")
+        self.slots
     }
 
     pub fn bitmap(&self) -> Region<'_> {

@@ -314,6 +314,10 @@ pub struct Table {
     /// Some enabled strategy has a priority other than 0 or is an `allow`:
     /// the matches are ranked before admission (else nothing to do).
     ranked: bool,
+    /// No strategy has a condition and none is ranked (`each ip` alone,
+    /// limit_req's zone): every request matches `unconditioned`, with
+    /// nothing to look up or rank.
+    match_free: bool,
     /// The other dimensions some strategy is anchored under a value of:
     /// the ones every request is asked for (by index).
     lookups: Box<[usize]>,
@@ -880,6 +884,8 @@ impl Table {
             ip_span,
             v4_dir,
             ranked,
+            // No strategy anchored anywhere: none has a condition.
+            match_free: anchored.is_empty() && !ranked,
             lookups,
             checks,
             anchored,
@@ -1213,35 +1219,40 @@ impl Table {
                 return o;
             }
         }
-        self.match_request(r.values, r.ip, scratch);
-        if self.ranked {
-            if let Some(id) = self.rank(&mut scratch.matches) {
-                return RequestOutcome::Allowed { id };
+        let matched: &[u32] = if self.match_free {
+            // Nothing to look up: every request matches the same list.
+            &self.unconditioned
+        } else {
+            self.match_request(r.values, r.ip, scratch);
+            if self.ranked {
+                if let Some(id) = self.rank(&mut scratch.matches) {
+                    return RequestOutcome::Allowed { id };
+                }
             }
-        }
-        let matched = &scratch.matches[..];
+            &scratch.matches
+        };
         let (Some(map), false) = (&self.map, matched.is_empty()) else {
             return RequestOutcome::NoMatch;
         };
         let slots = map.slots();
+        let keyed = |si: &u32| self.strategies[*si as usize].key.is_some();
         if self.keyed
-            && matched
-                .iter()
-                .any(|&si| self.strategies[si as usize].key.is_some())
+            && match *matched {
+                [si] => keyed(&si),
+                _ => matched.iter().any(keyed),
+            }
         {
-            let matched = std::mem::take(&mut scratch.matches);
             scratch.key_holds.clear();
             scratch.key_full = None;
             let d = super::keys::decide(
                 self,
-                &matched,
+                matched,
                 map,
                 &slots,
                 r,
                 held,
                 (&mut scratch.key_holds, &mut scratch.key_full),
             );
-            scratch.matches = matched;
             return RequestOutcome::Limited(d);
         }
         if let [si] = *matched {
