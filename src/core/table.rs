@@ -22,7 +22,8 @@
 //! shapes, so the cost of a request is the number of lookups plus, per
 //! value found, at most about twice the number of shapes anchored there —
 //! independent of the table size and of how many strategies share a value;
-//! strategies without conditions match every request. The working arrays
+//! strategies without conditions match every request (a table of nothing
+//! else, `each ip` alone, skips the matcher). The working arrays
 //! live in a [`Scratch`] the nginx worker keeps, so a request allocates and
 //! clears nothing.
 
