@@ -578,6 +578,18 @@ fn split_defaults_to_demand_for_cluster_scope() {
     // update without --split keeps it (the old row stays static).
     cli::ok(&["strategy", "update", "--store", s, &old, "--rate", "50"]);
     assert_eq!(splits(), before);
+    // Into allow, the demand split goes with the other parameters an allow
+    // has no use for (nothing to lease): the strategy is static from then
+    // on, also back to reject, until `--split demand` says otherwise.
+    let c = "1";
+    cli::ok(&["strategy", "update", "--store", s, c, "--action", "allow"]);
+    assert!(splits().starts_with(r#"c "static""#), "{}", splits());
+    cli::ok(&["strategy", "update", "--store", s, c, "--priority", "3"]);
+    assert!(splits().starts_with(r#"c "static""#), "{}", splits());
+    cli::ok(&["strategy", "update", "--store", s, c, "--action", "reject"]);
+    assert!(splits().starts_with(r#"c "static""#), "{}", splits());
+    cli::ok(&["strategy", "update", "--store", s, c, "--split", "demand"]);
+    assert_eq!(splits(), before);
     // Export names every split; import of it keeps them, and an import
     // line without a split gets the default.
     let (_dir, file, text) = cli::export_strategies(s);

@@ -311,7 +311,14 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                     ActionKind::Reject => rec.max_delay_ms = None,
                     ActionKind::Delay => rec.status = None,
                     ActionKind::DryRun => {}
-                    ActionKind::Allow => (rec.status, rec.max_delay_ms) = (None, None),
+                    // Nothing to lease either: an allow takes the static
+                    // split (its default) rather than refusing the demand
+                    // split the strategy had (`--split` below may still
+                    // name one).
+                    ActionKind::Allow => {
+                        (rec.status, rec.max_delay_ms) = (None, None);
+                        rec.split = Some(crate::store::record::Split::Static);
+                    }
                 }
                 rec.action = a;
             }
@@ -327,12 +334,8 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             if let Some(s) = u.scope {
                 rec.scope = s;
             }
-            match u.split {
-                Some(s) => rec.split = Some(s),
-                // Nothing to lease: an allow takes the static split (its
-                // default) rather than refusing the demand split it had.
-                None if rec.action == ActionKind::Allow => rec.split = None,
-                None => {}
+            if let Some(s) = u.split {
+                rec.split = Some(s);
             }
             if u.enable {
                 rec.enabled = true;
