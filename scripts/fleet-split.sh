@@ -121,8 +121,8 @@ average): $(per_host '1\.0x') at 1.0× (offered 240/45/15); $(per_host '2\.0x') 
 $(range '1\.0x' 'offered ([0-9]+)')/s and $(range '2\.0x' 'offered ([0-9]+)')/s. serve killed for $(range 'serve killed' 'killed ([0-9]+) s') s: highest second
 $(range 'serve killed' 'max second ([0-9]+)'), after the lease expiry every host in every second at least
 $(range 'serve killed' 'at least ([0-9]+) %') % of its static share (30/90/100), or of what it was offered if less. serve back: within ±5 % after
-$(range 'serve back' 'Some\(([0-9]+)\)') s. h3 joins (150/s) as h0 dies: within ±5 % with h3 at ≥ 90/s after
-$(range 'h3 joins' 'Some\(([0-9]+)\)') s, highest second $(range 'h3 joins' 'max second ([0-9]+)') (h3 on its static share until its first lease). Per-day quota 100, all traffic on h0: $(range per-day 'admitted \[([0-9]+),')
+$(range 'serve back' 'converged in ([0-9]+) s') s. h3 joins (150/s) as h0 dies: within ±5 % with h3 at ≥ 90/s after
+$(range 'h3 joins' 'converged in ([0-9]+) s') s, highest second $(range 'h3 joins' 'max second ([0-9]+)') (h3 on its static share until its first lease). Per-day quota 100, all traffic on h0: $(range per-day 'admitted \[([0-9]+),')
 admitted (static: 34). $runs runs of \`scripts/fleet-split.sh --nginx --build $build --store $store\`${failed:+, $failed of them failed}.
 TABLE
 )"
@@ -133,8 +133,8 @@ $head
 
 Flip to 5/15/80: within ±5 % after $(range flip 'after ([0-9]+) s') s. Per-day quota 100, all traffic on
 one host: $(range per-day 'admitted \[([0-9]+),') admitted (static: 34). serve killed 11 s then back: within ±5 %
-after $(range 'serve back' 'Some\(([0-9]+)\)') s. A fourth host joins as one dies: within ±5 % after
-$(range 'h3 joins' 'Some\(([0-9]+)\)') s, highest second $(range 'h3 joins' 'max second ([0-9]+)') (h3 on its static share until its first lease). $runs runs of
+after $(range 'serve back' 'converged in ([0-9]+) s') s. A fourth host joins as one dies: within ±5 % after
+$(range 'h3 joins' 'converged in ([0-9]+) s') s, highest second $(range 'h3 joins' 'max second ([0-9]+)') (h3 on its static share until its first lease). $runs runs of
 \`scripts/fleet-split.sh\`${failed:+, $failed of them failed}.
 TABLE
 )"

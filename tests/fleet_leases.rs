@@ -365,7 +365,10 @@ fn demand_split_admits_the_rate_under_skew() {
     let serve = serve.restart(&st.url, &["--freshness", "3s"]);
     let from = load.now();
     let back = load.converge(from, RATE, 15);
-    figures.push(format!("serve back: converged in {back:?} s"));
+    figures.push(format!(
+        "serve back: converged in {} s",
+        seconds_or_none(back)
+    ));
     assert!(
         back.is_some(),
         "serve back: {:?}\n{}",
@@ -409,7 +412,8 @@ fn demand_split_admits_the_rate_under_skew() {
     }
     let seen = fleet(0, load.now() - from);
     figures.push(format!(
-        "h3 joins, h0 dies: re-converged in {settled:?} s; max second {}; fleet per second {seen:?}; h3 {:?}",
+        "h3 joins, h0 dies: re-converged in {} s; max second {}; fleet per second {seen:?}; h3 {:?}",
+        seconds_or_none(settled),
         seen.iter().max().unwrap_or(&0),
         load3.totals(from3, load3.now())
     ));
@@ -602,4 +606,10 @@ fn split_defaults_to_demand_for_cluster_scope() {
     std::fs::write(&file, lines).unwrap();
     cli::ok(&["strategy", "import", "--store", s, "--replace", &file]);
     assert_eq!(splits(), format!(r#"{before}, new "demand""#));
+}
+
+/// A figure's "converged in N s" (scripts/fleet-split.sh reads N): the
+/// seconds, or `none`.
+fn seconds_or_none(t: Option<impl std::fmt::Display>) -> String {
+    t.map_or_else(|| "none".to_string(), |t| t.to_string())
 }
