@@ -241,16 +241,18 @@ impl<V: Values + ?Sized> Request<'_, V> {
     }
 }
 
-/// The outcome for one request.
+/// The outcome for one request. `D` is where the decision of a request
+/// that matched is: in the outcome ([`Table::decide_into`]), or `()` when
+/// it was written to the caller's place ([`Table::decide_in`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestOutcome {
+pub enum RequestOutcome<D = Decision> {
     /// No strategy matched.
     NoMatch,
     /// The blacklist holds the client address (`None`) or the request's
     /// value of this dimension (`Some(index)`).
     Blacklisted { dimension_index: Option<usize> },
     /// Strategies matched; see the decision.
-    Limited(Decision),
+    Limited(D),
     /// An `allow` strategy (this id) at the highest priority the request
     /// matched: it passes unlimited, counted as passed by that strategy
     /// only.
@@ -1214,6 +1216,29 @@ impl Table {
         held: &mut SmallVec<[u32; 2]>,
         scratch: &mut Scratch,
     ) -> RequestOutcome {
+        let mut d = Decision::pass();
+        match self.decide_in(r, held, scratch, &mut d) {
+            RequestOutcome::Limited(()) => RequestOutcome::Limited(d),
+            RequestOutcome::NoMatch => RequestOutcome::NoMatch,
+            RequestOutcome::Blacklisted { dimension_index } => {
+                RequestOutcome::Blacklisted { dimension_index }
+            }
+            RequestOutcome::Allowed { id } => RequestOutcome::Allowed { id },
+        }
+    }
+
+    /// [`decide_into`](Self::decide_into) writing the decision of a
+    /// request that matched (`Limited`) to `out` (left as it was
+    /// otherwise): the request path's form, where the decision is built in
+    /// its place rather than moved through the outcome.
+    #[inline]
+    pub fn decide_in<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+        held: &mut SmallVec<[u32; 2]>,
+        scratch: &mut Scratch,
+        out: &mut Decision,
+    ) -> RequestOutcome<()> {
         // An empty blacklist costs nothing per request.
         if self.bl_ip || !self.bl_dims.is_empty() {
             if let Some(o) = self.blacklisted(r) {
@@ -1245,7 +1270,7 @@ impl Table {
         {
             scratch.key_holds.clear();
             scratch.key_full = None;
-            let d = super::keys::decide(
+            *out = super::keys::decide(
                 self,
                 matched,
                 map,
@@ -1254,27 +1279,23 @@ impl Table {
                 held,
                 (&mut scratch.key_holds, &mut scratch.key_full),
             );
-            return RequestOutcome::Limited(d);
+            return RequestOutcome::Limited(());
         }
         if let [si] = *matched {
             // The common case, without the lists below.
             let Some(hit) = self.strategies[si as usize].hit(&slots) else {
-                return RequestOutcome::Limited(admit::admit_with(
-                    &[],
-                    r.now(),
-                    r.dry_run,
-                    r.quota,
-                ));
+                *out = admit::admit_with(&[], r.now(), r.dry_run, r.quota);
+                return RequestOutcome::Limited(());
             };
-            let decision =
-                admit::admit_with(std::slice::from_ref(&hit), r.now(), r.dry_run, r.quota);
-            if holds(&hit, &decision) {
+            *out = admit::admit_with(std::slice::from_ref(&hit), r.now(), r.dry_run, r.quota);
+            if holds(&hit, out) {
                 held.push(si);
                 map.hold_unit(hit_slot(&self.strategies[si as usize]), hit.generation);
             }
-            return RequestOutcome::Limited(decision);
+            return RequestOutcome::Limited(());
         }
-        RequestOutcome::Limited(self.admit_matched(matched, map, &slots, r, held))
+        *out = self.admit_matched(matched, map, &slots, r, held);
+        RequestOutcome::Limited(())
     }
 
     /// Priorities and `allow`: keeps in `matched` only the strategies at
@@ -1340,7 +1361,7 @@ impl Table {
     /// The blacklist's verdict on the request, if it holds the client
     /// address or one of its values.
     #[cold]
-    fn blacklisted<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> Option<RequestOutcome> {
+    fn blacklisted<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> Option<RequestOutcome<()>> {
         let bl = self.blacklist()?;
         if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
             if bl.contains_ip(ip.addr(), r.now_unix_ms) {

@@ -28,7 +28,7 @@ use super::time::{monotonic_ns, unix_ms};
 use super::variables::{self, Decided};
 use super::worker::{with_worker, Event, EventLog, ValueSource, Worker};
 use super::RateCtlModule;
-use crate::core::admit::Verdict as Admission;
+use crate::core::admit::{Decision, Verdict as Admission};
 use crate::core::headers::{rate_limit_headers, HeaderStyle};
 use crate::core::table::{IpKey, Request as TableRequest, RequestOutcome, Scratch, Table, Values};
 
@@ -185,14 +185,24 @@ fn handle(r: &mut Request) -> Status {
             return act(r, mc, lc, log, None, &mut || None, now_ms, &|_, _| None);
         };
         let mut held = SmallVec::new();
+        let mut d = Decision::pass();
         let outcome = decide(
-            table, sources, scratch, log, mc, r, now_ns, now_ms, lc, &mut held,
+            table, sources, scratch, log, mc, r, now_ns, now_ms, lc, &mut held, &mut d,
         );
         // The units the request holds, built only where the decision is
         // recorded (most requests hold none).
         let mut hold = || table.units_with_keys(&held, scratch);
         let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
-        act(r, mc, lc, log, Some(&outcome), &mut hold, now_ms, &key_of)
+        act(
+            r,
+            mc,
+            lc,
+            log,
+            Some((&outcome, &d)),
+            &mut hold,
+            now_ms,
+            &key_of,
+        )
     })
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
@@ -271,9 +281,10 @@ fn decide(
     now_ms: u64,
     lc: &LocConf,
     held: &mut SmallVec<[u32; 2]>,
-) -> RequestOutcome {
+    out: &mut Decision,
+) -> RequestOutcome<()> {
     let values = RequestValues::new(r, mc, sources);
-    let outcome = table.decide_into(
+    let outcome = table.decide_in(
         &TableRequest {
             now_ns,
             now_unix_ms: now_ms,
@@ -283,6 +294,7 @@ fn decide(
         },
         held,
         scratch,
+        out,
     );
     if let Some((id, on_full)) = scratch.key_table_full() {
         // At most one line per strategy per second (the rest summarised).
@@ -353,15 +365,15 @@ fn act(
     mc: &MainConf,
     lc: &LocConf,
     events: &mut EventLog,
-    outcome: Option<&RequestOutcome>,
+    outcome: Option<(&RequestOutcome<()>, &Decision)>,
     hold: &mut dyn FnMut() -> Option<Hold>,
     now_ms: u64,
     key_of: KeyOf<'_>,
 ) -> Status {
     let error = Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     let d = match outcome {
-        Some(RequestOutcome::Limited(d)) => d,
-        Some(&RequestOutcome::Allowed { id }) => {
+        Some((RequestOutcome::Limited(()), d)) => d,
+        Some((&RequestOutcome::Allowed { id }, _)) => {
             return if record(r, mc, ReqStatus::Allowed, id, hold()) {
                 Status::NGX_DECLINED
             } else {
@@ -371,10 +383,10 @@ fn act(
         other => {
             let (status, answer, blacklisted) = match other {
                 // A dry-run location only reports what it would have refused.
-                Some(RequestOutcome::Blacklisted { .. }) if lc.dry_run() => {
+                Some((RequestOutcome::Blacklisted { .. }, _)) if lc.dry_run() => {
                     (ReqStatus::DryRunRejected, Status::NGX_DECLINED, true)
                 }
-                Some(RequestOutcome::Blacklisted { .. }) => {
+                Some((RequestOutcome::Blacklisted { .. }, _)) => {
                     let answer = Status(lc.blacklist_status() as ngx_int_t);
                     (ReqStatus::Blacklisted, answer, true)
                 }
