@@ -469,9 +469,9 @@ impl Mapping {
         h.read_bytes(H_KEYS_SECRET, &mut key_secret);
         // SAFETY: as `whole`, for the lifetime of the Mapping that keeps
         // `map` (the memory never moves with the Mapping); the 'static
-        // table built on it stays private to the Mapping and is handed out
-        // only as `&KeyTable<'_>` borrowed from it (`keys`), so nothing of
-        // it outlives the mapping.
+        // table and slot region built on it stay private to the Mapping
+        // and are handed out only borrowed from it (`keys`, `slots`), so
+        // nothing of them outlives the mapping.
         let mapped: Region<'static> = unsafe { Region::from_raw(map.as_mut_ptr(), len) };
         let keys = super::keys::KeyTable::new(
             mapped
