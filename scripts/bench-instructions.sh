@@ -9,6 +9,9 @@
 #   ratectl     rate_ctl, "friendly": 10,000 strategies on ip+api, the
 #               request matches `api=/bench` (never rejects)
 #   reject      the same, the matching strategy rejects (503 path)
+#   ratectl_only
+#               the friendly case's `api=/bench` strategy alone (no other
+#               strategy: one dimension looked up, the matcher's least)
 #   args        rate_ctl, dimensions a=$arg_a b=$arg_b, the 10,000 and one
 #               strategy `a=a5 b=b5` that matches
 #   grid10 grid100 grid250
@@ -168,7 +171,7 @@ table_for() {
     ranges) range_strategies disjoint ;;
     ranges_out) range_strategies out ;;
     ranges_nested) range_strategies nested ;;
-    perkey_only | perkey_all) ;;
+    perkey_only | perkey_all | ratectl_only) ;;
     *) background_strategies ;;
     esac
     case ${kind%_bg} in
@@ -177,7 +180,7 @@ table_for() {
     ratectl_in)
         echo "strategy id=10001 algorithm=token_bucket rate=100 per=second burst=100 when ip=127.0.0.1 api=/x1"
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
-    ratectl | plain | limitreq | limitreq2)
+    ratectl | ratectl_only | plain | limitreq | limitreq2)
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     reject) echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench" ;;
     args) echo "strategy id=20003 algorithm=token_bucket rate=1000000 per=second burst=1000000 when a=a5 b=b5" ;;
