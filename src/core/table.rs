@@ -1415,6 +1415,14 @@ impl Table {
         if held.is_empty() && scratch.key_holds.is_empty() {
             return None;
         }
+        self.units_held(held, scratch)
+    }
+
+    /// [`units_with_keys`](Self::units_with_keys) of a request that holds
+    /// units (out of line: most hold none).
+    #[cold]
+    #[inline(never)]
+    fn units_held(&self, held: &[u32], scratch: &mut Scratch) -> Option<Units> {
         let mut u = self.units(held)?;
         u.keys = std::mem::take(&mut scratch.key_holds);
         for (at, _) in &u.keys {

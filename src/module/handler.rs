@@ -182,27 +182,17 @@ fn handle(r: &mut Request) -> Status {
         } = w;
         let Some(table) = reader.table() else {
             // No usable table: fail open.
-            return act(r, mc, lc, log, None, &mut || None, now_ms, &|_, _| None);
+            return act(r, mc, lc, log, None, None, now_ms, &|_, _| None);
         };
         let mut held = SmallVec::new();
         let mut d = Decision::pass();
         let outcome = decide(
             table, sources, scratch, log, mc, r, now_ns, now_ms, lc, &mut held, &mut d,
         );
-        // The units the request holds, built only where the decision is
-        // recorded (most requests hold none).
-        let mut hold = || table.units_with_keys(&held, scratch);
+        // The units the request holds (most hold none: no call then).
+        let hold = table.units_with_keys(&held, scratch);
         let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
-        act(
-            r,
-            mc,
-            lc,
-            log,
-            Some((&outcome, &d)),
-            &mut hold,
-            now_ms,
-            &key_of,
-        )
+        act(r, mc, lc, log, Some((&outcome, &d)), hold, now_ms, &key_of)
     })
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
@@ -366,7 +356,7 @@ fn act(
     lc: &LocConf,
     events: &mut EventLog,
     outcome: Option<(&RequestOutcome<()>, &Decision)>,
-    hold: &mut dyn FnMut() -> Option<Hold>,
+    hold: Option<Hold>,
     now_ms: u64,
     key_of: KeyOf<'_>,
 ) -> Status {
@@ -374,7 +364,7 @@ fn act(
     let d = match outcome {
         Some((RequestOutcome::Limited(()), d)) => d,
         Some((&RequestOutcome::Allowed { id }, _)) => {
-            return if record(r, mc, ReqStatus::Allowed, id, hold()) {
+            return if record(r, mc, ReqStatus::Allowed, id, hold) {
                 Status::NGX_DECLINED
             } else {
                 error
@@ -395,7 +385,7 @@ fn act(
             };
             // Matching nothing (or no table) leaves the request open to
             // the next location's strategies.
-            if !record_as(r, mc, status, 0, hold(), blacklisted) {
+            if !record_as(r, mc, status, 0, hold, blacklisted) {
                 return error;
             }
             if blacklisted {
@@ -416,7 +406,7 @@ fn act(
         (&d.verdict, d.dry_run_rejected, &d.tightest, d.would_delay)
     {
         // The plain pass: most requests.
-        return if record(r, mc, ReqStatus::Passed, d.passed_by.unwrap_or(0), hold()) {
+        return if record(r, mc, ReqStatus::Passed, d.passed_by.unwrap_or(0), hold) {
             Status::NGX_DECLINED
         } else {
             error
@@ -431,7 +421,7 @@ fn act(
         (Admission::Delay { id, .. }, _) => (ReqStatus::Delayed, id),
         (Admission::Reject { id, .. }, _) => (ReqStatus::Rejected, id),
     };
-    if !record(r, mc, status, strategy, hold()) {
+    if !record(r, mc, status, strategy, hold) {
         return error;
     }
     // `rate_ctl_headers` (the quota is computed only when it is not off).
