@@ -329,6 +329,8 @@ pub struct Table {
     /// strategies to check, so a table's other shapes cost a request that
     /// matches none of them nothing.
     checks: Box<[usize]>,
+    /// By dimension: one of `checks`.
+    is_check: Box<[bool]>,
     anchored: Vec<u32>,
     /// Every strategy's conditions ([`Compiled::conds`] spans).
     conds: Box<[(u8, u32)]>,
@@ -867,10 +869,14 @@ impl Table {
         let named = |d: &usize| Some(*d) != ip_dim && !index[*d].values.is_empty();
         let anchors = |d: &usize| index[*d].values.values().any(|e| e.len != 0);
         let lookups = (0..dims.len()).filter(named).filter(anchors).collect();
-        let checks = (0..dims.len())
+        let checks: Box<[usize]> = (0..dims.len())
             .filter(named)
             .filter(|d| !anchors(d))
             .collect();
+        let mut is_check = vec![false; dims.len()].into_boxed_slice();
+        for &d in checks.iter() {
+            is_check[d] = true;
+        }
         Table {
             map,
             publish_seq: meta.publish_seq,
@@ -891,6 +897,7 @@ impl Table {
             match_free: anchored.is_empty() && !ranked,
             lookups,
             checks,
+            is_check,
             anchored,
             conds: flat.into_boxed_slice(),
             groups,
@@ -1152,29 +1159,61 @@ impl Table {
             found(d, e);
         }
         if ns > 0 {
-            for &d in self.checks.iter() {
-                req[d] = match values.value(d) {
-                    Some(v) if !v.is_empty() => self.index[d].values.get(v).map_or(NONE, |e| e.id),
-                    _ => NONE,
-                };
-            }
-        }
-        for &(start, len) in &spans[..ns] {
-            if len & HEAVY != 0 {
-                sources += self.probe_groups(start, len & !HEAVY, req, out);
-                continue;
-            }
-            sources += 1;
-            for &si in &self.anchored[start as usize..(start + len) as usize] {
-                // The anchor (first) is implied by where it was found.
+            if let [(at, 1)] = spans[..ns] {
+                // One candidate (the usual strategy on two values): its
+                // conditions on dimensions not looked up are compared as
+                // bytes, without interning the request's values first.
+                let si = self.anchored[at as usize];
                 let others = &self.conds_of(&self.strategies[si as usize])[1..];
-                if others.iter().all(|&(d, v)| req[d as usize] == v) {
+                if others.iter().all(|&(d, v)| self.holds(values, req, d, v)) {
                     out.push(si);
+                }
+                sources += 1;
+            } else {
+                for &d in self.checks.iter() {
+                    req[d] = match values.value(d) {
+                        Some(v) if !v.is_empty() => {
+                            self.index[d].values.get(v).map_or(NONE, |e| e.id)
+                        }
+                        _ => NONE,
+                    };
+                }
+                for &(start, len) in &spans[..ns] {
+                    if len & HEAVY != 0 {
+                        sources += self.probe_groups(start, len & !HEAVY, req, out);
+                        continue;
+                    }
+                    sources += 1;
+                    for &si in &self.anchored[start as usize..(start + len) as usize] {
+                        // The anchor (first) is implied by where it was found.
+                        let others = &self.conds_of(&self.strategies[si as usize])[1..];
+                        if others.iter().all(|&(d, v)| req[d as usize] == v) {
+                            out.push(si);
+                        }
+                    }
                 }
             }
         }
         if sources > 1 {
             out.sort_unstable();
+        }
+    }
+
+    /// Whether the request's value of dimension `d` is interned value `v`:
+    /// by the id a lookup wrote to `req`, or for a dimension only checked
+    /// ([`Self::checks`], not looked up), by comparing the bytes.
+    #[inline(always)]
+    fn holds<V: Values + ?Sized>(&self, values: &V, req: &[u32], d: u8, v: u32) -> bool {
+        let d = usize::from(d);
+        if !self.is_check[d] {
+            return req[d] == v;
+        }
+        let (kind, entry) = self.value_keys[v as usize];
+        match values.value(d) {
+            Some(x) if !x.is_empty() && kind == TEXT_VALUE => {
+                bytes_eq(x, self.index[d].values.key_at(entry as usize))
+            }
+            _ => false,
         }
     }
 
