@@ -11,7 +11,9 @@
 //! check), then checks the anchored strategies' other conditions by
 //! comparing interned ids — integer compares, no string work.
 //! A strategy alone under its value with no other condition (`api=/pay`)
-//! matches on the lookup itself.
+//! matches on the lookup itself; when the lookups found one candidate
+//! in all (the usual strategy on two values), its other conditions are
+//! compared as bytes instead (no value interned for them).
 //!
 //! When many strategies share their anchor value (a grid `user=ui AND
 //! api=aj`: every anchor value holds a whole row), the value holds instead
