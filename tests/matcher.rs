@@ -259,3 +259,50 @@ fn dimensions_named_only_beside_an_anchor_are_read_only_for_candidates() {
     let (ids, _) = run("v102", "none");
     assert!(ids.is_empty(), "strategy 3 wants method c: {ids:?}");
 }
+
+/// A grid whose second dimension anchors nothing (`userid=ui AND
+/// method=mj`, 20 × 7 with holes: every userid value holds a row, no
+/// method value anchors a strategy): its rows are found by the bytes of
+/// the request's method, without interning it. Beside it, strategies of
+/// other shapes anchored under the same userid values (so a row may be
+/// one list among several, then probed by ids), a duplicate cell, and
+/// method values named by no strategy: every request of the value space
+/// against brute force.
+#[test]
+fn grids_on_a_checked_dimension_equal_brute_force() {
+    let mut specs: Vec<[Option<usize>; 4]> = Vec::new();
+    for i in 0..20 {
+        for j in 0..7 {
+            if (i + j) % 5 != 0 {
+                specs.push([None, Some(i), None, Some(j)]);
+            }
+        }
+    }
+    specs.push([None, Some(3), None, Some(4)]); // a duplicate of a cell
+    for i in 0..10 {
+        // Other lists for the same request: userid + api anchored under
+        // api's unique values, and api alone.
+        specs.push([None, Some(i), Some(10 + i), None]);
+        specs.push([None, None, Some(10 + i), None]);
+    }
+    let published: Vec<Published> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| strategy(i as u32 + 1, spec, true))
+        .collect();
+    // (src/core/table.rs checks that such a grid is found by bytes.)
+    let table = table(&published);
+    let axis = |n: usize| std::iter::once(None).chain((0..n).map(Some));
+    let mut requests = 0;
+    for user in axis(21) {
+        for api in [None, Some(0), Some(12), Some(25)] {
+            for method in axis(9) {
+                let req = [None, user, api, method];
+                let (got, want) = got_and_want(&table, &published, &req);
+                assert_eq!(got, want, "request {req:?}");
+                requests += 1;
+            }
+        }
+    }
+    assert_eq!(requests, 22 * 4 * 10);
+}

@@ -879,6 +879,25 @@ impl Table {
         for &d in checks.iter() {
             is_check[d] = true;
         }
+        // A group of two dimensions, one of them only checked (a grid
+        // anchored under its other dimension): keyed by that value's
+        // bytes as well, so a request finds its cell without interning it.
+        let mut groups = groups;
+        for g in &mut groups {
+            let &[d0, d1] = g.dims() else { continue };
+            let at = match (is_check[usize::from(d0)], is_check[usize::from(d1)]) {
+                (true, false) => 0,
+                (false, true) => 1,
+                _ => continue,
+            };
+            let map = &index[usize::from(g.dims()[at])].values;
+            // A checked dimension's values are all text.
+            let text = |id: u32| match value_keys[id as usize] {
+                (TEXT_VALUE, e) => (hash_bytes(map.key_at(e as usize)), e),
+                _ => (0, u32::MAX),
+            };
+            g.index_bytes(at, text);
+        }
         Table {
             map,
             publish_seq: meta.publish_seq,
@@ -1171,6 +1190,13 @@ impl Table {
                     out.push(si);
                 }
                 sources += 1;
+            } else if let Some(n) = match spans[..ns] {
+                // One list of one group (a grid's row): its cell found by
+                // the bytes of the checked value, nothing interned.
+                [(at, len)] if len == HEAVY | 1 => self.probe_bytes(values, req, at, out),
+                _ => None,
+            } {
+                sources += n;
             } else {
                 for &d in self.checks.iter() {
                     req[d] = match values.value(d) {
@@ -1217,6 +1243,41 @@ impl Table {
             }
             _ => false,
         }
+    }
+
+    /// The strategies of group `group_lists[list]` the request's values
+    /// select, found by the bytes of its checked value (see
+    /// [`Group::index_bytes`]), added to `out`; returns how many lists
+    /// were added (0 or 1), or `None` for a group not indexed by bytes.
+    /// The other dimension is the group's anchor, whose id the lookups
+    /// wrote to `req`. Out of line: only a grid's request carries it.
+    #[inline(never)]
+    fn probe_bytes<V: Values + ?Sized>(
+        &self,
+        values: &V,
+        req: &[u32],
+        list: u32,
+        out: &mut Vec<u32>,
+    ) -> Option<u32> {
+        let g = &self.groups[self.group_lists[list as usize] as usize];
+        let (d, anchor) = g.bytes_dims()?;
+        let d = usize::from(d);
+        let found = match values.value(d) {
+            Some(v) if !v.is_empty() => {
+                let map = &self.index[d].values;
+                let same = |e: u32| map.key_get(e as usize).is_some_and(|k| bytes_eq(v, k));
+                g.find_bytes(req[usize::from(anchor)], hash_bytes(v), same)
+            }
+            _ => &[],
+        };
+        if found.is_empty() {
+            return Some(0);
+        }
+        // One by one (a cell holds one strategy or a few): no memcpy call.
+        for &si in found {
+            out.push(si);
+        }
+        Some(1)
     }
 
     /// Probes the groups `group_lists[start..start + len]` with the
@@ -1674,6 +1735,61 @@ mod tests {
             slot: id,
             generation: 1,
         }
+    }
+
+    fn table_of(list: Vec<Published>) -> Table {
+        Table::build(
+            Decoded {
+                publish_seq: 1,
+                config_version: 1,
+                published_unix_ms: 0,
+                strategies: list,
+                blacklist_dimensions: Vec::new(),
+            },
+            None,
+        )
+    }
+
+    /// A grid `a=ai AND b=bj` (b anchors nothing) is found by the bytes of
+    /// the request's b: its group is indexed by bytes, the request's b
+    /// value is never interned (`req[b]` untouched), and what it matches
+    /// is the cell. With b anchoring strategies of its own, b is looked up
+    /// and the group is probed by ids only.
+    #[test]
+    fn a_grid_on_a_checked_dimension_is_found_by_its_bytes() {
+        let mut list = Vec::new();
+        for i in 0..8 {
+            for j in 0..6 {
+                let (a, b) = (format!("a{i}"), format!("b{j}"));
+                list.push(published(1 + i * 6 + j, &[("a", &a), ("b", &b)], &[]));
+            }
+        }
+        let t = table_of(list.clone());
+        let by_bytes = |t: &Table| t.groups.iter().filter(|g| g.bytes_dims().is_some()).count();
+        assert_eq!((t.groups.len(), by_bytes(&t)), (1, 1));
+        let (a, b) = (
+            t.dimension_index("a").unwrap(),
+            t.dimension_index("b").unwrap(),
+        );
+        let mut values = vec![None; t.dimensions().len()];
+        values[a] = Some(&b"a3"[..]);
+        values[b] = Some(&b"b4"[..]);
+        let mut scratch = super::Scratch::default();
+        scratch.fit(&t);
+        scratch.req[b] = 77;
+        let ids = |m: Vec<u32>| -> Vec<u32> {
+            m.iter()
+                .map(|&i| t.strategies()[i as usize].strategy.id)
+                .collect()
+        };
+        assert_eq!(ids(t.matching_with(&values, &mut scratch)), [1 + 3 * 6 + 4]);
+        assert_eq!(scratch.req[b], 77, "b was interned");
+        values[b] = Some(&b"b6"[..]);
+        assert!(t.matching_with(&values, &mut scratch).is_empty());
+        // b anchoring something: looked up, no group by bytes.
+        list.push(published(1000, &[("b", "b9")], &[]));
+        let t = table_of(list);
+        assert_eq!((t.groups.len(), by_bytes(&t)), (1, 0));
     }
 
     /// A strategy over the dimension limit (a file the writer would

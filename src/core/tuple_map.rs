@@ -44,6 +44,34 @@ pub struct Group {
     /// Entry `e`'s strategies: `members[spans[e].0..spans[e].1]`, ascending.
     spans: Box<[(u32, u32)]>,
     members: Box<[u32]>,
+    /// For a shape of two dimensions of which one is only ever checked
+    /// (the grid `a=ai AND b=bj` anchored under `a`): the entries again,
+    /// keyed by the other dimension's id and the *bytes* of the checked
+    /// value ([`find_bytes`](Self::find_bytes)), so that a request finds
+    /// its cell without interning that value first.
+    by_bytes: Option<ByBytes>,
+}
+
+/// See [`Group::by_bytes`].
+struct ByBytes {
+    /// The checked dimension and the other one (the group's anchor).
+    dim: u8,
+    anchor: u8,
+    /// Power of two in length, at most half full.
+    slots: Box<[ByteSlot]>,
+}
+
+/// One entry of [`ByBytes`]: all a probe reads, in one place.
+#[derive(Clone, Copy, Default)]
+struct ByteSlot {
+    /// Hash tag, 0 = empty.
+    tag: u32,
+    /// The anchor's value id.
+    anchor: u32,
+    /// The checked value: the caller's handle on its bytes.
+    text: u32,
+    /// The entry (`spans`).
+    entry: u32,
 }
 
 #[inline]
@@ -68,9 +96,26 @@ fn pack(tuple: &[u32]) -> u64 {
     u64::from(tuple[0]) | tuple.get(1).map_or(0, |&b| u64::from(b) << 32)
 }
 
+/// A packed pair's id at position `at` (0 or 1) and the other one.
+#[inline(always)]
+fn unpack(key: u64, at: usize) -> (u32, u32) {
+    let (lo, hi) = (key as u32, (key >> 32) as u32);
+    if at == 0 {
+        (lo, hi)
+    } else {
+        (hi, lo)
+    }
+}
+
 #[inline(always)]
 fn hash_pair(key: u64) -> u64 {
     mix(key ^ SEED, K1)
+}
+
+/// The hash of (an id, a value whose bytes hash to `bytes_hash`).
+#[inline(always)]
+fn hash_with_bytes(id: u32, bytes_hash: u64) -> u64 {
+    mix(bytes_hash ^ u64::from(id), K1)
 }
 
 impl Group {
@@ -123,6 +168,85 @@ impl Group {
             pairs: pairs.into_boxed_slice(),
             spans: spans.into_boxed_slice(),
             members: members.into_boxed_slice(),
+            by_bytes: None,
+        }
+    }
+
+    /// The shape's dimensions, ascending.
+    pub fn dims(&self) -> &[u8] {
+        &self.dims
+    }
+
+    /// For a shape of two dimensions: keys the entries also by the id of
+    /// the value of the dimension other than `dims()[at]` and the bytes of
+    /// the value of `dims()[at]`: `text_of(id)` gives [`hash_bytes`] of
+    /// value `id`'s bytes and the caller's handle on them
+    /// ([`find_bytes`](Self::find_bytes)).
+    ///
+    /// [`hash_bytes`]: super::value_map::hash_bytes
+    pub fn index_bytes(&mut self, at: usize, text_of: impl Fn(u32) -> (u64, u32)) {
+        if self.dims.len() != 2 || at > 1 {
+            return;
+        }
+        let mut slots = vec![ByteSlot::default(); self.slots.len()].into_boxed_slice();
+        let mask = slots.len() - 1;
+        for (e, &key) in self.pairs.iter().enumerate() {
+            let (id, anchor) = unpack(key, at);
+            let (hash, text) = text_of(id);
+            let h = hash_with_bytes(anchor, hash);
+            let mut i = h as usize & mask;
+            while slots[i].tag != 0 {
+                i = (i + 1) & mask;
+            }
+            let entry = e as u32;
+            slots[i] = ByteSlot {
+                tag: tag(h),
+                anchor,
+                text,
+                entry,
+            };
+        }
+        self.by_bytes = Some(ByBytes {
+            dim: self.dims[at],
+            anchor: self.dims[at ^ 1],
+            slots,
+        });
+    }
+
+    /// The dimension found by its bytes ([`index_bytes`](Self::index_bytes))
+    /// and the other one (the anchor), found by id.
+    #[inline]
+    pub fn bytes_dims(&self) -> Option<(u8, u8)> {
+        let b = self.by_bytes.as_ref()?;
+        Some((b.dim, b.anchor))
+    }
+
+    /// The strategies of the cell of `anchor` (the id of the anchor's
+    /// value) and of the checked value whose bytes hash to `bytes_hash`
+    /// and that `same` accepts (given the handle [`index_bytes`]
+    /// recorded: the caller compares the bytes). Nothing for a group not
+    /// indexed by bytes.
+    ///
+    /// [`index_bytes`]: Self::index_bytes
+    #[inline]
+    pub fn find_bytes(&self, anchor: u32, bytes_hash: u64, same: impl Fn(u32) -> bool) -> &[u32] {
+        let Some(b) = &self.by_bytes else {
+            return &[];
+        };
+        let h = hash_with_bytes(anchor, bytes_hash);
+        let t = tag(h);
+        let mask = b.slots.len() - 1;
+        let mut i = h as usize & mask;
+        loop {
+            let slot = b.slots[i];
+            if slot.tag == 0 {
+                return &[];
+            }
+            if slot.tag == t && slot.anchor == anchor && same(slot.text) {
+                let (from, to) = self.spans[slot.entry as usize];
+                return &self.members[from as usize..to as usize];
+            }
+            i = (i + 1) & mask;
         }
     }
 
@@ -198,6 +322,7 @@ impl Group {
 
 #[cfg(test)]
 mod tests {
+    use super::super::value_map::hash_bytes;
     use super::*;
     use smallvec::smallvec;
 
@@ -222,6 +347,40 @@ mod tests {
         assert!(g.find(&req).is_empty());
         req = [29, 0, 129];
         assert_eq!(g.find(&req), &[29 * 30 + 29]);
+    }
+
+    #[test]
+    fn a_pair_indexed_by_bytes_finds_the_cell_of_the_anchor_and_the_bytes() {
+        // Dimension 1 (anchor ids 0..10) × dimension 4 (ids 100..105, the
+        // value of id i being the text "t{i}", handle i - 100).
+        let text = |id: u32| format!("t{id}");
+        let mut rows = Vec::new();
+        for i in 0..10u32 {
+            for j in 100..105u32 {
+                rows.push((smallvec![i, j], i * 10 + j - 100));
+            }
+        }
+        let mut g = Group::build(vec![1, 4], rows);
+        assert_eq!(g.bytes_dims(), None);
+        assert!(g.find_bytes(3, hash_bytes(b"t102"), |_| true).is_empty());
+        g.index_bytes(1, |id| (hash_bytes(text(id).as_bytes()), id - 100));
+        assert_eq!(g.bytes_dims(), Some((4, 1)));
+        let find = |anchor: u32, bytes: &str| {
+            let same = |handle: u32| text(handle + 100) == bytes;
+            g.find_bytes(anchor, hash_bytes(bytes.as_bytes()), same)
+                .to_vec()
+        };
+        assert_eq!(find(3, "t102"), [32]);
+        assert_eq!(find(9, "t104"), [94]);
+        assert!(find(10, "t102").is_empty(), "no such anchor");
+        assert!(find(3, "t105").is_empty(), "no such value");
+        assert!(find(3, "t10").is_empty());
+        // The ids still find the same cells.
+        assert_eq!(g.find(&[NONE, 3, NONE, NONE, 102]), &[32]);
+        // A shape of one or three dimensions is not indexed.
+        let mut one = Group::build(vec![1], vec![(smallvec![1], 7)]);
+        one.index_bytes(0, |_| (0, 0));
+        assert_eq!(one.bytes_dims(), None);
     }
 
     #[test]

@@ -182,6 +182,12 @@ impl<K: MapKey + ?Sized, V> ValueMap<K, V> {
         self.keys[i].borrow()
     }
 
+    /// Entry `i`'s key, if there is an entry `i`.
+    #[inline]
+    pub fn key_get(&self, i: usize) -> Option<&K> {
+        self.keys.get(i).map(|k| k.borrow())
+    }
+
     /// Makes room for `additional` more keys, so that inserting them
     /// never re-places the entries (a table build knows how many values
     /// it may insert).
