@@ -19,7 +19,11 @@
 //! api=aj`: every anchor value holds a whole row), the value holds instead
 //! one tuple-space [`Group`] per shape (set of dimensions) among them, and
 //! the request probes each group once with its tuple of interned ids
-//! ([`tuple_map`](super::tuple_map)). A value keeps its list of candidates
+//! ([`tuple_map`](super::tuple_map)). When that value's list is the only
+//! one found and its one group has two dimensions, the other of which
+//! anchors nothing (the grid's `api`), the group is probed instead with
+//! the bytes of the request's `api` ([`Group::index_bytes`]): nothing is
+//! interned, one hash of the value and one probe. A value keeps its list of candidates
 //! when that is shorter than [`HEAVY_MIN`] or than twice its number of
 //! shapes, so the cost of a request is the number of lookups plus, per
 //! value found, at most about twice the number of shapes anchored there —

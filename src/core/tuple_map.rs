@@ -14,6 +14,14 @@
 //! The keys are tuples of interned ids (`u32`, already resolved by the
 //! request's one lookup per dimension), so a probe hashes a few integers
 //! and compares a few integers: no byte string is hashed twice.
+//!
+//! A group of two dimensions whose other dimension anchors nothing (a
+//! grid anchored under `user`: `api` is only ever checked) is keyed a
+//! second way, by the anchor's id and the *bytes* of the other value, so
+//! that a request whose only candidates are such a row finds its cell
+//! with one hash of its `api` and one probe, without first interning the
+//! value (a second hash and probe). That index costs 16 bytes per slot
+//! (twice the cells, rounded up to a power of two).
 
 use smallvec::SmallVec;
 
