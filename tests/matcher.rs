@@ -100,18 +100,23 @@ fn got_and_want(
     (got, want)
 }
 
-/// Strategy `i + 1` from `specs[i]` (enabled as `enabled(i)` says): every
-/// request gets from the table what brute force gives.
+/// Strategy `i + 1` from `specs[i]`, enabled as `enabled(i)` says.
+fn publish_all(specs: &[[Option<usize>; 4]], enabled: impl Fn(usize) -> bool) -> Vec<Published> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| strategy(i as u32 + 1, spec, enabled(i)))
+        .collect()
+}
+
+/// The table of [`publish_all`]: every request gets from it what brute
+/// force gives.
 fn equal_brute_force(
     specs: &[[Option<usize>; 4]],
     requests: &[[Option<usize>; 4]],
     enabled: impl Fn(usize) -> bool,
 ) -> Result<(), TestCaseError> {
-    let published: Vec<Published> = specs
-        .iter()
-        .enumerate()
-        .map(|(i, spec)| strategy(i as u32 + 1, spec, enabled(i)))
-        .collect();
+    let published = publish_all(specs, enabled);
     let table = table(&published);
     for req in requests {
         let (got, want) = got_and_want(&table, &published, req);
@@ -172,11 +177,7 @@ fn grids_with_other_shapes_equal_brute_force() {
     }
     specs.push([None, Some(5), Some(5), None]); // a duplicate of a grid cell
     specs.push([None; 4]); // matches every request
-    let published: Vec<Published> = specs
-        .iter()
-        .enumerate()
-        .map(|(i, spec)| strategy(i as u32 + 1, spec, true))
-        .collect();
+    let published = publish_all(&specs, |_| true);
     let table = table(&published);
     assert!(table.shape_groups() >= 2, "the grids are probed by shape");
     let axis = |n: usize| std::iter::once(None).chain((0..n).map(Some));
@@ -285,11 +286,7 @@ fn grids_on_a_checked_dimension_equal_brute_force() {
         specs.push([None, Some(i), Some(10 + i), None]);
         specs.push([None, None, Some(10 + i), None]);
     }
-    let published: Vec<Published> = specs
-        .iter()
-        .enumerate()
-        .map(|(i, spec)| strategy(i as u32 + 1, spec, true))
-        .collect();
+    let published = publish_all(&specs, |_| true);
     // (src/core/table.rs checks that such a grid is found by bytes.)
     let table = table(&published);
     let axis = |n: usize| std::iter::once(None).chain((0..n).map(Some));

@@ -1817,16 +1817,7 @@ mod tests {
             published(1002, &[("d3", "w"), ("d1", "y")], &[]),
         ];
         list.extend(after.iter().cloned());
-        let t = Table::build(
-            Decoded {
-                publish_seq: 1,
-                config_version: 1,
-                published_unix_ms: 0,
-                strategies: list,
-                blacklist_dimensions: Vec::new(),
-            },
-            None,
-        );
+        let t = table_of(list);
         // d0 … d63 fit; the strategies naming d64 and d65 are dropped.
         assert_eq!(t.dimensions().len(), MAX_TABLE_DIMENSIONS);
         let kept = MAX_TABLE_DIMENSIONS - 1;
