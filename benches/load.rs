@@ -39,6 +39,21 @@ fn grid(n: u32) -> Vec<Strategy> {
     l
 }
 
+/// The publish benchmark's table (`scripts/bench-publish.sh`): `n - 1`
+/// strategies `ip=<address> AND api=/x<i % 50>` and `api=/bench`, so the
+/// address strategies are anchored under their api (see the matcher's
+/// `reanchor`).
+fn ip_api(n: u32) -> Vec<Strategy> {
+    let mut l: Vec<Strategy> = (1..n)
+        .map(|i| {
+            let ip = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255);
+            passing(i, &[("ip", ip), ("api", format!("/x{}", i % 50))])
+        })
+        .collect();
+    l.push(passing(n, &[("api", "/bench".to_string())]));
+    l
+}
+
 /// The CPU time this thread has used.
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -112,6 +127,7 @@ fn loads<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     for (n, name, list) in [
         (65_536, "random", strategies(65_536)),
         (65_536, "grid256", grid(256)),
+        (65_536, "ip_api", ip_api(65_536)),
         (10_000, "random", strategies(10_000)),
     ] {
         let path = dir.path().join(format!("load-{name}-{n}"));

@@ -3,7 +3,12 @@
 //!
 //! ## Matching
 //! Each strategy is *anchored* under one of its conditions: the one whose
-//! `(dimension, value)` is shared by the fewest strategies. Per dimension a
+//! `(dimension, value)` is shared by the fewest strategies, unless every
+//! strategy anchored in a dimension can move to a condition in another
+//! dimension that is looked up anyway, and the lists it joins stay cheap:
+//! then they move, and that dimension is no longer looked up by every
+//! request (`ip=X AND api=/pay` beside `api=/login`: the address is read
+//! only for a request to `/pay`; see [`reanchor`]). Per dimension a
 //! [`ValueMap`] sends a value to its interned id and to the strategies
 //! anchored there. A request looks each of its values up once (one probe
 //! per dimension some strategy is anchored in; the dimensions only named
@@ -59,6 +64,11 @@ use super::value_map::{bytes_eq, hash_bytes, MapKey, ValueMap};
 const TEXT_VALUE: u8 = 0;
 const IP_VALUE: u8 = 1;
 const RANGE_VALUE: u8 = 2;
+
+/// How a request reads a dimension (see [`Table::check_kind`]).
+const LOOKED_UP: u8 = 0;
+const TEXT_CHECK: u8 = 1;
+const IP_CHECK: u8 = 2;
 
 /// An anchored list at least this long is probed by shape (when it has at
 /// most half as many shapes as strategies): checking a candidate costs
@@ -335,8 +345,16 @@ pub struct Table {
     /// strategies to check, so a table's other shapes cost a request that
     /// matches none of them nothing.
     checks: Box<[usize]>,
-    /// By dimension: one of `checks`.
-    is_check: Box<[bool]>,
+    /// By dimension: looked up ([`LOOKED_UP`], or named by no strategy),
+    /// one of `checks` ([`TEXT_CHECK`]) or `ip_check` ([`IP_CHECK`]).
+    check_kind: Box<[u8]>,
+    /// Some exact address anchors strategies: every request looks its
+    /// address up.
+    ip_lookup: bool,
+    /// The `ip` dimension when exact addresses are only named beside
+    /// anchors: a request with candidates to check looks its address up
+    /// then (see [`reanchor`]).
+    ip_check: Option<usize>,
     anchored: Vec<u32>,
     /// Every strategy's conditions ([`Compiled::conds`] spans).
     conds: Box<[(u8, u32)]>,
@@ -774,7 +792,7 @@ impl Table {
         // Anchor each strategy under its least shared condition; lay the
         // anchored lists out contiguously (counting sort by value id).
         let count = fspans.len();
-        let mut anchor_of: Vec<u32> = Vec::with_capacity(count);
+        let mut anchor_of: Vec<(u8, u32)> = Vec::with_capacity(count);
         let mut per_value = vec![0u32; counts.len() + 1];
         let mut unconditioned = Vec::new();
         let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
@@ -783,14 +801,23 @@ impl Table {
                 .iter()
                 .min_by_key(|(_, v)| counts[*v as usize])
             {
-                Some(&(_, v)) => {
-                    anchor_of.push(v);
-                    per_value[v as usize + 1] += 1;
-                }
+                Some(&c) => anchor_of.push(c),
                 None => {
-                    anchor_of.push(NONE);
+                    anchor_of.push((0, NONE));
                     unconditioned.push(si as u32);
                 }
+            }
+        }
+        reanchor(
+            |si| &flat[conds_of(si)],
+            &mut anchor_of,
+            &counts,
+            |v| value_keys[v as usize].0,
+        );
+        let anchor_of: Vec<u32> = anchor_of.into_iter().map(|(_, v)| v).collect();
+        for &v in &anchor_of {
+            if v != NONE {
+                per_value[v as usize + 1] += 1;
             }
         }
         for v in 1..per_value.len() {
@@ -883,6 +910,18 @@ impl Table {
         for &d in checks.iter() {
             is_check[d] = true;
         }
+        // The client address is looked up only when some address anchors
+        // strategies; named only beside anchors, it is a checked dimension
+        // (see `reanchor`).
+        let ip_lookup = ip_index.values().any(|e| e.len != 0);
+        let ip_check = ip_dim.filter(|_| !ip_lookup && !ip_index.is_empty());
+        let mut check_kind = vec![LOOKED_UP; dims.len()].into_boxed_slice();
+        for &d in checks.iter() {
+            check_kind[d] = TEXT_CHECK;
+        }
+        if let Some(d) = ip_check {
+            check_kind[d] = IP_CHECK;
+        }
         // A group of two dimensions, one of them only checked (a grid
         // anchored under its other dimension): keyed by that value's
         // bytes as well, so a request finds its cell without interning it.
@@ -922,7 +961,9 @@ impl Table {
             match_free: anchored.is_empty() && !ranked,
             lookups,
             checks,
-            is_check,
+            check_kind,
+            ip_lookup,
+            ip_check,
             anchored,
             conds: flat.into_boxed_slice(),
             groups,
@@ -1148,7 +1189,7 @@ impl Table {
             // No exact address in the table (a table of per-address or
             // range strategies only): nothing to hash.
             let e = match ip {
-                Some(ip) if !self.ip_index.is_empty() => self.ip_index.get(&ip.0),
+                Some(ip) if self.ip_lookup => self.ip_index.get(&ip.0),
                 _ => None,
             };
             found(d, e);
@@ -1190,7 +1231,10 @@ impl Table {
                 // bytes, without interning the request's values first.
                 let si = self.anchored[at as usize];
                 let others = &self.conds_of(&self.strategies[si as usize])[1..];
-                if others.iter().all(|&(d, v)| self.holds(values, req, d, v)) {
+                if others
+                    .iter()
+                    .all(|&(d, v)| self.holds(values, ip, req, d, v))
+                {
                     out.push(si);
                 }
                 sources += 1;
@@ -1202,6 +1246,12 @@ impl Table {
             } {
                 sources += n;
             } else {
+                if let Some(d) = self.ip_check {
+                    req[d] = match ip {
+                        Some(ip) => self.ip_index.get(&ip.0).map_or(NONE, |e| e.id),
+                        None => NONE,
+                    };
+                }
                 for &d in self.checks.iter() {
                     req[d] = match values.value(d) {
                         Some(v) if !v.is_empty() => {
@@ -1233,19 +1283,31 @@ impl Table {
 
     /// Whether the request's value of dimension `d` is interned value `v`:
     /// by the id a lookup wrote to `req`, or for a dimension only checked
-    /// ([`Self::checks`], not looked up), by comparing the bytes.
+    /// ([`Self::checks`], not looked up), by comparing the bytes (the
+    /// client address, when only checked: the address).
     #[inline(always)]
-    fn holds<V: Values + ?Sized>(&self, values: &V, req: &[u32], d: u8, v: u32) -> bool {
+    fn holds<V: Values + ?Sized>(
+        &self,
+        values: &V,
+        ip: Option<IpKey>,
+        req: &[u32],
+        d: u8,
+        v: u32,
+    ) -> bool {
         let d = usize::from(d);
-        if !self.is_check[d] {
-            return req[d] == v;
-        }
         let (kind, entry) = self.value_keys[v as usize];
-        match values.value(d) {
-            Some(x) if !x.is_empty() && kind == TEXT_VALUE => {
-                bytes_eq(x, self.index[d].values.key_at(entry as usize))
-            }
-            _ => false,
+        match self.check_kind[d] {
+            LOOKED_UP => req[d] == v,
+            TEXT_CHECK => match values.value(d) {
+                Some(x) if !x.is_empty() && kind == TEXT_VALUE => {
+                    bytes_eq(x, self.index[d].values.key_at(entry as usize))
+                }
+                _ => false,
+            },
+            _ => match ip {
+                Some(ip) if kind == IP_VALUE => *self.ip_index.key_at(entry as usize) == ip.0,
+                _ => false,
+            },
         }
     }
 
@@ -1576,6 +1638,106 @@ fn v4_directory(ranges: &[IpRanges]) -> Box<[u64]> {
 
 /// The set of dimensions a strategy constrains, one bit per dimension
 /// index (the segment allows at most 64).
+/// Fewer dimensions for every request to look up. A dimension is looked
+/// up because strategies are anchored under its values. When every
+/// strategy anchored in dimension `d` also has a condition in another
+/// dimension that is looked up anyway (`ip=X AND api=/pay` beside
+/// `api=/login`: `api` is looked up for the latter), those strategies are
+/// anchored there instead, and `d` is no longer looked up: a request reads
+/// it only when it found candidates that name it (a checked dimension).
+/// Done only when every list that grows stays cheap to check: at most
+/// [`HEAVY_MIN`] strategies (checked one by one), or probed by shape
+/// (tuple-space groups) with at most [`REANCHOR_SHAPES`] shapes. Address
+/// ranges (`ip/<len>`) are neither moved nor targets.
+///
+/// `anchor_of[si]`: strategy `si`'s anchor `(dimension, value id)` (id
+/// [`NONE`]: no condition), rewritten in place; `conds(si)` its
+/// conditions; `counts[v]`: how many strategies name value `v`;
+/// `kind(v)`: where value `v` is kept ([`TEXT_VALUE`] …).
+fn reanchor<'c>(
+    conds: impl Fn(usize) -> &'c [(u8, u32)],
+    anchor_of: &mut [(u8, u32)],
+    counts: &[u32],
+    kind: impl Fn(u32) -> u8,
+) {
+    // Strategies anchored per dimension: the dimensions looked up.
+    let mut anchored_in = [0u32; 64];
+    for &(d, v) in anchor_of.iter() {
+        if v != NONE {
+            anchored_in[usize::from(d) % 64] += 1;
+        }
+    }
+    let movable = |v: u32| matches!(kind(v), TEXT_VALUE | IP_VALUE);
+    for d in 0..64u8 {
+        if anchored_in[usize::from(d)] == 0 {
+            continue;
+        }
+        // Each strategy anchored in `d`: its new anchor, the least shared
+        // of its conditions in another looked-up dimension.
+        let mut moves: Vec<(usize, (u8, u32))> = Vec::new();
+        let mut possible = true;
+        for (si, &(ad, v)) in anchor_of.iter().enumerate() {
+            if v == NONE || ad != d {
+                continue;
+            }
+            let target = conds(si)
+                .iter()
+                .filter(|&&(cd, cv)| {
+                    cd != d && anchored_in[usize::from(cd) % 64] > 0 && movable(cv)
+                })
+                .min_by_key(|&&(_, cv)| counts[cv as usize]);
+            match target {
+                Some(&t) if movable(v) => moves.push((si, t)),
+                _ => {
+                    possible = false;
+                    break;
+                }
+            }
+        }
+        if !possible {
+            continue;
+        }
+        // The lists that grow (by value id, `list_of`): their length and
+        // their strategies' shapes, before and after.
+        let mut list_of = vec![NONE; counts.len()];
+        let mut lists: Vec<(u32, SmallVec<[u64; 4]>)> = Vec::new();
+        let add = |list: &mut (u32, SmallVec<[u64; 4]>), si: usize| {
+            list.0 += 1;
+            let m = shape(conds(si));
+            if list.1.len() <= REANCHOR_SHAPES && !list.1.contains(&m) {
+                list.1.push(m);
+            }
+        };
+        for &(si, (_, v)) in &moves {
+            if list_of[v as usize] == NONE {
+                list_of[v as usize] = lists.len() as u32;
+                lists.push(Default::default());
+            }
+            add(&mut lists[list_of[v as usize] as usize], si);
+        }
+        for (si, &(_, v)) in anchor_of.iter().enumerate() {
+            if let Some(&list) = list_of.get(v as usize).filter(|&&l| l != NONE) {
+                add(&mut lists[list as usize], si);
+            }
+        }
+        let cheap = lists.iter().all(|(len, shapes)| {
+            *len <= HEAVY_MIN
+                || (shapes.len() <= REANCHOR_SHAPES && shapes.len() * 2 <= *len as usize)
+        });
+        if !cheap {
+            continue;
+        }
+        for (si, t) in moves {
+            anchor_of[si] = t;
+            anchored_in[usize::from(t.0) % 64] += 1;
+        }
+        anchored_in[usize::from(d)] = 0;
+    }
+}
+
+/// See [`reanchor`]: the most shapes a list that grows may be probed by.
+const REANCHOR_SHAPES: usize = 4;
+
 fn shape(conds: &[(u8, u32)]) -> u64 {
     conds.iter().fold(0, |m, &(d, _)| m | 1u64 << d)
 }
@@ -1790,10 +1952,61 @@ mod tests {
         assert_eq!(scratch.req[b], 77, "b was interned");
         values[b] = Some(&b"b6"[..]);
         assert!(t.matching_with(&values, &mut scratch).is_empty());
-        // b anchoring something: looked up, no group by bytes.
+        // b anchoring something (and a too, so that neither can hand its
+        // strategies to the other: see `reanchor`): both looked up, no
+        // group by bytes.
         list.push(published(1000, &[("b", "b9")], &[]));
+        list.push(published(1001, &[("a", "a9")], &[]));
         let t = table_of(list);
         assert_eq!((t.groups.len(), by_bytes(&t)), (1, 0));
+    }
+
+    /// The friendly table: strategies `ip=X AND api=/xk` beside `api=/login`.
+    /// `api` is looked up for the latter, so the others are anchored under
+    /// their api as well and no request looks its address up; a request
+    /// whose api holds candidates looks it up then. The same for a text
+    /// dimension (`userid`). And when one strategy names the address
+    /// alone, the address stays looked up.
+    #[test]
+    fn a_dimension_named_beside_looked_up_ones_is_not_looked_up() {
+        let mut list = vec![published(1, &[("api", "/login")], &[])];
+        for i in 0..40u32 {
+            let ip = format!("10.0.0.{i}");
+            let api = format!("/x{}", i % 4);
+            list.push(published(10 + i, &[("ip", &ip), ("api", &api)], &[]));
+        }
+        let t = table_of(list.clone());
+        let ip = t.dimension_index("ip").unwrap();
+        let api = t.dimension_index("api").unwrap();
+        assert!(!t.ip_lookup);
+        assert_eq!(t.ip_check, Some(ip));
+        let run = |t: &Table, addr: &str, path: &str| -> Vec<u32> {
+            let mut values = vec![None; t.dimensions().len()];
+            values[ip] = Some(addr.as_bytes());
+            values[api] = Some(path.as_bytes());
+            let m = t.matching(&values);
+            m.iter()
+                .map(|&i| t.strategies()[i as usize].strategy.id)
+                .collect()
+        };
+        assert_eq!(run(&t, "10.0.0.5", "/x1"), [15]);
+        assert!(run(&t, "10.0.0.5", "/x2").is_empty());
+        assert!(run(&t, "10.0.0.99", "/x1").is_empty());
+        assert_eq!(run(&t, "10.0.0.5", "/login"), [1]);
+        // One candidate (a list of one): the address compared, not looked up.
+        let mut one = vec![published(1, &[("api", "/login")], &[])];
+        one.push(published(2, &[("ip", "10.0.0.7"), ("api", "/pay")], &[]));
+        let t1 = table_of(one);
+        assert_eq!(t1.ip_check, Some(ip));
+        assert_eq!(run(&t1, "10.0.0.7", "/pay"), [2]);
+        assert!(run(&t1, "10.0.0.8", "/pay").is_empty());
+        // An address alone anchors: looked up as before.
+        list.push(published(100, &[("ip", "10.0.0.200")], &[]));
+        let t = table_of(list);
+        assert!(t.ip_lookup);
+        assert_eq!(t.ip_check, None);
+        assert_eq!(run(&t, "10.0.0.5", "/x1"), [15]);
+        assert_eq!(run(&t, "10.0.0.200", "/x1"), [100]);
     }
 
     /// A strategy over the dimension limit (a file the writer would
