@@ -79,6 +79,11 @@ pub const HEAVY_MIN: u32 = 4;
 /// indexes [`Table::group_lists`] rather than [`Table::anchored`].
 const HEAVY: u32 = 1 << 31;
 
+/// Set beside [`HEAVY`] when the span is one group indexed by the bytes of
+/// its checked value ([`Group::index_bytes`]): decided when the table is
+/// built, so that a request only compares its span with `HEAVY | BYTES | 1`.
+const BYTES: u32 = 1 << 30;
+
 /// The matcher's working space. A caller that decides many requests (the
 /// nginx worker) keeps one, so a request neither allocates nor clears
 /// arrays: each request writes the entries it then reads (the vectors only
@@ -179,7 +184,8 @@ struct ValueEntry {
     id: u32,
     /// The strategies anchored under this value: `anchored[start..start +
     /// len]`; or, with [`HEAVY`] set in `len`, the groups to probe for
-    /// them: `group_lists[start..start + (len & !HEAVY)]`.
+    /// them: `group_lists[start..start + (len & !(HEAVY | BYTES))]`
+    /// ([`BYTES`]: one group, found by bytes).
     start: u32,
     len: u32,
     /// The strategy anchored here when it is the only one and has no other
@@ -814,6 +820,12 @@ impl Table {
             &counts,
             |v| value_keys[v as usize].0,
         );
+        // The dimensions strategies are anchored in: the ones a request
+        // looks up (the others it names are only checked).
+        let anchored_dims = anchor_of
+            .iter()
+            .filter(|a| a.1 != NONE)
+            .fold(0u64, |m, &(d, _)| m | 1 << (d % 64));
         let anchor_of: Vec<u32> = anchor_of.into_iter().map(|(_, v)| v).collect();
         for &v in &anchor_of {
             if v != NONE {
@@ -849,8 +861,56 @@ impl Table {
             pending[k].key = Some(plan);
         }
         let strategies = pending;
-        let (groups, group_lists, spans) =
+        let (mut groups, group_lists, mut spans) =
             group_heavy_values(|si| &flat[conds_of(si as usize)], &anchored, &starts);
+        let ip_dim = dims.iter().position(|d| d == "ip");
+        let anchors = |d: &usize| anchored_dims >> (d % 64) & 1 == 1;
+        let named = |d: &usize| Some(*d) != ip_dim && !index[*d].values.is_empty();
+        let lookups = (0..dims.len()).filter(named).filter(anchors).collect();
+        let checks: Box<[usize]> = (0..dims.len())
+            .filter(named)
+            .filter(|d| !anchors(d))
+            .collect();
+        // The client address is looked up only when some address anchors
+        // strategies; named only beside anchors, it is a checked dimension
+        // (see `reanchor`).
+        let ip_lookup = ip_dim.is_some_and(|d| anchors(&d));
+        let ip_check = ip_dim.filter(|_| !ip_lookup && !ip_index.is_empty());
+        let mut check_kind = vec![LOOKED_UP; dims.len()].into_boxed_slice();
+        for &d in checks.iter() {
+            check_kind[d] = TEXT_CHECK;
+        }
+        if let Some(d) = ip_check {
+            check_kind[d] = IP_CHECK;
+        }
+        // A group of two dimensions, one of them only checked (a grid
+        // anchored under its other dimension): keyed by that value's
+        // bytes as well, so a request finds its cell without interning it.
+        let text_check = |d: u8| check_kind[usize::from(d)] == TEXT_CHECK;
+        for g in &mut groups {
+            let &[d0, d1] = g.dims() else { continue };
+            let at = match (text_check(d0), text_check(d1)) {
+                (true, false) => 0,
+                (false, true) => 1,
+                _ => continue,
+            };
+            let map = &index[usize::from(g.dims()[at])].values;
+            // A checked dimension's values are all text.
+            let text = |id: u32| match value_keys[id as usize] {
+                (TEXT_VALUE, e) => (hash_bytes(map.key_at(e as usize)), e),
+                _ => (0, u32::MAX),
+            };
+            g.index_bytes(at, text);
+        }
+        for span in &mut spans {
+            if span.1 == HEAVY | 1
+                && groups[group_lists[span.0 as usize] as usize]
+                    .bytes_dims()
+                    .is_some()
+            {
+                span.1 |= BYTES;
+            }
+        }
         let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
         let ranges = ip_ranges.iter_mut().flat_map(|r| r.nets.values_mut());
         for e in entries.chain(ip_index.values_mut()).chain(ranges) {
@@ -863,7 +923,6 @@ impl Table {
             }
         }
         key_owners.sort_by_key(|o| o.0);
-        let ip_dim = dims.iter().position(|d| d == "ip");
         // Longest prefix first (any order gives the same matches).
         ip_ranges.sort_by_key(|r| std::cmp::Reverse(r.mask.count_ones()));
         let range_dims = match (ip_ranges.first(), ip_ranges.last()) {
@@ -898,48 +957,6 @@ impl Table {
         };
         for r in &mut ip_ranges {
             r.addrs = Vec::new();
-        }
-        let named = |d: &usize| Some(*d) != ip_dim && !index[*d].values.is_empty();
-        let anchors = |d: &usize| index[*d].values.values().any(|e| e.len != 0);
-        let lookups = (0..dims.len()).filter(named).filter(anchors).collect();
-        let checks: Box<[usize]> = (0..dims.len())
-            .filter(named)
-            .filter(|d| !anchors(d))
-            .collect();
-        let mut is_check = vec![false; dims.len()].into_boxed_slice();
-        for &d in checks.iter() {
-            is_check[d] = true;
-        }
-        // The client address is looked up only when some address anchors
-        // strategies; named only beside anchors, it is a checked dimension
-        // (see `reanchor`).
-        let ip_lookup = ip_index.values().any(|e| e.len != 0);
-        let ip_check = ip_dim.filter(|_| !ip_lookup && !ip_index.is_empty());
-        let mut check_kind = vec![LOOKED_UP; dims.len()].into_boxed_slice();
-        for &d in checks.iter() {
-            check_kind[d] = TEXT_CHECK;
-        }
-        if let Some(d) = ip_check {
-            check_kind[d] = IP_CHECK;
-        }
-        // A group of two dimensions, one of them only checked (a grid
-        // anchored under its other dimension): keyed by that value's
-        // bytes as well, so a request finds its cell without interning it.
-        let mut groups = groups;
-        for g in &mut groups {
-            let &[d0, d1] = g.dims() else { continue };
-            let at = match (is_check[usize::from(d0)], is_check[usize::from(d1)]) {
-                (true, false) => 0,
-                (false, true) => 1,
-                _ => continue,
-            };
-            let map = &index[usize::from(g.dims()[at])].values;
-            // A checked dimension's values are all text.
-            let text = |id: u32| match value_keys[id as usize] {
-                (TEXT_VALUE, e) => (hash_bytes(map.key_at(e as usize)), e),
-                _ => (0, u32::MAX),
-            };
-            g.index_bytes(at, text);
         }
         Table {
             map,
@@ -1238,13 +1255,10 @@ impl Table {
                     out.push(si);
                 }
                 sources += 1;
-            } else if let Some(n) = match spans[..ns] {
+            } else if ns == 1 && spans[0].1 == HEAVY | BYTES | 1 {
                 // One list of one group (a grid's row): its cell found by
                 // the bytes of the checked value, nothing interned.
-                [(at, len)] if len == HEAVY | 1 => self.probe_bytes(values, req, at, out),
-                _ => None,
-            } {
-                sources += n;
+                sources += self.probe_bytes(values, req, spans[0].0, out);
             } else {
                 if let Some(d) = self.ip_check {
                     req[d] = match ip {
@@ -1262,7 +1276,7 @@ impl Table {
                 }
                 for &(start, len) in &spans[..ns] {
                     if len & HEAVY != 0 {
-                        sources += self.probe_groups(start, len & !HEAVY, req, out);
+                        sources += self.probe_groups(start, len & !(HEAVY | BYTES), req, out);
                         continue;
                     }
                     sources += 1;
@@ -1295,28 +1309,28 @@ impl Table {
         v: u32,
     ) -> bool {
         let d = usize::from(d);
-        let (kind, entry) = self.value_keys[v as usize];
-        match self.check_kind[d] {
-            LOOKED_UP => req[d] == v,
-            TEXT_CHECK => match values.value(d) {
-                Some(x) if !x.is_empty() && kind == TEXT_VALUE => {
-                    bytes_eq(x, self.index[d].values.key_at(entry as usize))
-                }
-                _ => false,
-            },
-            _ => match ip {
-                Some(ip) if kind == IP_VALUE => *self.ip_index.key_at(entry as usize) == ip.0,
-                _ => false,
-            },
+        let kind = self.check_kind[d];
+        if kind == LOOKED_UP {
+            return req[d] == v;
+        }
+        let (held_in, entry) = self.value_keys[v as usize];
+        match (kind, held_in) {
+            (TEXT_CHECK, TEXT_VALUE) => values.value(d).is_some_and(|x| {
+                !x.is_empty() && bytes_eq(x, self.index[d].values.key_at(entry as usize))
+            }),
+            (IP_CHECK, IP_VALUE) => {
+                ip.is_some_and(|ip| *self.ip_index.key_at(entry as usize) == ip.0)
+            }
+            _ => false,
         }
     }
 
     /// The strategies of group `group_lists[list]` the request's values
     /// select, found by the bytes of its checked value (see
-    /// [`Group::index_bytes`]), added to `out`; returns how many lists
-    /// were added (0 or 1), or `None` for a group not indexed by bytes.
-    /// The other dimension is the group's anchor, whose id the lookups
-    /// wrote to `req`. Out of line: only a grid's request carries it.
+    /// [`Group::index_bytes`]: a span flagged [`BYTES`]), added to `out`;
+    /// returns how many lists were added (0 or 1). The other dimension is
+    /// the group's anchor, whose id the lookups wrote to `req`. Out of
+    /// line: only a grid's request carries it.
     #[inline(never)]
     fn probe_bytes<V: Values + ?Sized>(
         &self,
@@ -1324,9 +1338,12 @@ impl Table {
         req: &[u32],
         list: u32,
         out: &mut Vec<u32>,
-    ) -> Option<u32> {
+    ) -> u32 {
         let g = &self.groups[self.group_lists[list as usize] as usize];
-        let (d, anchor) = g.bytes_dims()?;
+        // Flagged only when indexed (see `BYTES`).
+        let Some((d, anchor)) = g.bytes_dims() else {
+            return 0;
+        };
         let d = usize::from(d);
         let found = match values.value(d) {
             Some(v) if !v.is_empty() => {
@@ -1337,13 +1354,13 @@ impl Table {
             _ => &[],
         };
         if found.is_empty() {
-            return Some(0);
+            return 0;
         }
         // One by one (a cell holds one strategy or a few): no memcpy call.
         for &si in found {
             out.push(si);
         }
-        Some(1)
+        1
     }
 
     /// Probes the groups `group_lists[start..start + len]` with the
@@ -1636,8 +1653,6 @@ fn v4_directory(ranges: &[IpRanges]) -> Box<[u64]> {
     dir.into_boxed_slice()
 }
 
-/// The set of dimensions a strategy constrains, one bit per dimension
-/// index (the segment allows at most 64).
 /// Fewer dimensions for every request to look up. A dimension is looked
 /// up because strategies are anchored under its values. When every
 /// strategy anchored in dimension `d` also has a condition in another
@@ -1738,6 +1753,8 @@ fn reanchor<'c>(
 /// See [`reanchor`]: the most shapes a list that grows may be probed by.
 const REANCHOR_SHAPES: usize = 4;
 
+/// The set of dimensions a strategy constrains, one bit per dimension
+/// index (the segment allows at most 64).
 fn shape(conds: &[(u8, u32)]) -> u64 {
     conds.iter().fold(0, |m, &(d, _)| m | 1u64 << d)
 }
