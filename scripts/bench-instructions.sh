@@ -48,6 +48,12 @@
 #               same table plus 100,000 strategies of other shapes
 #               ({a, api}, {b, c}, {userid}, {a, b, c}), many sharing the
 #               request's a and b values, none matching
+#   limitreq_bg limitreq2_bg
+#               limitreq and limitreq2 plus what limit_req needs to enforce
+#               the same 100,000 background strategies: per shape a map of
+#               its 25,000 value combinations (the key of a strategy, or
+#               empty: not limited) and a zone, four more limit_req
+#               directives (the counterparts of ratectl_bg and args_bg)
 #
 # One nginx worker (master_process off) per case runs under callgrind
 # and serves, in order: /other (rate_ctl on) until the table is enforced
@@ -204,6 +210,29 @@ table_for() {
     esac
     case $kind in *_bg) other_shapes ;; esac
 }
+# The background strategies as limit_req enforces them: per shape, a map
+# from the request's values to the strategy's key (empty, the default: not
+# limited) and a zone (other_shapes' rates: 100 r/s, burst 100).
+background_maps() {
+    awk 'BEGIN {
+        print "map_hash_max_size 262144;"
+        print "map_hash_bucket_size 128;"
+        src[1] = "$arg_a:$uri"; src[2] = "$arg_b:$arg_c"; src[3] = "$arg_u"; src[4] = "$arg_a:$arg_b:$arg_c"
+        for (s = 1; s <= 4; s++) {
+            printf "map \"%s\" $bg%d {\n", src[s], s
+            for (i = 0; i < 25000; i++) {
+                id = 100001 + 4 * i + s - 1
+                if (s == 1) k = sprintf("a%d:/y%d", i % 300, i)
+                else if (s == 2) k = sprintf("b%d:c%d", i % 300, i)
+                else if (s == 3) k = sprintf("u%d", i)
+                else k = sprintf("a%d:b%d:c%d", i % 300, i % 290, i)
+                printf "    \"%s\" s%d;\n", k, id
+            }
+            print "}"
+            printf "limit_req_zone $bg%d zone=bg%d:16m rate=100r/s;\n", s, s
+        }
+    }'
+}
 publish_for() {
     local kind=$1
     [ -e "$dir/shm.$kind" ] && return
@@ -228,10 +257,23 @@ config() {
     plain) ;;
     limitreq) directive="limit_req zone=one burst=1000000 nodelay;" ;;
     limitreq2) directive="limit_req zone=two burst=1000000 nodelay;" ;;
+    limitreq_bg | limitreq2_bg)
+        directive="limit_req zone=$([ "$1" = limitreq_bg ] && echo one || echo two) burst=1000000 nodelay;"
+        for s in 1 2 3 4; do directive+=" limit_req zone=bg$s burst=100 nodelay;"; done
+        ;;
     *) directive="rate_ctl on;" ;;
     esac
     # The cases without a table of their own load the friendly one.
-    case $1 in plain | limitreq | limitreq2) shm=ratectl ;; esac
+    case $1 in plain | limitreq | limitreq2 | limitreq_bg | limitreq2_bg) shm=ratectl ;; esac
+    local maps="" check=""
+    case $1 in
+    limitreq_bg | limitreq2_bg)
+        [ -e "$dir/bg-maps.conf" ] || background_maps >"$dir/bg-maps.conf"
+        maps="include $dir/bg-maps.conf;"
+        # The keys the maps give, checked before the run (see run).
+        check="add_header X-Bg \"\$bg1|\$bg2|\$bg3|\$bg4\" always;"
+        ;;
+    esac
     publish_for "$shm"
     {
         conf_head 1 notice
@@ -248,10 +290,11 @@ http {
     rate_ctl_dimension userid \$arg_u;
     limit_req_zone \$binary_remote_addr zone=one:1m rate=1000000r/s;
     limit_req_zone \$arg_a\$arg_b zone=two:1m rate=1000000r/s;
+    $maps
     server {
         listen 127.0.0.1:$port;
         location /bench { $directive empty_gif; }
-        location /other { rate_ctl on; empty_gif; }
+        location /other { rate_ctl on; $check empty_gif; }
     }
 }
 CONF
@@ -269,9 +312,9 @@ run() {
     valgrind --tool=callgrind "${cg_args[@]}" --callgrind-out-file="$out" "$nginx" -p "$dir/" -c "$dir/nginx.conf" \
         >/dev/null 2>&1 &
     vpid=$!
-    codes=$(python3 - "$port" "$vpid" "$dir/logs/error.log" "${WARMUP:-100}" "${REQUESTS:-2000}" <<'PY'
+    codes=$(python3 - "$port" "$vpid" "$dir/logs/error.log" "${WARMUP:-100}" "${REQUESTS:-2000}" "$case" <<'PY'
 import http.client, socket, subprocess, sys, time
-port, pid, log, warmup, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+port, pid, log, warmup, n, case = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 for _ in range(300):
     try:
         socket.create_connection(("127.0.0.1", port), 0.2).close()
@@ -292,6 +335,17 @@ while "enforcing" not in open(log).read():
     get("/other")
     time.sleep(0.2)
 get("/other")
+if case in ("limitreq_bg", "limitreq2_bg"):
+    # limit_req's background: the maps give a listed combination its
+    # strategy's key and the benchmark request none (so it is limited by
+    # the background exactly when rate_ctl's table would limit it).
+    for path, want in (("/other?a=a7&b=b7&c=c7&u=u7", "|s100030|s100031|s100032"),
+                       ("/other?a=a5&b=b5", "|||")):
+        c.request("GET", path)
+        resp = c.getresponse()
+        resp.read()
+        if resp.getheader("X-Bg") != want:
+            sys.exit(f"{path}: X-Bg {resp.getheader('X-Bg')!r}, expected {want!r}")
 # 2. warm-up, 3. the measured window
 for _ in range(warmup):
     get("/bench?a=a5&b=b5")
@@ -336,7 +390,7 @@ PY
 }
 
 declare -A per hand
-read -ra cases <<<"${CASES:-plain limitreq limitreq2 ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg ranges ranges_out ranges_nested}"
+read -ra cases <<<"${CASES:-plain limitreq limitreq2 limitreq_bg limitreq2_bg ratectl reject args grid10 grid100 grid250 ratectl_bg args_bg grid10_bg grid100_bg grid250_bg ranges ranges_out ranges_nested}"
 for c in "${cases[@]}"; do
     config "$c"
     r=$(run "$c")
