@@ -1203,8 +1203,9 @@ impl Table {
             }
         };
         if let Some(d) = self.ip_dim {
-            // No exact address in the table (a table of per-address or
-            // range strategies only): nothing to hash.
+            // No exact address anchors strategies (none in the table, or
+            // each only named beside an anchor in another dimension: then
+            // looked up for candidates, see `ip_check`): nothing to hash.
             let e = match ip {
                 Some(ip) if self.ip_lookup => self.ip_index.get(&ip.0),
                 _ => None,
@@ -2024,6 +2025,33 @@ mod tests {
         assert_eq!(t.ip_check, None);
         assert_eq!(run(&t, "10.0.0.5", "/x1"), [15]);
         assert_eq!(run(&t, "10.0.0.200", "/x1"), [100]);
+        // A text dimension: `userid=uK AND api=/xk` beside `api=/login`
+        // are anchored under their api, and `userid` is only checked.
+        let mut list = vec![published(1, &[("api", "/login")], &[])];
+        for i in 0..40u32 {
+            let user = format!("u{i}");
+            let api = format!("/x{}", i % 4);
+            list.push(published(10 + i, &[("userid", &user), ("api", &api)], &[]));
+        }
+        let t = table_of(list);
+        let user = t.dimension_index("userid").unwrap();
+        let api = t.dimension_index("api").unwrap();
+        assert_eq!(&*t.lookups, [api]);
+        assert_eq!(&*t.checks, [user]);
+        assert_eq!(t.check_kind[user], super::TEXT_CHECK);
+        let run = |u: &str, path: &str| -> Vec<u32> {
+            let mut values = vec![None; t.dimensions().len()];
+            values[user] = Some(u.as_bytes());
+            values[api] = Some(path.as_bytes());
+            let m = t.matching(&values);
+            m.iter()
+                .map(|&i| t.strategies()[i as usize].strategy.id)
+                .collect()
+        };
+        assert_eq!(run("u5", "/x1"), [15]);
+        assert!(run("u5", "/x2").is_empty());
+        assert!(run("u99", "/x1").is_empty());
+        assert_eq!(run("u5", "/login"), [1]);
     }
 
     /// A strategy over the dimension limit (a file the writer would
