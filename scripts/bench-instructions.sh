@@ -255,16 +255,13 @@ config() {
     local shm=$1 directive=""
     case $1 in
     plain) ;;
-    limitreq) directive="limit_req zone=one burst=1000000 nodelay;" ;;
-    limitreq2) directive="limit_req zone=two burst=1000000 nodelay;" ;;
-    limitreq_bg | limitreq2_bg)
-        directive="limit_req zone=$([ "$1" = limitreq_bg ] && echo one || echo two) burst=1000000 nodelay;"
-        for s in 1 2 3 4; do directive+=" limit_req zone=bg$s burst=100 nodelay;"; done
-        ;;
+    limitreq | limitreq_bg) directive="limit_req zone=one burst=1000000 nodelay;" ;;
+    limitreq2 | limitreq2_bg) directive="limit_req zone=two burst=1000000 nodelay;" ;;
     *) directive="rate_ctl on;" ;;
     esac
+    case $1 in limitreq*_bg) for s in 1 2 3 4; do directive+=" limit_req zone=bg$s burst=100 nodelay;"; done ;; esac
     # The cases without a table of their own load the friendly one.
-    case $1 in plain | limitreq | limitreq2 | limitreq_bg | limitreq2_bg) shm=ratectl ;; esac
+    case $1 in plain | limitreq*) shm=ratectl ;; esac
     local maps="" check=""
     case $1 in
     limitreq_bg | limitreq2_bg)
