@@ -1995,18 +1995,20 @@ mod tests {
         }
         let t = table_of(list.clone());
         let ip = t.dimension_index("ip").unwrap();
-        let api = t.dimension_index("api").unwrap();
         assert!(!t.ip_lookup);
         assert_eq!(t.ip_check, Some(ip));
-        let run = |t: &Table, addr: &str, path: &str| -> Vec<u32> {
+        // The ids of the strategies a request with `dim` = `value` and
+        // `api` = `path` matches.
+        let ids = |t: &Table, dim: &str, value: &str, path: &str| -> Vec<u32> {
             let mut values = vec![None; t.dimensions().len()];
-            values[ip] = Some(addr.as_bytes());
-            values[api] = Some(path.as_bytes());
+            values[t.dimension_index(dim).unwrap()] = Some(value.as_bytes());
+            values[t.dimension_index("api").unwrap()] = Some(path.as_bytes());
             let m = t.matching(&values);
             m.iter()
                 .map(|&i| t.strategies()[i as usize].strategy.id)
                 .collect()
         };
+        let run = |t: &Table, addr: &str, path: &str| ids(t, "ip", addr, path);
         assert_eq!(run(&t, "10.0.0.5", "/x1"), [15]);
         assert!(run(&t, "10.0.0.5", "/x2").is_empty());
         assert!(run(&t, "10.0.0.99", "/x1").is_empty());
@@ -2039,15 +2041,7 @@ mod tests {
         assert_eq!(&*t.lookups, [api]);
         assert_eq!(&*t.checks, [user]);
         assert_eq!(t.check_kind[user], super::TEXT_CHECK);
-        let run = |u: &str, path: &str| -> Vec<u32> {
-            let mut values = vec![None; t.dimensions().len()];
-            values[user] = Some(u.as_bytes());
-            values[api] = Some(path.as_bytes());
-            let m = t.matching(&values);
-            m.iter()
-                .map(|&i| t.strategies()[i as usize].strategy.id)
-                .collect()
-        };
+        let run = |u: &str, path: &str| ids(&t, "userid", u, path);
         assert_eq!(run("u5", "/x1"), [15]);
         assert!(run("u5", "/x2").is_empty());
         assert!(run("u99", "/x1").is_empty());
