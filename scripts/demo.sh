@@ -26,6 +26,14 @@ mkdir -p "$dir/logs" "$dir/tmp"
 chmod 0755 "$dir" "$dir/tmp"
 sed -e "s#@MODULE@#$module#g" -e "s#@PREFIX@#$dir#g" -e "s#@SHM@#$shm#g" \
     nginx-conf/demo.conf >"$dir/nginx.conf"
+# The agent's files are 0640 (configuration) and 0660 (state) for its own
+# user and group: as root, nginx's workers run as nobody:nogroup, so the
+# files go to that group (never world-accessible: --mode refuses it).
+access=(--mode 0660)
+if [ "$(id -u)" = 0 ]; then
+    access+=(--group nogroup)
+    sed -i '1i user nobody nogroup;' "$dir/nginx.conf"
+fi
 
 pids=()
 stop() {
@@ -46,7 +54,7 @@ for _ in $(seq 100); do
 done
 token="$(cat "$token_file")"
 RATE_CTL_TOKEN="$token" "$bin" agent --store http://127.0.0.1:9090 --shm "$shm" \
-    --host-id demo --weight 1 --mode 0666 >"$dir/logs/agent.log" 2>&1 &
+    --host-id demo --weight 1 "${access[@]}" >"$dir/logs/agent.log" 2>&1 &
 pids+=($!)
 "$nginx" -p "$dir" -c "$dir/nginx.conf" &
 pids+=($!)

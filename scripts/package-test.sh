@@ -103,7 +103,7 @@ snapshot() {
             /usr/share/nginx/modules-available /var/lib/systemd/deb-systemd-helper-enabled \
             /var/lib/systemd/deb-systemd-helper-masked /var/lib/rate-ctl /usr/bin/rate-ctl \
             /usr/share/doc/rate-ctl /usr/share/doc/libnginx-mod-http-rate-ctl \
-            /usr/share/man/man1/rate-ctl.1.gz /dev/shm/rate_ctl /dev/shm/.rate_ctl.tmp.* \
+            /usr/share/man/man1/rate-ctl.1.gz /dev/shm/rate_ctl /dev/shm/rate_ctl.state /dev/shm/.rate_ctl.tmp.* \
             -printf '%p %M %u %g %l\n' 2>/dev/null || true
         find /var/lib/dpkg/info -maxdepth 1 \( -name 'rate-ctl[.:]*' -o -name 'libnginx-mod-http-rate-ctl[.:]*' \) \
             -printf '%f\n' 2>/dev/null || true
@@ -327,9 +327,13 @@ ok "serve listens on $api; store and token: $(find /var/lib/rate-ctl -mindepth 1
 start_unit rate-ctl-agent "$tmp/agent.log"
 agent_pid=$started_pid
 wait_for 30 "the agent's table /dev/shm/rate_ctl" test -f /dev/shm/rate_ctl
-[ "$(stat -c '%U:%G %a' /dev/shm/rate_ctl)" = "rate-ctl:www-data 660" ] ||
-    fail "/dev/shm/rate_ctl is $(stat -c '%U:%G %a' /dev/shm/rate_ctl), want rate-ctl:www-data 660"
-ok "agent wrote /dev/shm/rate_ctl rate-ctl:www-data 0660"
+# The configuration without group write (the workers only read it), the
+# state file (counters) writable by the workers' group.
+[ "$(stat -c '%U:%G %a' /dev/shm/rate_ctl)" = "rate-ctl:www-data 640" ] ||
+    fail "/dev/shm/rate_ctl is $(stat -c '%U:%G %a' /dev/shm/rate_ctl), want rate-ctl:www-data 640"
+[ "$(stat -c '%U:%G %a' /dev/shm/rate_ctl.state)" = "rate-ctl:www-data 660" ] ||
+    fail "/dev/shm/rate_ctl.state is $(stat -c '%U:%G %a' /dev/shm/rate_ctl.state), want rate-ctl:www-data 660"
+ok "agent wrote /dev/shm/rate_ctl rate-ctl:www-data 0640 and /dev/shm/rate_ctl.state 0660"
 
 # nginx: Debian's binary as www-data, loading the module through the
 # package's modules-enabled link, as /etc/nginx/nginx.conf does.
@@ -453,6 +457,7 @@ getent group rate-ctl >/dev/null && fail "group rate-ctl left"
 id -nG www-data >/dev/null
 [ ! -e /var/lib/rate-ctl ] || fail "/var/lib/rate-ctl left"
 [ ! -e /dev/shm/rate_ctl ] || fail "/dev/shm/rate_ctl left"
+[ ! -e /dev/shm/rate_ctl.state ] || fail "/dev/shm/rate_ctl.state left"
 [ ! -e /usr/bin/rate-ctl ] || fail "/usr/bin/rate-ctl left"
 /usr/sbin/nginx -t 2>&1 | tee "$tmp/nginx-t2.txt"
 grep -q 'test is successful' "$tmp/nginx-t2.txt" || fail "nginx -t after purge"

@@ -161,7 +161,7 @@ fn run(args: &[String]) -> Result<(), String> {
         [cmd, path] if cmd == "corrupt" => {
             // Announce a new sequence whose segment fails its checksum: the
             // workers must refuse it and keep their last good table.
-            let m = Mapping::open(Path::new(path)).map_err(|e| e.to_string())?;
+            let m = Mapping::open_writable(Path::new(path)).map_err(|e| e.to_string())?;
             let next = m.seq() + 1;
             let seg = m.segment((next & 1) as usize);
             // Overwrite the payload's first word (covered by the CRC) and

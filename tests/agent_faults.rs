@@ -411,3 +411,106 @@ fn store_down(env: &str, kind: &str) {
         Some(0)
     );
 }
+
+/// The first row of `host list --json`.
+fn first_host(store: &str) -> serde_json::Value {
+    let out = ok(&["host", "list", "--store", store, "--json"]);
+    serde_json::from_str(out.lines().next().unwrap()).unwrap()
+}
+
+/// Whether a worker opening `shm` now enforces `n` strategies.
+fn enforcing(shm: &std::path::Path, n: usize) -> bool {
+    let mut r = rate_ctl::core::reader::Reader::new(shm.to_path_buf());
+    r.refresh(rate_ctl::core::clock::MonotonicClock::now());
+    r.table().is_some_and(|t| t.published_strategies() == n)
+}
+
+/// Issue 28: the agent checks what is live at every poll. The file
+/// removed, replaced by a symbolic link, its mode set to 0, the state file
+/// removed, the blacklist header overwritten: each is found within a poll
+/// (50 ms; 2 s allowed here for a loaded machine), logged at error level
+/// naming what changed, repaired (workers enforce the table again) and
+/// shown by `host list` as the host's publish error (kept 60 s).
+#[test]
+fn changes_to_the_live_files_are_repaired_within_a_poll_and_reported() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let st = sqlite_store();
+    let s = st.url.as_str();
+    add(s, "live", 10);
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("rc.shm");
+    let state = rate_ctl::core::shm::state_path(&shm);
+    let a = AgentProc::start(
+        s,
+        &shm,
+        "live-host",
+        &dir.path().join("a.log"),
+        &["--poll-ms", "50"],
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || enforcing(&shm, 1).then_some(())).is_some(),
+        "published: {}",
+        a.log_text()
+    );
+    assert!(first_host(s)["publish_error"].is_null());
+    let restored = |what: &str, check: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        let back = wait_for(Duration::from_secs(2), || {
+            (check() && enforcing(&shm, 1)).then_some(())
+        });
+        assert!(back.is_some(), "{what}: not restored: {}", a.log_text());
+        let took = t0.elapsed();
+        // The report follows at the next heartbeat (forced at once).
+        let shown = wait_for(Duration::from_secs(2), || {
+            let h = first_host(s);
+            h["publish_error"]
+                .as_str()
+                .is_some_and(|f| f.contains(what))
+                .then_some(())
+        });
+        assert!(shown.is_some(), "{what}: host list shows {}", first_host(s));
+        assert!(
+            a.log_text().contains(what),
+            "{what}: logged: {}",
+            a.log_text()
+        );
+        took
+    };
+
+    std::fs::remove_file(&shm).unwrap();
+    let t = restored("removed", &|| shm.exists());
+    eprintln!("removed: restored in {t:?}");
+
+    let moved = dir.path().join("moved");
+    std::fs::rename(&shm, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &shm).unwrap();
+    let t = restored("symbolic link", &|| {
+        std::fs::symlink_metadata(&shm).is_ok_and(|m| m.file_type().is_file())
+    });
+    eprintln!("symlink: restored in {t:?}");
+
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0)).unwrap();
+    let t = restored("mode changed", &|| {
+        std::fs::metadata(&shm).is_ok_and(|m| m.mode() & 0o7777 == 0o640)
+    });
+    eprintln!("chmod 0: restored in {t:?}");
+
+    std::fs::remove_file(&state).unwrap();
+    let t = restored(".state removed", &|| state.exists());
+    eprintln!("state removed: restored in {t:?}");
+
+    {
+        let m = rate_ctl::core::shm::Mapping::open_writable(&shm).unwrap();
+        m.blacklist().store(0, 0xdead_beef);
+    }
+    let t = restored("blacklist header", &|| {
+        rate_ctl::core::shm::Mapping::open(&shm)
+            .is_ok_and(|m| rate_ctl::core::blacklist::Blacklist::open(m.blacklist()).is_ok())
+    });
+    eprintln!("blacklist header: restored in {t:?}");
+    // Restored as the agent's own: the state file's owner.
+    assert_eq!(
+        std::fs::metadata(&shm).unwrap().uid(),
+        std::fs::metadata(&state).unwrap().uid()
+    );
+}

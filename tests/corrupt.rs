@@ -39,13 +39,30 @@ fn good_image(dir: &Path) -> Vec<u8> {
     }];
     w.publish(&list, &bl, 1).unwrap();
     w.publish(&list, &bl, 2).unwrap(); // both segments written
-    std::fs::read(&path).unwrap()
+                                       // Both files back to back, as a worker maps them (layout version 4).
+    let mut image = std::fs::read(&path).unwrap();
+    image.extend(std::fs::read(rate_ctl::core::shm::state_path(&path)).unwrap());
+    image
+}
+
+/// Writes an image as the pair at `path`: the configuration up to where
+/// its header says the state file begins (clamped), the state file after.
+fn write_pair(path: &Path, bytes: &[u8]) {
+    let at = rate_ctl::core::shm::H_STATE_OFF;
+    let split = bytes
+        .get(at..at + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        .unwrap_or(0)
+        .min(bytes.len() as u64) as usize;
+    let split = if split == 0 { bytes.len() } else { split };
+    std::fs::write(path, &bytes[..split]).unwrap();
+    std::fs::write(rate_ctl::core::shm::state_path(path), &bytes[split..]).unwrap();
 }
 
 /// Opens `bytes` as a file and runs a worker over it: refresh, decide.
 fn exercise(dir: &Path, name: &str, bytes: &[u8]) {
     let path = dir.join(name);
-    std::fs::write(&path, bytes).unwrap();
+    write_pair(&path, bytes);
     let mut e = Reader::new(&path);
     e.refresh(0);
     if let Some(t) = e.table() {
@@ -89,7 +106,7 @@ fn truncation_in_every_region_is_refused() {
     ];
     for cut in cuts {
         let path = dir.path().join("cut");
-        std::fs::write(&path, &image[..cut as usize]).unwrap();
+        write_pair(&path, &image[..cut as usize]);
         let err = Mapping::open(&path)
             .err()
             .unwrap_or_else(|| panic!("cut at {cut} accepted"));
@@ -118,7 +135,9 @@ fn a_worker_keeps_its_table_when_the_file_is_corrupted_under_it() {
     assert_eq!(e.table().unwrap().config_version(), 2);
     // Flip one bit of the inactive segment's payload (sequence 1's), then
     // make the header name it as sequence 3.
-    let map = e.table().unwrap().mapping().unwrap().clone();
+    // Through the agent's mapping: a worker's maps the configuration
+    // read-only (a store there is a SIGSEGV).
+    let map = w.mapping().clone();
     let seg = map.segment(1);
     seg.store(64 + 8, seg.load(64 + 8) ^ 1);
     seg.store(16, 3); // its publish sequence

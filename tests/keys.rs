@@ -186,6 +186,15 @@ fn a_limited_key_stays_limited_through_ten_times_capacity_of_new_keys() {
     ));
 }
 
+/// Writes `version` into the file's header (through the file: a worker's
+/// mapping of the configuration is read-only).
+fn set_layout_version(path: &std::path::Path, version: u32) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(&version.to_le_bytes(), H_VERSION_INIT as u64)
+        .unwrap();
+}
+
 #[test]
 fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
@@ -219,15 +228,7 @@ fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
     drop(w);
     // A file of the previous layout (version 2, no key table) is refused
     // by this build's workers (they fail open) and replaced by its agent.
-    {
-        let m = Mapping::open(&path).unwrap();
-        let h = m.header();
-        let vi = h.load(H_VERSION_INIT);
-        h.store(
-            H_VERSION_INIT,
-            (vi & !0xFFFF_FFFF) | (LAYOUT_VERSION as u64 - 1),
-        );
-    }
+    set_layout_version(&path, LAYOUT_VERSION - 1);
     match Mapping::open(&path) {
         Err(ShmError::Version { found, .. }) => assert_eq!(found, LAYOUT_VERSION - 1),
         other => panic!("{:?}", other.map(|_| ())),
@@ -239,15 +240,7 @@ fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
     }
     // A newer layout than this build's is refused the same way (what an
     // older module does with this file).
-    {
-        let m = Mapping::open(&path).unwrap();
-        let h = m.header();
-        let vi = h.load(H_VERSION_INIT);
-        h.store(
-            H_VERSION_INIT,
-            (vi & !0xFFFF_FFFF) | (LAYOUT_VERSION as u64 + 1),
-        );
-    }
+    set_layout_version(&path, LAYOUT_VERSION + 1);
     assert!(matches!(
         Mapping::open(&path),
         Err(ShmError::Version { .. })

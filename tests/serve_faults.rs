@@ -125,10 +125,17 @@ fn an_agent_whose_token_is_refused_exits_with_a_configuration_error() {
 fn a_mode_workers_cannot_write_is_warned_about() {
     let st = sqlite_store();
     let dir = tempfile::tempdir().unwrap();
-    for (mode, warned) in [("0640", true), ("0600", true), ("0666", false)] {
+    let group: &[&str] = &["--group", "0"];
+    for (mode, extra, warned) in [
+        ("0640", &[][..], true),
+        ("0600", &[], true),
+        ("0660", group, false),
+    ] {
         let shm = dir.path().join(format!("rc{mode}.shm"));
         let log = dir.path().join(format!("a{mode}.log"));
-        let a = AgentProc::start(&st.url, &shm, "h", &log, &["--mode", mode]);
+        let mut args = vec!["--mode", mode];
+        args.extend_from_slice(extra);
+        let a = AgentProc::start(&st.url, &shm, "h", &log, &args);
         let started = wait_for(Duration::from_secs(10), || {
             a.log_text()
                 .contains("registered with the store")
@@ -142,4 +149,29 @@ fn a_mode_workers_cannot_write_is_warned_about() {
             "{mode}: {text}"
         );
     }
+}
+
+/// Issue 28: a mode giving other users any access (world-writable: anyone
+/// rewrites the rules; world-readable: anyone reads the key secret) is
+/// refused at start, naming `--mode`; the default is not such a mode.
+#[test]
+fn a_mode_open_to_other_users_is_refused() {
+    for mode in ["0666", "0664", "0644", "0606"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
+            .args(["agent", "--mode", mode, "--shm", "/nonexistent/i28"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{mode} accepted");
+        assert!(
+            err.contains("--mode") && err.contains("other users"),
+            "{mode}: {err}"
+        );
+    }
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
+        .args(["agent", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[default: 0660]"), "{help}");
 }

@@ -350,7 +350,12 @@ fn created_file_has_the_requested_mode() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
     Writer::create_or_adopt(&path, small_caps(), 0o660).unwrap();
+    // The configuration without group write (workers only read it), the
+    // state file as asked.
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    let state = rate_ctl::core::shm::state_path(&path);
+    let mode = std::fs::metadata(state).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660);
 }
 
@@ -379,8 +384,9 @@ fn fail_open_states_are_logged_once_and_recover() {
     assert!(c.message.contains("enforcing"), "{}", c.message);
     assert_eq!(e.table().unwrap().config_version(), 5);
 
-    // A corrupt publish: the previous table stays, one error line.
-    let map = e.table().unwrap().mapping().unwrap().clone();
+    // A corrupt publish: the previous table stays, one error line. (Through
+    // the agent's mapping: the worker's configuration is read-only.)
+    let map = w.mapping().clone();
     let seg = map.segment(0);
     for off in (64..256).step_by(8) {
         seg.store(off, 0xdead_beef);
@@ -698,4 +704,31 @@ fn a_build_of_a_table_since_replaced_is_never_installed() {
         3,
         "the superseded build is not installed"
     );
+}
+
+/// Issue 28: a worker refuses a world-writable configuration file (anyone
+/// could have written its rules): one error line naming it, requests
+/// pass; the agent's mode back, the table is enforced again.
+#[test]
+fn a_world_writable_configuration_is_refused_by_workers() {
+    let (_dir, path, mut w) = fresh_writer();
+    let s = api_bucket(1, "/a");
+    w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o646)).unwrap();
+    assert!(matches!(
+        Mapping::open(&path),
+        Err(ShmError::Untrusted { .. })
+    ));
+    let mut e = Reader::new(&path);
+    let c = e.refresh(0).expect("refusal reported");
+    assert_eq!(c.level, Severity::Error);
+    assert!(
+        c.message.contains("world-writable (mode 0646)"),
+        "{}",
+        c.message
+    );
+    assert!(e.table().is_none(), "fails open");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let c = e.refresh(2 * RECHECK_NS).expect("recovery reported");
+    assert!(c.message.contains("enforcing"), "{}", c.message);
 }

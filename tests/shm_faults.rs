@@ -165,17 +165,25 @@ fn a_file_planted_by_another_user_is_not_adopted() {
     published(&s.url, &shm);
     planter.stop_with(libc::SIGTERM, Duration::from_secs(5));
     let planted = dir.path().join("planted");
-    std::fs::copy(&shm, &planted).unwrap();
-    std::fs::remove_file(&shm).unwrap();
+    let state = rate_ctl::core::shm::state_path(&shm);
+    let planted_state = rate_ctl::core::shm::state_path(&planted);
+    for (from, to) in [(&shm, &planted), (&state, &planted_state)] {
+        std::fs::copy(from, to).unwrap();
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::remove_file(from).unwrap();
+    }
     let cp = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg("sh")
         .arg("-c")
         .arg(format!(
-            "umask 0; cp {} {} && chmod 0666 {}",
+            "umask 0; cp {} {} && cp {} {} && chmod 0666 {} {}",
             planted.display(),
             shm.display(),
-            shm.display()
+            planted_state.display(),
+            state.display(),
+            shm.display(),
+            state.display()
         ))
         .status()
         .unwrap();
@@ -196,8 +204,12 @@ fn a_file_planted_by_another_user_is_not_adopted() {
         0,
         "the planted file was replaced by the agent's own"
     );
-    assert_eq!(meta.mode() & 0o7777, 0o660, "--mode applied");
+    // The configuration without group write, the state file as asked.
+    assert_eq!(meta.mode() & 0o7777, 0o640, "--mode applied");
     assert_eq!(meta.gid(), 0, "--group applied");
+    let smeta = std::fs::metadata(&state).unwrap();
+    assert_eq!(smeta.uid(), 0, "the planted state file was replaced too");
+    assert_eq!(smeta.mode() & 0o7777, 0o660, "--mode applied");
     let text = a.log_text();
     assert!(
         text.contains("owned by nobody (uid 65534)"),
@@ -221,7 +233,7 @@ fn a_file_planted_by_another_user_is_not_adopted() {
     let b = AgentProc::start(&s.url, &shm, "h", &log, &["--mode", "0640"]);
     published(&s.url, &shm);
     let ok_mode = wait_for(Duration::from_secs(5), || {
-        (std::fs::metadata(&shm).unwrap().mode() & 0o7777 == 0o640).then_some(())
+        (std::fs::metadata(&state).unwrap().mode() & 0o7777 == 0o640).then_some(())
     });
     assert!(ok_mode.is_some(), "--mode applied on adoption");
     drop(b);
@@ -301,7 +313,7 @@ fn a_file_truncated_under_the_agent_is_replaced_and_republished() {
     );
     let text = a.log_text();
     assert!(
-        text.contains("replaced the shared-memory file"),
+        text.contains("the shared-memory file was changed by someone else; repaired"),
         "logged: {text}"
     );
     println!("republished {:?} after the truncation", t0.elapsed());

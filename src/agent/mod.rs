@@ -148,6 +148,13 @@ pub struct Agent<S: Sink> {
     /// The last publish refusal and its time (unix ms), reported with every
     /// heartbeat until a publish succeeds.
     publish_error: Option<(String, u64)>,
+    /// The last fault found in the shared-memory files (something changed,
+    /// removed or replaced them; see `Writer::check_live`) and its time:
+    /// reported through the publish-error field while no publish error is,
+    /// for [`FILE_FAULT_SHOWN_MS`] after it was repaired (a repair takes
+    /// one poll: a report only while broken would go unseen), or for as
+    /// long as it cannot be repaired.
+    file_fault: Option<(String, u64)>,
     /// A staged publish left strategies out: publish again from this time.
     staged_until_ms: u64,
     hosts: Vec<HostRecord>,
@@ -175,6 +182,10 @@ pub struct Agent<S: Sink> {
     last_snapshot: Option<Snapshot>,
 }
 
+/// How long a repaired fault of the shared-memory files stays in the
+/// host's report (`rate-ctl host list`, the page's hosts view).
+pub const FILE_FAULT_SHOWN_MS: u64 = 60_000;
+
 impl<S: Sink> Agent<S> {
     pub fn new(opts: AgentOptions, sink: S, source: ConfigSource) -> Agent<S> {
         Agent {
@@ -186,6 +197,7 @@ impl<S: Sink> Agent<S> {
             applied: None,
             refused: None,
             publish_error: None,
+            file_fault: None,
             staged_until_ms: 0,
             hosts: Vec::new(),
             next_heartbeat_ms: 0,
@@ -283,14 +295,33 @@ impl<S: Sink> Agent<S> {
     pub async fn tick(&mut self) -> Result<(), StoreError> {
         let now = unix_ms();
         match self.sink.check_file() {
-            Ok(None) => {}
+            Ok(None) => {
+                if self
+                    .file_fault
+                    .as_ref()
+                    .is_some_and(|f| now.saturating_sub(f.1) >= FILE_FAULT_SHOWN_MS)
+                {
+                    self.file_fault = None;
+                    self.next_heartbeat_ms = 0;
+                }
+            }
             Ok(Some(reason)) => {
-                warn!(%reason, "replaced the shared-memory file; publishing the table again");
+                error!(%reason, "the shared-memory file was changed by someone else; repaired, publishing the table again");
                 self.applied = None;
                 self.refused = None;
+                self.file_fault = Some((
+                    format!("shared-memory file changed by someone else: {reason} (repaired)"),
+                    now,
+                ));
+                self.next_heartbeat_ms = 0;
             }
             Err(e) => {
-                error!(error = %e, "the shared-memory file is damaged and cannot be replaced")
+                error!(error = %e, "the shared-memory file is damaged and cannot be replaced");
+                let message = format!("shared-memory file damaged and not repaired: {e}");
+                if self.file_fault.as_ref().map(|f| &f.0) != Some(&message) {
+                    self.next_heartbeat_ms = 0;
+                }
+                self.file_fault = Some((message, now));
             }
         }
         self.sink.heartbeat(now);
@@ -313,7 +344,7 @@ impl<S: Sink> Agent<S> {
                     now,
                     applied,
                     &report,
-                    self.publish_error.as_ref(),
+                    self.publish_error.as_ref().or(self.file_fault.as_ref()),
                     &self.acks,
                 )
                 .await?;

@@ -23,14 +23,7 @@ pub struct ShmSink {
 
 impl Sink for ShmSink {
     fn check_file(&mut self) -> Result<Option<String>, String> {
-        match self.writer.ensure_whole() {
-            Ok(true) => Ok(Some(match self.writer.opened() {
-                Opened::Recreated { reason } => reason.clone(),
-                _ => "damaged".into(),
-            })),
-            Ok(false) => Ok(None),
-            Err(e) => Err(e.to_string()),
-        }
+        self.writer.check_live().map_err(|e| e.to_string())
     }
 
     fn publish(

@@ -132,10 +132,12 @@ pub struct AgentArgs {
     /// strategies with `each`).
     #[arg(long, default_value_t = rate_ctl::core::keys::DEFAULT_KEYS, value_name = "N", value_parser = clap::value_parser!(u32).range(8..))]
     pub keys: u32,
-    /// Permission bits of a new file (octal); nginx workers must be able to
-    /// read and write it. To keep other local users out, use 0660 with
-    /// --group set to the workers' group.
-    #[arg(long, default_value = "0666", value_name = "MODE", value_parser = parse_mode)]
+    /// Permission bits of the state file (octal; the configuration file
+    /// gets them without group write). nginx workers must be able to read
+    /// the configuration and write the state file: use 0660 with --group
+    /// set to the workers' group. Modes giving other users any access
+    /// (0666, 0644, ...) are refused.
+    #[arg(long, default_value = "0660", value_name = "MODE", value_parser = parse_agent_mode)]
     pub mode: u32,
     /// Give the file to this group (name or number), e.g. www-data.
     #[arg(long, value_name = "GROUP", value_parser = parse_group)]
@@ -175,6 +177,16 @@ pub fn parse_mode(s: &str) -> Result<u32, BadValue> {
         .ok()
         .filter(|m| *m <= 0o777)
         .ok_or_else(|| BadValue::NotAMode(s.into()))
+}
+
+/// An agent's `--mode`: a mode, and not one that lets other users in
+/// (see `rate_ctl::core::writer::mode_refusal`).
+pub fn parse_agent_mode(s: &str) -> Result<u32, String> {
+    let mode = parse_mode(s).map_err(|e| e.to_string())?;
+    match rate_ctl::core::writer::mode_refusal(mode) {
+        Some(why) => Err(why),
+        None => Ok(mode),
+    }
 }
 
 #[derive(Subcommand, Debug)]

@@ -41,7 +41,9 @@ pub fn fuzz_reader(data: &[u8]) {
     let Some(h) = whole.sub(0, HEADER_SIZE) else {
         return;
     };
-    let Ok(g) = Geometry::read(&h, whole.len() as u64, Path::new("fuzz")) else {
+    // The image is both files back to back, as a worker maps them.
+    let n = whole.len() as u64;
+    let Ok(g) = Geometry::read(&h, n, n, Path::new("fuzz")) else {
         return;
     };
     let seq = h.load(H_SEQ);

@@ -12,8 +12,6 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use memmap2::{MmapOptions, MmapRaw};
-
 use super::region::Region;
 use super::slot::SLOT_SIZE;
 
@@ -25,8 +23,13 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// in the strategy record (56 fixed bytes), action 4 `allow`, address
 /// ranges in the blacklist (tags 3..=131, prefix bitset at 224), the
 /// per-key table region (`H_KEYS_*`, [`super::keys`]) and the per-key
-/// fields after a strategy record's conditions.
-pub const LAYOUT_VERSION: u32 = 3;
+/// fields after a strategy record's conditions. 4: two files, the
+/// configuration (header, bitmap, segments, blacklist; written by the
+/// agent only, mapped read-only by workers) and the state file beside it
+/// (`PATH.state`: stat slots, ledger, key table; written by workers), the
+/// regions' offsets counting on from the configuration into the state
+/// file (`H_STATE_OFF`, `H_PAIR_ID`, [`state_path`]).
+pub const LAYOUT_VERSION: u32 = 4;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
@@ -61,6 +64,18 @@ pub const H_KEYS_LEN: usize = 200;
 pub const H_KEYS_CAPACITY: usize = 208;
 /// 16 bytes: the key table's hash secret (random per file).
 pub const H_KEYS_SECRET: usize = 216;
+/// Where the state file begins in the offsets of the header (the
+/// configuration file's length as laid out; page aligned).
+pub const H_STATE_OFF: usize = 232;
+/// 16 bytes: random per pair of files, repeated in the state file's
+/// header, so that a configuration is never paired with another's state.
+pub const H_PAIR_ID: usize = 240;
+/// `"RCSTATE\0"`: magic of the state file's header.
+pub const STATE_MAGIC: u64 = u64::from_le_bytes(*b"RCSTATE\0");
+/// State file header fields (bytes from the start of the state file).
+pub const ST_MAGIC: usize = 0;
+pub const ST_VERSION: usize = 8;
+pub const ST_PAIR_ID: usize = 16;
 /// Geometry fields covered by the CRC at `H_GEOMETRY_CRC`.
 const GEOMETRY: std::ops::Range<usize> = H_FILE_SIZE..H_GEOMETRY_CRC;
 
@@ -136,6 +151,10 @@ pub enum ShmError {
         "{0}: file truncated or rewritten in place while mapped (SIGBUS caught; the mapping now reads as zeros)"
     )]
     Faulted(PathBuf),
+    #[error("{path}: not trusted: {what}; refusing it")]
+    Untrusted { path: PathBuf, what: String },
+    #[error("{path}: state file: {what}")]
+    State { path: PathBuf, what: String },
     #[error("{path}: another writer holds it (pid {holder}); one agent per file")]
     Locked { path: PathBuf, holder: u64 },
     #[error("{path}: owned by {owner}, neither this user nor root, and cannot be replaced; remove it or run the agent as its owner")]
@@ -184,7 +203,12 @@ impl ShmError {
 /// Offsets and sizes of the regions, as validated from a header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
+    /// End of the last region: the configuration file's length plus the
+    /// state file's.
     pub file_size: u64,
+    /// Where the state file begins (= the configuration file's length);
+    /// its 4096-byte header is there, the slots after it.
+    pub state_off: u64,
     pub slot_count: u32,
     pub bitmap_off: u64,
     pub bitmap_len: u64,
@@ -225,17 +249,19 @@ impl Geometry {
         let seg_len = page_up(c.segment_bytes);
         let seg_a = bitmap_off + bitmap_len;
         let seg_b = seg_a + seg_len;
-        let slots_off = seg_b + seg_len;
-        let slots_len = page_up(c.max_strategies as u64 * SLOT_SIZE as u64);
-        let bl_off = slots_off + slots_len;
+        let bl_off = seg_b + seg_len;
         let bl_len = page_up(super::blacklist::region_bytes(c.blacklist_entries));
-        let ledger_off = bl_off + bl_len;
+        let state_off = bl_off + bl_len;
+        let slots_off = state_off + HEADER_SIZE;
+        let slots_len = page_up(c.max_strategies as u64 * SLOT_SIZE as u64);
+        let ledger_off = slots_off + slots_len;
         let ledger_len = super::ledger::region_bytes();
         let keys_off = ledger_off + ledger_len;
         let keys_capacity = super::keys::capacity_for(c.keys)?;
         let keys_len = page_up(super::keys::region_bytes(c.max_strategies, keys_capacity));
         Ok(Geometry {
             file_size: keys_off + keys_len,
+            state_off,
             slot_count: c.max_strategies,
             bitmap_off,
             bitmap_len,
@@ -276,12 +302,25 @@ impl Geometry {
         h.store(H_KEYS_OFF, self.keys_off);
         h.store(H_KEYS_LEN, self.keys_len);
         h.store(H_KEYS_CAPACITY, self.keys_capacity);
+        h.store(H_STATE_OFF, self.state_off);
     }
 
-    /// Reads and validates the geometry of a mapped file of `actual_size`.
+    /// Bytes of the configuration file.
+    pub fn config_len(&self) -> u64 {
+        self.state_off
+    }
+
+    /// Bytes of the state file.
+    pub fn state_len(&self) -> u64 {
+        self.file_size - self.state_off
+    }
+
+    /// Reads and validates the geometry of a configuration file of
+    /// `config_size` bytes whose state file has `state_size` bytes.
     pub(crate) fn read(
         h: &Region<'_>,
-        actual_size: u64,
+        config_size: u64,
+        state_size: u64,
         path: &Path,
     ) -> Result<Geometry, ShmError> {
         let bad = |what| ShmError::Geometry {
@@ -297,6 +336,7 @@ impl Geometry {
         }
         let g = Geometry {
             file_size: h.load(H_FILE_SIZE),
+            state_off: h.load(H_STATE_OFF),
             slot_count: (sc >> 32) as u32,
             bitmap_off: h.load(H_BITMAP_OFF),
             bitmap_len: h.load(H_BITMAP_LEN),
@@ -313,21 +353,33 @@ impl Geometry {
             keys_len: h.load(H_KEYS_LEN),
             keys_capacity: h.load(H_KEYS_CAPACITY),
         };
-        if g.file_size > actual_size {
+        if g.state_off > g.file_size || g.state_off < HEADER_SIZE {
+            return Err(bad("state offset outside the file"));
+        }
+        if g.state_off > config_size {
             return Err(ShmError::Truncated {
                 path: path.to_path_buf(),
-                size: actual_size,
-                expected: g.file_size,
+                size: config_size,
+                expected: g.state_off,
             });
         }
-        // Regions in file order, page aligned, inside the file, not overlapping.
+        if g.state_len() > state_size {
+            return Err(ShmError::Truncated {
+                path: state_path(path),
+                size: state_size,
+                expected: g.state_len(),
+            });
+        }
+        // Regions in file order, page aligned, inside the file, not
+        // overlapping; the configuration's before the state file's.
         let regions = [
             (HEADER_SIZE, 0u64),
             (g.bitmap_off, g.bitmap_len),
             (g.seg_off[0], g.seg_len),
             (g.seg_off[1], g.seg_len),
-            (g.slots_off, g.slots_len),
             (g.bl_off, g.bl_len),
+            (g.state_off, HEADER_SIZE),
+            (g.slots_off, g.slots_len),
             (g.ledger_off, g.ledger_len),
             (g.keys_off, g.keys_len),
         ];
@@ -362,7 +414,124 @@ fn geometry_crc(h: &Region<'_>) -> u32 {
     crc32fast::hash(&buf)
 }
 
-/// A mapped rate_ctl file (shared, read-write: workers update slots).
+/// The state file beside the configuration file `path`: `PATH.state`.
+pub fn state_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(".state");
+    PathBuf::from(s)
+}
+
+/// The two files mapped back to back in one range of address space: the
+/// configuration file's first `config_len` bytes (read-only unless the
+/// agent maps it), then the state file (read-write). So every offset of
+/// the header is an offset into this one range, and the request path
+/// addresses the slots and keys exactly as when they were one file.
+pub(crate) struct Mapped {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the range is process memory valid until Drop; all access goes
+// through Region atomics.
+unsafe impl Send for Mapped {}
+// SAFETY: as above.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    pub(crate) fn pair(
+        config: &File,
+        config_len: u64,
+        state: &File,
+        state_len: u64,
+        config_writable: bool,
+    ) -> io::Result<Mapped> {
+        use std::os::fd::AsRawFd;
+        let too_big = || io::Error::other("file too large to map");
+        let cl = usize::try_from(config_len).map_err(|_| too_big())?;
+        let sl = usize::try_from(state_len).map_err(|_| too_big())?;
+        let len = cl.checked_add(sl).ok_or_else(too_big)?;
+        if len == 0 || cl % PAGE as usize != 0 {
+            return Err(io::Error::other("unaligned configuration length"));
+        }
+        // SAFETY: an anonymous reservation at an address of the kernel's
+        // choosing; nothing else is affected.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // Unmapped by Drop should a step below fail.
+        let m = Mapped {
+            ptr: base.cast(),
+            len,
+        };
+        let prot = if config_writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: MAP_FIXED inside the reservation made above, which this
+        // Mapped owns: it replaces only our own PROT_NONE pages.
+        let c = unsafe {
+            libc::mmap(
+                base,
+                cl,
+                prot,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                config.as_raw_fd(),
+                0,
+            )
+        };
+        if c == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        if sl > 0 {
+            // SAFETY: as above, the reservation's pages after the
+            // configuration's `cl` bytes (cl + sl = len).
+            let st = unsafe {
+                libc::mmap(
+                    base.cast::<u8>().add(cl).cast(),
+                    sl,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    state.as_raw_fd(),
+                    0,
+                )
+            };
+            if st == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(m)
+    }
+
+    pub(crate) fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the range this Mapped reserved and mapped; nothing
+        // borrows it any more (Mapping drops its borrowers first).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A mapped rate_ctl file pair: the configuration (read-only for workers)
+/// and its state file (read-write: workers update slots, ledger, keys).
 pub struct Mapping {
     /// The SIGBUS guard of the range; declared first so that it is
     /// unregistered before `map` unmaps the range.
@@ -379,11 +548,13 @@ pub struct Mapping {
     /// handed out the same way: [`slots`](Self::slots)): every decision
     /// takes it.
     slots: Region<'static>,
-    map: MmapRaw,
+    map: Mapped,
     file: File,
+    state: File,
     pub path: PathBuf,
     pub geometry: Geometry,
-    /// Device and inode of the mapped file, to notice a replaced file.
+    /// Device and inode of the mapped configuration file, to notice a
+    /// replaced file.
     pub dev_ino: (u64, u64),
     /// This process's row in the concurrency ledger (claimed on first use).
     ledger_row: std::sync::atomic::AtomicUsize,
@@ -393,13 +564,21 @@ const NO_ROW: usize = usize::MAX;
 const ROW_FULL: usize = usize::MAX - 1;
 
 /// Opens `path` without following symlinks; it must be a regular file.
-pub(crate) fn open_file(path: &Path, create: bool, mode: u32) -> Result<File, ShmError> {
+/// Read-only unless `writable` (a new file is always writable).
+pub(crate) fn open_file(
+    path: &Path,
+    create: bool,
+    writable: bool,
+    mode: u32,
+) -> Result<File, ShmError> {
     let mut opts = std::fs::OpenOptions::new();
-    opts.read(true).write(true);
+    opts.read(true).write(writable || create);
     if create {
         opts.create_new(true).mode(mode);
     }
-    opts.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    // O_NONBLOCK: a FIFO planted at the path must not block a read-only
+    // open (a worker at start); it is refused below.
+    opts.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK);
     let file = opts.open(path).map_err(|e| {
         if e.raw_os_error() == Some(libc::ELOOP) {
             ShmError::Symlink(path.to_path_buf())
@@ -415,18 +594,43 @@ pub(crate) fn open_file(path: &Path, create: bool, mode: u32) -> Result<File, Sh
 }
 
 impl Mapping {
-    /// Maps an existing file and validates its header (magic, version, init
-    /// flag, geometry against the real size).
+    /// Maps an existing pair the way a worker does: the configuration
+    /// file opened read-only and mapped `PROT_READ`, the state file
+    /// (`PATH.state`) read-write; validates the header (magic, version,
+    /// init flag, geometry against the real sizes) and that the state
+    /// file belongs to this configuration.
+    ///
+    /// A world-writable configuration is refused ([`ShmError::Untrusted`]):
+    /// anyone could have written its rules (the agent never makes one).
     pub fn open(path: &Path) -> Result<Mapping, ShmError> {
-        let file = open_file(path, false, 0)?;
-        Mapping::from_file(file, path, true)
+        let file = open_file(path, false, false, 0)?;
+        let mode = file.metadata().map_err(|e| ShmError::io(path, e))?.mode();
+        if mode & 0o002 != 0 {
+            return Err(ShmError::Untrusted {
+                path: path.to_path_buf(),
+                what: format!("world-writable (mode {:04o})", mode & 0o7777),
+            });
+        }
+        Mapping::from_file(file, None, path, true, false)
     }
 
+    /// Maps an existing pair with the configuration writable too (tools
+    /// and tests that write the header or a segment as the agent would;
+    /// needs write permission on the configuration file).
+    pub fn open_writable(path: &Path) -> Result<Mapping, ShmError> {
+        let file = open_file(path, false, true, 0)?;
+        Mapping::from_file(file, None, path, true, true)
+    }
+
+    /// `state`: the state file, or `None` to open `PATH.state`.
     pub(crate) fn from_file(
         file: File,
+        state: Option<File>,
         path: &Path,
         require_init: bool,
+        writable: bool,
     ) -> Result<Mapping, ShmError> {
+        use std::os::unix::fs::FileExt;
         let meta = file.metadata().map_err(|e| ShmError::io(path, e))?;
         let size = meta.len();
         if size < HEADER_SIZE {
@@ -435,18 +639,12 @@ impl Mapping {
                 size,
             });
         }
-        let len = usize::try_from(size).map_err(|_| ShmError::TooSmall {
-            path: path.to_path_buf(),
-            size,
-        })?;
-        let map = MmapOptions::new()
-            .len(len)
-            .map_raw(&file)
+        // The header, copied (the geometry sizes the mapping).
+        let mut bytes = vec![0u8; HEADER_SIZE as usize];
+        file.read_exact_at(&mut bytes, 0)
             .map_err(|e| ShmError::io(path, e))?;
-        // SAFETY: the mapping is page aligned, `len` bytes long and lives as
-        // long as this Mapping; all access to it goes through Region atomics.
-        let whole = unsafe { Region::from_raw(map.as_mut_ptr(), len) };
-        let h = whole.sub(0, HEADER_SIZE).expect("size checked above");
+        let words = Region::words_from_bytes(&bytes);
+        let h = Region::from_atomics(&words);
         if h.load(H_MAGIC) != FILE_MAGIC {
             return Err(ShmError::BadMagic(path.to_path_buf()));
         }
@@ -457,16 +655,60 @@ impl Mapping {
                 found: vi as u32,
             });
         }
+        let spath = state_path(path);
+        let state = match state {
+            Some(s) => s,
+            None => open_file(&spath, false, true, 0)?,
+        };
+        let state_size = state.metadata().map_err(|e| ShmError::io(&spath, e))?.len();
+        let geometry = Geometry::read(&h, size, state_size, path)?;
+        let map = Mapped::pair(
+            &file,
+            geometry.config_len(),
+            &state,
+            geometry.state_len(),
+            writable,
+        )
+        .map_err(|e| ShmError::io(path, e))?;
+        let len = map.len();
+        // SAFETY: the mapping is page aligned, `len` bytes long and lives as
+        // long as this Mapping; all access to it goes through Region atomics
+        // (loads only in the read-only part, unless `writable`).
+        let whole = unsafe { Region::from_raw(map.as_mut_ptr(), len) };
+        let mh = whole.sub(0, HEADER_SIZE).expect("size checked above");
         if require_init
-            && h.u64_at(H_VERSION_INIT)
+            && mh
+                .u64_at(H_VERSION_INIT)
                 .map(|w| (w.load(Ordering::Acquire) >> 32) as u32)
                 != Some(INIT_DONE)
         {
             return Err(ShmError::Uninitialised(path.to_path_buf()));
         }
-        let geometry = Geometry::read(&h, size, path)?;
+        if require_init {
+            let sh = whole
+                .sub(geometry.state_off, HEADER_SIZE)
+                .expect("validated");
+            let bad = |what: &str| ShmError::State {
+                path: spath.clone(),
+                what: what.to_string(),
+            };
+            if sh.load(ST_MAGIC) != STATE_MAGIC {
+                return Err(bad("bad magic (not a rate_ctl state file)"));
+            }
+            if sh.load(ST_VERSION) != LAYOUT_VERSION as u64 {
+                return Err(bad("layout version differs from its configuration's"));
+            }
+            let (mut a, mut b) = ([0u8; 16], [0u8; 16]);
+            mh.read_bytes(H_PAIR_ID, &mut a);
+            sh.read_bytes(ST_PAIR_ID, &mut b);
+            if a != b {
+                return Err(bad(
+                    "belongs to another configuration file (pair id differs)",
+                ));
+            }
+        }
         let mut key_secret = [0u8; 16];
-        h.read_bytes(H_KEYS_SECRET, &mut key_secret);
+        mh.read_bytes(H_KEYS_SECRET, &mut key_secret);
         // SAFETY: as `whole`, for the lifetime of the Mapping that keeps
         // `map` (the memory never moves with the Mapping); the 'static
         // table and slot region built on it stay private to the Mapping
@@ -491,6 +733,7 @@ impl Mapping {
             guard: super::sigbus::register(map.as_mut_ptr(), len),
             map,
             file,
+            state,
             path: path.to_path_buf(),
             geometry,
             dev_ino: (meta.dev(), meta.ino()),
@@ -499,12 +742,19 @@ impl Mapping {
         Ok(m)
     }
 
+    /// The open state file.
+    pub(crate) fn state_file(&self) -> &File {
+        &self.state
+    }
+
     /// The open file (its lock, for the writer).
     pub(crate) fn file(&self) -> &File {
         &self.file
     }
 
     /// The whole mapped file.
+    /// Only the agent's mapping may be written below
+    /// `geometry.state_off` (a worker's is `PROT_READ` there).
     pub fn region(&self) -> Region<'_> {
         // SAFETY: see `from_file`; the mapping outlives the borrow of self.
         unsafe { Region::from_raw(self.map.as_mut_ptr(), self.map.len()) }
@@ -669,11 +919,23 @@ impl Mapping {
             .metadata()
             .map_err(|e| ShmError::io(&self.path, e))?
             .len();
-        if size < self.geometry.file_size {
+        if size < self.geometry.config_len() {
             return Err(ShmError::Truncated {
                 path: self.path.clone(),
                 size,
-                expected: self.geometry.file_size,
+                expected: self.geometry.config_len(),
+            });
+        }
+        let size = self
+            .state
+            .metadata()
+            .map_err(|e| ShmError::io(&self.path, e))?
+            .len();
+        if size < self.geometry.state_len() {
+            return Err(ShmError::Truncated {
+                path: state_path(&self.path),
+                size,
+                expected: self.geometry.state_len(),
             });
         }
         match std::fs::symlink_metadata(&self.path) {
@@ -682,8 +944,18 @@ impl Mapping {
         }
     }
 
-    /// Writer side: format a fresh file's header (init flag last).
-    pub(crate) fn format_header(h: &Region<'_>, g: &Geometry, boot_id: [u8; 16], now_ms: u64) {
+    /// Writer side: format a fresh pair's headers (init flag last);
+    /// `whole` is both files mapped back to back.
+    pub(crate) fn format_header(whole: &Region<'_>, g: &Geometry, boot_id: [u8; 16], now_ms: u64) {
+        let h = &whole.sub(0, HEADER_SIZE).expect("sized by the writer");
+        let st = whole
+            .sub(g.state_off, HEADER_SIZE)
+            .expect("sized by the writer");
+        let pair = super::keys::new_secret();
+        h.write_bytes(H_PAIR_ID, &pair);
+        st.store(ST_MAGIC, STATE_MAGIC);
+        st.store(ST_VERSION, LAYOUT_VERSION as u64);
+        st.write_bytes(ST_PAIR_ID, &pair);
         h.store(H_MAGIC, FILE_MAGIC);
         h.store(H_VERSION_INIT, LAYOUT_VERSION as u64);
         h.store(H_SEQ, 0);

@@ -124,6 +124,42 @@ pub struct Writer {
     seq: u64,
     opened: Opened,
     access: FileAccess,
+    /// What the agent last wrote, to notice what someone else changed
+    /// ([`check_live`](Self::check_live)).
+    live: Live,
+}
+
+/// What only the agent writes, as it last wrote it: the header (without
+/// the heartbeat), a digest of the active segment's header, the
+/// blacklist's header.
+#[derive(Clone, PartialEq, Eq)]
+struct Live {
+    header: Vec<u8>,
+    segment: u32,
+    blacklist: Vec<u8>,
+}
+
+impl Live {
+    fn of(map: &Mapping) -> Live {
+        let h = map.header();
+        let mut header = vec![0u8; 256];
+        h.read_bytes(0, &mut header);
+        header[H_HEARTBEAT..H_HEARTBEAT + 8].fill(0);
+        let seq = h.load(H_SEQ);
+        // The segment's header carries its CRC and publish sequence: a
+        // payload changed without them is refused by every worker (CRC),
+        // and one changed with them changes this. 64 bytes a poll.
+        let seg = map.segment((seq & 1) as usize);
+        let mut bytes = [0u8; segment::SEG_HEADER];
+        seg.read_bytes(0, &mut bytes);
+        let mut blacklist = vec![0u8; blacklist::HEADER_BYTES];
+        map.blacklist().read_bytes(0, &mut blacklist);
+        Live {
+            header,
+            segment: crc32fast::hash(&bytes),
+            blacklist,
+        }
+    }
 }
 
 /// Who may use the file: its permission bits and, optionally, its group.
@@ -140,6 +176,57 @@ impl FileAccess {
     pub fn mode(mode: u32) -> FileAccess {
         FileAccess { mode, group: None }
     }
+
+    /// The configuration file's mode: `mode` without group and other
+    /// write (workers only read it; only the agent's user writes it).
+    pub fn config_mode(&self) -> u32 {
+        self.mode & !0o022
+    }
+
+    /// For the configuration file.
+    fn config(self) -> FileAccess {
+        FileAccess {
+            mode: self.config_mode(),
+            group: self.group,
+        }
+    }
+}
+
+/// Why `mode` is not a mode to give the files (`--mode`): any bit for
+/// other users (world-writable: anyone could rewrite the rules or the
+/// counters; world-readable: anyone could read the key table's secret
+/// and mint colliding keys), or no write for the owner.
+pub fn mode_refusal(mode: u32) -> Option<String> {
+    if mode & !0o777 != 0 {
+        return Some(format!(
+            "{mode:04o}: only permission bits (0o777) are allowed"
+        ));
+    }
+    if mode & 0o007 != 0 {
+        return Some(format!(
+            "{mode:04o} gives other users access (world-{}): the configuration carries the \
+             key table's secret and the rules; give the workers' group access instead \
+             (e.g. 0660 with --group)",
+            if mode & 0o002 != 0 {
+                "writable"
+            } else {
+                "readable"
+            }
+        ));
+    }
+    if mode & 0o600 != 0o600 {
+        return Some(format!(
+            "{mode:04o}: the owner (the agent) must be able to read and write"
+        ));
+    }
+    None
+}
+
+/// A name no one can guess for a file made in `dir` beside `name`.
+fn temp_name(dir: &Path, name: &str) -> PathBuf {
+    let r = super::keys::new_secret();
+    let hex: String = r[..8].iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!(".{name}.tmp.{}.{hex}", std::process::id()))
 }
 
 /// Takes the one-writer lock on `file` (`flock`, released by the kernel
@@ -258,7 +345,7 @@ impl Writer {
     }
 
     fn try_open(path: &Path, geometry: &Geometry, access: FileAccess) -> Result<Writer, Retry> {
-        let file = match shm::open_file(path, false, 0) {
+        let file = match shm::open_file(path, false, true, 0) {
             Ok(f) => f,
             Err(ShmError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Writer::create(path, geometry, access, Opened::Created, None);
@@ -303,9 +390,25 @@ impl Writer {
         let dup = file
             .try_clone()
             .map_err(|e| Retry::Fail(ShmError::io(path, e)))?;
-        match Mapping::from_file(dup, path, true) {
+        let mapped = Mapping::from_file(dup, None, path, true, true);
+        if let Ok(m) = &mapped {
+            // A state file planted by another user is not adopted.
+            let spath = shm::state_path(path);
+            if let Some(uid) = foreign_owner(m.state_file(), &spath).map_err(Retry::Fail)? {
+                let reason = format!(
+                    "{}: owned by {}, neither this user nor root: not adopted",
+                    spath.display(),
+                    user_name(uid)
+                );
+                drop(mapped);
+                return recreate(reason, file);
+            }
+        }
+        match mapped {
             Ok(m) if m.geometry == *geometry => {
-                apply_access(&file, path, access).map_err(Retry::Fail)?;
+                apply_access(&file, path, access.config()).map_err(Retry::Fail)?;
+                apply_access(m.state_file(), &shm::state_path(path), access)
+                    .map_err(Retry::Fail)?;
                 drop(file); // the lock stays with the mapping's descriptor
                 Writer::adopt(m, access).map_err(Retry::Fail)
             }
@@ -321,8 +424,17 @@ impl Writer {
                 e @ (ShmError::Version { .. }
                 | ShmError::Uninitialised(_)
                 | ShmError::Geometry { .. }
-                | ShmError::Truncated { .. }),
+                | ShmError::Truncated { .. }
+                | ShmError::State { .. }
+                | ShmError::Symlink(_)
+                | ShmError::NotRegular(_)),
             ) => recreate(e.to_string(), file),
+            // No state file beside it (removed, or a file of layout 3).
+            Err(ShmError::Io { path: p, source })
+                if p != path && source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                recreate(format!("{}: {source}", p.display()), file)
+            }
             Err(ShmError::TooSmall { size: 0, .. }) => recreate("empty file".into(), file),
             Err(e) => Err(Retry::Fail(e)),
         }
@@ -361,48 +473,59 @@ impl Writer {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "rate_ctl".into());
-        let tmp: PathBuf = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
+        // Random names, created exclusively at 0600: nobody can have made
+        // them before us, and nobody else can open them while they are
+        // formatted; mode and group are set once they are whole.
+        let tmp = temp_name(dir, &name);
+        let tmp_state = shm::state_path(&tmp);
         let fail = |e: ShmError| {
             let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&tmp_state);
             Retry::Fail(e)
         };
-        let file = shm::open_file(&tmp, true, access.mode).map_err(Retry::Fail)?;
+        let file = shm::open_file(&tmp, true, true, 0o600).map_err(Retry::Fail)?;
+        let state = shm::open_file(&tmp_state, true, true, 0o600).map_err(fail)?;
         lock(&file, &tmp).map_err(fail)?;
-        apply_access(&file, &tmp, access).map_err(fail)?;
-        {
+        for (f, p, len) in [
+            (&file, &tmp, g.config_len()),
+            (&state, &tmp_state, g.state_len()),
+        ] {
             use std::os::fd::AsRawFd;
             // Every page backed now: a full tmpfs is this error, not a
             // SIGBUS when a page is first touched (by us or a worker).
             // SAFETY: posix_fallocate on a descriptor we own.
-            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, g.file_size as i64) };
+            let rc = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len as i64) };
             if rc != 0 {
                 let e = std::io::Error::from_raw_os_error(rc);
                 return Err(fail(ShmError::io(
-                    &tmp,
-                    std::io::Error::new(e.kind(), format!("allocating {} bytes: {e}", g.file_size)),
+                    p,
+                    std::io::Error::new(e.kind(), format!("allocating {len} bytes: {e}")),
                 )));
             }
         }
         {
             // Format through a raw mapping: the header is not valid yet.
-            let raw = memmap2::MmapOptions::new()
-                .len(g.file_size as usize)
-                .map_raw(&file)
+            let raw = shm::Mapped::pair(&file, g.config_len(), &state, g.state_len(), true)
                 .map_err(|e| fail(ShmError::io(&tmp, e)))?;
-            // SAFETY: fresh private file of this size, mapped shared; nobody
-            // else has it open yet; accessed only through Region atomics.
+            // SAFETY: fresh private files of these sizes, mapped shared;
+            // nobody else has them open yet; accessed only through Region
+            // atomics.
             let whole = unsafe { super::region::Region::from_raw(raw.as_mut_ptr(), raw.len()) };
-            let header = whole.sub(0, shm::HEADER_SIZE).expect("file sized above");
-            Mapping::format_header(&header, g, shm::boot_id(), shm::unix_ms());
+            Mapping::format_header(&whole, g, shm::boot_id(), shm::unix_ms());
             let bl = whole.sub(g.bl_off, g.bl_len).expect("file sized above");
             blacklist::init(bl, g.bl_capacity).map_err(|e| fail(e.into()))?;
         }
-        let map = Mapping::from_file(file, &tmp, false).map_err(fail)?;
+        apply_access(&file, &tmp, access.config()).map_err(fail)?;
+        apply_access(&state, &tmp_state, access).map_err(fail)?;
+        let map = Mapping::from_file(file, Some(state), &tmp, false, true).map_err(fail)?;
         map.set_init_done();
         match old {
             // We hold the old file's lock: nobody else can be replacing it.
+            // The state file first: a worker opening the pair between the
+            // two renames finds their pair ids differ and tries again.
             Some(old) => {
+                std::fs::rename(&tmp_state, shm::state_path(path))
+                    .map_err(|e| fail(ShmError::io(&shm::state_path(path), e)))?;
                 std::fs::rename(&tmp, path).map_err(|e| fail(ShmError::io(path, e)))?;
                 drop(old);
             }
@@ -410,6 +533,15 @@ impl Writer {
             None => {
                 let linked = std::fs::hard_link(&tmp, path);
                 let _ = std::fs::remove_file(&tmp);
+                if linked.is_ok() {
+                    if let Err(e) = std::fs::rename(&tmp_state, shm::state_path(path)) {
+                        let _ = std::fs::remove_file(&tmp_state);
+                        let _ = std::fs::remove_file(path);
+                        return Err(Retry::Fail(ShmError::io(&shm::state_path(path), e)));
+                    }
+                } else {
+                    let _ = std::fs::remove_file(&tmp_state);
+                }
                 match linked {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -422,6 +554,7 @@ impl Writer {
         let mut map = map;
         map.path = path.to_path_buf();
         Ok(Writer {
+            live: Live::of(&map),
             map: Arc::new(map),
             assigned: HashMap::new(),
             seq: 0,
@@ -471,6 +604,7 @@ impl Writer {
         }
         header.store(shm::H_WRITER_PID, std::process::id() as u64);
         let w = Writer {
+            live: Live::of(&map),
             map: Arc::new(map),
             assigned,
             seq,
@@ -537,6 +671,117 @@ impl Writer {
         })?;
         *self = w;
         Ok(true)
+    }
+
+    /// The agent's check of what is live, at every poll: the path and the
+    /// state path still name this writer's files (not removed, not
+    /// replaced by another file or a symlink), with their owner, mode and
+    /// group; the header, the active segment and the blacklist's header
+    /// as this writer last wrote them; the files whole. Repairs what it
+    /// finds: a file gone or replaced, or a header changed, is replaced by
+    /// a new pair (the caller publishes its table again); a mode or group
+    /// is set again; a changed blacklist header is rebuilt. Returns what
+    /// changed (for the log and the store), `None` when all is as written.
+    pub fn check_live(&mut self) -> Result<Option<String>, ShmError> {
+        if self.ensure_whole()? {
+            return Ok(Some(match &self.opened {
+                Opened::Recreated { reason } => reason.clone(),
+                _ => "damaged".into(),
+            }));
+        }
+        use std::os::unix::fs::MetadataExt;
+        let path = self.map.path.clone();
+        let spath = shm::state_path(&path);
+        let mut gone = Vec::new();
+        let mut access = Vec::new();
+        for (p, f, want) in [
+            (&path, self.map.file(), self.access.config()),
+            (&spath, self.map.state_file(), self.access),
+        ] {
+            let mine = f.metadata().map_err(|e| ShmError::io(p, e))?;
+            match std::fs::symlink_metadata(p) {
+                Err(_) => gone.push(format!("{} removed", p.display())),
+                Ok(m) if m.file_type().is_symlink() => {
+                    gone.push(format!("{} replaced by a symbolic link", p.display()))
+                }
+                Ok(m) if (m.dev(), m.ino()) != (mine.dev(), mine.ino()) => {
+                    gone.push(format!("{} replaced by another file", p.display()))
+                }
+                Ok(m) => {
+                    if m.mode() & 0o7777 != want.mode {
+                        access.push(format!(
+                            "{} mode changed to {:04o} (want {:04o})",
+                            p.display(),
+                            m.mode() & 0o7777,
+                            want.mode
+                        ));
+                    }
+                    if want.group.is_some_and(|g| g != m.gid()) {
+                        access.push(format!("{} group changed to {}", p.display(), m.gid()));
+                    }
+                    // SAFETY: geteuid has no preconditions.
+                    let me = unsafe { libc::geteuid() };
+                    if m.uid() != me && m.uid() != 0 {
+                        gone.push(format!(
+                            "{} owner changed to {}",
+                            p.display(),
+                            user_name(m.uid())
+                        ));
+                    }
+                }
+            }
+        }
+        let now = Live::of(&self.map);
+        if now.header != self.live.header {
+            let seq = u64::from_le_bytes(now.header[H_SEQ..H_SEQ + 8].try_into().expect("8"));
+            if seq != self.seq {
+                access.push(format!(
+                    "header sequence changed from {} to {seq}",
+                    self.seq
+                ));
+            } else {
+                gone.push("header changed".into());
+            }
+        } else if now.segment != self.live.segment {
+            access.push(format!("active segment (sequence {}) changed", self.seq));
+        }
+        if now.blacklist != self.live.blacklist {
+            access.push("blacklist header changed; rebuilt".into());
+            blacklist::init(self.map.blacklist(), self.map.geometry.bl_capacity)?;
+        }
+        if !gone.is_empty() {
+            let mut what = gone;
+            what.extend(access);
+            let reason = what.join("; ");
+            let old = self
+                .map
+                .file()
+                .try_clone()
+                .map_err(|e| ShmError::io(&path, e))?;
+            let w = Writer::create(
+                &path,
+                &self.map.geometry,
+                self.access,
+                Opened::Recreated {
+                    reason: reason.clone(),
+                },
+                Some(old),
+            )
+            .map_err(|r| match r {
+                Retry::Fail(e) | Retry::Again(e) => e,
+            })?;
+            *self = w;
+            return Ok(Some(format!("{reason}: recreated")));
+        }
+        if access.is_empty() {
+            return Ok(None);
+        }
+        apply_access(self.map.file(), &path, self.access.config())?;
+        apply_access(self.map.state_file(), &spath, self.access)?;
+        // The caller publishes again, which rewrites the sequence, the
+        // segment and the blacklist; until then this is what was found.
+        self.live = Live::of(&self.map);
+        Ok(Some(access.join("; ")))
     }
 
     /// Records the agent's heartbeat (unix ms) in the header.
@@ -830,8 +1075,16 @@ impl Writer {
             now_ms,
         } = plan;
         let slots = self.map.slots();
-        // 2. Blacklist: on error the previous list stays whole.
-        let bl = Blacklist::open(self.map.blacklist())?;
+        // 2. Blacklist: on error the previous list stays whole. A header
+        // that no longer opens (written by someone else) is rebuilt: a
+        // damaged header must not fail every later publish.
+        let bl = match Blacklist::open(self.map.blacklist()) {
+            Ok(bl) => bl,
+            Err(_) => {
+                blacklist::init(self.map.blacklist(), self.map.geometry.bl_capacity)?;
+                Blacklist::open(self.map.blacklist())?
+            }
+        };
         let bl_report = bl.rebuild(blacklist)?;
         // 3. Slots: reset the new ones, free the ones no longer used.
         let keys = self.map.keys();
@@ -875,6 +1128,7 @@ impl Writer {
             .iter()
             .map(|p| (p.strategy.id, Assigned::of(p)))
             .collect();
+        self.live = Live::of(&self.map);
         Ok(PublishReport {
             seq: next,
             strategies: plan.len(),

@@ -110,7 +110,8 @@ sub free_port {
     return $p;
 }
 
-# new($target, http => '...', server => '...', ipv6 => 1, workers => 2)
+# new($target, http => ..., server => ..., main => ..., ipv6 => 1, workers => 2)
+# `main` goes into the main context (e.g. `user nobody nogroup;`).
 # `http` goes into the http block, `server` into the server block. The
 # server listens on 127.0.0.1:$port (and [::1]:$port6 with ipv6).
 sub new {
@@ -145,12 +146,14 @@ sub conf_text {
     my $http = $self->{http} // '';
     my $lopts = $self->{listen_opts} // '';
     my $server = $self->{server} // '';
+    my $main = $self->{main} // '';
     $http =~ s/\@SHM\@/$self->{shm}/g;
     $http =~ s/\@DIR\@/$d/g;
     $server =~ s/\@DIR\@/$d/g;
     return <<"CONF";
 load_module $self->{t}{module};
 worker_processes $self->{workers};
+$main
 pid $d/nginx.pid;
 error_log $d/logs/error.log notice;
 events { worker_connections 256; }

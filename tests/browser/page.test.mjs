@@ -152,7 +152,7 @@ async function newTwoPerMinute(name, match) {
 // once the file exists.
 async function startAgent(name, shmFile, hostId) {
   start(name, BIN, ['--store', serveUrl(), 'agent', '--shm', shmFile, '--host-id', hostId,
-    '--mode', '0666', '--poll-ms', '100', '--heartbeat-ms', '500', '--blacklist-entries', '4'],
+    '--mode', '0660', '--poll-ms', '100', '--heartbeat-ms', '500', '--blacklist-entries', '4'],
   { RATE_CTL_TOKEN: TOKEN, RATE_CTL_AGENT_TOKEN: TOKEN });
   await waitFor(`${name} to create the shm file`, () => fs.existsSync(shmFile), 20000)
     .catch((e) => { throw new Error(`${e.message}\n${name} log:\n${logOf(name)}`); });

@@ -1,0 +1,84 @@
+# Issue 28: nginx's workers cannot change the rules. A real agent (SQLite
+# store) started with --mode 0660 --group nogroup writes two files: the
+# configuration (header, segments, blacklist) root:nogroup 0640 and the
+# state file beside it (PATH.state: counters, key table, ledger)
+# root:nogroup 0660. The user nobody (group nogroup) reads the
+# configuration but opening it for writing fails with EACCES; nginx with
+# its workers as nobody:nogroup still enforces a 2/day strategy exactly
+# (its counters are in the state file, which the workers write).
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use Test::More;
+use Errno qw(EACCES);
+use POSIX ();
+use Time::HiRes qw(sleep);
+use RateCtlTest;
+
+plan skip_all => 'needs root (workers as nobody, files given to nogroup)' unless $> == 0;
+my $bin = $ENV{RATE_CTL_BIN} // root() . '/target/debug/rate-ctl';
+BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
+my (undef, undef, $nobody) = getpwnam('nobody') or BAIL_OUT('no user nobody');
+my $nogroup = getgrnam('nogroup') // BAIL_OUT('no group nogroup');
+
+# What a process of nobody:nogroup gets opening $path: 'ok' or the errno.
+sub open_as_nobody {
+    my ($path, $mode) = @_;
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        $( = $nogroup;
+        $) = "$nogroup $nogroup";
+        $< = $> = $nobody;
+        my $ok = open(my $fh, $mode, $path);
+        POSIX::_exit($ok ? 0 : $! + 0);
+    }
+    waitpid $pid, 0;
+    return $? >> 8;
+}
+
+for_each_target(sub {
+    my ($t) = @_;
+    my $n = RateCtlTest->new($t, main => 'user nobody nogroup;', server => stats_server());
+    my $d = $n->dir;
+    my $store = "sqlite:$d/rate-ctl.db";
+    system($bin, '--store', $store, 'strategy', 'add', '--name', 'two', '--match', 'api=/two',
+        '--algorithm', 'fixed_window', '--rate', '2', '--per', 'day') == 0
+        or BAIL_OUT('strategy add failed');
+    my $agent = fork // die "fork: $!";
+    if ($agent == 0) {
+        open STDOUT, '>', "$d/agent.log" or die;
+        open STDERR, '>&', \*STDOUT or die;
+        exec $bin, '--store', $store, 'agent', '--shm', $n->shm, '--host-id', 't17',
+            '--poll-ms', '50', '--mode', '0660', '--group', 'nogroup';
+        die "exec: $!";
+    }
+    my $published = 0;
+    for (1 .. 200) {
+        my $out = `$bin shm inspect --json @{[$n->shm]} 2>/dev/null`;
+        if ($out =~ /"two"/) { $published = 1; last }
+        sleep 0.05;
+    }
+    ok($published, 'the agent published the strategy') or diag(`cat $d/agent.log`);
+    my $state = $n->shm . '.state';
+    my @c = stat $n->shm;
+    my @s = stat $state;
+    is(sprintf('%d:%d %o', $c[4], $c[5], $c[2] & 07777), "0:$nogroup 640", 'configuration root:nogroup 0640');
+    is(sprintf('%d:%d %o', $s[4], $s[5], $s[2] & 07777), "0:$nogroup 660", 'state file root:nogroup 0660');
+    is(open_as_nobody($n->shm, '<'), 0, 'nobody reads the configuration');
+    is(open_as_nobody($n->shm, '+<'), EACCES, 'nobody opening the configuration for writing: EACCES');
+    is(open_as_nobody($state, '+<'), 0, 'nobody writes the state file');
+
+    $n->start;
+    my @w = $n->worker_pids;
+    my @uids = map { (stat "/proc/$_")[4] } @w;
+    is_deeply(\@uids, [map { $nobody } @w], 'workers run as nobody');
+    is_deeply([$n->codes('/two', 5)], [200, 200, 503, 503, 503], '2/day enforced exactly by workers as nobody');
+    like($n->error_log, qr/enforcing 1 strategies/, 'the workers map the pair');
+    unlike($n->error_log, qr/Permission denied|requests pass unlimited/, 'no access error');
+    $n->stop;
+    kill 'TERM', $agent;
+    waitpid $agent, 0;
+});
+
+done_testing;
