@@ -52,12 +52,17 @@ for_each_target(sub {
     # Workers look for a file that was missing once a second.
     my $on = wait_for(4, sub { ($n->codes('/a', 1))[0] == 503 });
     ok(defined $on, 'enforcing before the fault');
+    # Both files (layout 4): the state file's slots are what each request
+    # touches, the configuration's size is checked once a second.
     my $backup = $n->dir . '/backup';
+    my $state = $n->shm . '.state';
     copy($n->shm, $backup) or die "copy: $!";
+    copy($state, "$backup.state") or die "copy: $!";
 
     my $wrk = load($n->url('/a'), 4);
     sleep 0.3;
     truncate $n->shm, 4096 or die "truncate: $!";
+    truncate $state, 4096 or die "truncate: $!";
     is(-s $n->shm, 4096, 'file truncated to 4096 bytes');
     sleep 0.3;
     my $stats = $n->get('/rate_ctl');
@@ -68,6 +73,7 @@ for_each_target(sub {
     # In-place restore (cp truncates first), repeated under load.
     for (1 .. 5) {
         system('cp', $backup, $n->shm) == 0 or die "cp failed";
+        system('cp', "$backup.state", $state) == 0 or die "cp failed";
         sleep 0.1;
     }
     my $back = wait_for(4, sub { ($n->codes('/a', 1))[0] == 503 });

@@ -42,9 +42,9 @@ for_each_target(sub {
     my $n = RateCtlTest->new($t, main => 'user nobody nogroup;', server => stats_server());
     my $d = $n->dir;
     my $store = "sqlite:$d/rate-ctl.db";
-    system($bin, '--store', $store, 'strategy', 'add', '--name', 'two', '--match', 'api=/two',
-        '--algorithm', 'fixed_window', '--rate', '2', '--per', 'day') == 0
-        or BAIL_OUT('strategy add failed');
+    my $id = `$bin --store $store strategy add --name two --match api=/two --algorithm fixed_window --rate 2 --per day`;
+    BAIL_OUT('strategy add failed') if $?;
+    like($id, qr/^\d+$/, 'strategy added');
     my $agent = fork // die "fork: $!";
     if ($agent == 0) {
         open STDOUT, '>', "$d/agent.log" or die;
