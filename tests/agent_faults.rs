@@ -489,7 +489,7 @@ fn changes_to_the_live_files_are_repaired_within_a_poll_and_reported() {
     });
     eprintln!("symlink: restored in {t:?}");
 
-    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0)).unwrap();
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o000)).unwrap();
     let t = restored("mode changed", &|| {
         std::fs::metadata(&shm).is_ok_and(|m| m.mode() & 0o7777 == 0o640)
     });
