@@ -50,6 +50,11 @@ my $BACK   = 10;
 my $bin    = $ENV{RATE_CTL_BIN} // root() . '/target/debug/rate-ctl';
 BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
 my @targets = targets();
+# The agents' files are 0640/0660 for their group (modes open to other
+# users are refused): as root, nginx's workers run as nobody:nogroup, so
+# the files go to nogroup.
+my @access = $> == 0 ? ('--group', 'nogroup') : ();
+my $main = $> == 0 ? 'user nobody nogroup;' : '';
 my %build = (h0 => $targets[0], h1 => $targets[-1], h2 => $targets[-1], h3 => $targets[0]);
 
 # The processes of this test (serve, agents, nginx, load generators) at a
@@ -148,9 +153,10 @@ sub start_host {
     my $shm = "$dir/$h.shm";
     spawn("agent $h", "$dir/$h.agent.log", $bin, 'agent', '--store', "http://$addr", '--token', $token,
         '--shm', $shm, '--host-id', $h, '--log-level', 'info', '--max-strategies', 1024,
-        '--segment-bytes', 262144, '--blacklist-entries', 256, '--freshness', '3s', '--max-backoff-ms', 500);
+        '--segment-bytes', 262144, '--blacklist-entries', 256, '--freshness', '3s', '--max-backoff-ms', 500,
+        @access);
     wait_until(10, sub { -s $shm }) or BAIL_OUT("agent $h made no file: " . slurp("$dir/$h.agent.log"));
-    my $n = RateCtlTest->new($build{$h}, workers => 1, shm => $shm, server => stats_server());
+    my $n = RateCtlTest->new($build{$h}, workers => 1, shm => $shm, server => stats_server(), main => $main);
     $n->start;
     $nginx{$h} = $n;
 }

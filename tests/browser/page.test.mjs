@@ -148,11 +148,17 @@ async function newTwoPerMinute(name, match) {
   return dlg;
 }
 
+// The agent's files are 0640/0660 for their group (modes open to other users
+// are refused): as root, nginx's workers run as nobody:nogroup, so the files
+// go to nogroup.
+const AS_ROOT = process.getuid && process.getuid() === 0;
+const ACCESS = AS_ROOT ? ['--group', 'nogroup'] : [];
+
 // An agent for host `hostId` through the service, writing `shmFile`; returns
 // once the file exists.
 async function startAgent(name, shmFile, hostId) {
   start(name, BIN, ['--store', serveUrl(), 'agent', '--shm', shmFile, '--host-id', hostId,
-    '--mode', '0660', '--poll-ms', '100', '--heartbeat-ms', '500', '--blacklist-entries', '4'],
+    '--mode', '0660', ...ACCESS, '--poll-ms', '100', '--heartbeat-ms', '500', '--blacklist-entries', '4'],
   { RATE_CTL_TOKEN: TOKEN, RATE_CTL_AGENT_TOKEN: TOKEN });
   await waitFor(`${name} to create the shm file`, () => fs.existsSync(shmFile), 20000)
     .catch((e) => { throw new Error(`${e.message}\n${name} log:\n${logOf(name)}`); });
@@ -162,6 +168,7 @@ async function startAgent(name, shmFile, hostId) {
 // (with logs/ and tmp/), reading `shmFile`, listening on `port`.
 function startNginx(name, prefix, shmFile, port) {
   const conf = `load_module ${MODULE};
+${AS_ROOT ? 'user nobody nogroup;' : ''}
 worker_processes 2;
 daemon off;
 master_process on;
