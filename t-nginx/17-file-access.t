@@ -77,6 +77,27 @@ for_each_target(sub {
     like($n->error_log, qr/enforcing 1 strategies/, 'the workers map the pair');
     unlike($n->error_log, qr/Permission denied|requests pass unlimited/, 'no access error');
     $n->stop;
+
+    # rate_ctl_shm_owner: a configuration owned by anyone but root or the
+    # named user is refused (fail open, one line naming the owner).
+    my $o = RateCtlTest->new($t, main => 'user nobody nogroup;', server => stats_server(),
+        shm => $n->shm, http => 'rate_ctl_shm_owner daemon;');
+    $o->start;
+    is_deeply([$o->codes('/two', 1)], [503], 'root-owned configuration with rate_ctl_shm_owner daemon: enforced');
+    $o->stop;
+    kill 'STOP', $agent;    # not put right while we look
+    chown $nobody, -1, $n->shm or die "chown: $!";
+    my $p = RateCtlTest->new($t, main => 'user nobody nogroup;', server => stats_server(),
+        shm => $n->shm, http => 'rate_ctl_shm_owner daemon;');
+    $p->start;
+    is_deeply([$p->codes('/two', 3)], [200, 200, 200], 'owned by nobody, rate_ctl_shm_owner daemon: fails open');
+    like($p->error_log, qr/not trusted: owned by nobody .*neither root nor rate_ctl_shm_owner/, 'the refusal names the owner');
+    $p->stop;
+    kill 'CONT', $agent;
+    my $bad = RateCtlTest->new($t, http => 'rate_ctl_shm_owner no-such-user-i28;');
+    my ($rc, $out) = $bad->test_conf;
+    isnt($rc, 0, 'an unknown user fails nginx -t');
+    like($out, qr/unknown user "no-such-user-i28" in "rate_ctl_shm_owner" directive/, 'naming the directive');
     kill 'TERM', $agent;
     waitpid $agent, 0;
 });

@@ -732,3 +732,37 @@ fn a_world_writable_configuration_is_refused_by_workers() {
     let c = e.refresh(2 * RECHECK_NS).expect("recovery reported");
     assert!(c.message.contains("enforcing"), "{}", c.message);
 }
+
+/// Issue 28: with nginx's `rate_ctl_shm_owner`, a worker refuses a
+/// configuration owned by anyone but root or that user (fails open, one
+/// line naming the owner); without it, any owner is read as before.
+#[test]
+fn a_configuration_of_another_owner_is_refused_with_rate_ctl_shm_owner() {
+    use std::os::unix::fs::MetadataExt;
+    let (_dir, path, mut w) = fresh_writer();
+    let s = api_bucket(1, "/a");
+    w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return; // chown needs root
+    }
+    std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().uid(), 65534);
+    assert!(Mapping::open(&path).is_ok(), "no owner configured: read");
+    assert!(Mapping::open_owned(&path, Some(65534)).is_ok(), "its owner");
+    match Mapping::open_owned(&path, Some(1)) {
+        Err(e @ ShmError::Untrusted { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("owned by") && m.contains("uid 65534"), "{m}");
+            assert!(m.contains("rate_ctl_shm_owner"), "{m}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let mut e = Reader::new(&path).with_owner(Some(1));
+    let c = e.refresh(0).expect("refusal reported");
+    assert!(c.message.contains("not trusted"), "{}", c.message);
+    assert!(e.table().is_none(), "fails open");
+    std::os::unix::fs::chown(&path, Some(0), None).unwrap();
+    let c = e.refresh(2 * RECHECK_NS).expect("root's file: enforced");
+    assert!(c.message.contains("enforcing"), "{}", c.message);
+}

@@ -70,6 +70,9 @@ pub struct Reader {
     background: bool,
     /// The load under way on a helper thread, and the mapping it reads.
     pending: Option<(Pending, Arc<Mapping>)>,
+    /// nginx's `rate_ctl_shm_owner`: a configuration owned by anyone but
+    /// root or this uid is refused ([`Mapping::open_owned`]).
+    owner: Option<u32>,
 }
 
 impl Reader {
@@ -87,7 +90,14 @@ impl Reader {
             notice: None,
             background: false,
             pending: None,
+            owner: None,
         }
+    }
+
+    /// Refuses a configuration owned by anyone but root or `owner`.
+    pub fn with_owner(mut self, owner: Option<u32>) -> Reader {
+        self.owner = owner;
+        self
     }
 
     /// Loads segments of [`loader::BACKGROUND_MIN`] strategies or more on
@@ -193,7 +203,7 @@ impl Reader {
                 Err(e) => return self.fail_open(&e),
             }
         }
-        match Mapping::open(&self.path) {
+        match Mapping::open_owned(&self.path, self.owner) {
             Ok(m) => {
                 self.map = Some(Arc::new(m));
                 self.seen_seq = u64::MAX; // force a reload

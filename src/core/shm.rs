@@ -603,12 +603,30 @@ impl Mapping {
     /// A world-writable configuration is refused ([`ShmError::Untrusted`]):
     /// anyone could have written its rules (the agent never makes one).
     pub fn open(path: &Path) -> Result<Mapping, ShmError> {
+        Mapping::open_owned(path, None)
+    }
+
+    /// [`open`](Self::open), and with `owner` (nginx's
+    /// `rate_ctl_shm_owner`) a configuration owned by anyone but root or
+    /// `owner` is refused too ([`ShmError::Untrusted`]).
+    pub fn open_owned(path: &Path, owner: Option<u32>) -> Result<Mapping, ShmError> {
         let file = open_file(path, false, false, 0)?;
-        let mode = file.metadata().map_err(|e| ShmError::io(path, e))?.mode();
+        let meta = file.metadata().map_err(|e| ShmError::io(path, e))?;
+        let mode = meta.mode();
         if mode & 0o002 != 0 {
             return Err(ShmError::Untrusted {
                 path: path.to_path_buf(),
                 what: format!("world-writable (mode {:04o})", mode & 0o7777),
+            });
+        }
+        if let Some(o) = owner.filter(|&o| meta.uid() != 0 && meta.uid() != o) {
+            return Err(ShmError::Untrusted {
+                path: path.to_path_buf(),
+                what: format!(
+                    "owned by {}, neither root nor rate_ctl_shm_owner ({})",
+                    super::writer::user_name(meta.uid()),
+                    super::writer::user_name(o)
+                ),
             });
         }
         Mapping::from_file(file, None, path, true, false)
@@ -999,6 +1017,29 @@ pub fn boot_id() -> [u8; 16] {
         }
     }
     out
+}
+
+/// The uid of a user name, or of a number (`rate_ctl_shm_owner`).
+pub fn uid_of(name: &str) -> Option<u32> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Some(n);
+    }
+    let c = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: a zeroed passwd is a valid out-parameter.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the call; buf.len() is its size.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            c.as_ptr(),
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    (rc == 0 && !out.is_null()).then_some(pw.pw_uid)
 }
 
 /// Wall-clock unix milliseconds.

@@ -57,6 +57,9 @@ pub enum DimensionValue {
 #[derive(Default)]
 pub struct MainConf {
     pub shm_path: Option<String>,
+    /// `rate_ctl_shm_owner`: the uid the configuration file may belong to
+    /// (besides root).
+    pub shm_owner: Option<u32>,
     pub dimensions: Vec<CustomDimension>,
     /// Some `rate_ctl on;` or `rate_ctl_stats;` exists: workers load the
     /// table when they start, not on their first request.
@@ -250,6 +253,31 @@ pub(super) extern "C" fn set_shm(
     match parse::parse_shm_path(bytes(&a[1])) {
         Ok(p) => {
             mc.shm_path = Some(p);
+            NGX_CONF_OK
+        }
+        Err(e) => fail(cf, e),
+    }
+}
+
+pub(super) extern "C" fn set_shm_owner(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
+    // cf is the parser state nginx passes to every directive handler.
+    let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
+    if mc.shm_owner.is_some() {
+        return fail(
+            cf,
+            ParseError::Duplicate {
+                directive: "rate_ctl_shm_owner",
+            },
+        );
+    }
+    match parse::parse_shm_owner(bytes(&a[1])) {
+        Ok(uid) => {
+            mc.shm_owner = Some(uid);
             NGX_CONF_OK
         }
         Err(e) => fail(cf, e),

@@ -63,7 +63,7 @@ const fn command(
 }
 
 /// The directive table; nginx walks it until the null entry.
-pub static mut COMMANDS: [ngx_command_t; 10] = [
+pub static mut COMMANDS: [ngx_command_t; 11] = [
     command(
         ngx_string!("rate_ctl"),
         ANY_LEVEL | NGX_CONF_FLAG,
@@ -74,6 +74,12 @@ pub static mut COMMANDS: [ngx_command_t; 10] = [
         ngx_string!("rate_ctl_shm"),
         NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
         conf::set_shm,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        ngx_string!("rate_ctl_shm_owner"),
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        conf::set_shm_owner,
         NGX_HTTP_MAIN_CONF_OFFSET,
     ),
     command(

@@ -43,6 +43,8 @@ pub enum ParseError {
     EmptyDimensionValue { name: String },
     #[error("invalid path \"{value}\" in \"rate_ctl_shm\" directive, it must be an absolute file path without NUL bytes")]
     BadShmPath { value: String },
+    #[error("unknown user \"{value}\" in \"rate_ctl_shm_owner\" directive")]
+    UnknownUser { value: String },
     #[error("\"{directive}\" directive is duplicate")]
     Duplicate { directive: &'static str },
 }
@@ -230,6 +232,15 @@ pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option
     }
     *seen = bits;
     None
+}
+
+/// `rate_ctl_shm_owner USER`: a user name or uid.
+pub fn parse_shm_owner(v: &[u8]) -> Result<u32, ParseError> {
+    std::str::from_utf8(v)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .and_then(crate::core::shm::uid_of)
+        .ok_or_else(|| ParseError::UnknownUser { value: lossy(v) })
 }
 
 /// `rate_ctl_shm PATH`: an absolute path.

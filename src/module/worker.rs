@@ -206,9 +206,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    fn new(path: PathBuf) -> Worker {
+    fn new(path: PathBuf, owner: Option<u32>) -> Worker {
         Worker {
-            reader: Reader::new(path),
+            reader: Reader::new(path).with_owner(owner),
             sources_version: None,
             sources: Vec::new(),
             undefined: Vec::new(),
@@ -368,7 +368,7 @@ pub fn with_worker<R>(mc: &MainConf, f: impl FnOnce(&mut Worker) -> R) -> Option
     // SAFETY: one thread (see WorkerCell) and `busy` was false: no other
     // reference to the worker exists until `busy` is cleared below.
     let w = unsafe { &mut *WORKER.worker.get() };
-    let w = w.get_or_insert_with(|| Worker::new(PathBuf::from(mc.shm_path())));
+    let w = w.get_or_insert_with(|| Worker::new(PathBuf::from(mc.shm_path()), mc.shm_owner));
     let r = f(w);
     WORKER.busy.set(false);
     Some(r)
