@@ -652,3 +652,42 @@ fn delay_dry_run_and_sliding_window_per_key() {
     assert_eq!(count(&t, "10.0.0.1", &s, 4, wall), 2);
     assert_eq!(count(&t, "10.0.0.2", &s, 4, wall), 2);
 }
+
+#[test]
+fn key_text_escapes_client_bytes_and_caps_them() {
+    // What `... for key {key}` writes to error.log and $rate_ctl_key holds:
+    // an ESC, a newline, invalid UTF-8 from a cookie or argument appear as
+    // \xNN; a 10,000-byte value is cut.
+    let s = keyed(1, &[], &["userid"], Algorithm::FixedWindow, 5, Unit::Hour);
+    let (_d, _w, t) = table_of(&[s], 4096);
+    let text = |v: &[u8]| {
+        let values: Vec<Option<&[u8]>> = t
+            .dimensions()
+            .iter()
+            .map(|d| (d == "userid").then_some(v))
+            .collect();
+        t.key_text(
+            1,
+            &Request {
+                values: &values[..],
+                ip: None,
+                now_ns: 0,
+                now_unix_ms: 0,
+                dry_run: false,
+                quota: false,
+            },
+        )
+        .unwrap()
+    };
+    assert_eq!(text(b"u1"), "userid=u1");
+    assert_eq!(
+        text(b"a\x1b[2Jb\nfake: line\xff"),
+        "userid=a\\x1b[2Jb\\x0afake: line\\xff"
+    );
+    let long = text(&[b'x'; 10_000]);
+    assert!(
+        long.len() < 300 && long.ends_with("...(10000 bytes)"),
+        "{}",
+        long.len()
+    );
+}

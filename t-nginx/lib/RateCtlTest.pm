@@ -145,12 +145,14 @@ sub conf_text {
     my $http = $self->{http} // '';
     my $lopts = $self->{listen_opts} // '';
     my $server = $self->{server} // '';
+    my $main = $self->{main} // '';    # main-context directives (e.g. env)
     $http =~ s/\@SHM\@/$self->{shm}/g;
     $http =~ s/\@DIR\@/$d/g;
     $server =~ s/\@DIR\@/$d/g;
     return <<"CONF";
 load_module $self->{t}{module};
 worker_processes $self->{workers};
+$main
 pid $d/nginx.pid;
 error_log $d/logs/error.log notice;
 events { worker_connections 256; }
