@@ -25,8 +25,11 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// in the strategy record (56 fixed bytes), action 4 `allow`, address
 /// ranges in the blacklist (tags 3..=131, prefix bitset at 224), the
 /// per-key table region (`H_KEYS_*`, [`super::keys`]) and the per-key
-/// fields after a strategy record's conditions.
-pub const LAYOUT_VERSION: u32 = 3;
+/// fields after a strategy record's conditions. 4: a key of the key table
+/// may be in any of three windows of 16 entries (was one range of 8), and
+/// a key table holds at least 16 entries: a module of version 3 would not
+/// find keys placed in the other windows, so the files differ.
+pub const LAYOUT_VERSION: u32 = 4;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
