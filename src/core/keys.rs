@@ -62,7 +62,7 @@
 //! that key: [`Charge::Full`], and the strategy's `on_full` decides (the
 //! caller). Measured (`keys::tests::new_keys_find_an_entry_until_90_percent`,
 //! 1,048,576 entries, random keys): 0 new keys of 524,288 refused up to
-//! 50 % occupancy, 0 of 838,861 up to 80 %, fewer than 0.01 % of 900,000,
+//! 50 % occupancy, 0 of 838,860 up to 80 %, 2 of the first 900,000,
 //! under 0.1 % of the last keys up to 90 %; before (one window of 8
 //! entries) 0.64 %, 7.7 % and 15 % of all new keys up to 50, 80 and 90 %.
 //! Placing by the emptier window never moves a key once placed (no
@@ -179,9 +179,6 @@ pub struct KeyId {
     pub ident: u64,
     /// First entry of the probe range.
     pub start: u64,
-    /// The key's whole hash: where its other windows start
-    /// ([`KeyTable::window_start`]).
-    pub hash: u64,
 }
 
 impl KeyId {
@@ -408,19 +405,20 @@ impl<'a> KeyTable<'a> {
         Some(KeyId {
             ident: ((slot as u64 + 1) << 44) | ((generation & 0xFFF) << 32) | (hv & 0xFFFF_FFFF),
             start: line * LINE_ENTRIES,
-            hash: hv,
         })
     }
 
     /// The first entry of window `w` of `key` (window 0: `key.start`; the
-    /// others at lines a remix of the whole hash picks).
+    /// others at lines a remix of the key's tag and first line picks: the
+    /// key stays two words, as the request path passes it).
     #[inline]
     pub fn window_start(&self, key: &KeyId, w: u64) -> u64 {
         if w == 0 {
             return key.start;
         }
+        let seed = (key.ident & 0xFFFF_FFFF) << 32 ^ key.start;
         let mut h =
-            (key.hash ^ w.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+            (seed ^ w.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
         h ^= h >> 32;
         h = h.wrapping_mul(0xA076_1D64_78BD_642F);
         (((h >> 32) * self.lines) >> 32) * LINE_ENTRIES
@@ -602,32 +600,27 @@ impl<'a> KeyTable<'a> {
         self.charge_at(i, e, key.ident, st, lim, lim.clock(now), force)
     }
 
-    /// The key's entry in its probe range (idents only), its index and
-    /// its words: the two lines with one bounds check, unless the range
-    /// wraps.
+    /// The request path's look: the key's first window only, when it does
+    /// not wrap (one bounds check and a scan, no call, as most keys are
+    /// there); `None` sends the caller to the slow path, which looks at
+    /// every window ([`find_any`](Self::find_any)).
     #[inline(always)]
     fn find(&self, key: &KeyId) -> Option<(u64, &'a [AtomicU64; 2])> {
         let s = key.start as usize;
-        let Some(range) = self.pairs.get(s..s.wrapping_add(WINDOW as usize)) else {
-            return self.find_from(key, 0).map(|i| (i, self.words(i)));
-        };
-        match range
+        self.pairs
+            .get(s..s.wrapping_add(WINDOW as usize))?
             .iter()
             .enumerate()
             .find(|(_, e)| e[0].load(Ordering::Acquire) == key.ident)
-        {
-            Some((p, e)) => Some((key.start + p as u64, e)),
-            None => self.find_from(key, WINDOW).map(|i| (i, self.words(i))),
-        }
+            .map(|(p, e)| (key.start + p as u64, e))
     }
 
-    /// [`find`](Self::find) from position `from` of the key's windows on
-    /// (its other windows, or a first window that wraps to the first line).
-    #[inline(never)]
-    fn find_from(&self, key: &KeyId, from: u64) -> Option<u64> {
-        (from..PROBE)
+    /// The key's entry in any of its windows (the first copy, in order).
+    fn find_any(&self, key: &KeyId) -> Option<(u64, &'a [AtomicU64; 2])> {
+        (0..PROBE)
             .map(|p| self.at(key, p))
             .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)
+            .map(|i| (i, self.words(i)))
     }
 
     /// [`charge`](Self::charge) for a new key or after a race.
@@ -646,7 +639,7 @@ impl<'a> KeyTable<'a> {
         // Bounded: each round either commits or saw another process commit.
         for _ in 0..64 {
             // The key's entry: idents only (the common case, one pass).
-            if let Some((i, e)) = self.find(key) {
+            if let Some((i, e)) = self.find_any(key) {
                 let st = e[1].load(Ordering::Acquire);
                 match self.charge_at(i, e, key.ident, st, lim, t, force) {
                     Some(c) => return c,
