@@ -262,10 +262,22 @@ pub fn fuzz_decide(data: &[u8]) -> usize {
     use std::sync::{Mutex, OnceLock};
     static FILE: OnceLock<Mutex<(super::writer::Writer, super::reader::Reader, u64)>> =
         OnceLock::new();
+    static PATH: OnceLock<std::path::PathBuf> = OnceLock::new();
+    /// Removes the file when the process exits (test harness, libFuzzer).
+    extern "C" fn remove_file() {
+        if let Some(p) = PATH.get() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
     let file = FILE.get_or_init(|| {
         let path =
             std::env::temp_dir().join(format!("rate_ctl_fuzz_decide.{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
+        if PATH.set(path.clone()).is_ok() {
+            // SAFETY: atexit takes a plain `extern "C" fn()`; `remove_file`
+            // only reads a OnceLock and unlinks a path.
+            unsafe { libc::atexit(remove_file) };
+        }
         let caps = super::shm::Capacities {
             max_strategies: 64,
             segment_bytes: 64 << 10,
