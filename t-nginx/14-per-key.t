@@ -120,29 +120,29 @@ for_each_target(sub {
     is_deeply([codes_from($n, '/keep', 1, '198.51.100.8')], [200], 'another client passes');
     $n->no_alerts;
 
-    # A key table of 8 entries (one probe range), on_full reject: the
-    # ninth client is refused, logged at most once a second, counted in
+    # A key table of 16 entries (the smallest: each of a key's windows is
+    # all of it), on_full reject: the 17th client is refused, logged at most once a second, counted in
     # the stats; the limited clients stay limited.
     my $f = RateCtlTest->new($t,
         server => many_clients_server());
     {
-        local $ENV{RATE_CTL_TOOL_KEYS} = 8;
+        local $ENV{RATE_CTL_TOOL_KEYS} = 16;
         publish($f->shm, "strategy id=6 name=full-per-ip algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");
     }
     $f->start;
-    my @first = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 1 .. 8;
-    is_deeply(\@first, [(200) x 8], 'eight clients take the eight entries');
-    my @new = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 9 .. 12;
+    my @first = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 1 .. 16;
+    is_deeply(\@first, [(200) x 16], 'sixteen clients take the sixteen entries');
+    my @new = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 17 .. 20;
     is_deeply(\@new, [(503) x 4], 'on_full reject: new clients are refused while every entry is limited');
     is_deeply([codes_from($f, '/full', 1, '203.0.113.1')], [503], 'an old client is still limited');
     my @lines = grep { /strategy 6: a new key found the key table full \(on_full reject\)/ } split /\n/, $f->error_log;
     ok(@lines >= 1 && @lines <= 2 * $f->{workers}, scalar(@lines) . ' log line(s) for 4 refusals: at most one per worker per second');
-    like($f->get('/stats')->{body}, qr/"keys":\{"in_use":8,"reclaims":0,"full":4,"overflow_admits":0\}/,
+    like($f->get('/stats')->{body}, qr/"keys":\{"in_use":16,"reclaims":0,"full":4,"overflow_admits":0\}/,
         'the stats count the four on_full events');
     my $prom = $f->get('/stats?format=prometheus')->{body};
     like($prom, qr/^rate_ctl_key_table_full_total\{strategy="6",name="full-per-ip"\} 4$/m,
         'Prometheus: on_full events per strategy, with its name');
-    like($prom, qr/^rate_ctl_keys_in_use\{strategy="6",name="full-per-ip"\} 8$/m,
+    like($prom, qr/^rate_ctl_keys_in_use\{strategy="6",name="full-per-ip"\} 16$/m,
         'Prometheus: keys in use per strategy, with its name');
     $f->no_alerts;
 });

@@ -4,6 +4,7 @@
 //! ```text
 //! rate-ctl-test-tool publish PATH TABLE_FILE [CONFIG_VERSION]
 //! rate-ctl-test-tool corrupt PATH      # publish a segment with a bad checksum
+//! rate-ctl-test-tool craft PATH KIND   # a checksum-valid hostile segment (count, record-length, blacklist-dimensions)
 //! rate-ctl-test-tool heartbeat PATH
 //! rate-ctl-test-tool fill-keys PATH N [dim=value ...]  # N requests from 10.0.0.0 + i
 //! ```
@@ -172,6 +173,17 @@ fn run(args: &[String]) -> Result<(), String> {
             println!("announced corrupt seq {next}");
             Ok(())
         }
+        [cmd, path, kind] if cmd == "craft" => {
+            // A checksum-valid hostile segment (count, record-length,
+            // blacklist-dimensions: see core::fuzz::Crafted), announced as
+            // the next sequence: the workers must refuse it, keep their
+            // last good table and stay up.
+            let c = rate_ctl::core::fuzz::Crafted::from_name(kind).ok_or_else(|| format!("unknown crafted segment {kind:?}"))?;
+            let m = Mapping::open(Path::new(path)).map_err(|e| e.to_string())?;
+            let seq = c.publish(&m);
+            println!("announced crafted ({kind}) seq {seq}");
+            Ok(())
+        }
         [cmd, path, n, pairs @ ..] if cmd == "fill-keys" => {
             // N requests from N client addresses with the given values,
             // through the table as a worker decides: one key each for the
@@ -213,7 +225,7 @@ fn run(args: &[String]) -> Result<(), String> {
             w.heartbeat(unix_ms());
             Ok(())
         }
-        _ => Err("usage: rate-ctl-test-tool publish PATH TABLE [VERSION] | corrupt PATH | heartbeat PATH".into()),
+        _ => Err("usage: rate-ctl-test-tool publish PATH TABLE [VERSION] | corrupt PATH | craft PATH KIND | heartbeat PATH".into()),
     }
 }
 

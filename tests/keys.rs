@@ -402,12 +402,13 @@ fn on_full_decides_for_new_keys_only() {
     ] {
         let mut s = keyed(1, &[], &["u"], Algorithm::TokenBucket, 4, Unit::Hour);
         s.each.on_full = on_full;
-        // 8 entries: one probe range.
-        let (_d, _w, t) = table_of(&[s], 8);
-        for i in 0..8 {
+        // 16 entries: the smallest table, every window of a key the whole
+        // of it.
+        let (_d, _w, t) = table_of(&[s], 16);
+        for i in 0..16 {
             assert_eq!(count(&t, "10.0.0.1", &[("u", &format!("k{i}"))], 1, NOW), 1);
         }
-        // The ninth key finds the table full.
+        // The 17th key finds the table full.
         let n = count(&t, "10.0.0.1", &[("u", "new")], 20, NOW);
         assert_eq!(n, expect_new, "{on_full}");
         let map = t.mapping().unwrap();
@@ -465,12 +466,12 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
     let plain = strategy(8, &[("api", "/x")], Algorithm::TokenBucket, 5, Unit::Second);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
-    let mut w = Writer::create_or_adopt(&path, caps(8), 0o600).unwrap();
+    let mut w = Writer::create_or_adopt(&path, caps(16), 0o600).unwrap();
     w.publish(&[s, plain], &[], 1).unwrap();
     let mut e = Reader::new(&path);
     e.refresh(1);
     let t = e.table().unwrap().clone();
-    for i in 0..8 {
+    for i in 0..16 {
         assert_eq!(count(&t, "10.0.0.1", &[("u", &format!("k{i}"))], 1, NOW), 1);
     }
     // Two new keys find the single range full (on_full reject); an hour
@@ -480,7 +481,7 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
     let stats = rate_ctl::core::stats::snapshot(&e);
     let json = rate_ctl::core::stats::render_json(&stats, 0);
     assert!(
-        json.contains(r#"{"id":7,"passed":9,"limited":2,"delayed":0,"keys":{"in_use":8,"reclaims":1,"full":2,"overflow_admits":0}}"#),
+        json.contains(r#"{"id":7,"passed":17,"limited":2,"delayed":0,"keys":{"in_use":16,"reclaims":1,"full":2,"overflow_admits":0}}"#),
         "{json}"
     );
     assert!(
@@ -488,19 +489,19 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
         "{json}"
     );
     assert!(
-        json.contains(r#""key_table":{"capacity":8,"occupied":8,"max_probe":"#),
+        json.contains(r#""key_table":{"capacity":16,"occupied":16,"max_probe":"#),
         "{json}"
     );
     let probe = stats.key_table.max_probe;
-    assert!((1..=8).contains(&probe), "{probe}");
+    assert!((1..=48).contains(&probe), "{probe}");
     let prom = rate_ctl::core::stats::render_prometheus(&stats, 0);
     for line in [
-        r#"rate_ctl_keys_in_use{strategy="7",name="per \"user\" \\ 2"} 8"#,
+        r#"rate_ctl_keys_in_use{strategy="7",name="per \"user\" \\ 2"} 16"#,
         r#"rate_ctl_key_reclaims_total{strategy="7",name="per \"user\" \\ 2"} 1"#,
         r#"rate_ctl_key_table_full_total{strategy="7",name="per \"user\" \\ 2"} 2"#,
-        r#"rate_ctl_passed_total{strategy="7",name="per \"user\" \\ 2"} 9"#,
+        r#"rate_ctl_passed_total{strategy="7",name="per \"user\" \\ 2"} 17"#,
         r#"rate_ctl_passed_total{strategy="8",name=""} 0"#,
-        "rate_ctl_key_table_occupied 8",
+        "rate_ctl_key_table_occupied 16",
     ] {
         assert!(prom.lines().any(|l| l == line), "{line} missing:\n{prom}");
     }
@@ -516,7 +517,7 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
         String::from_utf8_lossy(&out.stderr)
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(doc["key_table"]["occupied"], 8, "{doc}");
+    assert_eq!(doc["key_table"]["occupied"], 16, "{doc}");
     assert_eq!(doc["key_table"]["bytes_per_key"], 16);
     let row = doc["strategies"]
         .as_array()
@@ -534,10 +535,10 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     let want =
-        format!("key table:       8 of 8 entries in use (16 bytes each), longest probe {probe}");
+        format!("key table:       16 of 16 entries in use (16 bytes each), longest probe {probe}");
     assert!(text.contains(&want), "{text}");
     assert!(
-        text.contains("each=u (keys 8, reclaims 1, on_full reject 2)"),
+        text.contains("each=u (keys 16, reclaims 1, on_full reject 2)"),
         "{text}"
     );
 }
@@ -644,4 +645,43 @@ fn delay_dry_run_and_sliding_window_per_key() {
     let wall = 1_700_000_040 * S; // 40 s into a minute
     assert_eq!(count(&t, "10.0.0.1", &s, 4, wall), 2);
     assert_eq!(count(&t, "10.0.0.2", &s, 4, wall), 2);
+}
+
+#[test]
+fn key_text_escapes_client_bytes_and_caps_them() {
+    // What `... for key {key}` writes to error.log and $rate_ctl_key holds:
+    // an ESC, a newline, invalid UTF-8 from a cookie or argument appear as
+    // \xNN; a 10,000-byte value is cut.
+    let s = keyed(1, &[], &["userid"], Algorithm::FixedWindow, 5, Unit::Hour);
+    let (_d, _w, t) = table_of(&[s], 4096);
+    let text = |v: &[u8]| {
+        let values: Vec<Option<&[u8]>> = t
+            .dimensions()
+            .iter()
+            .map(|d| (d == "userid").then_some(v))
+            .collect();
+        t.key_text(
+            1,
+            &Request {
+                values: &values[..],
+                ip: None,
+                now_ns: 0,
+                now_unix_ms: 0,
+                dry_run: false,
+                quota: false,
+            },
+        )
+        .unwrap()
+    };
+    assert_eq!(text(b"u1"), "userid=u1");
+    assert_eq!(
+        text(b"a\x1b[2Jb\nfake: line\xff"),
+        "userid=a\\x1b[2Jb\\x0afake: line\\xff"
+    );
+    let long = text(&[b'x'; 10_000]);
+    assert!(
+        long.len() < 300 && long.ends_with("...(10000 bytes)"),
+        "{}",
+        long.len()
+    );
 }

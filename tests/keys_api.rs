@@ -272,3 +272,51 @@ fn allow_refuses_each_and_demand_split_naming_the_field() {
         "the per-ip limit and the allow imported alone"
     );
 }
+
+#[test]
+fn on_full_allow_is_warned_about_when_stored() {
+    let st = &stores("on_full_allow")[0];
+    let s = st.url.as_str();
+    let warning = "--on-full allow: once the key table is full, every new key";
+    let base = [
+        "strategy",
+        "add",
+        "--store",
+        s,
+        "--name",
+        "a",
+        "--algorithm",
+        "token_bucket",
+        "--rate",
+        "5",
+        "--match",
+        "api=/a",
+        "--each",
+        "ip",
+    ];
+    let o = rate_ctl(&base);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains(warning), "no warning without allow: {err}");
+    let mut args = base.to_vec();
+    args.extend(["--on-full", "allow"]);
+    args[5] = "b";
+    let o = rate_ctl(&args);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(warning), "{err}");
+    let id = rows(s)[0]["id"].to_string();
+    let o = rate_ctl(&[
+        "strategy",
+        "update",
+        &id,
+        "--store",
+        s,
+        "--on-full",
+        "allow",
+    ]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains(warning));
+    let help = ok(&["strategy", "add", "--help"]);
+    assert!(help.contains("allow lifts the limit"), "{help}");
+}

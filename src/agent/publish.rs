@@ -44,6 +44,18 @@ impl Sink for ShmSink {
             .writer
             .publish_staged(strategies, &entries, config_version)?;
         self.deferred = r.deferred;
+        // A full key table lifts these strategies' limit for new keys.
+        let allow: Vec<u32> = strategies
+            .iter()
+            .filter(|s| s.each.is_keyed() && s.each.on_full == rate_ctl::core::each::OnFull::Allow)
+            .map(|s| s.id)
+            .collect();
+        if !allow.is_empty() {
+            warn!(
+                strategies = ?allow,
+                "on_full allow: once the key table is full, new keys of these strategies pass unlimited"
+            );
+        }
         Ok(format!(
             "sequence {}, {} strategies ({} new slots, {} freed), {} blacklist entries, {} bytes",
             r.seq, r.strategies, r.new_slots, r.freed_slots, r.blacklist_entries, r.payload_bytes

@@ -348,7 +348,8 @@ pub struct PerKeyArgs {
     #[arg(long)]
     pub ipv6_prefix: Option<u8>,
     /// Per-key: a new key when the key table is full: overflow (a shared
-    /// limiter at the strategy's rate, default), reject or allow.
+    /// limiter at the strategy's rate, default), reject or allow (WARNING:
+    /// allow lifts the limit for every new key while the table is full).
     #[arg(long, value_parser = parse_on_full)]
     pub on_full: Option<OnFull>,
 }

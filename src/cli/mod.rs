@@ -250,6 +250,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             let rec = rec.into_valid().map_err(Failure::invalid)?;
             let store = open(target).await?;
             let (id, version) = store.add_strategy(&rec).await?;
+            warn_on_full_allow(&rec.each, rec.on_full);
             out_added(json, id, version);
         }
         StrategyCmd::Update(u) => {
@@ -346,6 +347,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             // Same messages as for `add`, whichever backend would refuse it.
             let rec = rec.into_valid().map_err(Failure::invalid)?;
             let version = store.update_strategy(&rec).await?;
+            warn_on_full_allow(&rec.each, rec.on_full);
             if json {
                 out(json!({"id": rec.id, "version": version}).to_string());
             } else {
@@ -422,6 +424,19 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
 }
 
 /// Every valid strategy; each invalid row is warned about on stderr as
+/// `--on-full allow` lifts the limit for every new key once the key table
+/// is full (a flood of minted keys fills it): said once, on stderr, when a
+/// per-key strategy is stored with it.
+fn warn_on_full_allow(each: &[String], on_full: Option<rate_ctl::core::each::OnFull>) {
+    if !each.is_empty() && on_full == Some(rate_ctl::core::each::OnFull::Allow) {
+        eprintln!(
+            "rate-ctl: warning: --on-full allow: once the key table is full, every new key of \
+             this strategy passes unlimited (a client minting keys fills it); overflow (the \
+             default) or reject keep a limit"
+        );
+    }
+}
+
 /// "invalid and not {what}".
 async fn valid_strategies(target: &Target, what: &str) -> Result<Vec<StrategyRecord>, Failure> {
     let (recs, bad) = open(target).await?.list_strategies().await?;

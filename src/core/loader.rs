@@ -18,6 +18,7 @@
 //! faults stay deliverable, so a SIGBUS while reading a truncated file is
 //! absorbed by [`sigbus`](super::sigbus) as on the worker's thread.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -74,8 +75,37 @@ impl Pending {
 /// Starts reading segment `seq` of `map` on a helper thread; `None` if no
 /// thread could be started (the caller loads it itself).
 pub fn start(map: Arc<Mapping>, seq: u64) -> Option<Pending> {
-    let handle = spawn_quiet("rate_ctl-load", move || build(&map, seq))?;
-    Some(Pending { seq, handle })
+    IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+    let handle = spawn_quiet("rate_ctl-load", move || {
+        let _done = InFlight;
+        build(&map, seq)
+    });
+    if handle.is_none() {
+        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+    }
+    Some(Pending {
+        seq,
+        handle: handle?,
+    })
+}
+
+/// Builder threads of this process not finished yet (every reader
+/// together): a [`Reader`](super::reader::Reader) keeps at most one.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a builder thread out when it ends, however it ends.
+struct InFlight;
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Builder threads of this process still running (tests: a writer
+/// flipping sequences must not grow them).
+pub fn in_flight() -> usize {
+    IN_FLIGHT.load(Ordering::Relaxed)
 }
 
 /// Drops `value` on a helper thread (a big table's memory is freed there,

@@ -6,6 +6,7 @@ pub mod admit;
 pub mod blacklist;
 pub mod clock;
 pub mod each;
+pub mod escape;
 pub mod fuzz;
 pub mod headers;
 pub mod ipnet;

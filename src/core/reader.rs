@@ -184,7 +184,8 @@ impl Reader {
     }
 
     fn fail_open(&mut self, err: &ShmError) -> Option<StateChange> {
-        self.pending = None; // its result is dropped on its own thread
+        // A build under way is kept (and dropped once done, by the next
+        // reload): no second one starts beside it.
         self.map = None;
         self.table = None;
         self.seen_seq = 0;
@@ -239,18 +240,23 @@ impl Reader {
 
     fn reload(&mut self, map: &Arc<Mapping>, now_ns: u64) -> Option<StateChange> {
         if let Some((p, from)) = self.pending.take() {
-            // Only a build of what the file holds now is worth waiting for
-            // or installing: one of a table published over since (or read
-            // from a mapping since replaced) is dropped with its thread, and
-            // the current table is loaded below — installing it would decide
-            // requests with a table the agent has already replaced.
+            // At most one build in flight: while one runs, requests go on
+            // with the current table, even when the file moved on since it
+            // started (a writer flipping sequences would otherwise start a
+            // thread, and a table's worth of memory, per request).
+            if !p.is_finished() {
+                self.pending = Some((p, from));
+                return None;
+            }
+            // Only a build of what the file holds now is worth installing:
+            // one of a table published over since (or read from a mapping
+            // since replaced) is dropped off this thread, and the current
+            // table is loaded below — installing it would decide requests
+            // with a table the agent has already replaced.
             if Arc::ptr_eq(&from, map) && p.seq == map.seq() {
-                if !p.is_finished() {
-                    self.pending = Some((p, from));
-                    return None;
-                }
                 return self.install_built(p.seq, p.take());
             }
+            loader::drop_later(p.take());
         }
         let seq = map.seq();
         if self.background

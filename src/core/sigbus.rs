@@ -12,7 +12,9 @@
 //! * Every [`Mapping`](super::shm::Mapping) registers its address range
 //!   ([`register`]); dropping the returned [`Guard`] unregisters it (before
 //!   the range is unmapped).
-//! * On SIGBUS at an address inside a registered range, the handler maps
+//! * On a SIGBUS the kernel raised (`si_code > 0`; one sent with `kill`
+//!   or `sigqueue` is never believed) at an address inside a registered
+//!   range, the handler maps
 //!   anonymous zero pages over the **whole** range (`MAP_FIXED`), marks the
 //!   guard faulted and returns: the faulting instruction runs again on a
 //!   zero page. A zeroed file reads as "nothing published" and every slot
@@ -33,25 +35,56 @@
 use std::cell::UnsafeCell;
 use std::io;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Once;
 
 /// Ranges guarded at once.
 pub const MAX_GUARDED: usize = 64;
 
 struct Range {
-    /// Start address; 0 = free entry.
-    start: AtomicUsize,
-    len: AtomicUsize,
+    /// Start and length in one word ([`pack`]), so that no reader can pair
+    /// one registration's start with another's length; 0 = free entry.
+    span: AtomicU64,
     faulted: AtomicBool,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const FREE: Range = Range {
-    start: AtomicUsize::new(0),
-    len: AtomicUsize::new(0),
+    span: AtomicU64::new(0),
     faulted: AtomicBool::new(false),
 };
+
+/// The granule of [`pack`]: mappings start on a page (4 KiB or a multiple)
+/// and cover whole pages.
+const GRANULE: usize = 4096;
+/// Bits of the packed word for the length in granules (2 TiB); the start
+/// granule takes the other 35 (user addresses below 2^47).
+const LEN_BITS: u32 = 29;
+
+/// `[start, start + len)` as one word: start granule << 29 | length in
+/// granules (rounded up). `None` if the start is not page aligned or
+/// either does not fit (the range is then not guarded).
+fn pack(start: usize, len: usize) -> Option<u64> {
+    if start == 0 || len == 0 || start % GRANULE != 0 {
+        return None;
+    }
+    let s = (start / GRANULE) as u64;
+    let l = len.div_ceil(GRANULE) as u64;
+    if s >> (64 - LEN_BITS) != 0 || l >> LEN_BITS != 0 {
+        return None;
+    }
+    Some(s << LEN_BITS | l)
+}
+
+/// The range of a packed word (0: none).
+fn unpack(w: u64) -> Option<(usize, usize)> {
+    if w == 0 {
+        return None;
+    }
+    let start = (w >> LEN_BITS) as usize * GRANULE;
+    let len = (w & ((1 << LEN_BITS) - 1)) as usize * GRANULE;
+    Some((start, len))
+}
 
 static RANGES: [Range; MAX_GUARDED] = [FREE; MAX_GUARDED];
 /// SIGBUS faults absorbed since the process started (tests, stats).
@@ -116,26 +149,23 @@ impl Drop for Guard {
     fn drop(&mut self) {
         let r = &RANGES[self.index];
         r.faulted.store(false, Ordering::Relaxed);
-        r.start.store(0, Ordering::Release);
+        r.span.store(0, Ordering::Release);
     }
 }
 
 /// Registers `[start, start + len)`; `None` if the table is full (the
-/// range is then not guarded) or the range is empty.
+/// range is then not guarded), the range is empty or its start is not
+/// page aligned. An entry is claimed with one compare-and-swap of the
+/// whole range (start and length in one word): concurrent registrations
+/// never mix their starts and lengths.
 pub fn register(start: *mut u8, len: usize) -> Option<Guard> {
-    let start = start as usize;
-    if start == 0 || len == 0 {
-        return None;
-    }
+    let w = pack(start as usize, len)?;
     for (index, r) in RANGES.iter().enumerate() {
-        // Claim the entry: len first is invisible until start is set.
-        if r.start.load(Ordering::Relaxed) != 0 {
+        if r.span.load(Ordering::Relaxed) != 0 {
             continue;
         }
-        r.len.store(len, Ordering::Relaxed);
-        r.faulted.store(false, Ordering::Relaxed);
-        if r.start
-            .compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
+        if r.span
+            .compare_exchange(0, w, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
             return Some(Guard { index });
@@ -144,15 +174,25 @@ pub fn register(start: *mut u8, len: usize) -> Option<Guard> {
     None
 }
 
+/// The registered range that a SIGBUS with this `si_code` at `addr` is
+/// ours to absorb: only a fault the kernel raised (`si_code > 0`:
+/// `BUS_ADRERR` and the like). A signal another process (or this one)
+/// sent with `kill`, `sigqueue` or `rt_sigqueueinfo` (`si_code <= 0`) can
+/// claim any address; it goes to the previous handler.
+fn claimed_range(si_code: libc::c_int, addr: usize) -> Option<(usize, &'static Range, usize)> {
+    if si_code <= 0 {
+        return None;
+    }
+    RANGES.iter().find_map(|r| {
+        let (start, len) = unpack(r.span.load(Ordering::Acquire))?;
+        (addr >= start && addr - start < len).then_some((start, r, len))
+    })
+}
+
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    for r in &RANGES {
-        let start = r.start.load(Ordering::Acquire);
-        let len = r.len.load(Ordering::Relaxed);
-        if start == 0 || addr < start || addr - start >= len {
-            continue;
-        }
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    if let Some((start, r, len)) = claimed_range(code, addr) {
         // SAFETY: [start, start + len) is a live mapping of this process
         // (registered until just before it is unmapped); replacing it with
         // private zero pages keeps every pointer into it valid.
@@ -171,7 +211,6 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             FAULTS.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        break;
     }
     // SAFETY: PREVIOUS was filled by the sigaction call that installed us.
     unsafe { chain(sig, info, ctx) }
@@ -210,6 +249,60 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn only_kernel_faults_inside_a_range_are_claimed() {
+        let start = 0x7f00_0000_0000usize;
+        let g = register(start as *mut u8, 3 * 4096 + 1).unwrap();
+        let inside = start + 4 * 4096 - 1; // the last byte of the 4th page
+        assert!(claimed_range(libc::BUS_ADRERR, inside).is_some());
+        assert!(claimed_range(libc::BUS_ADRERR, start + 4 * 4096).is_none());
+        assert!(claimed_range(libc::BUS_ADRERR, start - 1).is_none());
+        // Sent, not raised: kill (SI_USER 0), sigqueue (SI_QUEUE -1),
+        // tgkill (SI_TKILL -6): whatever address they name.
+        for code in [0, -1, -6] {
+            assert!(claimed_range(code, inside).is_none(), "si_code {code}");
+        }
+        drop(g);
+        assert!(claimed_range(libc::BUS_ADRERR, inside).is_none());
+    }
+
+    #[test]
+    fn ranges_are_packed_whole_or_refused() {
+        assert_eq!(unpack(pack(0x1000, 1).unwrap()), Some((0x1000, 0x1000)));
+        let big = (0x7fff_f000_0000usize, 1usize << 40);
+        assert_eq!(unpack(pack(big.0, big.1).unwrap()), Some(big));
+        assert_eq!(pack(0x1001, 4096), None, "unaligned");
+        assert_eq!(pack(0, 4096), None);
+        assert_eq!(pack(0x1000, 0), None);
+        assert_eq!(pack(0x1000, 1 << 42), None, "longer than 2 TiB");
+        assert_eq!(pack(1 << 48, 4096), None, "past user space");
+    }
+
+    #[test]
+    fn concurrent_registrations_never_pair_one_start_with_another_length() {
+        let threads: Vec<_> = (1..=8usize)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for i in 0..2000usize {
+                        let start = (t << 32) + (i % 7 + 1) * 4096;
+                        let len = t * 4096;
+                        if let Some(g) = register(start as *mut u8, len) {
+                            let seen = unpack(RANGES[g.index].span.load(Ordering::Acquire));
+                            assert_eq!(seen, Some((start, len)));
+                            // The handler's view of an address inside it.
+                            let (s, _, l) = claimed_range(libc::BUS_ADRERR, start + len - 1)
+                                .expect("own range found");
+                            assert_eq!((s, l), (start, len));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
 
     #[test]
     fn a_truncated_mapping_reads_zero_and_is_marked_faulted() {

@@ -538,7 +538,9 @@ impl Table {
         map: Option<Arc<Mapping>>,
     ) -> Result<Table, SegmentError> {
         let raw = read_raw(seg, expected_seq, buf)?;
-        let mut b = Builder::new(raw.count as usize);
+        // `read_raw` bounded the count by the payload; the reservation is
+        // bounded here too, whatever a later change does to that check.
+        let mut b = Builder::new((raw.count as usize).min(super::segment::max_records(buf.len())));
         let end = decode_records(buf, raw.count, |r| b.add(r))?;
         let bl = decode_blacklist_dimensions(buf, end, raw.count, raw.bl_dims)?;
         Ok(Table::finish(b, raw, &bl, map))

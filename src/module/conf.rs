@@ -179,6 +179,18 @@ unsafe fn set_loc<T>(
     }
 }
 
+/// Runs a directive handler's body under [`guard`](super::guard::guard):
+/// a panic fails the configuration (nginx says so and keeps running the
+/// configuration it had) instead of aborting the master.
+pub(super) fn guard_directive(
+    cf: *mut ngx_conf_t,
+    body: impl FnOnce() -> *mut c_char,
+) -> *mut c_char {
+    // SAFETY: nginx passes every directive handler its live parser state.
+    let log = unsafe { (*cf).log };
+    super::guard::guard("a directive", log, NGX_CONF_ERROR, body)
+}
+
 /// One `extern "C"` handler per location-level directive, all through
 /// [`set_loc`]: `name => handler: field, parser`.
 macro_rules! loc_setters {
@@ -188,8 +200,10 @@ macro_rules! loc_setters {
             _cmd: *mut ngx_command_t,
             conf: *mut c_void,
         ) -> *mut c_char {
-            // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-            unsafe { set_loc(cf, conf, $directive, |c| &mut c.$field, $parse) }
+            guard_directive(cf, || {
+                // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
+                unsafe { set_loc(cf, conf, $directive, |c| &mut c.$field, $parse) }
+            })
         }
     )*};
 }
@@ -204,6 +218,14 @@ pub(super) fn mark_used(cf: *mut ngx_conf_t) {
 }
 
 pub(super) extern "C" fn set_enable(
+    cf: *mut ngx_conf_t,
+    cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    super::conf::guard_directive(cf, || set_enable_body(cf, cmd, conf))
+}
+
+fn set_enable_body(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
@@ -236,9 +258,13 @@ loc_setters! {
 
 pub(super) extern "C" fn set_shm(
     cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
+    cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
+    super::conf::guard_directive(cf, || set_shm_body(cf, cmd, conf))
+}
+
+fn set_shm_body(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
     // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
     // cf is the parser state nginx passes to every directive handler.
     let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
@@ -285,6 +311,14 @@ pub(super) extern "C" fn set_shm_owner(
 }
 
 pub(super) extern "C" fn set_dimension(
+    cf: *mut ngx_conf_t,
+    cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    super::conf::guard_directive(cf, || set_dimension_body(cf, cmd, conf))
+}
+
+fn set_dimension_body(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,

@@ -24,6 +24,7 @@ use smallvec::SmallVec;
 use super::conf::{LocConf, MainConf};
 use super::decision::ReqStatus;
 use super::ext::bytes_in_pool;
+use super::guard::{guard, test_panic, Entry};
 use super::time::{monotonic_ns, unix_ms};
 use super::variables::{self, Decided};
 use super::worker::{with_worker, Event, EventLog, ValueSource, Worker};
@@ -40,10 +41,13 @@ use crate::core::table::{IpKey, Request as TableRequest, RequestOutcome, Scratch
 pub type Hold = crate::core::table::Units;
 
 extern "C" fn hold_cleanup(data: *mut c_void) {
-    // SAFETY: `data` is the Hold written by `keep_hold`; nginx runs each
-    // pool cleanup once, when the request pool is destroyed.
-    let hold = unsafe { ptr::read(data.cast::<Hold>()) };
-    hold.release();
+    guard("the request cleanup", ptr::null_mut(), (), || {
+        test_panic(Entry::Cleanup);
+        // SAFETY: `data` is the Hold written by `keep_hold`; nginx runs each
+        // pool cleanup once, when the request pool is destroyed.
+        let hold = unsafe { ptr::read(data.cast::<Hold>()) };
+        hold.release();
+    })
 }
 
 /// Puts `hold` in a cleanup of the request pool; `false` (units released
@@ -147,7 +151,11 @@ fn str_bytes<'a>(s: &ngx::ffi::ngx_str_t) -> Option<&'a [u8]> {
 pub extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls phase handlers with a valid request.
     let r = unsafe { Request::from_ngx_http_request(r) };
-    handle(r).0
+    let log = r.log();
+    // A panic declines: the request passes (fail open).
+    guard("the PREACCESS handler", log, Status::NGX_DECLINED.0, || {
+        handle(r).0
+    })
 }
 
 fn handle(r: &mut Request) -> Status {
@@ -170,6 +178,7 @@ fn handle(r: &mut Request) -> Status {
     let now_ms = unix_ms();
     let log = r.log();
     with_worker(mc, |w| {
+        test_panic(Entry::Preaccess);
         // Rejection summaries are written by the worker's timer (armed when
         // a window opens) and at exit, never on the request path.
         w.refresh(mc, now_ns, log);
@@ -322,6 +331,11 @@ pub unsafe extern "C" fn key_variable(
     v: *mut ngx_http_variable_value_t,
     _data: usize,
 ) -> isize {
+    // SAFETY: nginx calls variable getters with a live request and value.
+    unsafe { variables::guarded(r, v, || key_value(r, v)) }
+}
+
+fn key_value(r: *mut ngx_http_request_t, v: *mut ngx_http_variable_value_t) -> isize {
     // SAFETY: nginx calls variable getters with a live request and value.
     let (r, v) = unsafe { (Request::from_ngx_http_request(r), &mut *v) };
     let id = variables::decision_of(r)
@@ -591,6 +605,10 @@ fn start_delay(r: &mut Request, ms: u64) -> Status {
 }
 
 extern "C" fn delay_handler(r: *mut ngx_http_request_t) {
+    guard("the delay handler", ptr::null_mut(), (), || delay_resume(r))
+}
+
+fn delay_resume(r: *mut ngx_http_request_t) {
     // SAFETY: nginx calls the write event handler with the live request
     // whose handlers `start_delay` installed.
     unsafe {

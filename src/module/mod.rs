@@ -7,6 +7,7 @@
 mod conf;
 mod decision;
 mod ext;
+mod guard;
 mod handler;
 pub(crate) mod parse;
 mod stats;
@@ -154,18 +155,29 @@ pub static mut ngx_http_rate_ctl_module: ngx_module_t = ngx_module_t {
 extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx calls init_process with the worker's complete cycle.
     let cycle = unsafe { &*cycle };
-    if let Some(mc) = <RateCtlModule as HttpModuleMainConf>::main_conf(cycle) {
-        if mc.used {
-            worker::start(mc, cycle.log);
+    guard::install_hook();
+    guard::read_test_knob();
+    // A panic leaves the worker without a table: its requests pass.
+    guard::guard("init_process", cycle.log, Status::NGX_OK.0, || {
+        guard::test_panic(guard::Entry::InitProcess);
+        if let Some(mc) = <RateCtlModule as HttpModuleMainConf>::main_conf(cycle) {
+            if mc.used {
+                worker::start(mc, cycle.log);
+            }
         }
-    }
-    Status::NGX_OK.0
+        Status::NGX_OK.0
+    })
 }
 
 /// A worker that exits (reload, shutdown) writes its pending rejection
 /// summaries first.
-extern "C" fn exit_process(_cycle: *mut ngx_cycle_t) {
-    worker::flush_now();
+extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
+    // SAFETY: nginx calls exit_process with the worker's cycle.
+    let log = unsafe { (*cycle).log };
+    guard::guard("exit_process", log, (), || {
+        guard::test_panic(guard::Entry::ExitProcess);
+        worker::flush_now()
+    })
 }
 
 impl HttpModule for RateCtlModule {
@@ -177,10 +189,27 @@ impl HttpModule for RateCtlModule {
 
     unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         // SAFETY: nginx passes the configuration being parsed.
-        unsafe { variables::add_variables(cf, handler::key_variable) }.0
+        let log = unsafe { (*cf).log };
+        guard::guard("preconfiguration", log, Status::NGX_ERROR.0, || {
+            // SAFETY: as above.
+            unsafe { variables::add_variables(cf, handler::key_variable) }.0
+        })
     }
 
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        // SAFETY: nginx passes the http block's configuration.
+        let log = unsafe { (*cf).log };
+        guard::guard("postconfiguration", log, Status::NGX_ERROR.0, || {
+            // SAFETY: as above.
+            unsafe { RateCtlModule::postconfigure(cf) }
+        })
+    }
+}
+
+impl RateCtlModule {
+    /// # Safety
+    /// `cf` is the http block's configuration (nginx's postconfiguration).
+    unsafe fn postconfigure(cf: *mut ngx_conf_t) -> ngx_int_t {
         // SAFETY: nginx passes the http block's configuration.
         if unsafe { variables::index_decision(cf) } != Status::NGX_OK {
             return Status::NGX_ERROR.0;

@@ -25,6 +25,10 @@ pub(super) extern "C" fn set_stats(
     _cmd: *mut ngx_command_t,
     _conf: *mut c_void,
 ) -> *mut c_char {
+    super::conf::guard_directive(cf, || set_stats_body(cf))
+}
+
+fn set_stats_body(cf: *mut ngx_conf_t) -> *mut c_char {
     // SAFETY: cf is the parser state inside a location block, whose core
     // location configuration exists.
     let Some(clcf) = NgxHttpCoreModule::location_conf_mut(unsafe { &*cf }) else {
@@ -46,7 +50,16 @@ pub(super) extern "C" fn set_stats(
 extern "C" fn stats_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls content handlers with a valid request.
     let r = unsafe { Request::from_ngx_http_request(r) };
-    serve(r).0
+    let log = r.log();
+    super::guard::guard(
+        "the stats handler",
+        log,
+        NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+        || {
+            super::guard::test_panic(super::guard::Entry::Stats);
+            serve(r).0
+        },
+    )
 }
 
 fn bytes(s: &ngx_str_t) -> &[u8] {

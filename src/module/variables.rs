@@ -310,11 +310,39 @@ pub(super) fn decision_of(r: &Request) -> Option<Decided> {
     decided(r.as_ref(), mc.decision_index)
 }
 
+/// Runs a variable getter's body under [`guard`](super::guard::guard):
+/// a panic reports the variable not found.
+///
+/// # Safety
+/// `r` and `v` are the live request and value nginx passes a getter.
+pub(super) unsafe fn guarded(
+    r: *mut ngx_http_request_t,
+    v: *mut ngx_http_variable_value_t,
+    body: impl FnOnce() -> isize,
+) -> isize {
+    // SAFETY: a live request has a live connection and log (contract).
+    let log = unsafe { (*(*r).connection).log };
+    match super::guard::guard("a variable getter", log, None, || Some(body())) {
+        Some(rc) => rc,
+        None => {
+            // SAFETY: `v` is live (contract).
+            not_found(unsafe { &mut *v });
+            Status::NGX_OK.0
+        }
+    }
+}
+
 unsafe extern "C" fn status_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,
     _data: usize,
 ) -> isize {
+    // SAFETY: nginx calls variable getters with a live request and value.
+    unsafe { guarded(r, v, || status_value(r, v)) }
+}
+
+fn status_value(r: *mut ngx_http_request_t, v: *mut ngx_http_variable_value_t) -> isize {
+    super::guard::test_panic(super::guard::Entry::Variable);
     // SAFETY: nginx calls variable getters with a live request and value.
     let (r, v) = unsafe { (Request::from_ngx_http_request(r), &mut *v) };
     match decision_of(r) {
@@ -333,6 +361,11 @@ unsafe extern "C" fn strategy_variable(
     v: *mut ngx_http_variable_value_t,
     _data: usize,
 ) -> isize {
+    // SAFETY: nginx calls variable getters with a live request and value.
+    unsafe { guarded(r, v, || strategy_value(r, v)) }
+}
+
+fn strategy_value(r: *mut ngx_http_request_t, v: *mut ngx_http_variable_value_t) -> isize {
     // SAFETY: nginx calls variable getters with a live request and value.
     let (r, v) = unsafe { (Request::from_ngx_http_request(r), &mut *v) };
     let Some(id) = decision_of(r).map(|d| d.strategy).filter(|&id| id != 0) else {

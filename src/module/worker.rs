@@ -166,7 +166,10 @@ fn arm_flush_timer() {
 }
 
 extern "C" fn flush_timer_handler(_ev: *mut ngx_event_t) {
-    flush_now();
+    super::guard::guard("the summary timer", ptr::null_mut(), (), || {
+        super::guard::test_panic(super::guard::Entry::Timer);
+        flush_now()
+    })
 }
 
 /// Writes the pending summaries now (timer, worker exit).
@@ -234,7 +237,12 @@ impl Worker {
                 reader::Severity::Error => LogLevel::Error,
                 reader::Severity::Notice => LogLevel::Notice,
             };
-            ngx_log_error!(level.ngx_level(), log, "{}", change.message);
+            ngx_log_error!(
+                level.ngx_level(),
+                log,
+                "{}",
+                crate::core::escape::escape_bytes(change.message.as_bytes(), 1024)
+            );
         }
         // Once per table: map its dimensions to request sources and make
         // room in the working space.
@@ -369,9 +377,20 @@ pub fn with_worker<R>(mc: &MainConf, f: impl FnOnce(&mut Worker) -> R) -> Option
     // reference to the worker exists until `busy` is cleared below.
     let w = unsafe { &mut *WORKER.worker.get() };
     let w = w.get_or_insert_with(|| Worker::new(PathBuf::from(mc.shm_path()), mc.shm_owner));
-    let r = f(w);
-    WORKER.busy.set(false);
-    Some(r)
+    // Cleared however `f` ends: after a panic (caught at the FFI edge,
+    // see super::guard) the next request finds the state free again.
+    let _free = Free;
+    Some(f(w))
+}
+
+/// Clears `busy` when dropped (also while unwinding).
+struct Free;
+
+impl Drop for Free {
+    #[inline(always)]
+    fn drop(&mut self) {
+        WORKER.busy.set(false);
+    }
 }
 
 /// [`with_worker`] for a worker state that exists already (timers, exit).
@@ -379,9 +398,9 @@ fn with_existing_worker(f: impl FnOnce(&mut Worker)) {
     if WORKER.busy.replace(true) {
         return;
     }
+    let _free = Free;
     // SAFETY: as in with_worker.
     if let Some(w) = unsafe { &mut *WORKER.worker.get() } {
         f(w);
     }
-    WORKER.busy.set(false);
 }

@@ -146,7 +146,7 @@ sub conf_text {
     my $http = $self->{http} // '';
     my $lopts = $self->{listen_opts} // '';
     my $server = $self->{server} // '';
-    my $main = $self->{main} // '';
+    my $main = $self->{main} // '';    # main-context directives (e.g. env)
     $http =~ s/\@SHM\@/$self->{shm}/g;
     $http =~ s/\@DIR\@/$d/g;
     $server =~ s/\@DIR\@/$d/g;

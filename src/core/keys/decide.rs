@@ -124,7 +124,8 @@ impl KeyPlan {
                 out.push_str(&p.to_string());
             } else {
                 let v = r.values.value(d).filter(|v| !v.is_empty())?;
-                out.push_str(&String::from_utf8_lossy(v));
+                // Client bytes: escaped and capped (they reach error.log).
+                crate::core::escape::push_escaped(&mut out, v, crate::core::escape::LOG_VALUE_MAX);
             }
         }
         Some(out)
