@@ -26,7 +26,7 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// ranges in the blacklist (tags 3..=131, prefix bitset at 224), the
 /// per-key table region (`H_KEYS_*`, [`super::keys`]) and the per-key
 /// fields after a strategy record's conditions.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
