@@ -768,6 +768,12 @@ impl<'a> KeyTable<'a> {
         self.update(at, |cur| lim.refund(cur, token, prev));
     }
 
+    /// The charge after the response (issue 31): see
+    /// [`KeyLimiter::charge_after`].
+    pub fn charge_after(&self, at: KeyRef, lim: &KeyLimiter, now: u64, admitted: u64, delta: i64) {
+        self.update(at, |cur| lim.charge_after(cur, now, admitted, delta));
+    }
+
     /// `concurrency`: the request ended.
     pub fn release(&self, at: KeyRef, lim: &KeyLimiter) {
         self.update(at, |cur| lim.release(cur));

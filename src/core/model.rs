@@ -684,8 +684,11 @@ impl Strategy {
             _ => {}
         }
         self.each.check(self.algorithm, self.rate)?;
-        self.response
-            .check(self.algorithm, self.action == Action::Allow)?;
+        self.response.check(
+            self.algorithm,
+            self.action == Action::Allow,
+            self.each.is_keyed(),
+        )?;
         if self.action == Action::Allow && self.each.is_keyed() {
             // An allowed request passes before any key is looked up.
             return Err(super::each::EachError::Allow.into());

@@ -56,6 +56,8 @@ pub enum ResponseError {
     },
     #[error("{field}: not available with action allow")]
     Allow { field: &'static str },
+    #[error("cost_from: not available for a per-key strategy (each) yet; use a shared strategy, or cost_after")]
+    CostFromEach,
 }
 
 impl StatusSet {
@@ -171,7 +173,15 @@ impl Response {
     }
 
     /// The model's rules for these fields on a strategy of `algorithm`.
-    pub fn check(&self, algorithm: Algorithm, allow: bool) -> Result<(), ResponseError> {
+    pub fn check(
+        &self,
+        algorithm: Algorithm,
+        allow: bool,
+        keyed: bool,
+    ) -> Result<(), ResponseError> {
+        if keyed && !self.cost_from.is_empty() {
+            return Err(ResponseError::CostFromEach);
+        }
         for (field, name) in [
             ("cost_from", &self.cost_from),
             ("cost_after", &self.cost_after),
@@ -358,19 +368,157 @@ mod tests {
             count_if: StatusSet::parse("401").unwrap(),
             ..Default::default()
         };
-        assert!(r.check(Algorithm::FixedWindow, false).is_ok());
-        assert!(r.check(Algorithm::TokenBucket, false).is_ok());
-        let e = r.check(Algorithm::Concurrency, false).unwrap_err();
+        assert!(r.check(Algorithm::FixedWindow, false, false).is_ok());
+        assert!(r.check(Algorithm::TokenBucket, false, false).is_ok());
+        let e = r.check(Algorithm::Concurrency, false, false).unwrap_err();
         assert!(e
             .to_string()
             .starts_with("count_if: not available for concurrency"));
-        assert!(r.check(Algorithm::WarmUp, false).is_err());
-        assert!(r.check(Algorithm::FixedWindow, true).is_err());
+        assert!(r.check(Algorithm::WarmUp, false, false).is_err());
+        assert!(r.check(Algorithm::FixedWindow, true, false).is_err());
         let r = Response {
             cost_after: "Bad".into(),
             ..Default::default()
         };
-        let e = r.check(Algorithm::FixedWindow, false).unwrap_err();
+        let e = r.check(Algorithm::FixedWindow, false, false).unwrap_err();
         assert!(e.to_string().starts_with("cost_after:"), "{e}");
+    }
+}
+
+/// A strategy's response options as a table compiles them: the `count_if`
+/// set and the table's dimension indexes of `cost_from` and `cost_after`.
+#[derive(Debug, Clone)]
+pub struct ResponsePlan {
+    pub count_if: StatusSet,
+    pub cost_from: Option<usize>,
+    pub cost_after: Option<usize>,
+}
+
+impl ResponsePlan {
+    /// Is anything settled when the request ends?
+    #[inline]
+    pub fn deferred(&self) -> bool {
+        !self.count_if.is_empty() || self.cost_after.is_some()
+    }
+
+    /// The request's cost up front: `cost_from`'s value, 1 when it has
+    /// none or the value is absent; `Err(1)` when the value is not a cost
+    /// (the caller logs, at most once a minute).
+    #[inline]
+    pub fn cost<V: super::table::Values + ?Sized>(&self, values: &V) -> Result<u64, u64> {
+        let Some(d) = self.cost_from else {
+            return Ok(1);
+        };
+        match values.value(d) {
+            None => Ok(1),
+            Some(v) if v.is_empty() => Ok(1),
+            Some(v) => parse_cost(v).ok_or(1),
+        }
+    }
+}
+
+/// Where a charge to settle lives: a shared strategy's stat slot (with the
+/// generation it was charged at) or a per-key strategy's key entry.
+#[derive(Debug, Clone, Copy)]
+pub enum OwedTarget {
+    Slot {
+        slot: u32,
+        generation: u64,
+        limiter: super::limiter::Limiter,
+    },
+    Key {
+        at: super::keys::KeyRef,
+        limiter: super::keys::KeyLimiter,
+    },
+}
+
+/// One strategy's charge a request settles when it ends.
+#[derive(Debug, Clone, Copy)]
+pub struct OwedCharge {
+    pub target: OwedTarget,
+    pub owed: Owed,
+    /// When it was admitted (both clocks).
+    pub admitted: super::admit::Now,
+    /// The dimension of `cost_after`: the table's index when captured; the
+    /// caller may replace it with its own source index.
+    pub after_dim: Option<usize>,
+    /// The strategy id (for logs).
+    pub id: u32,
+}
+
+/// What a request settles when it ends, on the mapping that admitted it
+/// (a request may outlive many tables).
+pub struct Owing {
+    pub map: std::sync::Arc<super::shm::Mapping>,
+    pub items: smallvec::SmallVec<[OwedCharge; 1]>,
+}
+
+/// What settling did (per-strategy counters and tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Units charged after the response (sum of positive deltas).
+    pub charged_after: u64,
+    /// Units given back (sum of negative deltas).
+    pub given_back: u64,
+    /// Requests not counted: `count_if` set and the status not in it.
+    pub not_counted: u64,
+}
+
+impl Owing {
+    /// Settles every charge: the request ended with `status`; `cost(i)` is
+    /// item `i`'s `cost_after` value (`None`: absent or invalid).
+    pub fn settle(
+        self,
+        status: u16,
+        now: super::admit::Now,
+        cost: impl Fn(&OwedCharge) -> Option<u64>,
+    ) -> Settled {
+        let mut out = Settled::default();
+        let slots = self.map.slots();
+        for item in &self.items {
+            let after = if item.owed.after { cost(item) } else { None };
+            let delta = item.owed.delta(status, after);
+            if !item.owed.count_if.is_empty() && !item.owed.count_if.contains(status) {
+                out.not_counted += 1;
+            }
+            if delta > 0 {
+                out.charged_after += delta as u64;
+            } else {
+                out.given_back += delta.unsigned_abs();
+            }
+            if delta == 0 {
+                continue;
+            }
+            match item.target {
+                OwedTarget::Slot {
+                    slot,
+                    generation,
+                    limiter,
+                } => {
+                    let Some(s) = super::slot::Slot::at(&slots, slot) else {
+                        continue;
+                    };
+                    if s.generation().load(std::sync::atomic::Ordering::Acquire) != generation {
+                        continue; // the strategy is gone
+                    }
+                    limiter.charge_after(
+                        &s,
+                        now.for_limiter(&limiter),
+                        item.admitted.for_limiter(&limiter),
+                        delta,
+                    );
+                }
+                OwedTarget::Key { at, limiter } => {
+                    self.map.keys().charge_after(
+                        at,
+                        &limiter,
+                        limiter.clock(now),
+                        limiter.clock(item.admitted),
+                        delta,
+                    );
+                }
+            }
+        }
+        out
     }
 }

@@ -29,8 +29,10 @@ use super::super::each::OnFull;
 use super::super::limiter::Quota;
 use super::super::model::{Action, Algorithm};
 use super::super::region::Region;
+use super::super::response::{Owed, OwedCharge, OwedTarget};
 use super::super::shm::Mapping;
 use super::super::slot::Slot;
+use super::super::table::ResponseOut;
 use super::super::table::{IpKey, Request, Table, Values};
 use super::{Charge, IpPrefix, KeyLimiter, KeyRef, KeyTable};
 
@@ -167,12 +169,12 @@ pub(crate) fn decide<V: Values + ?Sized>(
     slots: &Region<'_>,
     r: &Request<'_, V>,
     held: &mut SmallVec<[u32; 2]>,
-    (key_holds, full): (&mut KeyHolds, &mut Option<(u32, OnFull)>),
+    (key_holds, full, response): (&mut KeyHolds, &mut Option<(u32, OnFull)>, &mut ResponseOut),
 ) -> Decision {
     if let [si] = *matched {
-        return decide_one(table, si, map, slots, r, held, key_holds, full);
+        return decide_one(table, si, map, slots, r, held, key_holds, full, response);
     }
-    decide_all(table, matched, map, r, held, key_holds, full)
+    decide_all(table, matched, map, r, held, key_holds, full, response)
 }
 
 /// [`decide`] for any number of matched strategies, per-key and shared
@@ -186,6 +188,7 @@ fn decide_all<V: Values + ?Sized>(
     held: &mut SmallVec<[u32; 2]>,
     key_holds: &mut KeyHolds,
     full: &mut Option<(u32, OnFull)>,
+    response: &mut ResponseOut,
 ) -> Decision {
     let slots = &map.slots();
     let kt = map.keys();
@@ -200,7 +203,7 @@ fn decide_all<V: Values + ?Sized>(
     for &si in matched {
         let c = &strategies[si as usize];
         let Some(plan) = &c.key else {
-            if let Some(h) = c.hit(slots) {
+            if let Some(h) = c.hit_for(slots, r, response) {
                 shared.push(h);
                 shared_index.push(si);
             }
@@ -249,7 +252,7 @@ fn decide_all<V: Values + ?Sized>(
                 full.get_or_insert((c.strategy.id, plan.on_full));
                 match plan.on_full {
                     OnFull::Overflow => {
-                        if let Some(h) = c.hit(slots) {
+                        if let Some(h) = c.hit_for(slots, r, response) {
                             shared.push(h);
                             shared_index.push(si);
                             overflow.push(si);
@@ -316,6 +319,9 @@ fn decide_all<V: Values + ?Sized>(
         Verdict::Delay { wait_ns, .. } => wait_ns,
         _ => 0,
     };
+    if table.is_responsive() {
+        super::super::table::owe_hits(strategies, &shared, &shared_index, &d, r, response);
+    }
     for t in &taken {
         let c = &strategies[t.si as usize];
         let Some(plan) = &c.key else { continue };
@@ -324,6 +330,22 @@ fn decide_all<V: Values + ?Sized>(
         }
         if t.forced {
             continue;
+        }
+        if let Some(p) = c.response.as_deref().filter(|p| p.deferred()) {
+            response.owed.push(OwedCharge {
+                target: OwedTarget::Key {
+                    at: t.at,
+                    limiter: plan.limiter,
+                },
+                owed: Owed {
+                    charged: 1,
+                    count_if: p.count_if,
+                    after: p.cost_after.is_some(),
+                },
+                admitted: now,
+                after_dim: p.cost_after,
+                id: c.strategy.id,
+            });
         }
         let Some(slot) = Slot::at(slots, c.slot) else {
             continue;
@@ -381,10 +403,16 @@ fn decide_one<V: Values + ?Sized>(
     held: &mut SmallVec<[u32; 2]>,
     key_holds: &mut KeyHolds,
     full: &mut Option<(u32, OnFull)>,
+    response: &mut ResponseOut,
 ) -> Decision {
     let c = &table.strategies()[si as usize];
-    let (Some(plan), false) = (&c.key, r.dry_run || c.strategy.action.is_dry_run()) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full);
+    // Response options (issue 31) take the general path, which records
+    // what the request settles when it ends.
+    let (Some(plan), false) = (
+        &c.key,
+        r.dry_run || c.strategy.action.is_dry_run() || c.response.is_some(),
+    ) else {
+        return decide_all(table, &[si], map, r, held, key_holds, full, response);
     };
     let id = c.strategy.id;
     let kt = map.keys();
@@ -396,7 +424,7 @@ fn decide_one<V: Values + ?Sized>(
         return Decision::pass(); // an empty value: not counted
     }
     let Some(key) = kt.key(h, c.slot, c.generation) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full);
+        return decide_all(table, &[si], map, r, held, key_holds, full, response);
     };
     let Some(slot) = Slot::at(slots, c.slot) else {
         return Decision::pass(); // no such slot: nothing counted
@@ -408,7 +436,7 @@ fn decide_one<V: Values + ?Sized>(
     // A key found in the table; a new key (its entry to claim, maybe
     // another strategy's to judge) takes the general path.
     let Some(charge) = kt.charge_found(&key, &plan.limiter, now, false) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full);
+        return decide_all(table, &[si], map, r, held, key_holds, full, response);
     };
     match charge {
         Charge::Admitted {
@@ -452,7 +480,7 @@ fn decide_one<V: Values + ?Sized>(
                 ..Decision::pass()
             }
         }
-        Charge::Full => decide_all(table, &[si], map, r, held, key_holds, full),
+        Charge::Full => decide_all(table, &[si], map, r, held, key_holds, full, response),
     }
 }
 

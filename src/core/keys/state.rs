@@ -178,6 +178,62 @@ impl KeyLimiter {
         }
     }
 
+    /// The charge after the response (issue 31) on the word `w`: `delta`
+    /// units more, even over the limit (a bucket goes into debt, at most
+    /// `MAX_DEBT_NS` beyond its horizon; a window stays full until it
+    /// ends), or, negative, given back to the window the request was
+    /// admitted in (`admitted`, this limiter's clock then). `None`:
+    /// nothing to change.
+    pub fn charge_after(&self, w: u64, now: u64, admitted: u64, delta: i64) -> Option<u64> {
+        let d = delta.unsigned_abs();
+        if d == 0 {
+            return None;
+        }
+        match *self {
+            KeyLimiter::Gcra {
+                interval,
+                tau,
+                max_delay,
+            } => Some(if delta > 0 {
+                let cap = now
+                    .saturating_add(tau.saturating_add(max_delay))
+                    .saturating_add(super::super::limiter::gcra::MAX_DEBT_NS);
+                w.max(now)
+                    .saturating_add(interval.saturating_mul(d))
+                    .min(cap.max(w))
+            } else {
+                w.saturating_sub(interval.saturating_mul(d))
+            }),
+            KeyLimiter::Fixed { period, .. } => {
+                let (sw, sc) = (w >> 32, w & 0xFFFF_FFFF);
+                if delta > 0 {
+                    let w_now = (now / period).min(u32::MAX as u64);
+                    let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
+                    Some((win << 32) | count.saturating_add(d).min(u32::MAX as u64 - 1))
+                } else {
+                    let charged = (admitted / period).min(u32::MAX as u64);
+                    (sw == charged && sc > 0).then(|| (sw << 32) | sc.saturating_sub(d))
+                }
+            }
+            KeyLimiter::Sliding { period, .. } => {
+                if delta > 0 {
+                    let v = SlidingView::read(w, now, period);
+                    return Some(pack_sliding(v.window, v.prev, v.cur.saturating_add(d)));
+                }
+                let v = SlidingView::read(w, admitted, period);
+                if w == 0 {
+                    return None;
+                }
+                // Read at the admission's time: its window is `cur` there
+                // if the word still holds it; moved on: nothing (the
+                // weighted previous count keeps it, conservatively).
+                (v.cur > 0 && !v.ahead)
+                    .then(|| pack_sliding(v.window, v.prev, v.cur.saturating_sub(d)))
+            }
+            KeyLimiter::Concurrency { .. } => None,
+        }
+    }
+
     /// `concurrency` under a dry run: one more in flight even over the
     /// limit (the release at the end balances it).
     pub fn force(&self, w: u64) -> Option<u64> {
