@@ -497,6 +497,16 @@ fn print_strategies(recs: &[StrategyRecord]) {
                 cond.push(format!("on_full={o}"));
             }
         }
+        // Issue 31: the response and cost options.
+        for (k, v) in [
+            ("count_if=status", &r.count_if),
+            ("cost_from", &r.cost_from),
+            ("cost_after", &r.cost_after),
+        ] {
+            if let Some(v) = v {
+                cond.push(format!("{k}={v}"));
+            }
+        }
         out(format!(
             "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {:>5} {}",
             r.id,

@@ -314,6 +314,22 @@ impl Store {
                 q.execute(&mut *tx).await?;
             }
         }
+        // Issue 31: the response columns of the rows that have them, by
+        // their (unique) name: rows without an id got theirs just now.
+        for (_, r) in &records {
+            if r.count_if.is_none() && r.cost_from.is_none() && r.cost_after.is_none() {
+                continue;
+            }
+            sqlx::query(&self.sql(
+                "UPDATE strategies SET count_if = ?, cost_from = ?, cost_after = ? WHERE name = ?",
+            ))
+            .bind(r.count_if.clone())
+            .bind(r.cost_from.clone())
+            .bind(r.cost_after.clone())
+            .bind(r.name.clone())
+            .execute(&mut *tx)
+            .await?;
+        }
         audit(
             &mut tx,
             who,
