@@ -81,12 +81,14 @@ for_each_target(sub {
                 listen 127.0.0.1:$up;
                 location /login { if (\$arg_fail) { return 401; } return 200 "ok\\n"; }
                 location /gql { return 200 "ok\\n"; }
+                location /gql2 { return 200 "ok\\n"; }
                 location /up { add_header X-Cost 6; return 200 "ok\\n"; }
             }
         },
         server => qq{
             rate_ctl on;
             location / { proxy_pass http://127.0.0.1:$up; }
+            location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
         });
     $n->start;
     # The worker has the table once a strategy rejects; wait for the
@@ -107,6 +109,28 @@ for_each_target(sub {
     is($r->{headers}{'x-cost'}, 6, 'the upstream reports a cost of 6');
     @codes = map { $n->get('/up')->{code} } 1 .. 2;
     is("@codes", '200 503', 'cost_after 6 of 10: 200, 200, 503 (charged 1 up front, 5 after)');
+
+    # The response counters: per strategy at the stats endpoint and in
+    # `rate-ctl shm inspect`.
+    my $stats = $n->get('/rate_ctl')->{body};
+    like($stats, qr/"response":\{"charged_after":0,"given_back":6,"not_counted":6\}/,
+        'stats: six logins not counted, their units given back');
+    like($stats, qr/"response":\{"charged_after":10,"given_back":0,"not_counted":0\}/,
+        'stats: 5 units charged after each of the two /up responses');
+    my $inspect = `$bin shm inspect $shm --json 2>&1`;
+    like($inspect, qr/"count_if": "401"/, 'shm inspect shows count_if');
+    like($inspect, qr/"not_counted": 6/, 'and the requests not counted');
+    my $prom = $n->get('/rate_ctl?format=prometheus')->{body};
+    like($prom, qr/rate_ctl_not_counted_total\{strategy="\d+",name="login"\} 6/, 'Prometheus: rate_ctl_not_counted_total')
+        or diag substr($prom, 0, 300);
+
+    # A cost that is not an integer counts 1 and is logged (once a minute).
+    my $fresh = `$bin strategy add --store $store --algorithm fixed_window --per day --scope host --name gql2 --match api=/gql2 --cost-from cost --rate 2 2>&1`;
+    sleep 0.5;
+    @codes = map { $n->get('/gql2', '-H', "'X-Cost: 4x'")->{code} } 1 .. 3;
+    is("@codes", '200 200 503', 'an invalid cost counts 1');
+    my @bad = $n->error_log =~ /the cost_from dimension's value is not an integer/g;
+    is(scalar @bad, 1, 'logged once');
 
     $n->stop;
     stop("agent $t->{name}");

@@ -167,7 +167,9 @@ impl Now {
     }
 }
 
-/// Admits or refuses one request at `now` against `hits`, in order.
+/// Admits or refuses one request at `now` against `hits`, in order. A hit
+/// of several `units` (`cost_from`) must go through [`admit_listed`]
+/// (the one-hit path here takes one unit).
 pub fn admit(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool) -> Decision {
     admit_with(hits, now, dry_run_all, true)
 }
@@ -236,7 +238,8 @@ fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
     if !current(hit) {
         return d;
     }
-    match acquire(hit, now) {
+    // One unit: a hit of several (cost_from) takes `admit_listed`.
+    match hit.limiter.acquire(&hit.slot, now) {
         Acquired::Admitted(r) => {
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
             if r.wait_ns > 0 {

@@ -87,8 +87,9 @@ const LINE_ENTRIES: u64 = 4;
 /// Entries scanned per key: two cache lines.
 pub const PROBE: u64 = 8;
 const HEADER_BYTES: u64 = 4096;
-/// Bytes of one stat slot's key counters.
-const COUNTER_BYTES: u64 = 32;
+/// Bytes of one stat slot's counters here: the key counters, and since
+/// layout version 4 the response counters (issue 31).
+const COUNTER_BYTES: u64 = 64;
 /// Stat slots a per-key strategy may use (20 bits of the ident).
 pub const MAX_SLOT: u32 = (1 << 20) - 2;
 
@@ -102,6 +103,11 @@ const C_IN_USE: usize = 0;
 const C_RECLAIMS: usize = 8;
 const C_FULL: usize = 16;
 const C_OVERFLOW: usize = 24;
+// Response counters (issue 31), for every strategy with count_if,
+// cost_from or cost_after (per key or not).
+const C_CHARGED_AFTER: usize = 32;
+const C_GIVEN_BACK: usize = 40;
+const C_NOT_COUNTED: usize = 48;
 
 /// Entries for a requested `--keys`: whole cache lines, at least two.
 pub fn capacity_for(keys: u32) -> Result<u64, ShmError> {
@@ -180,6 +186,13 @@ fn ident_generation(ident: u64) -> u64 {
 pub struct KeyRef {
     pub entry: u64,
     pub ident: u64,
+}
+
+impl KeyRef {
+    /// The stat slot of the key's strategy.
+    pub fn slot(&self) -> Option<u32> {
+        ident_slot(self.ident)
+    }
 }
 
 /// The result of [`KeyTable::charge`].
@@ -457,7 +470,15 @@ impl<'a> KeyTable<'a> {
     /// Agent side: a stat slot given to a new strategy starts with zero key
     /// counters (its old keys are free: their generation is another).
     pub fn reset_counters(&self, slot: u32) {
-        for off in [C_IN_USE, C_RECLAIMS, C_FULL, C_OVERFLOW] {
+        for off in [
+            C_IN_USE,
+            C_RECLAIMS,
+            C_FULL,
+            C_OVERFLOW,
+            C_CHARGED_AFTER,
+            C_GIVEN_BACK,
+            C_NOT_COUNTED,
+        ] {
             if let Some(c) = self.counter(slot, off) {
                 c.store(0, Ordering::Relaxed);
             }
@@ -482,6 +503,35 @@ impl<'a> KeyTable<'a> {
             reclaims: get(C_RECLAIMS),
             full: get(C_FULL),
             overflow_admits: get(C_OVERFLOW),
+        }
+    }
+
+    /// Adds what settling a request did to strategy `slot`'s response
+    /// counters (issue 31).
+    pub fn count_settled(&self, slot: u32, s: &super::response::Settled) {
+        for (off, n) in [
+            (C_CHARGED_AFTER, s.charged_after),
+            (C_GIVEN_BACK, s.given_back),
+            (C_NOT_COUNTED, s.not_counted),
+        ] {
+            if n > 0 {
+                if let Some(c) = self.counter(slot, off) {
+                    c.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Strategy `slot`'s response counters (issue 31).
+    pub fn settled(&self, slot: u32) -> super::response::Settled {
+        let get = |off| {
+            self.counter(slot, off)
+                .map_or(0, |c| c.load(Ordering::Relaxed))
+        };
+        super::response::Settled {
+            charged_after: get(C_CHARGED_AFTER),
+            given_back: get(C_GIVEN_BACK),
+            not_counted: get(C_NOT_COUNTED),
         }
     }
 

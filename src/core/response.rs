@@ -475,20 +475,22 @@ impl Owing {
     ) -> Settled {
         let mut out = Settled::default();
         let slots = self.map.slots();
+        let keys = self.map.keys();
         for item in &self.items {
             let after = if item.owed.after { cost(item) } else { None };
             let delta = item.owed.delta(status, after);
+            let mut one = Settled::default();
             if !item.owed.count_if.is_empty() && !item.owed.count_if.contains(status) {
-                out.not_counted += 1;
+                one.not_counted = 1;
             }
             if delta > 0 {
-                out.charged_after += delta as u64;
+                one.charged_after = delta as u64;
             } else {
-                out.given_back += delta.unsigned_abs();
+                one.given_back = delta.unsigned_abs();
             }
-            if delta == 0 {
-                continue;
-            }
+            out.charged_after += one.charged_after;
+            out.given_back += one.given_back;
+            out.not_counted += one.not_counted;
             match item.target {
                 OwedTarget::Slot {
                     slot,
@@ -501,6 +503,10 @@ impl Owing {
                     if s.generation().load(std::sync::atomic::Ordering::Acquire) != generation {
                         continue; // the strategy is gone
                     }
+                    keys.count_settled(slot, &one);
+                    if delta == 0 {
+                        continue;
+                    }
                     limiter.charge_after(
                         &s,
                         now.for_limiter(&limiter),
@@ -509,7 +515,13 @@ impl Owing {
                     );
                 }
                 OwedTarget::Key { at, limiter } => {
-                    self.map.keys().charge_after(
+                    if let Some(slot) = at.slot() {
+                        keys.count_settled(slot, &one);
+                    }
+                    if delta == 0 {
+                        continue;
+                    }
+                    keys.charge_after(
                         at,
                         &limiter,
                         limiter.clock(now),

@@ -1518,10 +1518,8 @@ impl Table {
         scratch: &mut Scratch,
         out: &mut Decision,
     ) -> RequestOutcome<()> {
-        if self.responsive {
-            scratch.response.owed.clear();
-            scratch.response.bad_cost = None;
-        }
+        // (What response options leave in `scratch.response` is taken by
+        // `owing` after each request: nothing to clear here.)
         // An empty blacklist costs nothing per request.
         if self.bl_ip || !self.bl_dims.is_empty() {
             if let Some(o) = self.blacklisted(r) {
@@ -1641,7 +1639,13 @@ impl Table {
                 hit_index.push(si);
             }
         }
-        let decision = admit::admit_with(&hits, r.now(), r.dry_run, r.quota);
+        // Several units (cost_from) take the general path; the one-hit
+        // path of `admit_with` acquires one unit.
+        let decision = if hits.iter().any(|h| h.units != 1) {
+            admit::admit_listed(&hits, r.now(), r.dry_run, r.quota)
+        } else {
+            admit::admit_with(&hits, r.now(), r.dry_run, r.quota)
+        };
         for (h, &si) in hits.iter().zip(&hit_index) {
             if holds(h, &decision) {
                 held.push(si);
@@ -1740,9 +1744,10 @@ impl Table {
     #[cold]
     #[inline(never)]
     fn owing_held(&self, scratch: &mut Scratch) -> Option<super::response::Owing> {
+        let items = std::mem::take(&mut scratch.response.owed);
         Some(super::response::Owing {
             map: self.map.as_ref()?.clone(),
-            items: std::mem::take(&mut scratch.response.owed),
+            items,
         })
     }
 

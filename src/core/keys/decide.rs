@@ -294,6 +294,9 @@ fn decide_all<V: Values + ?Sized>(
     }
     let mut d = if shared.is_empty() {
         Decision::pass()
+    } else if shared.iter().any(|h| h.units != 1) {
+        // Several units (cost_from): the general path.
+        admit::admit_listed(&shared, now, r.dry_run, r.quota)
     } else {
         admit::admit_with(&shared, now, r.dry_run, r.quota)
     };
