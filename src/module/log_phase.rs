@@ -33,6 +33,7 @@ use crate::core::admit::Now;
 use crate::core::response::{parse_cost, Owing};
 
 /// The module's context index (set by nginx before any request).
+#[inline(always)]
 fn ctx_index() -> usize {
     RateCtlModule::module().ctx_index
 }
@@ -94,14 +95,22 @@ pub fn after_decide(
     }
 }
 
-/// The LOG phase handler.
+/// The LOG phase handler: one load and a branch for a request that owes
+/// nothing (the rest out of line).
 pub extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls phase handlers with a valid request whose ctx
     // array has an entry per HTTP module.
     let data = unsafe { *(*r).ctx.add(ctx_index()) };
-    if data.is_null() {
-        return Status::NGX_OK.0;
+    if !data.is_null() {
+        settle_request(r, data);
     }
+    Status::NGX_OK.0
+}
+
+/// [`log_handler`] for a request that owes something.
+#[cold]
+#[inline(never)]
+fn settle_request(r: *mut ngx_http_request_t, data: *mut c_void) {
     let settle = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: a non-null context of ours is the Option<Owing> `keep`
         // wrote in the request pool's cleanup, live until the pool goes;
@@ -125,7 +134,6 @@ pub extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
             "rate_ctl: internal error settling a request's charge (count_if, cost_after); nothing settled"
         );
     }
-    Status::NGX_OK.0
 }
 
 /// The request's final status as `$status` gives it.
