@@ -411,7 +411,7 @@ impl ResponsePlan {
         };
         match values.value(d) {
             None => Ok(1),
-            Some(v) if v.is_empty() => Ok(1),
+            Some([]) => Ok(1),
             Some(v) => parse_cost(v).ok_or(1),
         }
     }

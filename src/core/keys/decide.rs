@@ -180,6 +180,7 @@ pub(crate) fn decide<V: Values + ?Sized>(
 /// [`decide`] for any number of matched strategies, per-key and shared
 /// (out of line: the one-strategy path keeps a small frame).
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn decide_all<V: Values + ?Sized>(
     table: &Table,
     matched: &[u32],
