@@ -54,6 +54,7 @@ for_each_target(sub {
     cli_add($store, '--name login --match api=/login --each ip --count-if status=401 --rate 3');
     cli_add($store, '--name gql --match api=/gql --cost-from cost --rate 10');
     cli_add($store, '--name up --match api=/up --cost-after upcost --rate 10');
+    cli_add($store, '--name gqlk --match api=/gqlk --each ip --cost-from cost --rate 10');
     my $list = `$bin strategy list --store $store --json 2>&1`;
     like($list, qr/"count_if":"401"/, 'the store keeps count_if (canonical: no status=)');
     like($list, qr/"cost_after":"upcost"/, 'and cost_after');
@@ -82,6 +83,7 @@ for_each_target(sub {
                 location /login { if (\$arg_fail) { return 401; } return 200 "ok\\n"; }
                 location /gql { return 200 "ok\\n"; }
                 location /gql2 { return 200 "ok\\n"; }
+                location /gqlk { return 200 "ok\\n"; }
                 location /up { add_header X-Cost 6; return 200 "ok\\n"; }
             }
         },
@@ -103,6 +105,8 @@ for_each_target(sub {
 
     @codes = map { $n->get('/gql', '-H', "'X-Cost: 4'")->{code} } 1 .. 3;
     is("@codes", '200 200 503', 'cost_from 4 of 10: 200, 200, 503');
+    @codes = (map({ $n->get('/gqlk', '-H', "'X-Cost: 4'")->{code} } 1 .. 3), $n->get('/gqlk', '-H', "'X-Cost: 2'")->{code});
+    is("@codes", '200 200 503 200', 'per key (each ip): 4, 4, then 4 does not fit whole, 2 does');
 
     my $r = $n->get('/up');
     is($r->{code}, 200, 'cost_after: first request passes');

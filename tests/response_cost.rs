@@ -193,6 +193,14 @@ proptest! {
                 _ => None,
             };
         }
+        // n units at once are d steps (or refused, leaving nothing).
+        match lim.step_units(w, now, d) {
+            Step::Admit { next, .. } => prop_assert_eq!(Some(next), stepped, "{}: {} units", alg, d),
+            Step::Reject { retry_after_ns } => {
+                prop_assert!(stepped.is_none(), "{}: {} units refused, {} steps fit", alg, d, d);
+                prop_assert!(retry_after_ns >= 1);
+            }
+        }
         let charged = lim.charge_after(w, now, now, d as i64).unwrap();
         if let Some(x) = stepped {
             prop_assert_eq!(charged, x, "{}: +{} against {} steps", alg, d, d);
@@ -342,17 +350,6 @@ fn bad_response_arguments_name_the_flag_and_store_nothing() {
         ),
         (
             &["--algorithm", "fixed_window", "--cost-from", "Cost"][..],
-            "--cost-from",
-        ),
-        (
-            &[
-                "--algorithm",
-                "fixed_window",
-                "--cost-from",
-                "cost",
-                "--each",
-                "ip",
-            ][..],
             "--cost-from",
         ),
         (

@@ -573,7 +573,30 @@ impl<'a> KeyTable<'a> {
         if !self.usable() {
             return Charge::Full;
         }
-        self.charge_slow(key, lim, now, lim.clock(now), force, slots, owner)
+        self.charge_slow(key, lim, now, lim.clock(now), force, slots, owner, 1)
+    }
+
+    /// [`charge`](Self::charge) of `n` units at once (`cost_from`, issue
+    /// 31; see [`KeyLimiter::step_units`]), never forced.
+    pub fn charge_units<'l>(
+        &self,
+        key: &KeyId,
+        lim: &KeyLimiter,
+        now: Now,
+        n: u64,
+        slots: &Region<'_>,
+        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
+    ) -> Charge {
+        if !self.usable() {
+            return Charge::Full;
+        }
+        if let Some((i, e)) = self.find(key) {
+            let st = e[1].load(Ordering::Acquire);
+            if let Some(c) = self.charge_at(i, e, key.ident, st, lim, lim.clock(now), false, n) {
+                return c;
+            }
+        }
+        self.charge_slow(key, lim, now, lim.clock(now), false, slots, owner, n)
     }
 
     /// [`charge`](Self::charge) of a key whose entry is in the table:
@@ -593,7 +616,7 @@ impl<'a> KeyTable<'a> {
         }
         let (i, e) = self.find(key)?;
         let st = e[1].load(Ordering::Acquire);
-        self.charge_at(i, e, key.ident, st, lim, lim.clock(now), force)
+        self.charge_at(i, e, key.ident, st, lim, lim.clock(now), force, 1)
     }
 
     /// The key's entry in its probe range (idents only), its index and
@@ -632,13 +655,14 @@ impl<'a> KeyTable<'a> {
         force: bool,
         slots: &Region<'_>,
         owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
+        n: u64,
     ) -> Charge {
         // Bounded: each round either commits or saw another process commit.
         for _ in 0..64 {
             // The key's entry: idents only (the common case, one pass).
             if let Some((i, e)) = self.find(key) {
                 let st = e[1].load(Ordering::Acquire);
-                match self.charge_at(i, e, key.ident, st, lim, t, force) {
+                match self.charge_at(i, e, key.ident, st, lim, t, force, n) {
                     Some(c) => return c,
                     None => continue, // the entry moved on: look again
                 }
@@ -652,7 +676,7 @@ impl<'a> KeyTable<'a> {
             let Some((p, old_ident, old_st)) = candidate else {
                 return Charge::Full;
             };
-            let next = match lim.step(0, t) {
+            let next = match lim.step_units(0, t, n) {
                 Step::Admit { next, wait_ns } => (next, wait_ns, false),
                 Step::Reject { retry_after_ns } => match force.then(|| lim.force(0)).flatten() {
                     Some(n) => (n, 0, true),
@@ -677,7 +701,7 @@ impl<'a> KeyTable<'a> {
                         self.drop_in_use(key.slot());
                     }
                     let e = self.words(j);
-                    if let Some(c) = self.charge_at(j, e, key.ident, st, lim, t, force) {
+                    if let Some(c) = self.charge_at(j, e, key.ident, st, lim, t, force, n) {
                         return c;
                     }
                     break;
@@ -756,9 +780,10 @@ impl<'a> KeyTable<'a> {
         lim: &KeyLimiter,
         t: u64,
         force: bool,
+        n: u64,
     ) -> Option<Charge> {
         loop {
-            let (next, wait_ns, forced) = match lim.step(st, t) {
+            let (next, wait_ns, forced) = match lim.step_units(st, t, n) {
                 Step::Admit { next, wait_ns } => (next, wait_ns, false),
                 Step::Reject { retry_after_ns } => {
                     let forced = if force { lim.force(st) } else { None };
@@ -816,6 +841,11 @@ impl<'a> KeyTable<'a> {
     /// Gives back an admission (a later strategy rejected the request).
     pub fn refund(&self, at: KeyRef, lim: &KeyLimiter, token: u64, prev: u64) {
         self.update(at, |cur| lim.refund(cur, token, prev));
+    }
+
+    /// [`refund`](Self::refund) of an admission of `n` units.
+    pub fn refund_units(&self, at: KeyRef, lim: &KeyLimiter, token: u64, prev: u64, n: u64) {
+        self.update(at, |cur| lim.refund_units(cur, token, prev, n));
     }
 
     /// The charge after the response (issue 31): see

@@ -684,11 +684,8 @@ impl Strategy {
             _ => {}
         }
         self.each.check(self.algorithm, self.rate)?;
-        self.response.check(
-            self.algorithm,
-            self.action == Action::Allow,
-            self.each.is_keyed(),
-        )?;
+        self.response
+            .check(self.algorithm, self.action == Action::Allow)?;
         if self.action == Action::Allow && self.each.is_keyed() {
             // An allowed request passes before any key is looked up.
             return Err(super::each::EachError::Allow.into());

@@ -56,8 +56,6 @@ pub enum ResponseError {
     },
     #[error("{field}: not available with action allow")]
     Allow { field: &'static str },
-    #[error("cost_from: not available for a per-key strategy (each) yet; use a shared strategy, or cost_after")]
-    CostFromEach,
 }
 
 impl StatusSet {
@@ -173,15 +171,7 @@ impl Response {
     }
 
     /// The model's rules for these fields on a strategy of `algorithm`.
-    pub fn check(
-        &self,
-        algorithm: Algorithm,
-        allow: bool,
-        keyed: bool,
-    ) -> Result<(), ResponseError> {
-        if keyed && !self.cost_from.is_empty() {
-            return Err(ResponseError::CostFromEach);
-        }
+    pub fn check(&self, algorithm: Algorithm, allow: bool) -> Result<(), ResponseError> {
         for (field, name) in [
             ("cost_from", &self.cost_from),
             ("cost_after", &self.cost_after),
@@ -368,19 +358,19 @@ mod tests {
             count_if: StatusSet::parse("401").unwrap(),
             ..Default::default()
         };
-        assert!(r.check(Algorithm::FixedWindow, false, false).is_ok());
-        assert!(r.check(Algorithm::TokenBucket, false, false).is_ok());
-        let e = r.check(Algorithm::Concurrency, false, false).unwrap_err();
+        assert!(r.check(Algorithm::FixedWindow, false).is_ok());
+        assert!(r.check(Algorithm::TokenBucket, false).is_ok());
+        let e = r.check(Algorithm::Concurrency, false).unwrap_err();
         assert!(e
             .to_string()
             .starts_with("count_if: not available for concurrency"));
-        assert!(r.check(Algorithm::WarmUp, false, false).is_err());
-        assert!(r.check(Algorithm::FixedWindow, true, false).is_err());
+        assert!(r.check(Algorithm::WarmUp, false).is_err());
+        assert!(r.check(Algorithm::FixedWindow, true).is_err());
         let r = Response {
             cost_after: "Bad".into(),
             ..Default::default()
         };
-        let e = r.check(Algorithm::FixedWindow, false, false).unwrap_err();
+        let e = r.check(Algorithm::FixedWindow, false).unwrap_err();
         assert!(e.to_string().starts_with("cost_after:"), "{e}");
     }
 }

@@ -593,13 +593,8 @@ mod tests {
                     cost_after: "upcost".into(),
                     ..Default::default()
                 },
-                // cost_from is for shared strategies (odd ids here).
-                2 if id % 2 == 1 => crate::core::response::Response {
-                    cost_from: "cost".into(),
-                    ..Default::default()
-                },
                 2 => crate::core::response::Response {
-                    cost_after: "cost".into(),
+                    cost_from: "cost".into(),
                     ..Default::default()
                 },
                 _ => Default::default(),

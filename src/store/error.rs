@@ -177,7 +177,6 @@ fn response_field(e: &rate_ctl::core::response::ResponseError) -> (Field, String
     use rate_ctl::core::response::ResponseError as E;
     let field = match e {
         E::BadCountIf(_) => "count_if",
-        E::CostFromEach => "cost_from",
         E::BadDimension { field, .. } | E::Algorithm { field, .. } | E::Allow { field } => field,
     };
     let f = match field {

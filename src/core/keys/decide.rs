@@ -141,12 +141,14 @@ struct Taken {
     prev: u64,
     wait_ns: u64,
     forced: bool,
+    /// Units charged (`cost_from`; 1 otherwise).
+    units: u64,
 }
 
 fn refund_all(kt: &KeyTable, table: &Table, taken: &[Taken]) {
     for t in taken {
         if let Some(plan) = &table.strategies()[t.si as usize].key {
-            kt.refund(t.at, &plan.limiter, t.token, t.prev);
+            kt.refund_units(t.at, &plan.limiter, t.token, t.prev, t.units);
         }
     }
 }
@@ -222,7 +224,18 @@ fn decide_all<V: Values + ?Sized>(
         }
         let dry = r.dry_run || c.strategy.action.is_dry_run();
         let force = dry && plan.limiter.is_concurrency();
+        // `cost_from` (issue 31): the key is charged its units at once.
+        let units = match &c.response {
+            Some(p) => p.cost(r.values).unwrap_or_else(|n| {
+                response.bad_cost.get_or_insert(c.strategy.id);
+                n
+            }),
+            None => 1,
+        };
         let charge = match kt.key(h, c.slot, c.generation) {
+            Some(key) if units != 1 => {
+                kt.charge_units(&key, &plan.limiter, now, units, slots, owner)
+            }
             Some(key) => kt.charge(&key, &plan.limiter, now, force, slots, owner),
             None => Charge::Full,
         };
@@ -245,6 +258,7 @@ fn decide_all<V: Values + ?Sized>(
                     prev,
                     wait_ns,
                     forced,
+                    units,
                 });
                 continue;
             }
@@ -342,7 +356,7 @@ fn decide_all<V: Values + ?Sized>(
                     limiter: plan.limiter,
                 },
                 owed: Owed {
-                    charged: 1,
+                    charged: t.units,
                     count_if: p.count_if,
                     after: p.cost_after.is_some(),
                 },
