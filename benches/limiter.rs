@@ -87,6 +87,7 @@ fn admission(c: &mut Criterion) {
             action: REJECT,
             slot: Slot::at(&region, i as u32).unwrap(),
             generation: 0,
+            units: 1,
         })
         .collect();
     let now = Cell::new(1_000_000_000u64);
@@ -116,6 +117,7 @@ fn admission(c: &mut Criterion) {
         action: REJECT,
         slot: Slot::at(&region, 4).unwrap(),
         generation: 0,
+        units: 1,
     });
     admit(&rejecting[3..], 0, false);
     g.bench_function("4_hits_last_rejects_3_refunds", |b| {

@@ -44,6 +44,12 @@
 #   perkey90    the same with the key table about 90 % occupied (943,718
 #               other addresses charged before the run by a per-address
 #               strategy whose keys stay limited all day)
+#   count_if    rate_ctl, the 10,000 and `api=/bench` as a fixed window
+#               (never full) with count_if=5xx: every request is counted
+#               at PREACCESS and given back in the LOG phase (issue 31)
+#   cost_after  the same with cost_after=st, `rate_ctl_dimension st
+#               $status;` (this case only): every request charged 1 up
+#               front and 199 more in the LOG phase
 #   *_bg        (ratectl_bg args_bg grid10_bg grid100_bg grid250_bg) the
 #               same table plus 100,000 strategies of other shapes
 #               ({a, api}, {b, c}, {userid}, {a, b, c}), many sharing the
@@ -195,6 +201,8 @@ table_for() {
     perkey | perkey_only) echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench" ;;
     # No condition: every request of the location, as limit_req's zone.
     perkey_all) echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip" ;;
+    count_if) echo "strategy id=20006 algorithm=fixed_window rate=4000000000 per=day count_if=5xx when api=/bench" ;;
+    cost_after) echo "strategy id=20007 algorithm=fixed_window rate=4000000000 per=day cost_after=st when api=/bench" ;;
     perkey90)
         echo "strategy id=20004 algorithm=token_bucket rate=1 per=hour burst=1000000 each=ip when api=/bench"
         # The filler: keys that stay limited (not reusable) all day.
@@ -262,7 +270,9 @@ config() {
     case $1 in limitreq*_bg) for s in 1 2 3 4; do directive+=" limit_req zone=bg$s burst=100 nodelay;"; done ;; esac
     # The cases without a table of their own load the friendly one.
     case $1 in plain | limitreq*) shm=ratectl ;; esac
-    local maps="" check=""
+    local maps="" check="" dims=""
+    # cost_after reads the final status as its cost (issue 31).
+    case $1 in cost_after) dims="rate_ctl_dimension st \$status;" ;; esac
     case $1 in
     limitreq_bg | limitreq2_bg)
         [ -e "$dir/bg-maps.conf" ] || background_maps >"$dir/bg-maps.conf"
@@ -285,6 +295,7 @@ http {
     rate_ctl_dimension b \$arg_b;
     rate_ctl_dimension c \$arg_c;
     rate_ctl_dimension userid \$arg_u;
+    $dims
     limit_req_zone \$binary_remote_addr zone=one:1m rate=1000000r/s;
     limit_req_zone \$arg_a\$arg_b zone=two:1m rate=1000000r/s;
     $maps

@@ -93,6 +93,12 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             "ipv4_prefix" => s.each.ipv4_prefix = num()? as u8,
             "ipv6_prefix" => s.each.ipv6_prefix = num()? as u8,
             "on_full" => s.each.on_full = v.parse().map_err(|e| format!("{e}"))?,
+            "count_if" => {
+                s.response.count_if =
+                    rate_ctl::core::response::StatusSet::parse(v).map_err(|e| format!("{e}"))?
+            }
+            "cost_from" => s.response.cost_from = v.to_string(),
+            "cost_after" => s.response.cost_after = v.to_string(),
             "cold_factor" => {
                 s.warm_up.cold_factor = num()?.try_into().map_err(|e| format!("{k}: {e}"))?
             }

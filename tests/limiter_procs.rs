@@ -164,6 +164,7 @@ fn hit<'a>(region: &Region<'a>, index: u32, limiter: &'a Limiter) -> Hit<'a> {
         action: Action::Reject { status: None },
         slot,
         generation: 7,
+        units: 1,
     }
 }
 

@@ -498,6 +498,7 @@ proptest! {
                 action: s.action,
                 slot: Slot::at(&real_r, i as u32).unwrap(),
                 generation: 0,
+                units: 1,
             })
             .collect();
         let shadows: Vec<Slot> = (0..n).map(|i| Slot::at(&shadow_r, i as u32).unwrap()).collect();
@@ -566,6 +567,7 @@ proptest! {
             action: spec.action,
             slot: Slot::at(&region, i).unwrap(),
             generation: u64::from(stale),
+                units: 1,
         };
         let (fast, general) = (hit(0), hit(1));
         let mut now = 1_000 * S;

@@ -46,6 +46,7 @@ fn strategy(id: u32, spec: &[Option<usize>; 4], enabled: bool) -> Published {
             priority: 0,
             each: Default::default(),
             name: String::new(),
+            response: Default::default(),
         },
         slot: id - 1,
         generation: 1,

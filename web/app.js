@@ -429,7 +429,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after'];
 
 function conditionRow(dim = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -518,6 +518,10 @@ function fillForm(s) {
   $('#s-max-delay').value = s && s.max_delay_ms ? s.max_delay_ms : '';
   $('#s-priority').value = s ? s.priority || 0 : 0;
   $('#s-enabled').checked = s ? !!s.enabled : true;
+  // Issue 31: the response and cost options.
+  $('#s-count-if').value = s && s.count_if ? s.count_if : '';
+  $('#s-cost-from').value = s && s.cost_from ? s.cost_from : '';
+  $('#s-cost-after').value = s && s.cost_after ? s.cost_after : '';
   updateFormHints();
 }
 
@@ -605,6 +609,12 @@ function readForm() {
   const prio = numberOrText($('#s-priority').value);
   if (prio !== null) body.priority = prio;
   body.enabled = $('#s-enabled').checked;
+  if (body.action !== 'allow') {
+    for (const [k, id] of [['count_if', '#s-count-if'], ['cost_from', '#s-cost-from'], ['cost_after', '#s-cost-after']]) {
+      const v = $(id).value.trim();
+      if (v !== '') body[k] = v;
+    }
+  }
   return body;
 }
 

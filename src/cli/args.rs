@@ -281,6 +281,8 @@ pub struct StrategyAdd {
     /// Store it disabled.
     #[arg(long)]
     pub disabled: bool,
+    #[command(flatten)]
+    pub response: ResponseArgs,
 }
 
 #[derive(Args, Debug)]
@@ -331,6 +333,28 @@ pub struct StrategyUpdate {
     pub enable: bool,
     #[arg(long)]
     pub disable: bool,
+    #[command(flatten)]
+    pub response: ResponseArgs,
+}
+
+/// The response and cost flags of `strategy add` and `update` (issue 31;
+/// on update, an empty value removes the option: `--count-if ''`).
+#[derive(Args, Debug)]
+pub struct ResponseArgs {
+    /// Charge a request only if its final status is in LIST (codes and
+    /// classes): --count-if status=401,403, --count-if status=4xx.
+    #[arg(long = "count-if", value_name = "status=LIST")]
+    pub count_if: Option<String>,
+    /// The request's cost is the integer value of this dimension (1 …
+    /// 1,000,000; absent or invalid: 1), e.g. --cost-from cost with
+    /// `rate_ctl_dimension cost $http_x_cost;`.
+    #[arg(long = "cost-from", value_name = "DIMENSION")]
+    pub cost_from: Option<String>,
+    /// The request's final cost is this dimension's value when it ends,
+    /// e.g. --cost-after upcost with `rate_ctl_dimension upcost
+    /// $upstream_http_x_cost;` (charged the difference after the response).
+    #[arg(long = "cost-after", value_name = "DIMENSION")]
+    pub cost_after: Option<String>,
 }
 
 /// The per-key flags of `strategy add` and `update` (on update, `--each`

@@ -34,6 +34,9 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::Ipv6Prefix) => "--ipv6-prefix",
         Some(Field::OnFull) => "--on-full",
         Some(Field::Column("split")) => "--split",
+        Some(Field::CountIf) => "--count-if",
+        Some(Field::CostFrom) => "--cost-from",
+        Some(Field::CostAfter) => "--cost-after",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }

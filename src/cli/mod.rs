@@ -245,6 +245,9 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 created_ms: 0,
                 updated_ms: 0,
                 version: 0,
+                count_if: a.response.count_if,
+                cost_from: a.response.cost_from,
+                cost_after: a.response.cost_after,
             };
             // Refuse bad arguments before touching the store (the one check).
             let rec = rec.into_valid().map_err(Failure::invalid)?;
@@ -344,6 +347,10 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             if u.disable {
                 rec.enabled = false;
             }
+            let resp = u.response;
+            rec.count_if = resp.count_if.or(rec.count_if);
+            rec.cost_from = resp.cost_from.or(rec.cost_from);
+            rec.cost_after = resp.cost_after.or(rec.cost_after);
             // Same messages as for `add`, whichever backend would refuse it.
             let rec = rec.into_valid().map_err(Failure::invalid)?;
             let version = store.update_strategy(&rec).await?;
@@ -503,6 +510,16 @@ fn print_strategies(recs: &[StrategyRecord]) {
             }
             if let Some(o) = r.on_full.filter(|o| *o != d.on_full) {
                 cond.push(format!("on_full={o}"));
+            }
+        }
+        // Issue 31: the response and cost options.
+        for (k, v) in [
+            ("count_if=status", &r.count_if),
+            ("cost_from", &r.cost_from),
+            ("cost_after", &r.cost_after),
+        ] {
+            if let Some(v) = v {
+                cond.push(format!("{k}={v}"));
             }
         }
         out(format!(

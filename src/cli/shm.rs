@@ -92,6 +92,27 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                     "overflow_admits": if current { k.overflow_admits } else { 0 },
                 });
             }
+            if !s.response.is_plain() {
+                // Issue 31: the response options and their counters.
+                let r = keys.settled(p.slot);
+                let row = rows.last_mut().expect("just pushed");
+                if !s.response.count_if.is_empty() {
+                    row["count_if"] = json!(s.response.count_if.to_string());
+                }
+                for (k, v) in [
+                    ("cost_from", &s.response.cost_from),
+                    ("cost_after", &s.response.cost_after),
+                ] {
+                    if !v.is_empty() {
+                        row[k] = json!(v);
+                    }
+                }
+                row["response"] = json!({
+                    "charged_after": if current { r.charged_after } else { 0 },
+                    "given_back": if current { r.given_back } else { 0 },
+                    "not_counted": if current { r.not_counted } else { 0 },
+                });
+            }
         }
     }
     let blacklist_entries = Blacklist::open(map.blacklist())

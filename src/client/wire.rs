@@ -33,6 +33,9 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
         "version": r.version,
         "created_at": r.created_ms,
         "updated_at": r.updated_ms,
+        "count_if": r.count_if,
+        "cost_from": r.cost_from,
+        "cost_after": r.cost_after,
     })
 }
 
@@ -192,6 +195,9 @@ pub fn api_name(field: Field, rec: Option<&StrategyRecord>) -> String {
         Field::HostId => "host_id".into(),
         Field::Weight => "weight".into(),
         Field::Column(c) => c.into(),
+        Field::CountIf => "count_if".into(),
+        Field::CostFrom => "cost_from".into(),
+        Field::CostAfter => "cost_after".into(),
     }
 }
 
@@ -224,6 +230,9 @@ pub fn field_of_api_name(name: &str) -> Option<Field> {
         "reason" => Field::Reason,
         "host_id" => Field::HostId,
         "weight" => Field::Weight,
+        "count_if" => Field::CountIf,
+        "cost_from" => Field::CostFrom,
+        "cost_after" => Field::CostAfter,
         _ => return None,
     })
 }

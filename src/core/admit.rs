@@ -65,6 +65,8 @@ pub struct Hit<'a> {
     pub slot: Slot<'a>,
     /// The slot generation the table was built for.
     pub generation: u64,
+    /// Units this request costs (`cost_from`, issue 31; 1 otherwise).
+    pub units: u64,
 }
 
 /// The outcome of [`admit`].
@@ -165,7 +167,9 @@ impl Now {
     }
 }
 
-/// Admits or refuses one request at `now` against `hits`, in order.
+/// Admits or refuses one request at `now` against `hits`, in order. A hit
+/// of several `units` (`cost_from`) must go through [`admit_listed`]
+/// (the one-hit path here takes one unit).
 pub fn admit(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool) -> Decision {
     admit_with(hits, now, dry_run_all, true)
 }
@@ -234,6 +238,7 @@ fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
     if !current(hit) {
         return d;
     }
+    // One unit: a hit of several (cost_from) takes `admit_listed`.
     match hit.limiter.acquire(&hit.slot, now) {
         Acquired::Admitted(r) => {
             hit.slot.passed().fetch_add(1, Ordering::Relaxed);
@@ -289,6 +294,24 @@ pub fn release(hits: &[Hit]) {
     }
 }
 
+/// The hit's acquire: one unit, or its `units` at once (`cost_from`).
+#[inline(always)]
+fn acquire(hit: &Hit, now: u64) -> Acquired {
+    if hit.units == 1 {
+        hit.limiter.acquire(&hit.slot, now)
+    } else {
+        hit.limiter.acquire_units(&hit.slot, now, hit.units)
+    }
+}
+
+impl Now {
+    /// The reading `limiter` runs on (for callers outside this file).
+    #[inline]
+    pub fn for_limiter(self, limiter: &Limiter) -> u64 {
+        self.of(limiter)
+    }
+}
+
 #[inline]
 fn current(hit: &Hit) -> bool {
     hit.slot.generation().load(Ordering::Acquire) == hit.generation
@@ -308,7 +331,7 @@ fn admit_in(
             continue;
         }
         let now = now_both.of(hit.limiter);
-        match hit.limiter.acquire(&hit.slot, now) {
+        match acquire(hit, now) {
             Acquired::Admitted(r) => entries[i] = HitState::Admitted(r),
             Acquired::Rejected { retry_after_ns } => {
                 hit.slot.limited().fetch_add(1, Ordering::Relaxed);
@@ -321,8 +344,10 @@ fn admit_in(
                     continue;
                 }
                 for (taken, h) in entries[..i].iter().zip(hits) {
-                    if let HitState::Admitted(r) | HitState::Forced(r) = *taken {
-                        h.limiter.refund(&h.slot, r);
+                    match *taken {
+                        HitState::Admitted(r) => h.limiter.refund_units(&h.slot, r, h.units),
+                        HitState::Forced(r) => h.limiter.refund(&h.slot, r),
+                        _ => {}
                     }
                 }
                 let status = match hit.action {
@@ -425,6 +450,7 @@ mod tests {
                     action: *a,
                     slot,
                     generation: 1,
+                    units: 1,
                 }
             })
             .collect()

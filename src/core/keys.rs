@@ -7,7 +7,7 @@
 //! | offset | size | content |
 //! |---:|---:|---|
 //! | 0 | 4096 | table header: occupied entries, longest probe, claims |
-//! | 4096 | slots × 32, page-rounded | per stat slot: keys in use, reclaims, `on_full` events, overflow admissions |
+//! | 4096 | slots × 64, page-rounded | per stat slot: keys in use, reclaims, `on_full` events, overflow admissions, and the response counters of issue 31 |
 //! | after | capacity × 16 | entries |
 //!
 //! An **entry** is 16 bytes, four per cache line: `ident` (8 bytes) and the
@@ -108,8 +108,9 @@ pub const PROBE: u64 = WINDOW * WINDOWS;
 /// window's entries are empty; past that, to the window with the most.
 const FIRST_WINDOW_EMPTY: usize = 8;
 const HEADER_BYTES: u64 = 4096;
-/// Bytes of one stat slot's key counters.
-const COUNTER_BYTES: u64 = 32;
+/// Bytes of one stat slot's counters here: the key counters, and since
+/// layout version 4 the response counters (issue 31).
+const COUNTER_BYTES: u64 = 64;
 /// Stat slots a per-key strategy may use (20 bits of the ident).
 pub const MAX_SLOT: u32 = (1 << 20) - 2;
 
@@ -123,6 +124,11 @@ const C_IN_USE: usize = 0;
 const C_RECLAIMS: usize = 8;
 const C_FULL: usize = 16;
 const C_OVERFLOW: usize = 24;
+// Response counters (issue 31), for every strategy with count_if,
+// cost_from or cost_after (per key or not).
+const C_CHARGED_AFTER: usize = 32;
+const C_GIVEN_BACK: usize = 40;
+const C_NOT_COUNTED: usize = 48;
 
 /// Entries for a requested `--keys`: whole cache lines, at least two.
 pub fn capacity_for(keys: u32) -> Result<u64, ShmError> {
@@ -201,6 +207,13 @@ fn ident_generation(ident: u64) -> u64 {
 pub struct KeyRef {
     pub entry: u64,
     pub ident: u64,
+}
+
+impl KeyRef {
+    /// The stat slot of the key's strategy.
+    pub fn slot(&self) -> Option<u32> {
+        ident_slot(self.ident)
+    }
 }
 
 /// The result of [`KeyTable::charge`].
@@ -511,7 +524,15 @@ impl<'a> KeyTable<'a> {
     /// Agent side: a stat slot given to a new strategy starts with zero key
     /// counters (its old keys are free: their generation is another).
     pub fn reset_counters(&self, slot: u32) {
-        for off in [C_IN_USE, C_RECLAIMS, C_FULL, C_OVERFLOW] {
+        for off in [
+            C_IN_USE,
+            C_RECLAIMS,
+            C_FULL,
+            C_OVERFLOW,
+            C_CHARGED_AFTER,
+            C_GIVEN_BACK,
+            C_NOT_COUNTED,
+        ] {
             if let Some(c) = self.counter(slot, off) {
                 c.store(0, Ordering::Relaxed);
             }
@@ -536,6 +557,35 @@ impl<'a> KeyTable<'a> {
             reclaims: get(C_RECLAIMS),
             full: get(C_FULL),
             overflow_admits: get(C_OVERFLOW),
+        }
+    }
+
+    /// Adds what settling a request did to strategy `slot`'s response
+    /// counters (issue 31).
+    pub fn count_settled(&self, slot: u32, s: &super::response::Settled) {
+        for (off, n) in [
+            (C_CHARGED_AFTER, s.charged_after),
+            (C_GIVEN_BACK, s.given_back),
+            (C_NOT_COUNTED, s.not_counted),
+        ] {
+            if n > 0 {
+                if let Some(c) = self.counter(slot, off) {
+                    c.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Strategy `slot`'s response counters (issue 31).
+    pub fn settled(&self, slot: u32) -> super::response::Settled {
+        let get = |off| {
+            self.counter(slot, off)
+                .map_or(0, |c| c.load(Ordering::Relaxed))
+        };
+        super::response::Settled {
+            charged_after: get(C_CHARGED_AFTER),
+            given_back: get(C_GIVEN_BACK),
+            not_counted: get(C_NOT_COUNTED),
         }
     }
 
@@ -577,7 +627,30 @@ impl<'a> KeyTable<'a> {
         if !self.usable() {
             return Charge::Full;
         }
-        self.charge_slow(key, lim, now, lim.clock(now), force, slots, owner)
+        self.charge_slow(key, lim, now, lim.clock(now), force, slots, owner, 1)
+    }
+
+    /// [`charge`](Self::charge) of `n` units at once (`cost_from`, issue
+    /// 31; see [`KeyLimiter::step_units`]), never forced.
+    pub fn charge_units<'l>(
+        &self,
+        key: &KeyId,
+        lim: &KeyLimiter,
+        now: Now,
+        n: u64,
+        slots: &Region<'_>,
+        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
+    ) -> Charge {
+        if !self.usable() {
+            return Charge::Full;
+        }
+        if let Some((i, e)) = self.find(key) {
+            let st = e[1].load(Ordering::Acquire);
+            if let Some(c) = self.charge_at(i, e, key.ident, st, lim, lim.clock(now), false, n) {
+                return c;
+            }
+        }
+        self.charge_slow(key, lim, now, lim.clock(now), false, slots, owner, n)
     }
 
     /// [`charge`](Self::charge) of a key whose entry is in the table:
@@ -597,7 +670,7 @@ impl<'a> KeyTable<'a> {
         }
         let (i, e) = self.find(key)?;
         let st = e[1].load(Ordering::Acquire);
-        self.charge_at(i, e, key.ident, st, lim, lim.clock(now), force)
+        self.charge_at(i, e, key.ident, st, lim, lim.clock(now), force, 1)
     }
 
     /// The request path's look: the key's first window only, when it does
@@ -635,13 +708,14 @@ impl<'a> KeyTable<'a> {
         force: bool,
         slots: &Region<'_>,
         owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
+        n: u64,
     ) -> Charge {
         // Bounded: each round either commits or saw another process commit.
         for _ in 0..64 {
             // The key's entry: idents only (the common case, one pass).
             if let Some((i, e)) = self.find_any(key) {
                 let st = e[1].load(Ordering::Acquire);
-                match self.charge_at(i, e, key.ident, st, lim, t, force) {
+                match self.charge_at(i, e, key.ident, st, lim, t, force, n) {
                     Some(c) => return c,
                     None => continue, // the entry moved on: look again
                 }
@@ -658,7 +732,7 @@ impl<'a> KeyTable<'a> {
             let Some((p, old_ident, old_st)) = candidate else {
                 return Charge::Full;
             };
-            let next = match lim.step(0, t) {
+            let next = match lim.step_units(0, t, n) {
                 Step::Admit { next, wait_ns } => (next, wait_ns, false),
                 Step::Reject { retry_after_ns } => match force.then(|| lim.force(0)).flatten() {
                     Some(n) => (n, 0, true),
@@ -686,7 +760,7 @@ impl<'a> KeyTable<'a> {
                         self.drop_in_use(key.slot());
                     }
                     let e = self.words(j);
-                    if let Some(c) = self.charge_at(j, e, key.ident, st, lim, t, force) {
+                    if let Some(c) = self.charge_at(j, e, key.ident, st, lim, t, force, n) {
                         return c;
                     }
                     break;
@@ -765,9 +839,10 @@ impl<'a> KeyTable<'a> {
         lim: &KeyLimiter,
         t: u64,
         force: bool,
+        n: u64,
     ) -> Option<Charge> {
         loop {
-            let (next, wait_ns, forced) = match lim.step(st, t) {
+            let (next, wait_ns, forced) = match lim.step_units(st, t, n) {
                 Step::Admit { next, wait_ns } => (next, wait_ns, false),
                 Step::Reject { retry_after_ns } => {
                     let forced = if force { lim.force(st) } else { None };
@@ -825,6 +900,17 @@ impl<'a> KeyTable<'a> {
     /// Gives back an admission (a later strategy rejected the request).
     pub fn refund(&self, at: KeyRef, lim: &KeyLimiter, token: u64, prev: u64) {
         self.update(at, |cur| lim.refund(cur, token, prev));
+    }
+
+    /// [`refund`](Self::refund) of an admission of `n` units.
+    pub fn refund_units(&self, at: KeyRef, lim: &KeyLimiter, token: u64, prev: u64, n: u64) {
+        self.update(at, |cur| lim.refund_units(cur, token, prev, n));
+    }
+
+    /// The charge after the response (issue 31): see
+    /// [`KeyLimiter::charge_after`].
+    pub fn charge_after(&self, at: KeyRef, lim: &KeyLimiter, now: u64, admitted: u64, delta: i64) {
+        self.update(at, |cur| lim.charge_after(cur, now, admitted, delta));
     }
 
     /// `concurrency`: the request ended.

@@ -18,6 +18,7 @@ pub mod loader;
 pub mod model;
 pub mod reader;
 pub mod region;
+pub mod response;
 pub mod segment;
 pub mod shm;
 pub mod sigbus;

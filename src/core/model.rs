@@ -116,6 +116,8 @@ pub enum ModelError {
     DelayNeedsBucket(Algorithm),
     #[error(transparent)]
     Each(#[from] super::each::EachError),
+    #[error(transparent)]
+    Response(#[from] super::response::ResponseError),
     #[error("{field}: unknown value {value:?} (expected one of {expected})")]
     UnknownKeyword {
         field: &'static str,
@@ -325,6 +327,8 @@ pub struct Strategy {
     /// The store's name (for the module's metrics; empty: none). At most
     /// [`MAX_NAME_LEN`] bytes of any text: it is escaped where written.
     pub name: String,
+    /// `count_if`, `cost_from`, `cost_after` (issue 31; all empty: plain).
+    pub response: super::response::Response,
 }
 
 /// Is `name` a valid dimension name: `[a-z][a-z0-9_]*`, at most 32 bytes.
@@ -451,6 +455,7 @@ impl Strategy {
             priority: 0,
             each: Default::default(),
             name: String::new(),
+            response: Default::default(),
         }
     }
 
@@ -679,6 +684,8 @@ impl Strategy {
             _ => {}
         }
         self.each.check(self.algorithm, self.rate)?;
+        self.response
+            .check(self.algorithm, self.action == Action::Allow)?;
         if self.action == Action::Allow && self.each.is_keyed() {
             // An allowed request passes before any key is looked up.
             return Err(super::each::EachError::Allow.into());
@@ -779,6 +786,7 @@ mod tests {
             priority: 0,
             each: Default::default(),
             name: String::new(),
+            response: Default::default(),
         }
     }
 

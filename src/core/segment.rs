@@ -115,6 +115,7 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
             out.extend_from_slice(&c.value);
         }
         super::keys::segment::encode(&s.each, &mut out);
+        encode_response(&s.each, &s.response, &mut out);
         while out.len() % 8 != 0 {
             out.push(0);
         }
@@ -129,6 +130,72 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         out.push(0);
     }
     out
+}
+
+/// Marks the response section of a record (layout version 4).
+const RESPONSE_TAG: u8 = b'R';
+
+/// The response and cost fields (issue 31), appended after the `each`
+/// fields: a strategy without them writes nothing. With them, a record
+/// without `each` first writes the `each` count 0, then: the tag `R`,
+/// `count_if` as canonical text, `cost_from`, `cost_after` (each a `u8`
+/// length and bytes; empty: not set). See docs/SHM-LAYOUT.md.
+fn encode_response(each: &super::each::Each, r: &super::response::Response, out: &mut Vec<u8>) {
+    if r.is_plain() {
+        return;
+    }
+    if !each.is_keyed() {
+        out.push(0);
+    }
+    out.push(RESPONSE_TAG);
+    let count_if = if r.count_if.is_empty() {
+        String::new()
+    } else {
+        r.count_if.to_string()
+    };
+    for field in [count_if.as_str(), &r.cost_from, &r.cost_after] {
+        // Validated: at most MAX_COUNT_IF_LEN / 32 bytes.
+        out.push(field.len().min(255) as u8);
+        out.extend_from_slice(&field.as_bytes()[..field.len().min(255)]);
+    }
+}
+
+/// Reads the response fields from the rest of a record (after the
+/// conditions; zero padding included). The model checks them afterwards.
+fn decode_response(rest: &[u8]) -> Result<super::response::Response, &'static str> {
+    // Skip the `each` fields: count, 3 bytes, then the names.
+    let mut at = match rest.first() {
+        None => return Ok(Default::default()),
+        Some(0) => 1,
+        Some(&n) => {
+            let mut at = 4;
+            for _ in 0..n {
+                let len = *rest.get(at).ok_or("each: truncated")? as usize;
+                at += 1 + len;
+            }
+            at
+        }
+    };
+    if rest.get(at) != Some(&RESPONSE_TAG) {
+        return Ok(Default::default());
+    }
+    at += 1;
+    let mut fields = [""; 3];
+    for f in &mut fields {
+        let len = *rest.get(at).ok_or("response: truncated")? as usize;
+        let bytes = rest
+            .get(at + 1..at + 1 + len)
+            .ok_or("response: truncated")?;
+        *f = std::str::from_utf8(bytes).map_err(|_| "response: not UTF-8")?;
+        at += 1 + len;
+    }
+    let count_if =
+        super::response::StatusSet::parse(fields[0]).map_err(|_| "response: bad count_if")?;
+    Ok(super::response::Response {
+        count_if,
+        cost_from: fields[1].to_string(),
+        cost_after: fields[2].to_string(),
+    })
 }
 
 /// Bytes a payload needs, for capacity checks.
@@ -459,6 +526,7 @@ pub fn decode_records<'a>(
         }
         let rest = &r.b[r.pos..];
         let each_key = super::keys::segment::decode(rest).map_err(bad)?;
+        let response = decode_response(rest).map_err(bad)?;
         let strategy = Strategy {
             id,
             conditions: Vec::new(),
@@ -475,6 +543,7 @@ pub fn decode_records<'a>(
             priority,
             each: each_key,
             name,
+            response,
         };
         strategy
             .check_with(conditions.len(), |i| conditions[i])
@@ -557,6 +626,19 @@ mod tests {
                 }
             } else {
                 Default::default()
+            },
+            // Response fields with and without `each` (issue 31).
+            response: match id % 3 {
+                1 => crate::core::response::Response {
+                    count_if: crate::core::response::StatusSet::parse("401,5xx").unwrap(),
+                    cost_after: "upcost".into(),
+                    ..Default::default()
+                },
+                2 => crate::core::response::Response {
+                    cost_from: "cost".into(),
+                    ..Default::default()
+                },
+                _ => Default::default(),
             },
         };
         if id == 3 {

@@ -31,7 +31,9 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// file (`H_STATE_OFF`, `H_PAIR_ID`, [`state_path`]). Also in 4: a key of the key table
 /// may be in any of three windows of 16 entries (was one range of 8), and
 /// a key table holds at least 16 entries: a module of version 3 would not
-/// find keys placed in the other windows, so the files differ.
+/// find keys placed in the other windows, so the files differ. Also in 4: a strategy
+/// record's response and cost fields after its per-key fields (issue 31)
+/// and 64 bytes of counters per slot in the key table (was 32).
 pub const LAYOUT_VERSION: u32 = 4;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");

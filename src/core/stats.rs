@@ -20,6 +20,8 @@ pub struct StrategyStats {
     pub delayed: u64,
     /// Per-key strategies: their key table figures.
     pub keys: Option<super::keys::KeyCounters>,
+    /// Strategies with count_if, cost_from or cost_after (issue 31).
+    pub response: Option<super::response::Settled>,
 }
 
 /// What the endpoint reports.
@@ -70,6 +72,7 @@ pub fn snapshot(reader: &Reader) -> Stats {
                     limited: k.limited,
                     delayed: k.delayed,
                     keys: c.key.as_ref().map(|_| keys.counters(c.slot)),
+                    response: c.response.as_ref().map(|_| keys.settled(c.slot)),
                 })
             })
             .collect();
@@ -106,6 +109,13 @@ pub fn render_json(s: &Stats, now_unix_ms: u64) -> String {
                 o,
                 ",\"keys\":{{\"in_use\":{},\"reclaims\":{},\"full\":{},\"overflow_admits\":{}}}",
                 k.in_use, k.reclaims, k.full, k.overflow_admits
+            );
+        }
+        if let Some(r) = st.response {
+            let _ = write!(
+                o,
+                ",\"response\":{{\"charged_after\":{},\"given_back\":{},\"not_counted\":{}}}",
+                r.charged_after, r.given_back, r.not_counted
             );
         }
         o.push('}');
@@ -190,7 +200,39 @@ pub fn render_prometheus(s: &Stats, now_unix_ms: u64) -> String {
         }
     }
     render_keys_prometheus(&mut o, s);
+    render_response_prometheus(&mut o, s);
     o
+}
+
+/// The response counters (issue 31), per strategy with count_if,
+/// cost_from or cost_after.
+fn render_response_prometheus(o: &mut String, s: &Stats) {
+    type Get = fn(&super::response::Settled) -> u64;
+    for (name, help, get) in [
+        (
+            "rate_ctl_charged_after_response_units_total",
+            "Units charged when requests ended (cost_after above what was charged up front).",
+            (|r| r.charged_after) as Get,
+        ),
+        (
+            "rate_ctl_given_back_units_total",
+            "Units given back when requests ended (count_if status not in the list, cost_after below what was charged).",
+            |r| r.given_back,
+        ),
+        (
+            "rate_ctl_not_counted_total",
+            "Requests not counted because their final status was not in count_if.",
+            |r| r.not_counted,
+        ),
+    ] {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for st in &s.strategies {
+            if let Some(r) = &st.response {
+                series(o, name, st);
+                let _ = writeln!(o, " {}", get(r));
+            }
+        }
+    }
 }
 
 /// The key table's series: per per-key strategy, and table-wide.
@@ -311,6 +353,7 @@ mod tests {
                     full: 1,
                     overflow_admits: 1,
                 }),
+                response: None,
             }],
             undefined_dimensions: vec![("usrid".into(), vec![3, 7])],
             key_table: crate::core::keys::TableStats {

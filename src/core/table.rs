@@ -104,6 +104,9 @@ pub struct Scratch {
     /// The first per-key strategy whose key found the table full in the
     /// last request, with its `on_full` (for the worker's log).
     key_full: Option<(u32, super::each::OnFull)>,
+    /// What the last request settles when it ends and whether a cost was
+    /// invalid (issue 31; cleared only by a table with such strategies).
+    pub response: ResponseOut,
 }
 
 /// Matches room is made for when a table is loaded (more: the vector grows).
@@ -144,6 +147,8 @@ pub struct Compiled {
     conds: (u32, u32),
     /// Per-key strategies (`each`): how the key is built, its limiter.
     pub key: Option<Box<super::keys::KeyPlan>>,
+    /// `count_if`, `cost_from`, `cost_after` (issue 31; `None`: plain).
+    pub response: Option<Box<super::response::ResponsePlan>>,
 }
 
 impl Compiled {
@@ -155,8 +160,66 @@ impl Compiled {
             action: self.strategy.action,
             slot: Slot::at(slots, self.slot)?,
             generation: self.generation,
+            units: 1,
         })
     }
+
+    /// [`hit`](Self::hit) costing what `cost_from` says for `r`.
+    #[inline(always)]
+    pub(crate) fn hit_for<'a, V: Values + ?Sized>(
+        &'a self,
+        slots: &Region<'a>,
+        r: &Request<'_, V>,
+        out: &mut ResponseOut,
+    ) -> Option<Hit<'a>> {
+        let mut h = self.hit(slots)?;
+        if let Some(p) = &self.response {
+            h.units = match p.cost(r.values) {
+                Ok(n) => n,
+                Err(n) => {
+                    out.bad_cost.get_or_insert(self.strategy.id);
+                    n
+                }
+            };
+        }
+        Some(h)
+    }
+
+    /// Records in `out` what this strategy's admitted request settles when
+    /// it ends (shared strategies; `charged` units up front).
+    #[inline]
+    pub(crate) fn owe_slot(&self, out: &mut ResponseOut, charged: u64, now: super::admit::Now) {
+        let Some(p) = self.response.as_deref().filter(|p| p.deferred()) else {
+            return;
+        };
+        out.owed.push(super::response::OwedCharge {
+            target: super::response::OwedTarget::Slot {
+                slot: self.slot,
+                generation: self.generation,
+                limiter: self.limiter,
+            },
+            owed: super::response::Owed {
+                charged,
+                count_if: p.count_if,
+                after: p.cost_after.is_some(),
+            },
+            admitted: now,
+            after_dim: p.cost_after,
+            id: self.strategy.id,
+        });
+    }
+}
+
+/// Charges a request owes when it ends (see [`Table::owing`]).
+pub type Owed = SmallVec<[super::response::OwedCharge; 1]>;
+
+/// What the response options of the last request left (issue 31).
+#[derive(Default)]
+pub struct ResponseOut {
+    /// Charges to settle when it ends.
+    pub(crate) owed: Owed,
+    /// The first strategy whose `cost_from` value was not a cost (charged 1).
+    pub bad_cost: Option<u32>,
 }
 
 /// The networks of one prefix length (see [`Table::ip_ranges`]).
@@ -381,6 +444,9 @@ pub struct Table {
     /// Stat slot → per-key limiter, sorted by slot (whether another
     /// strategy's key entry is fresh).
     key_owners: Vec<(u32, super::keys::KeyLimiter)>,
+    /// Some strategy has `count_if` or `cost_after` or `cost_from` (issue
+    /// 31): a request clears its [`ResponseOut`] (else nothing to do).
+    responsive: bool,
 }
 
 /// A condition of a record being built: borrowed from the segment (or
@@ -478,6 +544,7 @@ impl<'a> Builder<'a> {
             // Where `Table::finish` interns them: `conds[i]` is `pool[i]`.
             conds: (start, end),
             key: None,
+            response: None,
         });
     }
 }
@@ -628,6 +695,8 @@ impl Table {
         let mut fspans: Vec<(u32, u32)> = Vec::with_capacity(pending.len());
         // Per-key plans, by index in `pending` (ascending).
         let mut plans: Vec<(usize, Box<super::keys::KeyPlan>)> = Vec::new();
+        let mut response_plans: Vec<(usize, Box<super::response::ResponsePlan>)> = Vec::new();
+        let mut responsive = false;
         'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
             // `flat[i]` is `pool[i]` ([`Compiled::conds`] was set so): a
             // dropped strategy's conditions are left as padding.
@@ -776,6 +845,22 @@ impl Table {
                     }),
                 ));
             }
+            // Issue 31: the cost dimensions are read by index, not matched.
+            let resp = &pending[si].strategy.response;
+            if !resp.is_plain() {
+                let mut dim = |name: &str| {
+                    (!name.is_empty())
+                        .then(|| dim_of(&mut dims, name))
+                        .flatten()
+                };
+                let plan = super::response::ResponsePlan {
+                    count_if: resp.count_if,
+                    cost_from: dim(&resp.cost_from),
+                    cost_after: dim(&resp.cost_after),
+                };
+                responsive = true;
+                response_plans.push((si, Box::new(plan)));
+            }
             fspans.push((start as u32, flat.len() as u32));
         }
         drop(pool);
@@ -861,6 +946,13 @@ impl Table {
         for (si, plan) in plans {
             let k = si - dropped.partition_point(|&d| d < si);
             pending[k].key = Some(plan);
+        }
+        for (si, plan) in response_plans {
+            if dropped.binary_search(&si).is_ok() {
+                continue;
+            }
+            let k = si - dropped.partition_point(|&d| d < si);
+            pending[k].response = Some(plan);
         }
         let strategies = pending;
         let (mut groups, group_lists, mut spans) =
@@ -993,6 +1085,7 @@ impl Table {
             bl_ip,
             keyed: !key_owners.is_empty(),
             key_owners,
+            responsive,
         }
     }
 
@@ -1427,6 +1520,8 @@ impl Table {
         scratch: &mut Scratch,
         out: &mut Decision,
     ) -> RequestOutcome<()> {
+        // (What response options leave in `scratch.response` is taken by
+        // `owing` after each request: nothing to clear here.)
         // An empty blacklist costs nothing per request.
         if self.bl_ip || !self.bl_dims.is_empty() {
             if let Some(o) = self.blacklisted(r) {
@@ -1465,13 +1560,22 @@ impl Table {
                 &slots,
                 r,
                 held,
-                (&mut scratch.key_holds, &mut scratch.key_full),
+                (
+                    &mut scratch.key_holds,
+                    &mut scratch.key_full,
+                    &mut scratch.response,
+                ),
             );
             return RequestOutcome::Limited(());
         }
         if let [si] = *matched {
             // The common case, without the lists below.
-            let Some(hit) = self.strategies[si as usize].hit(&slots) else {
+            let c = &self.strategies[si as usize];
+            if c.response.is_some() {
+                *out = self.admit_matched(matched, map, &slots, r, held, &mut scratch.response);
+                return RequestOutcome::Limited(());
+            }
+            let Some(hit) = c.hit(&slots) else {
                 *out = admit::admit_with(&[], r.now(), r.dry_run, r.quota);
                 return RequestOutcome::Limited(());
             };
@@ -1482,7 +1586,7 @@ impl Table {
             }
             return RequestOutcome::Limited(());
         }
-        *out = self.admit_matched(matched, map, &slots, r, held);
+        *out = self.admit_matched(matched, map, &slots, r, held, &mut scratch.response);
         RequestOutcome::Limited(())
     }
 
@@ -1527,21 +1631,31 @@ impl Table {
         slots: &Region<'_>,
         r: &Request<'_, V>,
         held: &mut SmallVec<[u32; 2]>,
+        response: &mut ResponseOut,
     ) -> Decision {
         let mut hits: SmallVec<[Hit<'_>; 8]> = SmallVec::new();
         let mut hit_index: SmallVec<[u32; 8]> = SmallVec::new();
         for &si in matched {
-            if let Some(hit) = self.strategies[si as usize].hit(slots) {
+            if let Some(hit) = self.strategies[si as usize].hit_for(slots, r, response) {
                 hits.push(hit);
                 hit_index.push(si);
             }
         }
-        let decision = admit::admit_with(&hits, r.now(), r.dry_run, r.quota);
+        // Several units (cost_from) take the general path; the one-hit
+        // path of `admit_with` acquires one unit.
+        let decision = if hits.iter().any(|h| h.units != 1) {
+            admit::admit_listed(&hits, r.now(), r.dry_run, r.quota)
+        } else {
+            admit::admit_with(&hits, r.now(), r.dry_run, r.quota)
+        };
         for (h, &si) in hits.iter().zip(&hit_index) {
             if holds(h, &decision) {
                 held.push(si);
                 map.hold_unit(hit_slot(&self.strategies[si as usize]), h.generation);
             }
+        }
+        if self.responsive {
+            owe_hits(&self.strategies, &hits, &hit_index, &decision, r, response);
         }
         decision
     }
@@ -1617,6 +1731,38 @@ impl Table {
             u.map.hold_key_unit(*at);
         }
         Some(u)
+    }
+
+    /// What the request decided last with `scratch` settles when it ends
+    /// (issue 31): `None` when nothing (most requests: one branch).
+    #[inline]
+    pub fn owing(&self, scratch: &mut Scratch) -> Option<super::response::Owing> {
+        if !self.responsive || scratch.response.owed.is_empty() {
+            return None;
+        }
+        self.owing_held(scratch)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn owing_held(&self, scratch: &mut Scratch) -> Option<super::response::Owing> {
+        let items = std::mem::take(&mut scratch.response.owed);
+        Some(super::response::Owing {
+            map: self.map.as_ref()?.clone(),
+            items,
+        })
+    }
+
+    /// Some strategy has response or cost options (issue 31).
+    #[inline]
+    pub fn is_responsive(&self) -> bool {
+        self.responsive
+    }
+
+    /// The table's dimension names (by index), e.g. to resolve an owed
+    /// charge's `after_dim`.
+    pub fn dimension_name(&self, d: usize) -> Option<&str> {
+        self.dims.get(d).map(String::as_str)
     }
 
     fn blacklist(&self) -> Option<Blacklist<'_>> {
@@ -1831,6 +1977,37 @@ fn group_heavy_values<'c>(
         .map(|(r, d)| Group::build(d, r))
         .collect();
     (groups, group_lists, spans)
+}
+
+/// Records what the admitted hits with `count_if` or `cost_after` settle
+/// when the request ends (issue 31). Admitted: the request was not
+/// refused, the slot is still the strategy's, and no dry run may have
+/// refused the hit (a dry-run rejection charges nothing: giving back what
+/// was never charged would admit extra, so such a hit settles nothing).
+pub(crate) fn owe_hits<V: Values + ?Sized>(
+    strategies: &[Compiled],
+    hits: &[Hit<'_>],
+    index: &[u32],
+    d: &Decision,
+    r: &Request<'_, V>,
+    out: &mut ResponseOut,
+) {
+    if let Verdict::Reject { .. } = d.verdict {
+        return;
+    }
+    for (h, &si) in hits.iter().zip(index) {
+        let c = &strategies[si as usize];
+        if c.response.is_none()
+            || h.slot
+                .generation()
+                .load(std::sync::atomic::Ordering::Acquire)
+                != h.generation
+            || ((r.dry_run || h.action.is_dry_run()) && d.dry_run_rejected.is_some())
+        {
+            continue;
+        }
+        c.owe_slot(out, h.units, r.now());
+    }
 }
 
 #[inline]

@@ -200,6 +200,10 @@ fn handle(r: &mut Request) -> Status {
         );
         // The units the request holds (most hold none: no call then).
         let hold = table.units_with_keys(&held, scratch);
+        // Issue 31: what it settles in the LOG phase (count_if, cost_after).
+        if table.is_responsive() {
+            super::log_phase::after_decide(r, mc, table, scratch, sources, now_ms);
+        }
         let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
         act(r, mc, lc, log, Some((&outcome, &d)), hold, now_ms, &key_of)
     })

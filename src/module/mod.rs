@@ -9,6 +9,7 @@ mod decision;
 mod ext;
 mod guard;
 mod handler;
+mod log_phase;
 pub(crate) mod parse;
 mod stats;
 mod time;
@@ -221,11 +222,19 @@ impl RateCtlModule {
         let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize];
         // SAFETY: the phase's handler array was initialised by the core
         // module with ngx_http_handler_pt elements.
-        if unsafe { register_last(&mut phase.handlers, handler::preaccess_handler) } {
-            Status::NGX_OK.0
-        } else {
-            Status::NGX_ERROR.0
+        if !unsafe { register_last(&mut phase.handlers, handler::preaccess_handler) } {
+            return Status::NGX_ERROR.0;
         }
+        // Issue 31: count_if and cost_after settle in the LOG phase.
+        let log = &mut cmcf.phases[ngx::ffi::ngx_http_phases_NGX_HTTP_LOG_PHASE as usize];
+        // SAFETY: as above, an array of ngx_http_handler_pt.
+        let h = unsafe { ngx_array_push(&mut log.handlers) }.cast::<ngx_http_handler_pt>();
+        if h.is_null() {
+            return Status::NGX_ERROR.0;
+        }
+        // SAFETY: h is the element just pushed.
+        unsafe { *h = Some(log_phase::log_handler) };
+        Status::NGX_OK.0
     }
 }
 

@@ -110,6 +110,30 @@ fn schemas() -> Value {
     let rate_required = json!({
         "if": {"properties": {"action": {"const": "allow"}}, "required": ["action"]},
         "else": {"required": ["algorithm", "rate"]}});
+    // Issue 31: limits that look at the response and at cost.
+    let mut strategy_fields = strategy_fields;
+    for (k, v) in [
+        (
+            "count_if",
+            json!({"type": ["string", "null"], "maxLength": 200,
+            "description": "charge the request only if its final status is in this list of codes and classes (\"401,403\", \"4xx\", \"429,5xx\"; a leading \"status=\" is dropped): checked and counted at admission, given back when it ends with another status. Not for concurrency and warm_up"}),
+        ),
+        (
+            "cost_from",
+            json!({"type": ["string", "null"], "maxLength": 32,
+            "description": "dimension whose integer value (1 … 1,000,000) is the request's cost; absent or invalid: 1. A request whose cost exceeds what is left is refused whole"}),
+        ),
+        (
+            "cost_after",
+            json!({"type": ["string", "null"], "maxLength": 32,
+            "description": "dimension read when the request ends (e.g. $upstream_http_x_cost): its integer value is the final cost; the difference with what was charged up front is charged then (a bucket may go into debt) or given back"}),
+        ),
+    ] {
+        strategy_fields
+            .as_object_mut()
+            .expect("object")
+            .insert(k.into(), v);
+    }
     let mut strategy = strategy_fields.clone();
     let o = strategy.as_object_mut().expect("object");
     o.insert("id".into(), json!({"type": "integer"}));
@@ -152,6 +176,9 @@ fn schemas() -> Value {
         ("ipv6_prefix", json!(null)),
         ("on_full", json!(null)),
         ("split", json!("demand")),
+        ("count_if", json!(null)),
+        ("cost_from", json!(null)),
+        ("cost_after", json!(null)),
     ] {
         example[k] = v;
     }

@@ -64,6 +64,9 @@ const STRATEGY_FIELDS: &[&str] = &[
     "ipv6_prefix",
     "on_full",
     "split",
+    "count_if",
+    "cost_from",
+    "cost_after",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -116,6 +119,9 @@ fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyR
         created_ms: 0,
         updated_ms: 0,
         version: 0,
+        count_if: f.str("count_if")?,
+        cost_from: f.str("cost_from")?,
+        cost_after: f.str("cost_after")?,
     };
     rec.clone()
         .into_valid()

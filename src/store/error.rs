@@ -41,6 +41,10 @@ pub enum Field {
     Weight,
     /// Another stored column (a row broken in the database), by name.
     Column(&'static str),
+    /// `count_if`, `cost_from`, `cost_after` (issue 31).
+    CountIf,
+    CostFrom,
+    CostAfter,
 }
 
 impl Field {
@@ -142,6 +146,7 @@ impl From<ModelError> for Invalid {
             E::DelayNeedsBucket(_) => (Field::Action, "action".to_string()),
             E::UnknownKeyword { field, .. } => (Field::of_keyword(field), field.to_string()),
             E::Each(each) => each_field(each),
+            E::Response(r) => response_field(r),
         };
         let message = e.to_string();
         // The model's messages are "name: text"; `name` is known from the variant.
@@ -165,6 +170,21 @@ fn each_field(e: &rate_ctl::core::each::EachError) -> (Field, String) {
         E::Ipv6Prefix(_) | E::NeedsEach("ipv6_prefix") => (Field::Ipv6Prefix, "ipv6_prefix".into()),
         E::OnFull(_) | E::NeedsEach(_) => (Field::OnFull, "on_full".into()),
     }
+}
+
+/// The field (and its name in the message) of a response/cost error.
+fn response_field(e: &rate_ctl::core::response::ResponseError) -> (Field, String) {
+    use rate_ctl::core::response::ResponseError as E;
+    let field = match e {
+        E::BadCountIf(_) => "count_if",
+        E::BadDimension { field, .. } | E::Algorithm { field, .. } | E::Allow { field } => field,
+    };
+    let f = match field {
+        "count_if" => Field::CountIf,
+        "cost_from" => Field::CostFrom,
+        _ => Field::CostAfter,
+    };
+    (f, field.to_string())
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -221,6 +221,17 @@ pub struct StrategyRecord {
     /// Config version of the last change to this strategy; set by the store.
     #[serde(default)]
     pub version: u64,
+    /// Statuses that count (`401,403`, `4xx`; `status=` accepted and
+    /// dropped by validation): the request is charged only if its final
+    /// status is one of them (issue 31).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count_if: Option<String>,
+    /// The dimension whose integer value is the request's cost up front.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_from: Option<String>,
+    /// The dimension read when the request ends: its final cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_after: Option<String>,
 }
 
 fn default_unit() -> Unit {
@@ -410,6 +421,21 @@ impl StrategyRecord {
             priority: self.priority,
             each: self.core_each(),
             name: self.name.clone(),
+            response: self.core_response()?,
+        })
+    }
+
+    /// The core response and cost fields (issue 31).
+    fn core_response(&self) -> Result<rate_ctl::core::response::Response, Invalid> {
+        let count_if = match self.count_if.as_deref() {
+            Some(t) => rate_ctl::core::response::StatusSet::parse(t)
+                .map_err(|e| Invalid::from(ModelError::from(e)))?,
+            None => Default::default(),
+        };
+        Ok(rate_ctl::core::response::Response {
+            count_if,
+            cost_from: self.cost_from.clone().unwrap_or_default(),
+            cost_after: self.cost_after.clone().unwrap_or_default(),
         })
     }
 
@@ -524,6 +550,11 @@ impl StrategyRecord {
         // Not given: the default for what it is (after the checks above,
         // which refuse only a `demand` someone asked for).
         self.split = Some(self.split());
+        // Canonical texts (issue 31): `count_if` as classes and codes in
+        // ascending order; an empty value is no value.
+        self.count_if = Some(core.response.count_if.to_string()).filter(|t| !t.is_empty());
+        self.cost_from = self.cost_from.take().filter(|t| !t.is_empty());
+        self.cost_after = self.cost_after.take().filter(|t| !t.is_empty());
         Ok(())
     }
 

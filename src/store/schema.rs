@@ -306,6 +306,15 @@ pub const MIGRATIONS: &[Migration] = &[
             }),
         ],
     },
+    Migration {
+        version: 131,
+        description: "strategies: count_if, cost_from, cost_after (issue 31)",
+        steps: &[
+            Step::AddColumn("strategies", "count_if VARCHAR(200) NULL"),
+            Step::AddColumn("strategies", "cost_from VARCHAR(32) NULL"),
+            Step::AddColumn("strategies", "cost_after VARCHAR(32) NULL"),
+        ],
+    },
 ];
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use rate_ctl::core::shm::unix_ms;
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
      status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
-     ipv6_prefix, on_full, split, created_ms, updated_ms, version";
+     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after";
 
 impl Store {
     /// Stores a new strategy (validated by whoever received it); returns
@@ -61,6 +61,9 @@ impl Store {
         let id = u32::try_from(id)
             .map_err(|_| Invalid::new(Field::Id, "id", format!("{id} exceeds {}", u32::MAX)))?;
         rec.id = id;
+        bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
+            .execute(&mut *tx)
+            .await?;
         audit(
             &mut tx,
             who,
@@ -136,6 +139,9 @@ impl Store {
                 rec.id
             )));
         }
+        bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
+            .execute(&mut *tx)
+            .await?;
         audit(
             &mut tx,
             who,
@@ -308,6 +314,22 @@ impl Store {
                 q.execute(&mut *tx).await?;
             }
         }
+        // Issue 31: the response columns of the rows that have them, by
+        // their (unique) name: rows without an id got theirs just now.
+        for (_, r) in &records {
+            if r.count_if.is_none() && r.cost_from.is_none() && r.cost_after.is_none() {
+                continue;
+            }
+            sqlx::query(&self.sql(
+                "UPDATE strategies SET count_if = ?, cost_from = ?, cost_after = ? WHERE name = ?",
+            ))
+            .bind(r.count_if.clone())
+            .bind(r.cost_from.clone())
+            .bind(r.cost_after.clone())
+            .bind(r.name.clone())
+            .execute(&mut *tx)
+            .await?;
+        }
         audit(
             &mut tx,
             who,
@@ -416,6 +438,19 @@ pub(super) fn bind_content<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<
         .bind(r.ipv6_prefix.map(|p| p as i64))
         .bind(r.on_full.map(|o| o.as_str()))
         .bind(r.split().as_str())
+}
+
+/// The response and cost columns (migration 131), written by their own
+/// statement after the row's insert or update.
+pub(super) const RESPONSE_UPDATE: &str =
+    "UPDATE strategies SET count_if = ?, cost_from = ?, cost_after = ? WHERE id = ?";
+
+/// Binds [`RESPONSE_UPDATE`]'s parameters (NULL: not set).
+pub(super) fn bind_response<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
+    q.bind(r.count_if.clone())
+        .bind(r.cost_from.clone())
+        .bind(r.cost_after.clone())
+        .bind(r.id as i64)
 }
 
 pub(super) fn split_rows(rows: &[AnyRow]) -> (Vec<Valid<StrategyRecord>>, Vec<BadRow>) {
@@ -571,6 +606,9 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         created_ms: get_i("created_ms")?.max(0) as u64,
         updated_ms: get_i("updated_ms")?.max(0) as u64,
         version: get_i("version")?.max(0) as u64,
+        count_if: get_os("count_if")?.filter(|s| !s.is_empty()),
+        cost_from: get_os("cost_from")?.filter(|s| !s.is_empty()),
+        cost_after: get_os("cost_after")?.filter(|s| !s.is_empty()),
     };
     rec.into_valid().map_err(bad)
 }
@@ -593,6 +631,9 @@ fn column(col: &'static str) -> Field {
         "on_full" => Field::OnFull,
         "enabled" => Field::Enabled,
         "priority" => Field::Priority,
+        "count_if" => Field::CountIf,
+        "cost_from" => Field::CostFrom,
+        "cost_after" => Field::CostAfter,
         other => Field::Column(other),
     }
 }

@@ -29,8 +29,10 @@ use super::super::each::OnFull;
 use super::super::limiter::Quota;
 use super::super::model::{Action, Algorithm};
 use super::super::region::Region;
+use super::super::response::{Owed, OwedCharge, OwedTarget};
 use super::super::shm::Mapping;
 use super::super::slot::Slot;
+use super::super::table::ResponseOut;
 use super::super::table::{IpKey, Request, Table, Values};
 use super::{Charge, IpPrefix, KeyLimiter, KeyRef, KeyTable};
 
@@ -140,12 +142,14 @@ struct Taken {
     prev: u64,
     wait_ns: u64,
     forced: bool,
+    /// Units charged (`cost_from`; 1 otherwise).
+    units: u64,
 }
 
 fn refund_all(kt: &KeyTable, table: &Table, taken: &[Taken]) {
     for t in taken {
         if let Some(plan) = &table.strategies()[t.si as usize].key {
-            kt.refund(t.at, &plan.limiter, t.token, t.prev);
+            kt.refund_units(t.at, &plan.limiter, t.token, t.prev, t.units);
         }
     }
 }
@@ -168,17 +172,18 @@ pub(crate) fn decide<V: Values + ?Sized>(
     slots: &Region<'_>,
     r: &Request<'_, V>,
     held: &mut SmallVec<[u32; 2]>,
-    (key_holds, full): (&mut KeyHolds, &mut Option<(u32, OnFull)>),
+    (key_holds, full, response): (&mut KeyHolds, &mut Option<(u32, OnFull)>, &mut ResponseOut),
 ) -> Decision {
     if let [si] = *matched {
-        return decide_one(table, si, map, slots, r, held, key_holds, full);
+        return decide_one(table, si, map, slots, r, held, key_holds, full, response);
     }
-    decide_all(table, matched, map, r, held, key_holds, full)
+    decide_all(table, matched, map, r, held, key_holds, full, response)
 }
 
 /// [`decide`] for any number of matched strategies, per-key and shared
 /// (out of line: the one-strategy path keeps a small frame).
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn decide_all<V: Values + ?Sized>(
     table: &Table,
     matched: &[u32],
@@ -187,6 +192,7 @@ fn decide_all<V: Values + ?Sized>(
     held: &mut SmallVec<[u32; 2]>,
     key_holds: &mut KeyHolds,
     full: &mut Option<(u32, OnFull)>,
+    response: &mut ResponseOut,
 ) -> Decision {
     let slots = &map.slots();
     let kt = map.keys();
@@ -201,7 +207,7 @@ fn decide_all<V: Values + ?Sized>(
     for &si in matched {
         let c = &strategies[si as usize];
         let Some(plan) = &c.key else {
-            if let Some(h) = c.hit(slots) {
+            if let Some(h) = c.hit_for(slots, r, response) {
                 shared.push(h);
                 shared_index.push(si);
             }
@@ -219,7 +225,18 @@ fn decide_all<V: Values + ?Sized>(
         }
         let dry = r.dry_run || c.strategy.action.is_dry_run();
         let force = dry && plan.limiter.is_concurrency();
+        // `cost_from` (issue 31): the key is charged its units at once.
+        let units = match &c.response {
+            Some(p) => p.cost(r.values).unwrap_or_else(|n| {
+                response.bad_cost.get_or_insert(c.strategy.id);
+                n
+            }),
+            None => 1,
+        };
         let charge = match kt.key(h, c.slot, c.generation) {
+            Some(key) if units != 1 => {
+                kt.charge_units(&key, &plan.limiter, now, units, slots, owner)
+            }
             Some(key) => kt.charge(&key, &plan.limiter, now, force, slots, owner),
             None => Charge::Full,
         };
@@ -242,6 +259,7 @@ fn decide_all<V: Values + ?Sized>(
                     prev,
                     wait_ns,
                     forced,
+                    units,
                 });
                 continue;
             }
@@ -250,7 +268,7 @@ fn decide_all<V: Values + ?Sized>(
                 full.get_or_insert((c.strategy.id, plan.on_full));
                 match plan.on_full {
                     OnFull::Overflow => {
-                        if let Some(h) = c.hit(slots) {
+                        if let Some(h) = c.hit_for(slots, r, response) {
                             shared.push(h);
                             shared_index.push(si);
                             overflow.push(si);
@@ -292,6 +310,9 @@ fn decide_all<V: Values + ?Sized>(
     }
     let mut d = if shared.is_empty() {
         Decision::pass()
+    } else if shared.iter().any(|h| h.units != 1) {
+        // Several units (cost_from): the general path.
+        admit::admit_listed(&shared, now, r.dry_run, r.quota)
     } else {
         admit::admit_with(&shared, now, r.dry_run, r.quota)
     };
@@ -317,6 +338,9 @@ fn decide_all<V: Values + ?Sized>(
         Verdict::Delay { wait_ns, .. } => wait_ns,
         _ => 0,
     };
+    if table.is_responsive() {
+        super::super::table::owe_hits(strategies, &shared, &shared_index, &d, r, response);
+    }
     for t in &taken {
         let c = &strategies[t.si as usize];
         let Some(plan) = &c.key else { continue };
@@ -325,6 +349,22 @@ fn decide_all<V: Values + ?Sized>(
         }
         if t.forced {
             continue;
+        }
+        if let Some(p) = c.response.as_deref().filter(|p| p.deferred()) {
+            response.owed.push(OwedCharge {
+                target: OwedTarget::Key {
+                    at: t.at,
+                    limiter: plan.limiter,
+                },
+                owed: Owed {
+                    charged: t.units,
+                    count_if: p.count_if,
+                    after: p.cost_after.is_some(),
+                },
+                admitted: now,
+                after_dim: p.cost_after,
+                id: c.strategy.id,
+            });
         }
         let Some(slot) = Slot::at(slots, c.slot) else {
             continue;
@@ -382,10 +422,16 @@ fn decide_one<V: Values + ?Sized>(
     held: &mut SmallVec<[u32; 2]>,
     key_holds: &mut KeyHolds,
     full: &mut Option<(u32, OnFull)>,
+    response: &mut ResponseOut,
 ) -> Decision {
     let c = &table.strategies()[si as usize];
-    let (Some(plan), false) = (&c.key, r.dry_run || c.strategy.action.is_dry_run()) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full);
+    // Response options (issue 31) take the general path, which records
+    // what the request settles when it ends.
+    let (Some(plan), false) = (
+        &c.key,
+        r.dry_run || c.strategy.action.is_dry_run() || c.response.is_some(),
+    ) else {
+        return decide_all(table, &[si], map, r, held, key_holds, full, response);
     };
     let id = c.strategy.id;
     let kt = map.keys();
@@ -397,7 +443,7 @@ fn decide_one<V: Values + ?Sized>(
         return Decision::pass(); // an empty value: not counted
     }
     let Some(key) = kt.key(h, c.slot, c.generation) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full);
+        return decide_all(table, &[si], map, r, held, key_holds, full, response);
     };
     let Some(slot) = Slot::at(slots, c.slot) else {
         return Decision::pass(); // no such slot: nothing counted
@@ -409,7 +455,7 @@ fn decide_one<V: Values + ?Sized>(
     // A key found in the table; a new key (its entry to claim, maybe
     // another strategy's to judge) takes the general path.
     let Some(charge) = kt.charge_found(&key, &plan.limiter, now, false) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full);
+        return decide_all(table, &[si], map, r, held, key_holds, full, response);
     };
     match charge {
         Charge::Admitted {
@@ -453,7 +499,7 @@ fn decide_one<V: Values + ?Sized>(
                 ..Decision::pass()
             }
         }
-        Charge::Full => decide_all(table, &[si], map, r, held, key_holds, full),
+        Charge::Full => decide_all(table, &[si], map, r, held, key_holds, full, response),
     }
 }
 

@@ -110,6 +110,16 @@ impl KeyLimiter {
     /// One request at `now` on the word `w`.
     #[inline(always)]
     pub fn step(&self, w: u64, now: u64) -> Step {
+        self.step_units(w, now, 1)
+    }
+
+    /// A request of `n` units (`cost_from`, issue 31) at `now` on the word
+    /// `w`: admitted only if all `n` fit (a bucket: `n × T` within its
+    /// horizon; a window: `count + n ≤ limit`), nothing written otherwise.
+    /// `n` = 1 is [`step`](Self::step) (a constant there); `concurrency`
+    /// takes one unit whatever `n`.
+    #[inline(always)]
+    pub fn step_units(&self, w: u64, now: u64, n: u64) -> Step {
         match *self {
             KeyLimiter::Gcra {
                 interval,
@@ -117,7 +127,7 @@ impl KeyLimiter {
                 max_delay,
             } => {
                 let horizon = tau.saturating_add(max_delay);
-                let Some(next) = w.max(now).checked_add(interval) else {
+                let Some(next) = w.max(now).checked_add(interval.saturating_mul(n)) else {
                     return Step::Reject {
                         retry_after_ns: u64::MAX,
                     };
@@ -138,27 +148,31 @@ impl KeyLimiter {
                 let w_now = (now / period).min(u32::MAX as u64);
                 let (sw, sc) = (w >> 32, w & 0xFFFF_FFFF);
                 let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
-                if count >= limit {
+                if count.saturating_add(n) > limit {
                     let end = win.saturating_add(1).saturating_mul(period);
                     Step::Reject {
-                        retry_after_ns: end.saturating_sub(now).max(1),
+                        retry_after_ns: if n > limit {
+                            u64::MAX
+                        } else {
+                            end.saturating_sub(now).max(1)
+                        },
                     }
                 } else {
                     Step::Admit {
-                        next: (win << 32) | (count + 1),
+                        next: (win << 32) | (count + n),
                         wait_ns: 0,
                     }
                 }
             }
             KeyLimiter::Sliding { period, limit } => {
                 let v = SlidingView::read(w, now, period);
-                if v.estimate(period).saturating_add(1) > limit {
+                if v.estimate(period).saturating_add(n) > limit {
                     Step::Reject {
-                        retry_after_ns: v.retry_after(now, period, limit),
+                        retry_after_ns: v.retry_after(now, period, limit, n),
                     }
                 } else {
                     Step::Admit {
-                        next: pack_sliding(v.window, v.prev, v.cur + 1),
+                        next: pack_sliding(v.window, v.prev, v.cur + n),
                         wait_ns: 0,
                     }
                 }
@@ -178,12 +192,85 @@ impl KeyLimiter {
         }
     }
 
+    /// The charge after the response (issue 31) on the word `w`: `delta`
+    /// units more, even over the limit (a bucket goes into debt, at most
+    /// `MAX_DEBT_NS` beyond its horizon; a window stays full until it
+    /// ends), or, negative, given back to the window the request was
+    /// admitted in (`admitted`, this limiter's clock then). `None`:
+    /// nothing to change.
+    pub fn charge_after(&self, w: u64, now: u64, admitted: u64, delta: i64) -> Option<u64> {
+        let d = delta.unsigned_abs();
+        if d == 0 {
+            return None;
+        }
+        match *self {
+            KeyLimiter::Gcra {
+                interval,
+                tau,
+                max_delay,
+            } => Some(if delta > 0 {
+                let cap = now
+                    .saturating_add(tau.saturating_add(max_delay))
+                    .saturating_add(super::super::limiter::gcra::MAX_DEBT_NS);
+                w.max(now)
+                    .saturating_add(interval.saturating_mul(d))
+                    .min(cap.max(w))
+            } else {
+                w.saturating_sub(interval.saturating_mul(d))
+            }),
+            KeyLimiter::Fixed { period, .. } => {
+                let (sw, sc) = (w >> 32, w & 0xFFFF_FFFF);
+                if delta > 0 {
+                    let w_now = (now / period).min(u32::MAX as u64);
+                    let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
+                    Some((win << 32) | count.saturating_add(d).min(u32::MAX as u64 - 1))
+                } else {
+                    let charged = (admitted / period).min(u32::MAX as u64);
+                    (sw == charged && sc > 0).then(|| (sw << 32) | sc.saturating_sub(d))
+                }
+            }
+            KeyLimiter::Sliding { period, .. } => {
+                if delta > 0 {
+                    let v = SlidingView::read(w, now, period);
+                    return Some(pack_sliding(v.window, v.prev, v.cur.saturating_add(d)));
+                }
+                let v = SlidingView::read(w, admitted, period);
+                if w == 0 {
+                    return None;
+                }
+                // Read at the admission's time: its window is `cur` there
+                // if the word still holds it; moved on: nothing (the
+                // weighted previous count keeps it, conservatively).
+                (v.cur > 0 && !v.ahead)
+                    .then(|| pack_sliding(v.window, v.prev, v.cur.saturating_sub(d)))
+            }
+            KeyLimiter::Concurrency { .. } => None,
+        }
+    }
+
     /// `concurrency` under a dry run: one more in flight even over the
     /// limit (the release at the end balances it).
     pub fn force(&self, w: u64) -> Option<u64> {
         match self {
             KeyLimiter::Concurrency { .. } if w < u32::MAX as u64 => Some(w + 1),
             _ => None,
+        }
+    }
+
+    /// [`refund`](Self::refund) of an admission of `n` units.
+    pub fn refund_units(&self, cur: u64, token: u64, prev: u64, n: u64) -> Option<u64> {
+        if n <= 1 || cur == token {
+            return self.refund(cur, token, prev);
+        }
+        match *self {
+            KeyLimiter::Gcra { interval, .. } => {
+                Some(cur.saturating_sub(interval.saturating_mul(n)))
+            }
+            KeyLimiter::Fixed { .. } => (cur >> 32 == token >> 32 && cur & 0xFFFF_FFFF > 0)
+                .then(|| (cur & !0xFFFF_FFFF) | (cur & 0xFFFF_FFFF).saturating_sub(n)),
+            KeyLimiter::Sliding { .. } => (cur >> 40 == token >> 40 && cur & C_MASK > 0)
+                .then(|| (cur & !C_MASK) | (cur & C_MASK).saturating_sub(n)),
+            KeyLimiter::Concurrency { .. } => self.release(cur),
         }
     }
 
@@ -337,10 +424,10 @@ impl SlidingView {
         weighted.saturating_add(self.cur)
     }
 
-    /// Exact time from `now` until `estimate + 1 ≤ limit` with no other
+    /// Exact time from `now` until `estimate + n ≤ limit` with no other
     /// traffic (as the shared sliding window's).
-    fn retry_after(&self, now: u64, period: u64, limit: u64) -> u64 {
-        if limit == 0 {
+    fn retry_after(&self, now: u64, period: u64, limit: u64, n: u64) -> u64 {
+        if limit == 0 || n > limit {
             return u64::MAX;
         }
         // Smallest elapsed e with floor(prev × (P − e) / P) ≤ k.
@@ -351,11 +438,11 @@ impl SlidingView {
             let bound = ((k as u128 + 1) * period as u128 - 1) / prev as u128;
             period.saturating_sub(bound.min(period as u128) as u64)
         };
-        let at = if self.cur < limit {
-            let e = min_elapsed(self.prev, limit - 1 - self.cur);
+        let at = if self.cur + n <= limit {
+            let e = min_elapsed(self.prev, limit - n - self.cur);
             self.window.saturating_mul(period).saturating_add(e)
         } else {
-            let e = min_elapsed(self.cur, limit - 1);
+            let e = min_elapsed(self.cur, limit - n);
             self.window
                 .saturating_add(1)
                 .saturating_mul(period)

@@ -14,20 +14,37 @@ use super::{Acquired, Quota, Reservation};
 
 #[inline(never)]
 pub(super) fn acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Acquired {
+    acquire_n(w, now, period, limit, 1)
+}
+
+/// `n` units at once (`cost_from`, issue 31): admitted only if all fit.
+#[inline(never)]
+pub(super) fn acquire_units(w: &AtomicU64, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
+    acquire_n(w, now, period, limit, n)
+}
+
+/// The step of both: `count + n ≤ limit` admits and counts `n`; with
+/// `n` = 1 (a constant in [`acquire`]) it is the one-request step.
+#[inline(always)]
+fn acquire_n(w: &AtomicU64, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
     let w_now = window_of(now, period);
     let mut cur = w.load(Ordering::Acquire);
     loop {
         let (sw, sc) = unpack(cur);
         // Older → a fresh window; equal or newer → count against it.
         let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
-        if count >= limit {
+        if count.saturating_add(n) > limit {
             let end = window_start(win.saturating_add(1), period);
             return Acquired::Rejected {
-                retry_after_ns: end.saturating_sub(now).max(1),
+                retry_after_ns: if n > limit {
+                    u64::MAX
+                } else {
+                    end.saturating_sub(now).max(1)
+                },
             };
         }
-        // count < limit ≤ u32::MAX − 1: the increment fits in 32 bits.
-        let next = pack(win, count + 1);
+        // count + n ≤ limit ≤ u32::MAX − 1: the sum fits in 32 bits.
+        let next = pack(win, count + n);
         match w.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 return Acquired::Admitted(Reservation {

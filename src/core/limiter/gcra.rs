@@ -59,6 +59,29 @@ pub(super) fn refund(w: &AtomicU64, r: Reservation, interval: u64) {
     });
 }
 
+/// Charges `delta` units of `interval` after the response (issue 31): a
+/// positive `delta` moves the TAT on even past the horizon (debt: later
+/// requests wait until it is paid), at most [`MAX_DEBT_NS`] beyond it so
+/// that the agent's repair never takes a debt for foreign state; a
+/// negative one gives units back (as a refund does).
+pub(super) fn charge_after(w: &AtomicU64, now: u64, interval: u64, horizon: u64, delta: i64) {
+    let units = delta.unsigned_abs();
+    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+        Some(if delta >= 0 {
+            let cap = now.saturating_add(horizon).saturating_add(MAX_DEBT_NS);
+            cur.max(now)
+                .saturating_add(interval.saturating_mul(units))
+                .min(cap.max(cur))
+        } else {
+            cur.saturating_sub(interval.saturating_mul(units))
+        })
+    });
+}
+
+/// Longest debt a bucket takes beyond its horizon ([`charge_after`]):
+/// half the agent's foreign-state margin.
+pub const MAX_DEBT_NS: u64 = MAX_STALENESS_NS / 2;
+
 /// See [`super::Limiter::repair_foreign`]: a TAT beyond the horizon of a
 /// fresh clock by more than [`MAX_STALENESS_NS`] becomes an empty bucket
 /// with a full delay queue.

@@ -274,6 +274,98 @@ impl Limiter {
         }
     }
 
+    /// [`acquire`](Self::acquire) of `n` units at once (`cost_from`,
+    /// issue 31): admitted only if all `n` fit (a bucket: `n × T` within
+    /// its horizon, so a cost above the burst never passes; a window:
+    /// `count + n ≤ limit`); nothing is charged otherwise. `concurrency`
+    /// and `warm_up` (which refuse `cost_from`) take one.
+    pub fn acquire_units(&self, slot: &Slot, now_ns: u64, n: u64) -> Acquired {
+        match self.params {
+            Params::Gcra {
+                interval,
+                tau,
+                max_delay,
+            } => gcra::acquire(
+                slot.state0(),
+                now_ns,
+                interval.saturating_mul(n).min(u64::MAX / 4),
+                tau,
+                max_delay,
+            ),
+            Params::Window { period, limit } => {
+                if self.algorithm == Algorithm::SlidingWindow {
+                    sliding_window::acquire_units(slot, now_ns, period, limit, n)
+                } else {
+                    fixed_window::acquire_units(slot.state0(), now_ns, period, limit, n)
+                }
+            }
+            _ => self.acquire(slot, now_ns),
+        }
+    }
+
+    /// [`refund`](Self::refund) of an [`acquire_units`](Self::acquire_units)
+    /// of `n` units.
+    pub fn refund_units(&self, slot: &Slot, r: Reservation, n: u64) {
+        if n <= 1 {
+            return self.refund(slot, r);
+        }
+        match self.params {
+            Params::Gcra { interval, .. } => {
+                gcra::refund(slot.state0(), r, interval.saturating_mul(n))
+            }
+            Params::Window { .. } => {
+                let window = r.token >> 32;
+                let word = if self.algorithm == Algorithm::SlidingWindow && window & 1 == 1 {
+                    slot.state1()
+                } else {
+                    slot.state0()
+                };
+                window::refund_n(word, r, n);
+            }
+            _ => self.refund(slot, r),
+        }
+    }
+
+    /// The charge after the response (issue 31): `delta` units more
+    /// (charged even over the limit: a bucket goes into debt, a window
+    /// stays full until it ends) or, negative, given back. `now_ns` is
+    /// this limiter's clock now, `admitted_ns` its reading when the
+    /// request was admitted (windows give back to that window only).
+    /// No-op for `concurrency` and `warm_up`.
+    pub fn charge_after(&self, slot: &Slot, now_ns: u64, admitted_ns: u64, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        match self.params {
+            Params::Gcra {
+                interval,
+                tau,
+                max_delay,
+            } => gcra::charge_after(
+                slot.state0(),
+                now_ns,
+                interval,
+                tau.saturating_add(max_delay),
+                delta,
+            ),
+            Params::Window { period, .. } => {
+                let charged = window::window_of(admitted_ns, period);
+                let at = if delta >= 0 {
+                    window::window_of(now_ns, period)
+                } else {
+                    charged
+                };
+                let word = if self.algorithm == Algorithm::SlidingWindow && at & 1 == 1 {
+                    slot.state1()
+                } else {
+                    slot.state0()
+                };
+                window::charge_after(word, now_ns, period, charged, delta);
+            }
+            _ => {}
+        }
+    }
+
     /// Gives back one request admitted by [`acquire`](Self::acquire) on
     /// this limiter and slot (see the module documentation for how exact
     /// that is under contention).

@@ -97,17 +97,17 @@ impl SlidingView {
 
     /// Exact time from `now` until `estimate + 1 ≤ limit`, with no other
     /// traffic.
-    fn retry_after(&self, now: u64, period: u64, limit: u64) -> u64 {
-        if limit == 0 {
+    fn retry_after(&self, now: u64, period: u64, limit: u64, n: u64) -> u64 {
+        if limit == 0 || n > limit {
             return u64::MAX;
         }
-        let at = if self.cur < limit {
+        let at = if self.cur + n <= limit {
             // Still possible inside this window, once prev has decayed.
-            let e = sliding_min_elapsed(self.prev, limit - 1 - self.cur, period);
+            let e = sliding_min_elapsed(self.prev, limit - n - self.cur, period);
             window_start(self.window, period).saturating_add(e)
         } else {
             // Next window: prev becomes this window's count, cur 0.
-            let e = sliding_min_elapsed(self.cur, limit - 1, period);
+            let e = sliding_min_elapsed(self.cur, limit - n, period);
             window_start(self.window.saturating_add(1), period).saturating_add(e)
         };
         at.saturating_sub(now).max(1)
@@ -116,6 +116,19 @@ impl SlidingView {
 
 #[inline(never)]
 pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Acquired {
+    acquire_n(slot, now, period, limit, 1)
+}
+
+/// `n` units at once (`cost_from`, issue 31): admitted only if all fit.
+#[inline(never)]
+pub(super) fn acquire_units(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
+    acquire_n(slot, now, period, limit, n)
+}
+
+/// The step of both: `estimate + n ≤ limit` admits and counts `n` in the
+/// current window (`n` = 1, a constant, in [`acquire`]).
+#[inline(always)]
+fn acquire_n(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
     let words = [slot.state0(), slot.state1()];
     loop {
         let vals = [
@@ -124,14 +137,14 @@ pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Acquire
         ];
         let v = SlidingView::read(vals, now, period);
         let estimate = v.estimate(period);
-        if estimate.saturating_add(1) > limit {
+        if estimate.saturating_add(n) > limit {
             return Acquired::Rejected {
-                retry_after_ns: v.retry_after(now, period, limit),
+                retry_after_ns: v.retry_after(now, period, limit, n),
             };
         }
         let pos = (v.window & 1) as usize;
-        // estimate < limit ≤ u32::MAX − 1 and cur ≤ estimate: fits.
-        let next = pack(v.window, v.cur + 1);
+        // estimate + n ≤ limit ≤ u32::MAX − 1 and cur ≤ estimate: fits.
+        let next = pack(v.window, v.cur + n);
         if words[pos]
             .compare_exchange(v.cur_word, next, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
@@ -144,7 +157,7 @@ pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Acquire
             || (v.window >= 1
                 && ow == v.window - 1
                 && oc > v.prev
-                && sliding_estimate(oc, v.cur + 1, v.elapsed, period) > limit);
+                && sliding_estimate(oc, v.cur + n, v.elapsed, period) > limit);
         let r = Reservation {
             wait_ns: 0,
             token: next,
@@ -153,7 +166,7 @@ pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Acquire
         if !stale {
             return Acquired::Admitted(r);
         }
-        super::window::refund(words[pos], r);
+        super::window::refund_n(words[pos], r, n);
     }
 }
 

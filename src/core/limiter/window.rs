@@ -44,6 +44,43 @@ pub(super) fn refund(w: &AtomicU64, r: Reservation) {
     });
 }
 
+/// [`refund`] of an admission of `n` units.
+pub(super) fn refund_n(w: &AtomicU64, r: Reservation, n: u64) {
+    let window = r.token >> 32;
+    let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+        let (sw, sc) = unpack(cur);
+        if cur == r.token {
+            Some(r.prev)
+        } else if sw == window && sc > 0 {
+            Some(pack(sw, sc.saturating_sub(n)))
+        } else {
+            None
+        }
+    });
+}
+
+/// Charges `delta` units after the response (issue 31): more than the
+/// limit is allowed (the window stays full until it ends); a negative
+/// `delta` gives units back to window `charged` only (`now`'s window for
+/// a positive one, as a request of `now` would count).
+pub(super) fn charge_after(w: &AtomicU64, now: u64, period: u64, charged: u64, delta: i64) {
+    let w_now = window_of(now, period);
+    let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+        let (sw, sc) = unpack(cur);
+        if delta >= 0 {
+            let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
+            Some(pack(
+                win,
+                count.saturating_add(delta as u64).min(u32::MAX as u64 - 1),
+            ))
+        } else if sw == charged && sc > 0 {
+            Some(pack(sw, sc.saturating_sub(delta.unsigned_abs())))
+        } else {
+            None
+        }
+    });
+}
+
 /// See [`super::Limiter::repair_foreign`]: a window word beyond a fresh
 /// clock by more than [`MAX_STALENESS_NS`] becomes the current window full
 /// (sliding: and the previous one).

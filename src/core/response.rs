@@ -1,0 +1,526 @@
+//! Limits that look at the response and at cost (issue 31): a strategy's
+//! `count_if`, `cost_from` and `cost_after`, their validation, and the
+//! charge a request still owes when it ends (the LOG phase).
+//!
+//! * `count_if status=LIST` (LIST: codes `401` and classes `4xx`, comma
+//!   separated): the request is checked and provisionally counted at
+//!   PREACCESS like any other (a client over the limit is refused, headers
+//!   as usual); when it ends, the unit is given back unless its final
+//!   status is in LIST. So a request that does not match costs nothing,
+//!   one that matches costs what it would have cost anyway. Requests in
+//!   flight count until they end: there is **no overshoot** (N concurrent
+//!   requests against a limit with one unit left: one passes, the others
+//!   are refused until it ends); the price is that a request may be
+//!   refused while others, which will turn out not to count, are in
+//!   flight — at most the number in flight for the key.
+//! * `cost_from DIM`: the request costs the integer value of dimension DIM
+//!   (1 … [`MAX_COST`]); absent → 1; invalid (not a decimal integer in
+//!   range) → 1. A request whose cost exceeds what is left is refused
+//!   whole (nothing is charged).
+//! * `cost_after DIM`: DIM is read when the request ends (e.g.
+//!   `$upstream_http_x_cost`); the request was charged 1 (or its
+//!   `cost_from`) up front and is charged the difference then, even past
+//!   the limit: a bucket goes into debt (later requests wait until it is
+//!   paid), a window stays full until it ends. A cost under what was
+//!   charged up front gives the rest back. Absent or invalid: no change.
+//!
+//! `concurrency` and `warm_up` refuse all three (a unit in flight has no
+//! cost; the warm-up rate changes with use).
+
+use std::fmt;
+
+use super::model::Algorithm;
+
+/// Largest cost one request may be charged.
+pub const MAX_COST: u64 = 1_000_000;
+/// Longest `count_if` text (canonical form).
+pub const MAX_COUNT_IF_LEN: usize = 200;
+
+/// A set of HTTP status codes 100 … 599 (one bit each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct StatusSet {
+    bits: [u64; 8],
+}
+
+/// Why a `count_if`, `cost_from` or `cost_after` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResponseError {
+    #[error("count_if: expected status=LIST (codes 100-599 and classes 1xx-5xx, comma separated, e.g. status=401,403 or status=429,5xx), got {0:?}")]
+    BadCountIf(String),
+    #[error("{field}: {name:?} is not a valid dimension name ([a-z][a-z0-9_]*, at most 32 bytes)")]
+    BadDimension { field: &'static str, name: String },
+    #[error("{field}: not available for {algorithm} (only fixed_window, sliding_window, token_bucket and leaky_bucket count units)")]
+    Algorithm {
+        field: &'static str,
+        algorithm: Algorithm,
+    },
+    #[error("{field}: not available with action allow")]
+    Allow { field: &'static str },
+}
+
+impl StatusSet {
+    pub fn is_empty(&self) -> bool {
+        self.bits == [0; 8]
+    }
+
+    fn index(code: u16) -> Option<usize> {
+        (100..=599).contains(&code).then(|| usize::from(code - 100))
+    }
+
+    pub fn insert(&mut self, code: u16) {
+        if let Some(i) = Self::index(code) {
+            self.bits[i / 64] |= 1 << (i % 64);
+        }
+    }
+
+    #[inline]
+    pub fn contains(&self, code: u16) -> bool {
+        Self::index(code).is_some_and(|i| self.bits[i / 64] & (1 << (i % 64)) != 0)
+    }
+
+    fn has_class(&self, class: u16) -> bool {
+        (class * 100..class * 100 + 100).all(|c| self.contains(c))
+    }
+
+    /// Parses `LIST` (`401,403`, `4xx`, `429,5xx`; spaces around items
+    /// ignored) or the same prefixed with `status=`. Empty text: the empty
+    /// set (no `count_if`).
+    pub fn parse(text: &str) -> Result<StatusSet, ResponseError> {
+        let bad = || ResponseError::BadCountIf(text.chars().take(80).collect());
+        let t = text.trim();
+        let list = t.strip_prefix("status=").unwrap_or(t);
+        let mut set = StatusSet::default();
+        if list.is_empty() {
+            return if t.is_empty() { Ok(set) } else { Err(bad()) };
+        }
+        if list.len() > 4 * MAX_COUNT_IF_LEN {
+            return Err(bad());
+        }
+        for item in list.split(',') {
+            let b = item.trim().as_bytes();
+            match b {
+                [c @ b'1'..=b'5', b'x' | b'X', b'x' | b'X'] => {
+                    let class = u16::from(c - b'0');
+                    for code in class * 100..class * 100 + 100 {
+                        set.insert(code);
+                    }
+                }
+                [a, b, c] if b.is_ascii_digit() && c.is_ascii_digit() && a.is_ascii_digit() => {
+                    let code =
+                        u16::from(a - b'0') * 100 + u16::from(b - b'0') * 10 + u16::from(c - b'0');
+                    if !(100..=599).contains(&code) {
+                        return Err(bad());
+                    }
+                    set.insert(code);
+                }
+                _ => return Err(bad()),
+            }
+        }
+        Ok(set)
+    }
+}
+
+/// Canonical form: classes first where complete (`4xx`), then codes, in
+/// ascending order, comma separated, without `status=`.
+impl fmt::Display for StatusSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut sep = |f: &mut fmt::Formatter<'_>| {
+            if !std::mem::take(&mut first) {
+                f.write_str(",")?;
+            }
+            Ok::<(), fmt::Error>(())
+        };
+        for class in 1..=5u16 {
+            if self.has_class(class) {
+                sep(f)?;
+                write!(f, "{class}xx")?;
+            } else {
+                for code in class * 100..class * 100 + 100 {
+                    if self.contains(code) {
+                        sep(f)?;
+                        write!(f, "{code}")?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A strategy's response and cost options (all empty: a plain strategy).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
+pub struct Response {
+    /// Statuses that count (empty: every request counts when admitted).
+    pub count_if: StatusSet,
+    /// Dimension whose value is the request's cost up front ("": 1).
+    pub cost_from: String,
+    /// Dimension read when the request ends for its final cost ("": none).
+    pub cost_after: String,
+}
+
+impl Response {
+    /// No option set: the request path never looks further.
+    pub fn is_plain(&self) -> bool {
+        self.count_if.is_empty() && self.cost_from.is_empty() && self.cost_after.is_empty()
+    }
+
+    /// Is anything charged or given back when the request ends?
+    pub fn deferred(&self) -> bool {
+        !self.count_if.is_empty() || !self.cost_after.is_empty()
+    }
+
+    /// The model's rules for these fields on a strategy of `algorithm`.
+    pub fn check(&self, algorithm: Algorithm, allow: bool) -> Result<(), ResponseError> {
+        for (field, name) in [
+            ("cost_from", &self.cost_from),
+            ("cost_after", &self.cost_after),
+        ] {
+            if !name.is_empty() && !super::model::valid_dimension_name(name) {
+                return Err(ResponseError::BadDimension {
+                    field,
+                    name: name.chars().take(40).collect(),
+                });
+            }
+        }
+        let fields = [
+            ("count_if", !self.count_if.is_empty()),
+            ("cost_from", !self.cost_from.is_empty()),
+            ("cost_after", !self.cost_after.is_empty()),
+        ];
+        for (field, set) in fields {
+            if !set {
+                continue;
+            }
+            if matches!(algorithm, Algorithm::Concurrency | Algorithm::WarmUp) {
+                return Err(ResponseError::Algorithm { field, algorithm });
+            }
+            if allow {
+                return Err(ResponseError::Allow { field });
+            }
+        }
+        if self.count_if.to_string().len() > MAX_COUNT_IF_LEN {
+            return Err(ResponseError::BadCountIf(
+                self.count_if.to_string().chars().take(80).collect(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A cost read from a dimension value: `Some(1 ..= MAX_COST)` for a
+/// decimal integer in range (surrounding spaces ignored), `None` otherwise
+/// (the caller uses 1 and logs).
+#[inline]
+pub fn parse_cost(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 7 {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in v {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + u64::from(b - b'0');
+    }
+    (1..=MAX_COST).contains(&n).then_some(n)
+}
+
+/// What a request owes when it ends, on one strategy it was admitted by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owed {
+    /// Units charged up front.
+    pub charged: u64,
+    /// Statuses that count (empty: all).
+    pub count_if: StatusSet,
+    /// `cost_after` is set: read the final cost.
+    pub after: bool,
+}
+
+impl Owed {
+    /// The units to add (positive) or give back (negative) when the
+    /// request ends with `status` and final cost `after_cost` (`None`:
+    /// absent or invalid, keep what was charged).
+    pub fn delta(&self, status: u16, after_cost: Option<u64>) -> i64 {
+        let charged = self.charged.min(MAX_COST) as i64;
+        if !self.count_if.is_empty() && !self.count_if.contains(status) {
+            return -charged;
+        }
+        match (self.after, after_cost) {
+            (true, Some(c)) => c.min(MAX_COST) as i64 - charged,
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lists_parse_to_codes_and_classes() {
+        let s = StatusSet::parse("status=401,403").unwrap();
+        assert!(s.contains(401) && s.contains(403));
+        assert!(!s.contains(402) && !s.contains(200));
+        assert_eq!(s.to_string(), "401,403");
+        let s = StatusSet::parse("4xx").unwrap();
+        assert!((400..500).all(|c| s.contains(c)));
+        assert!(!s.contains(399) && !s.contains(500));
+        assert_eq!(s.to_string(), "4xx");
+        let s = StatusSet::parse(" 5XX , 429 ").unwrap();
+        assert_eq!(s.to_string(), "429,5xx");
+        assert!(s.contains(599) && s.contains(429) && !s.contains(428));
+        assert!(StatusSet::parse("").unwrap().is_empty());
+        // The canonical text parses to the same set.
+        for t in [
+            "401,403",
+            "4xx",
+            "429,5xx",
+            "100,599",
+            "1xx,2xx,3xx,4xx,5xx",
+        ] {
+            let s = StatusSet::parse(t).unwrap();
+            assert_eq!(StatusSet::parse(&s.to_string()).unwrap(), s, "{t}");
+        }
+    }
+
+    #[test]
+    fn status_lists_refuse_what_is_not_a_code_or_class() {
+        for bad in [
+            "status=",
+            "401,",
+            ",401",
+            "099",
+            "600",
+            "6xx",
+            "0xx",
+            "40",
+            "4011",
+            "4x",
+            "abc",
+            "401;403",
+            "status=4xx,",
+            "-401",
+            "x401",
+            "status =401",
+        ] {
+            let e = StatusSet::parse(bad).unwrap_err();
+            assert!(e.to_string().starts_with("count_if:"), "{bad}: {e}");
+        }
+        assert!(StatusSet::parse(&"401,".repeat(1000)).is_err());
+    }
+
+    #[test]
+    fn costs_are_decimal_integers_in_range() {
+        assert_eq!(parse_cost(b"4"), Some(4));
+        assert_eq!(parse_cost(b" 1000000 "), Some(MAX_COST));
+        for bad in [
+            &b""[..],
+            b"0",
+            b"1000001",
+            b"-1",
+            b"1.5",
+            b"4x",
+            b"99999999",
+            b" ",
+        ] {
+            assert_eq!(parse_cost(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn the_owed_delta_follows_status_and_final_cost() {
+        let count_if = StatusSet::parse("401").unwrap();
+        let o = Owed {
+            charged: 1,
+            count_if,
+            after: false,
+        };
+        assert_eq!(o.delta(401, None), 0);
+        assert_eq!(o.delta(200, None), -1);
+        let o = Owed {
+            charged: 4,
+            count_if: StatusSet::default(),
+            after: true,
+        };
+        assert_eq!(o.delta(200, Some(6)), 2);
+        assert_eq!(o.delta(200, Some(1)), -3);
+        assert_eq!(o.delta(500, None), 0);
+        let o = Owed { count_if, ..o };
+        assert_eq!(o.delta(200, Some(6)), -4);
+        assert_eq!(o.delta(401, Some(6)), 2);
+    }
+
+    #[test]
+    fn concurrency_warm_up_and_allow_refuse_the_options() {
+        let r = Response {
+            count_if: StatusSet::parse("401").unwrap(),
+            ..Default::default()
+        };
+        assert!(r.check(Algorithm::FixedWindow, false).is_ok());
+        assert!(r.check(Algorithm::TokenBucket, false).is_ok());
+        let e = r.check(Algorithm::Concurrency, false).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("count_if: not available for concurrency"));
+        assert!(r.check(Algorithm::WarmUp, false).is_err());
+        assert!(r.check(Algorithm::FixedWindow, true).is_err());
+        let r = Response {
+            cost_after: "Bad".into(),
+            ..Default::default()
+        };
+        let e = r.check(Algorithm::FixedWindow, false).unwrap_err();
+        assert!(e.to_string().starts_with("cost_after:"), "{e}");
+    }
+}
+
+/// A strategy's response options as a table compiles them: the `count_if`
+/// set and the table's dimension indexes of `cost_from` and `cost_after`.
+#[derive(Debug, Clone)]
+pub struct ResponsePlan {
+    pub count_if: StatusSet,
+    pub cost_from: Option<usize>,
+    pub cost_after: Option<usize>,
+}
+
+impl ResponsePlan {
+    /// Is anything settled when the request ends?
+    #[inline]
+    pub fn deferred(&self) -> bool {
+        !self.count_if.is_empty() || self.cost_after.is_some()
+    }
+
+    /// The request's cost up front: `cost_from`'s value, 1 when it has
+    /// none or the value is absent; `Err(1)` when the value is not a cost
+    /// (the caller logs, at most once a minute).
+    #[inline]
+    pub fn cost<V: super::table::Values + ?Sized>(&self, values: &V) -> Result<u64, u64> {
+        let Some(d) = self.cost_from else {
+            return Ok(1);
+        };
+        match values.value(d) {
+            None => Ok(1),
+            Some([]) => Ok(1),
+            Some(v) => parse_cost(v).ok_or(1),
+        }
+    }
+}
+
+/// Where a charge to settle lives: a shared strategy's stat slot (with the
+/// generation it was charged at) or a per-key strategy's key entry.
+#[derive(Debug, Clone, Copy)]
+pub enum OwedTarget {
+    Slot {
+        slot: u32,
+        generation: u64,
+        limiter: super::limiter::Limiter,
+    },
+    Key {
+        at: super::keys::KeyRef,
+        limiter: super::keys::KeyLimiter,
+    },
+}
+
+/// One strategy's charge a request settles when it ends.
+#[derive(Debug, Clone, Copy)]
+pub struct OwedCharge {
+    pub target: OwedTarget,
+    pub owed: Owed,
+    /// When it was admitted (both clocks).
+    pub admitted: super::admit::Now,
+    /// The dimension of `cost_after`: the table's index when captured; the
+    /// caller may replace it with its own source index.
+    pub after_dim: Option<usize>,
+    /// The strategy id (for logs).
+    pub id: u32,
+}
+
+/// What a request settles when it ends, on the mapping that admitted it
+/// (a request may outlive many tables).
+pub struct Owing {
+    pub map: std::sync::Arc<super::shm::Mapping>,
+    pub items: smallvec::SmallVec<[OwedCharge; 1]>,
+}
+
+/// What settling did (per-strategy counters and tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Units charged after the response (sum of positive deltas).
+    pub charged_after: u64,
+    /// Units given back (sum of negative deltas).
+    pub given_back: u64,
+    /// Requests not counted: `count_if` set and the status not in it.
+    pub not_counted: u64,
+}
+
+impl Owing {
+    /// Settles every charge: the request ended with `status`; `cost(i)` is
+    /// item `i`'s `cost_after` value (`None`: absent or invalid).
+    pub fn settle(
+        self,
+        status: u16,
+        now: super::admit::Now,
+        cost: impl Fn(&OwedCharge) -> Option<u64>,
+    ) -> Settled {
+        let mut out = Settled::default();
+        let slots = self.map.slots();
+        let keys = self.map.keys();
+        for item in &self.items {
+            let after = if item.owed.after { cost(item) } else { None };
+            let delta = item.owed.delta(status, after);
+            let mut one = Settled::default();
+            if !item.owed.count_if.is_empty() && !item.owed.count_if.contains(status) {
+                one.not_counted = 1;
+            }
+            if delta > 0 {
+                one.charged_after = delta as u64;
+            } else {
+                one.given_back = delta.unsigned_abs();
+            }
+            out.charged_after += one.charged_after;
+            out.given_back += one.given_back;
+            out.not_counted += one.not_counted;
+            match item.target {
+                OwedTarget::Slot {
+                    slot,
+                    generation,
+                    limiter,
+                } => {
+                    let Some(s) = super::slot::Slot::at(&slots, slot) else {
+                        continue;
+                    };
+                    if s.generation().load(std::sync::atomic::Ordering::Acquire) != generation {
+                        continue; // the strategy is gone
+                    }
+                    keys.count_settled(slot, &one);
+                    if delta == 0 {
+                        continue;
+                    }
+                    limiter.charge_after(
+                        &s,
+                        now.for_limiter(&limiter),
+                        item.admitted.for_limiter(&limiter),
+                        delta,
+                    );
+                }
+                OwedTarget::Key { at, limiter } => {
+                    if let Some(slot) = at.slot() {
+                        keys.count_settled(slot, &one);
+                    }
+                    if delta == 0 {
+                        continue;
+                    }
+                    keys.charge_after(
+                        at,
+                        &limiter,
+                        limiter.clock(now),
+                        limiter.clock(item.admitted),
+                        delta,
+                    );
+                }
+            }
+        }
+        out
+    }
+}

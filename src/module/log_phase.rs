@@ -1,0 +1,193 @@
+//! The LOG phase (issue 31): a request admitted by strategies with
+//! `count_if` or `cost_after` settles its charge when it ends, with its
+//! final status and the `cost_after` dimension's value then.
+//!
+//! The PREACCESS handler keeps what the request owes ([`Owing`]: the
+//! mapping, and per strategy its slot or key entry) in a cleanup of the
+//! request pool (dropped with the pool whatever happens) and points the
+//! module's request context at it. The LOG handler reads that one pointer:
+//! a request rate_ctl did not charge this way costs one load and a branch.
+//!
+//! An internal redirect (`error_page`, `try_files` to a named location…)
+//! clears nginx's request contexts: such a request keeps what it was
+//! charged up front (`count_if`: counted whatever its status; `cost_after`:
+//! no difference charged). Subrequests settle nothing (only the main
+//! request has a LOG phase).
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::ptr;
+
+use ngx::core::Status;
+use ngx::ffi::{ngx_http_request_t, ngx_int_t, ngx_pool_cleanup_add};
+use ngx::http::{HttpModule, HttpModuleMainConf, Request};
+use ngx::ngx_log_error;
+
+use super::conf::MainConf;
+use super::parse::LogLevel;
+use super::time::{monotonic_ns, unix_ms};
+use super::variables;
+use super::worker::ValueSource;
+use super::RateCtlModule;
+use crate::core::admit::Now;
+use crate::core::response::{parse_cost, Owing};
+
+/// The module's context index (set by nginx before any request).
+#[inline(always)]
+fn ctx_index() -> usize {
+    RateCtlModule::module().ctx_index
+}
+
+extern "C" fn owing_cleanup(data: *mut c_void) {
+    // SAFETY: `data` is the Option<Owing> written by `keep`; nginx runs
+    // each pool cleanup once, when the request pool is destroyed (after
+    // the LOG phase, which may have taken the value out).
+    unsafe { ptr::drop_in_place(data.cast::<Option<Owing>>()) };
+}
+
+/// Keeps what request `r` settles when it ends. `cost_after` dimensions
+/// are turned from the table's indexes (`sources`) into the main conf's
+/// `rate_ctl_dimension` indexes, which outlive any table. `false` (nothing
+/// kept: the request keeps what it was charged) if nginx cannot allocate.
+pub fn keep(r: &mut Request, mut owing: Owing, sources: &[ValueSource]) -> bool {
+    for item in &mut owing.items {
+        item.after_dim = match item.after_dim.and_then(|d| sources.get(d)) {
+            Some(&ValueSource::Custom(i)) => Some(i),
+            _ => None,
+        };
+    }
+    let raw: &mut ngx_http_request_t = r.as_mut();
+    // SAFETY: r->pool is the live request pool; the cleanup's data area
+    // is sized and (word-)aligned for Option<Owing> (alignment ≤ 8).
+    let cln = unsafe { ngx_pool_cleanup_add(raw.pool, std::mem::size_of::<Option<Owing>>()) };
+    if cln.is_null() {
+        return false;
+    }
+    const { assert!(std::mem::align_of::<Option<Owing>>() <= std::mem::align_of::<usize>()) };
+    // SAFETY: cln was just allocated with room for an Option<Owing>; the
+    // context array has one entry per HTTP module, ours at ctx_index.
+    unsafe {
+        let data = (*cln).data.cast::<Option<Owing>>();
+        ptr::write(data, Some(owing));
+        (*cln).handler = Some(owing_cleanup);
+        *raw.ctx.add(ctx_index()) = data.cast();
+    }
+    true
+}
+
+/// After the decision (PREACCESS): keeps what the request owes and logs
+/// an invalid `cost_from` value. Only for a table with response options.
+#[cold]
+#[inline(never)]
+pub fn after_decide(
+    r: &mut Request,
+    mc: &MainConf,
+    table: &crate::core::table::Table,
+    scratch: &mut crate::core::table::Scratch,
+    sources: &[ValueSource],
+    now_ms: u64,
+) {
+    if let Some(id) = scratch.response.bad_cost.take() {
+        bad_cost(r, mc, id, "cost_from", now_ms);
+    }
+    if let Some(owing) = table.owing(scratch) {
+        keep(r, owing, sources);
+    }
+}
+
+/// The LOG phase handler: one load and a branch for a request that owes
+/// nothing (the rest out of line).
+pub extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls phase handlers with a valid request whose ctx
+    // array has an entry per HTTP module.
+    let data = unsafe { *(*r).ctx.add(ctx_index()) };
+    if !data.is_null() {
+        settle_request(r, data);
+    }
+    Status::NGX_OK.0
+}
+
+/// [`log_handler`] for a request that owes something.
+#[cold]
+#[inline(never)]
+fn settle_request(r: *mut ngx_http_request_t, data: *mut c_void) {
+    let settle = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: a non-null context of ours is the Option<Owing> `keep`
+        // wrote in the request pool's cleanup, live until the pool goes;
+        // taken once (the context is cleared below).
+        let owing = unsafe {
+            *(*r).ctx.add(ctx_index()) = ptr::null_mut();
+            (*data.cast::<Option<Owing>>()).take()
+        };
+        // SAFETY: as above, a valid request.
+        let req = unsafe { Request::from_ngx_http_request(r) };
+        if let Some(owing) = owing {
+            settle(req, owing);
+        }
+    }));
+    if settle.is_err() {
+        // SAFETY: the request and its connection's log are live.
+        let log = unsafe { (*(*r).connection).log };
+        ngx_log_error!(
+            LogLevel::Error.ngx_level(),
+            log,
+            "rate_ctl: internal error settling a request's charge (count_if, cost_after); nothing settled"
+        );
+    }
+}
+
+/// The request's final status as `$status` gives it.
+fn final_status(raw: &ngx_http_request_t) -> u16 {
+    let s = if raw.err_status != 0 {
+        raw.err_status
+    } else {
+        raw.headers_out.status
+    };
+    u16::try_from(s).unwrap_or(0)
+}
+
+fn settle(r: &Request, owing: Owing) {
+    let raw: &ngx_http_request_t = r.as_ref();
+    let status = final_status(raw);
+    let Some(mc) = RateCtlModule::main_conf(r) else {
+        return;
+    };
+    let now = Now {
+        mono_ns: monotonic_ns(),
+        wall_ns: unix_ms().saturating_mul(1_000_000),
+    };
+    let bad = Cell::new(None);
+    owing.settle(status, now, |item| {
+        let d = mc.dimensions.get(item.after_dim?)?;
+        let v = variables::dimension_value(r, d, &Cell::new(0))?;
+        let cost = parse_cost(v);
+        if cost.is_none() {
+            bad.set(Some(item.id));
+        }
+        cost
+    });
+    if let Some(id) = bad.get() {
+        bad_cost(r, mc, id, "cost_after", unix_ms());
+    }
+}
+
+thread_local! {
+    /// The minute of the last "invalid cost" line (one a minute per worker).
+    static BAD_COST_MINUTE: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Logs (at most once a minute per worker) that strategy `id`'s cost
+/// dimension held something other than an integer 1 … 1,000,000.
+pub fn bad_cost(r: &Request, mc: &MainConf, id: u32, field: &str, now_ms: u64) {
+    let _ = mc;
+    let minute = now_ms / 60_000 + 1;
+    if BAD_COST_MINUTE.with(|m| m.replace(minute)) == minute {
+        return;
+    }
+    ngx_log_error!(
+        LogLevel::Warn.ngx_level(),
+        r.log(),
+        "rate_ctl: strategy {id}: the {field} dimension's value is not an integer 1-1000000; charged {} (at most one such line a minute)",
+        if field == "cost_from" { "1" } else { "what was charged up front" }
+    );
+}
