@@ -326,3 +326,35 @@ fn bad_patterns_are_refused_naming_the_condition() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+/// For profiling (`valgrind --tool=callgrind … --ignored profile_`): the
+/// bench-instructions `template` table without the friendly strategies.
+#[test]
+#[ignore]
+fn profile_template_matching() {
+    let mut p = Vec::new();
+    for i in 1..=1000u32 {
+        let t = match i % 3 {
+            0 => format!("/t{i}/*/x"),
+            1 => format!("/t{i}/*"),
+            _ => format!("/t{i}/*/**"),
+        };
+        p.push(published(
+            i,
+            vec![Condition::with_op("api", Op::Template, t)],
+        ));
+    }
+    p.push(published(
+        1001,
+        vec![Condition::with_op("api", Op::Template, "/bench/**")],
+    ));
+    let t = table(&p);
+    println!("dims {:?}", t.dimensions());
+    let v = t.values_of(&[("api", b"/bench")]);
+    let mut s = rate_ctl::core::table::Scratch::default();
+    let mut n = 0;
+    for _ in 0..100_000 {
+        n += t.matching_with(&v, &mut s).len();
+    }
+    assert_eq!(n, 100_000);
+}

@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod limiter;
 pub mod loader;
 pub mod model;
+pub mod normalise;
 pub mod pattern;
 pub mod reader;
 pub mod region;

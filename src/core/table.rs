@@ -131,8 +131,11 @@ struct Derived {
 
 #[derive(Clone, Copy, PartialEq)]
 enum DeriveKind {
-    /// The first `n` bytes (`api^n`).
-    Prefix(usize),
+    /// The first `n` bytes (`api^n`), and the set of last bytes of the
+    /// prefixes of that length (bit `b` of the 256): a request whose byte
+    /// `n - 1` is none of them skips the probe (most lengths, most
+    /// requests).
+    Prefix(usize, [u64; 4]),
     /// The projection onto a template shape (`api~shape`).
     Template(Shape),
 }
@@ -723,11 +726,11 @@ impl Table {
                         let (name, kind) = match c.op {
                             Op::Prefix => (
                                 pattern::prefix_dimension(c.dim, c.value.len()),
-                                DeriveKind::Prefix(c.value.len()),
+                                DeriveKind::Prefix(c.value.len(), [0; 4]),
                             ),
                             _ => match pattern::parse_template(c.value) {
                                 Ok(shape) => (shape.dimension(c.dim), DeriveKind::Template(shape)),
-                                Err(_) => (String::new(), DeriveKind::Prefix(0)),
+                                Err(_) => (String::new(), DeriveKind::Prefix(0, [0; 4])),
                             },
                         };
                         let base = dim_of(&mut dims, c.dim);
@@ -736,8 +739,17 @@ impl Table {
                             _ => None,
                         };
                         if let (Some(d), Some(base)) = (d, base) {
-                            if !derived.iter().any(|x| x.dim == d) {
-                                derived.push(Derived { dim: d, base, kind });
+                            let at = match derived.iter().position(|x| x.dim == d) {
+                                Some(at) => at,
+                                None => {
+                                    derived.push(Derived { dim: d, base, kind });
+                                    derived.len() - 1
+                                }
+                            };
+                            if let (DeriveKind::Prefix(_, last), Some(&b)) =
+                                (&mut derived[at].kind, c.value.last())
+                            {
+                                last[usize::from(b >> 6)] |= 1 << (b & 63);
                             }
                         }
                         d
@@ -1376,26 +1388,7 @@ impl Table {
             found(d, e);
         }
         if !self.derived.is_empty() {
-            // Prefix lengths and template shapes: one probe each (see
-            // `pattern`), the base value read once per base.
-            let mut base = (usize::MAX, None);
-            for x in self.derived.iter() {
-                if base.0 != x.base {
-                    base = (x.base, values.value(x.base).filter(|v| !v.is_empty()));
-                }
-                let map = &self.index[x.dim].values;
-                let e = match (base.1, x.kind) {
-                    (Some(v), DeriveKind::Prefix(n)) => v.get(..n).and_then(|p| map.get(p)),
-                    (Some(v), DeriveKind::Template(shape)) => {
-                        match pattern::project(shape, v, MAX_VALUE_LEN, tkey) {
-                            true => map.get(&tkey[..]),
-                            false => None,
-                        }
-                    }
-                    (None, _) => None,
-                };
-                found(x.dim, e);
-            }
+            sources += self.derived_lookups(values, tkey, req, spans, &mut ns, out);
         }
         if ns > 0 {
             if let [(at, 1)] = spans[..ns] {
@@ -1450,14 +1443,80 @@ impl Table {
             out.sort_unstable();
         }
         if !self.negs.is_empty() {
-            out.retain(|&si| self.negations_hold(values, &self.strategies[si as usize]));
+            self.drop_negated(values, out);
         }
+    }
+
+    /// Prefix lengths and template shapes: one probe each (see
+    /// [`pattern`]), the base value read once per base; each result
+    /// handed to `found` as a lookup's. Out of line: only a table with
+    /// prefixes or templates carries it.
+    /// Returns how many lists it added to `out` (as `found` in
+    /// [`match_into`](Self::match_into) counts them).
+    #[inline(never)]
+    fn derived_lookups<V: Values + ?Sized>(
+        &self,
+        values: &V,
+        tkey: &mut Vec<u8>,
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+    ) -> u32 {
+        let mut sources = 0;
+        let mut base = (usize::MAX, None);
+        // The base value's segments, found for its first template shape.
+        let mut segs: Option<pattern::Segments> = None;
+        for x in self.derived.iter() {
+            if base.0 != x.base {
+                base = (x.base, values.value(x.base).filter(|v| !v.is_empty()));
+                segs = None;
+            }
+            let map = &self.index[x.dim].values;
+            let e = match (base.1, x.kind) {
+                (Some(v), DeriveKind::Prefix(n, last)) => {
+                    let ends = |&b: &u8| last[usize::from(b >> 6)] >> (b & 63) & 1 == 1;
+                    match v.get(..n) {
+                        Some(p) if p.last().is_some_and(ends) => map.get(p),
+                        _ => None,
+                    }
+                }
+                (Some(v), DeriveKind::Template(shape)) => {
+                    let segs = segs.get_or_insert_with(|| pattern::Segments::of(v));
+                    match pattern::project_segments(shape, v, segs, MAX_VALUE_LEN, tkey) {
+                        true => map.get(&tkey[..]),
+                        false => None,
+                    }
+                }
+                (None, _) => None,
+            };
+            // What `found` does in `match_into`.
+            let Some(e) = e else {
+                req[x.dim] = NONE;
+                continue;
+            };
+            req[x.dim] = e.id;
+            if e.only != NONE {
+                out.push(e.only);
+                sources += 1;
+            } else if e.len > 0 {
+                spans[*ns] = (e.start, e.len);
+                *ns += 1;
+            }
+        }
+        sources
+    }
+
+    /// The matches whose negations fail removed (see [`negations_hold`]).
+    #[inline(never)]
+    fn drop_negated<V: Values + ?Sized>(&self, values: &V, out: &mut Vec<u32>) {
+        out.retain(|&si| self.negations_hold(values, &self.strategies[si as usize]));
     }
 
     /// Whether the request's values differ from each value `c` negates
     /// (an absent value differs from every value). Out of line: only a
     /// table with negations carries it.
-    #[inline(never)]
+    #[inline]
     fn negations_hold<V: Values + ?Sized>(&self, values: &V, c: &Compiled) -> bool {
         self.negs[c.negs.0 as usize..c.negs.1 as usize]
             .iter()
