@@ -189,67 +189,24 @@ pub fn parse_template(t: &[u8]) -> Result<Shape, TemplateError> {
     })
 }
 
-/// Where a value's first `/`s are: found once per request and value, for
-/// every template shape (most shapes are then refused by their segment
-/// count alone, without reading the value again).
-#[derive(Clone, Copy)]
-pub struct Segments {
-    /// Offsets of the first `slashes` `/` bytes.
-    at: [u32; MAX_TEMPLATE_SEGMENTS + 1],
-    /// How many: at most `MAX_TEMPLATE_SEGMENTS + 1` (then there may be
-    /// more, and the value has more segments than any template).
-    slashes: usize,
-}
-
-impl Segments {
-    #[inline]
-    pub fn of(v: &[u8]) -> Segments {
-        let mut s = Segments {
-            at: [0; MAX_TEMPLATE_SEGMENTS + 1],
-            slashes: 0,
-        };
-        for (i, &b) in v.iter().enumerate() {
-            if b == b'/' {
-                s.at[s.slashes] = i as u32;
-                s.slashes += 1;
-                if s.slashes == s.at.len() {
-                    break;
-                }
-            }
-        }
-        s
-    }
-}
-
-/// Writes to `out` the key request value `v` (whose [`Segments`] are
-/// `segs`) has in templates of `shape` (see the module docs), or returns
-/// false when `v` cannot match any of them (another segment count, an
-/// empty wildcard segment, or a key longer than `limit`, longer than any
-/// template). `out` is cleared first; it needs no more than `limit + 3`
-/// bytes of capacity.
+/// Writes to `out` the key request value `v` has in templates of `shape`
+/// (see the module docs), or returns false when `v` cannot match any of
+/// them (another segment count, an empty wildcard segment, or a key longer
+/// than `limit`, longer than any template). `out` is cleared first; it
+/// needs no more than `limit + 3` bytes of capacity. The matcher calls it
+/// only for shapes of the value's segment count (or fewer, with a rest).
 #[inline]
-pub fn project_segments(
-    shape: Shape,
-    v: &[u8],
-    segs: &Segments,
-    limit: usize,
-    out: &mut Vec<u8>,
-) -> bool {
-    let n = usize::from(shape.segments);
-    // The value has `segs.slashes + 1` segments (more when capped).
-    match shape.rest {
-        true if segs.slashes + 1 < n => return false,
-        false if segs.slashes + 1 != n => return false,
-        _ => {}
-    }
+pub fn project(shape: Shape, v: &[u8], limit: usize, out: &mut Vec<u8>) -> bool {
     out.clear();
-    let mut start = 0usize;
-    for i in 0..n {
-        let end = match segs.at.get(i) {
-            Some(&e) if i < segs.slashes => e as usize,
-            _ => v.len(),
+    let n = usize::from(shape.segments);
+    let mut i = 0usize;
+    let mut pos = 0usize;
+    loop {
+        let end = match v[pos..].iter().position(|&b| b == b'/') {
+            Some(e) => pos + e,
+            None => v.len(),
         };
-        let seg = &v[start..end];
+        let seg = &v[pos..end];
         if i > 0 {
             out.push(b'/');
         }
@@ -273,17 +230,21 @@ pub fn project_segments(
         } else {
             out.extend_from_slice(seg);
         }
-        start = end + 1;
+        i += 1;
+        if i == n {
+            // All the shape's segments: the value must end here, unless a
+            // rest follows (any, including none).
+            if shape.rest {
+                out.extend_from_slice(b"/**");
+                return true;
+            }
+            return end == v.len();
+        }
+        if end == v.len() {
+            return false; // fewer segments than the shape
+        }
+        pos = end + 1;
     }
-    if shape.rest {
-        out.extend_from_slice(b"/**");
-    }
-    true
-}
-
-/// [`project_segments`] finding the segments itself (tests, tools).
-pub fn project(shape: Shape, v: &[u8], limit: usize, out: &mut Vec<u8>) -> bool {
-    project_segments(shape, v, &Segments::of(v), limit, out)
 }
 
 /// Whether `v` matches template `t` (a checked template), the plain

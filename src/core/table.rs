@@ -129,6 +129,22 @@ struct Derived {
     kind: DeriveKind,
 }
 
+/// A prefix length in use (see [`Table::prefixes`]).
+struct PrefixDim {
+    base: u32,
+    len: u32,
+    dim: u32,
+    /// The last bytes of the prefixes of this length (see [`DeriveKind`]).
+    last: [u64; 4],
+}
+
+/// A template shape in use (see [`Table::template_dims`]).
+struct TemplateDim {
+    base: u32,
+    dim: u32,
+    shape: Shape,
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum DeriveKind {
     /// The first `n` bytes (`api^n`), and the set of last bytes of the
@@ -346,8 +362,11 @@ pub struct Table {
     published: usize,
     /// Prefix lengths and template shapes in use, each a pseudo-dimension
     /// computed from its base dimension and looked up by every request
-    /// (sorted by base: each base value is read once).
-    derived: Box<[Derived]>,
+    /// (sorted by base: each base value is read once; prefixes by length).
+    prefixes: Box<[PrefixDim]>,
+    template_dims: Box<[TemplateDim]>,
+    /// Some prefix or template is in use: [`Table::derived_lookups`].
+    derived: bool,
     /// Some derived dimension is a template ([`Scratch::tkey`]).
     templates: bool,
     /// Negated conditions: `(dimension, start, end)` of the value in
@@ -888,6 +907,26 @@ impl Table {
             negs.push((d, at, neg_bytes.len() as u32));
         }
         derived.sort_by_key(|x| (x.base, x.dim));
+        let mut prefixes: Vec<PrefixDim> = Vec::new();
+        let mut template_dims: Vec<TemplateDim> = Vec::new();
+        for x in &derived {
+            match x.kind {
+                DeriveKind::Prefix(len, last) => prefixes.push(PrefixDim {
+                    base: x.base as u32,
+                    len: len as u32,
+                    dim: x.dim as u32,
+                    last,
+                }),
+                DeriveKind::Template(shape) => template_dims.push(TemplateDim {
+                    base: x.base as u32,
+                    dim: x.dim as u32,
+                    shape,
+                }),
+            }
+        }
+        prefixes.sort_by_key(|p| (p.base, p.len));
+        let prefixes = prefixes.into_boxed_slice();
+        let template_dims = template_dims.into_boxed_slice();
         let has_negs = !negs.is_empty();
         let is_derived = |d: &usize| derived.iter().any(|x| x.dim == *d);
         // Room was made for every condition; most dimensions have fewer
@@ -1084,10 +1123,10 @@ impl Table {
             config_version: meta.config_version,
             published_unix_ms: meta.published_unix_ms,
             published,
-            templates: derived
-                .iter()
-                .any(|x| matches!(x.kind, DeriveKind::Template(_))),
-            derived: derived.into_boxed_slice(),
+            templates: !template_dims.is_empty(),
+            derived: !derived.is_empty(),
+            prefixes,
+            template_dims,
             negs: negs.into_boxed_slice(),
             neg_bytes: neg_bytes.into_boxed_slice(),
             value_keys,
@@ -1387,7 +1426,7 @@ impl Table {
             };
             found(d, e);
         }
-        if !self.derived.is_empty() {
+        if self.derived {
             sources += self.derived_lookups(values, tkey, req, spans, &mut ns, out);
         }
         if ns > 0 {
@@ -1464,38 +1503,13 @@ impl Table {
         out: &mut Vec<u32>,
     ) -> u32 {
         let mut sources = 0;
-        let mut base = (usize::MAX, None);
-        // The base value's segments, found for its first template shape.
-        let mut segs: Option<pattern::Segments> = None;
-        for x in self.derived.iter() {
-            if base.0 != x.base {
-                base = (x.base, values.value(x.base).filter(|v| !v.is_empty()));
-                segs = None;
-            }
-            let map = &self.index[x.dim].values;
-            let e = match (base.1, x.kind) {
-                (Some(v), DeriveKind::Prefix(n, last)) => {
-                    let ends = |&b: &u8| last[usize::from(b >> 6)] >> (b & 63) & 1 == 1;
-                    match v.get(..n) {
-                        Some(p) if p.last().is_some_and(ends) => map.get(p),
-                        _ => None,
-                    }
-                }
-                (Some(v), DeriveKind::Template(shape)) => {
-                    let segs = segs.get_or_insert_with(|| pattern::Segments::of(v));
-                    match pattern::project_segments(shape, v, segs, MAX_VALUE_LEN, tkey) {
-                        true => map.get(&tkey[..]),
-                        false => None,
-                    }
-                }
-                (None, _) => None,
-            };
+        let mut found = |d: usize, e: Option<&ValueEntry>| {
             // What `found` does in `match_into`.
             let Some(e) = e else {
-                req[x.dim] = NONE;
-                continue;
+                req[d] = NONE;
+                return;
             };
-            req[x.dim] = e.id;
+            req[d] = e.id;
             if e.only != NONE {
                 out.push(e.only);
                 sources += 1;
@@ -1503,6 +1517,46 @@ impl Table {
                 spans[*ns] = (e.start, e.len);
                 *ns += 1;
             }
+        };
+        // Prefixes, by base then length: a length longer than the value,
+        // or whose last byte ends no prefix of that length, is no probe.
+        let mut base = (u32::MAX, &[][..]);
+        for p in self.prefixes.iter() {
+            if base.0 != p.base {
+                base = (p.base, values.value(p.base as usize).unwrap_or_default());
+            }
+            let n = p.len as usize;
+            let e = match base.1.get(..n) {
+                Some(v)
+                    if n > 0 && p.last[usize::from(v[n - 1] >> 6)] >> (v[n - 1] & 63) & 1 == 1 =>
+                {
+                    self.index[p.dim as usize].values.get(v)
+                }
+                _ => None,
+            };
+            found(p.dim as usize, e);
+        }
+        // Templates, by base: a shape of another segment count than the
+        // value's is no probe (most shapes); the others are projected.
+        let mut base = (u32::MAX, &[][..], 0usize);
+        for t in self.template_dims.iter() {
+            if base.0 != t.base {
+                let v = values.value(t.base as usize).unwrap_or_default();
+                base = (t.base, v, v.iter().filter(|&&b| b == b'/').count() + 1);
+            }
+            let n = usize::from(t.shape.segments);
+            let fits = match t.shape.rest {
+                true => base.2 >= n,
+                false => base.2 == n,
+            };
+            let e = match fits && !base.1.is_empty() {
+                true => match pattern::project(t.shape, base.1, MAX_VALUE_LEN, tkey) {
+                    true => self.index[t.dim as usize].values.get(&tkey[..]),
+                    false => None,
+                },
+                false => None,
+            };
+            found(t.dim as usize, e);
         }
         sources
     }
@@ -1651,7 +1705,9 @@ impl Table {
     /// request that matched (`Limited`) to `out` (left as it was
     /// otherwise): the request path's form, where the decision is built in
     /// its place rather than moved through the outcome.
-    #[inline]
+    // Always inlined into the request path (nginx's handler), as it was
+    // before the operators' out-of-line calls tipped the inliner.
+    #[inline(always)]
     pub fn decide_in<V: Values + ?Sized>(
         &self,
         r: &Request<'_, V>,

@@ -237,11 +237,13 @@ impl<'a> RequestValues<'a> {
 }
 
 impl Values for RequestValues<'_> {
-    #[inline(always)]
+    #[inline]
     fn value(&self, dim: usize) -> Option<&[u8]> {
         let rr: &ngx_http_request_t = self.r.as_ref();
         match *self.sources.get(dim)? {
             ValueSource::Ip | ValueSource::Unbound => None,
+            // `path` normalised (`/login/`, `/login;x=1` are `/login`):
+            // the URI itself unless it has a `;`, `//` or a trailing `/`.
             // `path` normalised (`/login/`, `/login;x=1` are `/login`):
             // the URI itself unless it has a `;`, `//` or a trailing `/`.
             ValueSource::Api => {
