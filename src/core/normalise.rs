@@ -105,7 +105,7 @@ pub fn path_needed(v: &[u8]) -> bool {
 /// [`path_needed`] for values shorter than 4 or longer than 8 bytes.
 #[inline(never)]
 fn path_needed_scan(v: &[u8]) -> bool {
-    v.iter().any(|&b| b == b';') || v.windows(2).any(|p| p == b"//")
+    v.contains(&b';') || v.windows(2).any(|p| p == b"//")
 }
 
 /// The high bit of each byte of `w` that equals `b`, exactly.
