@@ -234,11 +234,9 @@ pub fn project(shape: Shape, v: &[u8], limit: usize, out: &mut Vec<u8>) -> bool 
         if i == n {
             // All the shape's segments: the value must end here, unless a
             // rest follows (any, including none).
-            if shape.rest {
-                out.extend_from_slice(b"/**");
-                return true;
-            }
-            return end == v.len();
+            // (A rest is not written: template keys are interned
+            // without it, see `template_key`.)
+            return shape.rest || end == v.len();
         }
         if end == v.len() {
             return false; // fewer segments than the shape
@@ -254,7 +252,41 @@ pub fn template_matches(t: &[u8], v: &[u8]) -> bool {
         return false;
     };
     let mut out = Vec::new();
-    project(shape, v, usize::MAX / 2, &mut out) && out == t
+    project(shape, v, usize::MAX / 2, &mut out) && out == template_key(t)
+}
+
+/// The key a template is interned under in its shape's map: the template
+/// without a trailing `/**` (the shape holds the rest flag), so that a
+/// template without wildcards is found by the request's own bytes.
+pub fn template_key(t: &[u8]) -> &[u8] {
+    t.strip_suffix(b"/**").unwrap_or(t)
+}
+
+/// For a shape without wildcards: the key of `v` as a slice of `v` (its
+/// first `shape.segments` segments), or `None` when it needs
+/// [`project`] (a byte to escape) — or cannot match: then `project`
+/// says so.
+#[inline]
+pub fn literal_key(shape: Shape, v: &[u8]) -> Option<&[u8]> {
+    let n = usize::from(shape.segments);
+    let mut seen = 0usize;
+    let mut end = v.len();
+    for (i, &b) in v.iter().enumerate() {
+        if b == b'/' {
+            seen += 1;
+            if seen == n {
+                end = i;
+                break;
+            }
+        } else if b == b'*' || b == b'\\' {
+            return None;
+        }
+    }
+    // `n` segments end at the n-th `/` (a rest follows) or at the end.
+    if seen + 1 < n || (!shape.rest && end != v.len()) {
+        return None;
+    }
+    Some(&v[..end])
 }
 
 #[cfg(test)]

@@ -812,6 +812,15 @@ impl Table {
                     _ => None,
                 };
                 let net = net.filter(|_| c.op == Op::Exact);
+                // A template is interned without its `/**` (the shape
+                // says so): see `pattern::template_key`.
+                let (key, key_hash) = match c.op {
+                    Op::Template => {
+                        let k = pattern::template_key(c.value);
+                        (k, hash_bytes(k))
+                    }
+                    _ => (c.value, c.hash),
+                };
                 let (id, entry) = match (net, ip) {
                     (Some(n), _) if !n.is_host() => {
                         let r = match ip_ranges.iter().position(|r| r.dim == d) {
@@ -850,7 +859,7 @@ impl Table {
                     (_, None) => {
                         let values = &mut index[d].values;
                         let id = values
-                            .get_or_insert_hashed(c.value, c.hash, || ValueEntry::new(next))
+                            .get_or_insert_hashed(key, key_hash, || ValueEntry::new(next))
                             .id;
                         (id, (TEXT_VALUE, values.len() - 1))
                     }
@@ -1233,7 +1242,11 @@ impl Table {
                         }
                     }
                     _ => {
-                        let value = self.index[d as usize].values.key_at(entry);
+                        let mut value = self.index[d as usize].values.key_at(entry).to_vec();
+                        // A template's key lost its rest (see `template_key`).
+                        if op == Op::Template && self.dims[usize::from(d)].ends_with('+') {
+                            value.extend_from_slice(b"/**");
+                        }
                         return Condition::with_op(name, op, value);
                     }
                 };
@@ -1549,9 +1562,19 @@ impl Table {
                 true => base.2 >= n,
                 false => base.2 == n,
             };
+            let map = &self.index[t.dim as usize].values;
             let e = match fits && !base.1.is_empty() {
+                // No wildcard: the key is the value's first segments as
+                // they are (unless a byte needs escaping): no copy.
+                true if t.shape.wild == 0 => match pattern::literal_key(t.shape, base.1) {
+                    Some(k) => map.get(k),
+                    None => match pattern::project(t.shape, base.1, MAX_VALUE_LEN, tkey) {
+                        true => map.get(&tkey[..]),
+                        false => None,
+                    },
+                },
                 true => match pattern::project(t.shape, base.1, MAX_VALUE_LEN, tkey) {
-                    true => self.index[t.dim as usize].values.get(&tkey[..]),
+                    true => map.get(&tkey[..]),
                     false => None,
                 },
                 false => None,
