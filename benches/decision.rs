@@ -80,6 +80,39 @@ fn shaped(case: &str) -> Vec<Strategy> {
     match own {
         "ratectl" => list.push(passing(20_001, &[("api", "/bench".into())])),
         "args" => list.push(passing(20_003, &[("a", "a5".into()), ("b", "b5".into())])),
+        // Condition operators (issue 30), as scripts/bench-instructions.sh
+        // builds them: 10,000 prefixes of 8 lengths, 1,000 templates of
+        // three shapes, 1,000 negations beside an exact api.
+        "prefix" => {
+            for i in 1..=10_000u32 {
+                let x = &"xxx"[..(i % 4) as usize];
+                list.push(passing(30_000 + i, &[("api^", format!("/p{i}/{x}"))]));
+            }
+            list.push(passing(20_001, &[("api^", "/ben".into())]));
+        }
+        "template" => {
+            for i in 1..=1_000u32 {
+                let t = match i % 3 {
+                    0 => format!("/t{i}/*/x"),
+                    1 => format!("/t{i}/*"),
+                    _ => format!("/t{i}/*/**"),
+                };
+                list.push(passing(30_000 + i, &[("api~", t)]));
+            }
+            list.push(passing(20_001, &[("api~", "/bench/**".into())]));
+        }
+        "negation" => {
+            for i in 1..=1_000u32 {
+                list.push(passing(
+                    30_000 + i,
+                    &[("api", format!("/y{i}")), ("a!", format!("a{i}"))],
+                ));
+            }
+            list.push(passing(
+                20_001,
+                &[("api", "/bench".into()), ("a!", "a1".into())],
+            ));
+        }
         grid => {
             let n: u32 = grid.trim_start_matches("grid").parse().unwrap();
             for i in 0..n {
@@ -187,6 +220,9 @@ fn decision(c: &mut Criterion) {
     for case in [
         "ratectl",
         "args",
+        "prefix",
+        "template",
+        "negation",
         "grid10",
         "grid100",
         "grid250",

@@ -50,6 +50,16 @@
 #   cost_after  the same with cost_after=st, `rate_ctl_dimension st
 #               $status;` (this case only): every request charged 1 up
 #               front and 199 more in the LOG phase
+#   prefix      the friendly table plus 10,000 prefix strategies
+#               `api^=/p<i>/` + 0 to 3 `x` (8 lengths, 4 … 11 bytes), and
+#               `api^=/ben` that matches (condition operators, issue 30:
+#               the bar is ratectl + 150)
+#   template    the friendly table plus 1,000 templates of three shapes
+#               (`api~=/t<i>/*/x`, `/t<i>/*`, `/t<i>/*/**`) and
+#               `api~=/bench/**` that matches
+#   negation    the friendly table plus 1,000 `api=/y<i> a!=a<i>` and
+#               `api=/bench a!=a1` that matches (the request's a=a5
+#               differs: checked after the lookup)
 #   *_bg        (ratectl_bg args_bg grid10_bg grid100_bg grid250_bg) the
 #               same table plus 100,000 strategies of other shapes
 #               ({a, api}, {b, c}, {userid}, {a, b, c}), many sharing the
@@ -192,6 +202,28 @@ table_for() {
     ratectl_in)
         echo "strategy id=10001 algorithm=token_bucket rate=100 per=second burst=100 when ip=127.0.0.1 api=/x1"
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
+    prefix)
+        awk 'BEGIN {
+            for (i = 1; i <= 10000; i++) {
+                x = substr("xxx", 1, i % 4)
+                printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when api^=/p%d/%s\n", 30000 + i, i, x
+            }
+        }'
+        echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api^=/ben" ;;
+    template)
+        awk 'BEGIN {
+            for (i = 1; i <= 1000; i++) {
+                t = i % 3 == 0 ? "/t" i "/*/x" : i % 3 == 1 ? "/t" i "/*" : "/t" i "/*/**"
+                printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when api~=%s\n", 30000 + i, t
+            }
+        }'
+        echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api~=/bench/**" ;;
+    negation)
+        awk 'BEGIN {
+            for (i = 1; i <= 1000; i++)
+                printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when api=/y%d a!=a%d\n", 30000 + i, i, i
+        }'
+        echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench a!=a1" ;;
     ratectl | ratectl_only | plain | limitreq | limitreq2)
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     reject) echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench" ;;

@@ -72,7 +72,8 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             .split_once('=')
             .ok_or_else(|| format!("expected key=value, got {w:?}"))?;
         if when {
-            s.conditions.push(Condition::new(k, v.as_bytes()));
+            // `api^=/x`, `api~=/t/*`, `u!=x`: the key carries the operator.
+            s.conditions.push(Condition::from_key(k, v.as_bytes()));
             continue;
         }
         let num = || v.parse::<u64>().map_err(|e| format!("{k}: {e}"));

@@ -336,11 +336,23 @@ function renderStrategies() {
   drawAllSparklines();
 }
 
+// A condition's key is its dimension and operator character: `api` exact,
+// `api^` prefix, `api~` path template, `api!` negation (docs/API.md).
+const OPS = [['', '=', 'is'], ['^', '^=', 'starts with'], ['~', '~=', 'matches the template'], ['!', '!=', 'is not']];
+function splitKey(key) {
+  const last = key.slice(-1);
+  const op = OPS.find(([c]) => c !== '' && c === last);
+  return op ? [key.slice(0, -1), op] : [key, OPS[0]];
+}
+
 function matchChips(s) {
   const entries = Object.entries(s.match || {});
   if (entries.length === 0) return el('span', { class: 'muted' }, 'every request');
-  return entries.map(([d, v]) => el('span', { class: 'chip', title: `${d} = ${v}` },
-    el('span', { class: 'chip-dim' }, d), '=', v));
+  return entries.map(([k, v]) => {
+    const [d, op] = splitKey(k);
+    return el('span', { class: 'chip', title: `${d} ${op[2]} ${v}` },
+      el('span', { class: 'chip-dim' }, d), op[1], v);
+  });
 }
 
 function strategyRow(s) {
@@ -431,13 +443,17 @@ function confirmDialog(text, okLabel) {
 
 const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after'];
 
-function conditionRow(dim = '', val = '') {
+function conditionRow(key = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
   const errId = `s-cond-error-${n}-${Math.random().toString(36).slice(2, 7)}`;
+  const [dim, op] = splitKey(key);
+  const opSelect = el('select', { class: 'cond-op', 'aria-label': `Condition ${n} operator` },
+    ...OPS.map(([c, sym, words]) => el('option', { value: c, title: words }, sym)));
+  opSelect.value = op[0];
   const row = el('div', { class: 'cond-row' },
     el('input', { class: 'cond-dim', list: 'dimension-list', value: dim, placeholder: 'dimension, e.g. api',
       'aria-label': `Condition ${n} dimension`, 'aria-describedby': errId }),
-    el('span', { class: 'eq', 'aria-hidden': 'true' }, '='),
+    opSelect,
     el('input', { class: 'cond-val', value: val, placeholder: 'value, e.g. /pay',
       'aria-label': `Condition ${n} value`, 'aria-describedby': errId }),
     el('button', { type: 'button', class: 'small link', 'aria-label': `Remove condition ${n}`,
@@ -565,7 +581,7 @@ function readForm() {
     const d = $('.cond-dim', row).value.trim();
     const v = $('.cond-val', row).value;
     if (d === '' && v.trim() === '') continue;
-    body.match[d] = v.trim();
+    body.match[d + $('.cond-op', row).value] = v.trim();
   }
   body.algorithm = $('#s-algorithm').value;
   body.rate = numberOrText($('#s-rate').value);
@@ -629,7 +645,7 @@ function showFieldError(field, message) {
     const dim = f.startsWith('match.') ? f.slice(6) : null;
     const idx = /\[(\d+)\]/.exec(f);
     const rows = [...$('#s-conditions').children];
-    const row = dim !== null ? rows.find((r) => $('.cond-dim', r).value.trim() === dim)
+    const row = dim !== null ? rows.find((r) => $('.cond-dim', r).value.trim() + $('.cond-op', r).value === dim)
       : idx ? rows.filter((r) => $('.cond-dim', r).value.trim() !== '' || $('.cond-val', r).value.trim() !== '')[Number(idx[1])] : null;
     if (row) {
       target = $('.cond-error', row);

@@ -50,7 +50,8 @@ pub fn strategies(n: u32) -> Vec<Strategy> {
 pub fn passing(id: u32, conds: &[(&str, String)]) -> Strategy {
     let conditions = conds
         .iter()
-        .map(|(d, v)| Condition::new(*d, v.as_str()))
+        // A key may carry an operator (`api^`, `api~`, `a!`).
+        .map(|(d, v)| Condition::from_key(d, v.as_str()))
         .collect();
     never_full(id, conditions)
 }

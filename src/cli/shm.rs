@@ -59,7 +59,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 "id": s.id,
                 "name": s.name,
                 "match": s.conditions.iter().map(|c| {
-                    (c.dimension.clone(), json!(String::from_utf8_lossy(&c.value)))
+                    (c.key(), json!(String::from_utf8_lossy(&c.value)))
                 }).collect::<serde_json::Map<_, _>>(),
                 "algorithm": s.algorithm.as_str(),
                 "local_rate": s.rate,

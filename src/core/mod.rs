@@ -16,6 +16,8 @@ pub mod ledger;
 pub mod limiter;
 pub mod loader;
 pub mod model;
+pub mod normalise;
+pub mod pattern;
 pub mod reader;
 pub mod region;
 pub mod response;

@@ -11,6 +11,7 @@ use std::str::FromStr;
 
 pub use super::ipnet::{parse_ip_net, IpNet, IpNetError};
 use super::keyword::keyword_enum;
+pub use super::pattern::Op;
 
 /// Largest number of conditions in one strategy.
 pub const MAX_CONDITIONS: usize = 16;
@@ -65,6 +66,14 @@ pub enum ModelError {
     DuplicateDimension { index: usize, name: String },
     #[error("conditions[{index}].value: must be 1 to {MAX_VALUE_LEN} bytes, got {len}")]
     BadValueLength { index: usize, len: usize },
+    #[error("conditions[{index}].value: {value:?} is not a path template: {reason}")]
+    BadTemplate {
+        index: usize,
+        value: String,
+        reason: super::pattern::TemplateError,
+    },
+    #[error("conditions[{index}]: ip takes only = (an address or network), not {op}")]
+    IpOperator { index: usize, op: &'static str },
     #[error("conditions[{index}].value: must not contain control characters (byte 0x{byte:02x})")]
     ControlCharacter { index: usize, byte: u8 },
     #[error("conditions[{index}].value: {value:?} is not an IPv4 or IPv6 address or network (address/prefix length)")]
@@ -285,19 +294,38 @@ impl WarmUp {
     };
 }
 
-/// One exact `dimension = value` condition.
+/// One `dimension OP value` condition: exact bytes unless `op` says
+/// otherwise (see [`pattern`](super::pattern)).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Condition {
     pub dimension: String,
     pub value: Vec<u8>,
+    pub op: Op,
 }
 
 impl Condition {
     pub fn new(dimension: impl Into<String>, value: impl Into<Vec<u8>>) -> Condition {
+        Condition::with_op(dimension, Op::Exact, value)
+    }
+
+    pub fn with_op(dimension: impl Into<String>, op: Op, value: impl Into<Vec<u8>>) -> Condition {
         Condition {
             dimension: dimension.into(),
             value: value.into(),
+            op,
         }
+    }
+
+    /// The key the store, the API and import files give this condition:
+    /// the dimension, then the operator's character (`api^`).
+    pub fn key(&self) -> String {
+        format!("{}{}", self.dimension, self.op.suffix())
+    }
+
+    /// A condition from its key (`api^`) and value.
+    pub fn from_key(key: &str, value: impl Into<Vec<u8>>) -> Condition {
+        let (dim, op) = Op::split_key(key);
+        Condition::with_op(dim, op, value)
     }
 }
 
@@ -545,7 +573,9 @@ impl Strategy {
     /// of published strategies).
     pub fn check(&self) -> Result<(), ModelError> {
         let c = &self.conditions;
-        self.check_with(c.len(), |i| (c[i].dimension.as_str(), &c[i].value[..]))
+        self.check_with(c.len(), |i| {
+            (c[i].dimension.as_str(), c[i].op, &c[i].value[..])
+        })
     }
 
     /// [`check`](Self::check) with the conditions given apart, borrowed
@@ -555,7 +585,7 @@ impl Strategy {
     pub fn check_with<'c>(
         &self,
         count: usize,
-        cond: impl Fn(usize) -> (&'c str, &'c [u8]),
+        cond: impl Fn(usize) -> (&'c str, Op, &'c [u8]),
     ) -> Result<(), ModelError> {
         if self.id == 0 {
             return Err(ModelError::ZeroId);
@@ -567,7 +597,7 @@ impl Strategy {
             return Err(ModelError::TooManyConditions(count));
         }
         for index in 0..count {
-            let (dimension, value) = cond(index);
+            let (dimension, op, value) = cond(index);
             if !valid_dimension_name(dimension) {
                 return Err(ModelError::BadDimension {
                     index,
@@ -590,6 +620,25 @@ impl Strategy {
             // value nginx hands over carries NUL.
             if let Some(&byte) = value.iter().find(|b| b.is_ascii_control()) {
                 return Err(ModelError::ControlCharacter { index, byte });
+            }
+            match op {
+                Op::Exact => {}
+                _ if dimension == "ip" => {
+                    return Err(ModelError::IpOperator {
+                        index,
+                        op: op.symbol(),
+                    })
+                }
+                Op::Template => {
+                    if let Err(reason) = super::pattern::parse_template(value) {
+                        return Err(ModelError::BadTemplate {
+                            index,
+                            value: String::from_utf8_lossy(value).into_owned(),
+                            reason,
+                        });
+                    }
+                }
+                Op::Prefix | Op::Not => {}
             }
             if dimension == "ip" && !is_canonical_ip(value) {
                 // Else a network in canonical form (`10.0.0.0/8`).

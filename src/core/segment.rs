@@ -9,7 +9,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use smallvec::SmallVec;
 
-use super::model::{Action, Algorithm, Condition, Strategy, Unit, WarmUp};
+use super::model::{Action, Algorithm, Condition, Op, Strategy, Unit, WarmUp};
 use super::region::Region;
 
 /// `"RCSG"` little-endian.
@@ -109,7 +109,8 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         out.extend_from_slice(&0u16.to_le_bytes());
         out.extend_from_slice(s.name.as_bytes());
         for c in &s.conditions {
-            out.push(c.dimension.len() as u8);
+            // The operator in the top two bits (a name is at most 32 bytes).
+            out.push(c.dimension.len() as u8 | (c.op as u8) << 6);
             out.extend_from_slice(c.dimension.as_bytes());
             out.extend_from_slice(&(c.value.len() as u16).to_le_bytes());
             out.extend_from_slice(&c.value);
@@ -407,7 +408,7 @@ pub struct Record<'a> {
     pub strategy: Strategy,
     pub slot: u32,
     pub generation: u64,
-    pub conditions: SmallVec<[(&'a str, &'a [u8]); 4]>,
+    pub conditions: SmallVec<[(&'a str, Op, &'a [u8]); 4]>,
 }
 
 impl Record<'_> {
@@ -417,7 +418,7 @@ impl Record<'_> {
         strategy.conditions = self
             .conditions
             .iter()
-            .map(|&(d, v)| Condition::new(d, v))
+            .map(|&(d, op, v)| Condition::with_op(d, op, v))
             .collect();
         Published {
             strategy,
@@ -517,12 +518,13 @@ pub fn decode_records<'a>(
         }
         let mut conditions = SmallVec::new();
         for _ in 0..n {
-            let dl = r.u8().ok_or_else(trunc)? as usize;
-            let dim = r.take(dl).ok_or_else(trunc)?;
+            let dl = r.u8().ok_or_else(trunc)?;
+            let op = Op::from_bits(dl >> 6);
+            let dim = r.take(usize::from(dl & 0x3f)).ok_or_else(trunc)?;
             let dim = std::str::from_utf8(dim).map_err(|_| bad("dimension not UTF-8"))?;
             let vl = r.u16().ok_or_else(trunc)? as usize;
             let value = r.take(vl).ok_or_else(trunc)?;
-            conditions.push((dim, value));
+            conditions.push((dim, op, value));
         }
         let rest = &r.b[r.pos..];
         let each_key = super::keys::segment::decode(rest).map_err(bad)?;

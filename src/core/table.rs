@@ -48,7 +48,10 @@ use super::blacklist::Blacklist;
 use super::ipnet::IpNet;
 use super::ipnet::{parse_ip_net, prefix_mask};
 use super::limiter::Limiter;
-use super::model::{parse_canonical_ipv4, parse_ip, Action, Algorithm, Condition, Strategy};
+use super::model::{
+    parse_canonical_ipv4, parse_ip, Action, Algorithm, Condition, Op, Strategy, MAX_VALUE_LEN,
+};
+use super::pattern::{self, Shape};
 use super::region::Region;
 use super::segment::{
     decode_blacklist_dimensions, decode_records, read_raw, Decoded, RawSegment, Record,
@@ -107,10 +110,54 @@ pub struct Scratch {
     /// What the last request settles when it ends and whether a cost was
     /// invalid (issue 31; cleared only by a table with such strategies).
     pub response: ResponseOut,
+    /// A request's value projected onto a template shape
+    /// ([`pattern::project`]): room made once, when a table with
+    /// templates is loaded.
+    tkey: Vec<u8>,
 }
 
 /// Matches room is made for when a table is loaded (more: the vector grows).
 const MATCHES_ROOM: usize = 16;
+
+/// The longest template key a request is projected to: no template is
+/// longer than a value ([`pattern::project`] stops there).
+const TKEY_ROOM: usize = MAX_VALUE_LEN + 8;
+
+/// A pseudo-dimension derived from a request's value of another (see
+/// [`pattern`]): its index, the base dimension's, and how.
+#[derive(Clone, Copy)]
+struct Derived {
+    dim: usize,
+    base: usize,
+    kind: DeriveKind,
+}
+
+/// A prefix length in use (see [`Table::prefixes`]).
+struct PrefixDim {
+    base: u32,
+    len: u32,
+    dim: u32,
+    /// The last bytes of the prefixes of this length (see [`DeriveKind`]).
+    last: [u64; 4],
+}
+
+/// A template shape in use (see [`Table::template_dims`]).
+struct TemplateDim {
+    base: u32,
+    dim: u32,
+    shape: Shape,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum DeriveKind {
+    /// The first `n` bytes (`api^n`), and the set of last bytes of the
+    /// prefixes of that length (bit `b` of the 256): a request whose byte
+    /// `n - 1` is none of them skips the probe (most lengths, most
+    /// requests).
+    Prefix(usize, [u64; 4]),
+    /// The projection onto a template shape (`api~shape`).
+    Template(Shape),
+}
 
 impl Scratch {
     /// The per-key strategy (id, `on_full`) whose new key found the key
@@ -128,6 +175,9 @@ impl Scratch {
             self.spans.resize(n, (0, 0));
         }
         self.matches.reserve(MATCHES_ROOM);
+        if table.templates && self.tkey.capacity() < TKEY_ROOM {
+            self.tkey.reserve(TKEY_ROOM);
+        }
     }
 }
 
@@ -145,6 +195,9 @@ pub struct Compiled {
     /// first and is not re-checked (implied by where the matcher found
     /// the strategy). One array for the table, not one per strategy.
     conds: (u32, u32),
+    /// Its negated conditions, `Table::negs[start..end]` (checked after
+    /// the matcher found it, or on every request when it has no other).
+    negs: (u32, u32),
     /// Per-key strategies (`each`): how the key is built, its limiter.
     pub key: Option<Box<super::keys::KeyPlan>>,
     /// `count_if`, `cost_from`, `cost_after` (issue 31; `None`: plain).
@@ -370,6 +423,19 @@ pub struct Table {
     published_unix_ms: u64,
     /// Strategies in the segment, disabled ones included.
     published: usize,
+    /// Prefix lengths and template shapes in use, each a pseudo-dimension
+    /// computed from its base dimension and looked up by every request
+    /// (sorted by base: each base value is read once; prefixes by length).
+    prefixes: Box<[PrefixDim]>,
+    template_dims: Box<[TemplateDim]>,
+    /// Some prefix or template is in use: [`Table::derived_lookups`].
+    derived: bool,
+    /// Some derived dimension is a template ([`Scratch::tkey`]).
+    templates: bool,
+    /// Negated conditions: `(dimension, start, end)` of the value in
+    /// `neg_bytes` ([`Compiled::negs`] spans).
+    negs: Box<[(u32, u32, u32)]>,
+    neg_bytes: Box<[u8]>,
     /// Per interned value id: which map holds it ([`TEXT_VALUE`],
     /// [`IP_VALUE`], [`RANGE_VALUE`]) and its entry there
     /// ([`conditions`](Self::conditions)).
@@ -454,6 +520,9 @@ pub struct Table {
 #[derive(Clone, Copy)]
 struct PendingCond<'a> {
     dim: &'a str,
+    /// [`Op::Exact`], [`Op::Prefix`] or [`Op::Template`] (negations are
+    /// kept apart, [`Builder::neg_pool`]).
+    op: Op,
     value: &'a [u8],
     /// `hash_bytes(value)`, computed while the record is read.
     hash: u64,
@@ -478,6 +547,8 @@ struct Builder<'a> {
     /// `pool[start..end]` are `strategies[i]`'s conditions.
     spans: Vec<(u32, u32)>,
     pool: Vec<PendingCond<'a>>,
+    /// Negated conditions `(dimension, value)`: [`Compiled::negs`] spans.
+    neg_pool: Vec<(&'a str, &'a [u8])>,
     /// The dimension names of the conditions, each once, and how many
     /// conditions name each.
     names: Vec<(&'a str, usize)>,
@@ -496,6 +567,7 @@ impl<'a> Builder<'a> {
             strategies: Vec::with_capacity(count),
             spans: Vec::with_capacity(count),
             pool: Vec::with_capacity(count * 2),
+            neg_pool: Vec::new(),
             names: Vec::new(),
             keyed: Vec::with_capacity(count),
             ranked: false,
@@ -509,8 +581,12 @@ impl<'a> Builder<'a> {
             return;
         }
         let start = self.pool.len() as u32;
-        let end = start + r.conditions.len() as u32;
-        for &(dim, value) in &r.conditions {
+        let neg_start = self.neg_pool.len() as u32;
+        for &(dim, op, value) in &r.conditions {
+            if op == Op::Not {
+                self.neg_pool.push((dim, value));
+                continue;
+            }
             let name = match self
                 .names
                 .iter()
@@ -528,12 +604,14 @@ impl<'a> Builder<'a> {
             }
             self.pool.push(PendingCond {
                 dim,
+                op,
                 value,
                 hash: hash_bytes(value),
                 name: name as u32,
             });
         }
-        self.spans.push((start, self.pool.len() as u32));
+        let end = self.pool.len() as u32;
+        self.spans.push((start, end));
         self.keyed.push(r.strategy.each.is_keyed());
         self.ranked |= r.strategy.priority != 0 || r.strategy.action == Action::Allow;
         self.strategies.push(Compiled {
@@ -543,6 +621,7 @@ impl<'a> Builder<'a> {
             generation: r.generation,
             // Where `Table::finish` interns them: `conds[i]` is `pool[i]`.
             conds: (start, end),
+            negs: (neg_start, self.neg_pool.len() as u32),
             key: None,
             response: None,
         });
@@ -579,7 +658,7 @@ impl Table {
                 generation: p.generation,
                 conditions: conds
                     .iter()
-                    .map(|c| (c.dimension.as_str(), &c.value[..]))
+                    .map(|c| (c.dimension.as_str(), c.op, &c.value[..]))
                     .collect(),
             });
         }
@@ -634,11 +713,14 @@ impl Table {
             strategies: mut pending,
             spans: cond_spans,
             pool,
+            neg_pool,
             names,
             keyed,
             ranked,
             published,
         } = b;
+        // Prefix lengths and template shapes in use (see `derived`).
+        let mut derived: Vec<Derived> = Vec::new();
         // Per dimension: value → its entry (interned id, anchored list);
         // the `ip` dimension's values by address (see `ip_index`).
         let mut index: Vec<DimIndex> = Vec::new();
@@ -726,8 +808,43 @@ impl Table {
                 // (`len` over the IPv6 form), one per prefix length: a
                 // strategy names it at most once, like any dimension, so
                 // anchoring and tuple-space groups need nothing more.
-                let d = match net {
-                    Some(n) if !n.is_host() => {
+                let d = match (net, c.op) {
+                    // A prefix or template: a pseudo-dimension of its base
+                    // (looked up by every request, see `pattern`), the base
+                    // itself a dimension the request supplies.
+                    (_, Op::Prefix | Op::Template) => {
+                        let (name, kind) = match c.op {
+                            Op::Prefix => (
+                                pattern::prefix_dimension(c.dim, c.value.len()),
+                                DeriveKind::Prefix(c.value.len(), [0; 4]),
+                            ),
+                            _ => match pattern::parse_template(c.value) {
+                                Ok(shape) => (shape.dimension(c.dim), DeriveKind::Template(shape)),
+                                Err(_) => (String::new(), DeriveKind::Prefix(0, [0; 4])),
+                            },
+                        };
+                        let base = dim_of(&mut dims, c.dim);
+                        let d = match (name.is_empty(), base) {
+                            (false, Some(_)) => dim_of(&mut dims, &name),
+                            _ => None,
+                        };
+                        if let (Some(d), Some(base)) = (d, base) {
+                            let at = match derived.iter().position(|x| x.dim == d) {
+                                Some(at) => at,
+                                None => {
+                                    derived.push(Derived { dim: d, base, kind });
+                                    derived.len() - 1
+                                }
+                            };
+                            if let (DeriveKind::Prefix(_, last), Some(&b)) =
+                                (&mut derived[at].kind, c.value.last())
+                            {
+                                last[usize::from(b >> 6)] |= 1 << (b & 63);
+                            }
+                        }
+                        d
+                    }
+                    (Some(n), _) if !n.is_host() => {
                         // The text form of a request's address is read
                         // through `ip` (callers without a binary address).
                         if dim_of(&mut dims, "ip").is_none() {
@@ -737,7 +854,7 @@ impl Table {
                         }
                         len_dims.iter().find(|x| x.0 == n.len).and_then(|x| x.1)
                     }
-                    _ => match name_dims.get_mut(c.name as usize) {
+                    (_, _) => match name_dims.get_mut(c.name as usize) {
                         Some(Some(d)) => *d,
                         Some(slot) => *slot.insert(dim_of(&mut dims, c.dim)),
                         None => dim_of(&mut dims, c.dim),
@@ -764,6 +881,16 @@ impl Table {
                 let ip = match net {
                     Some(n) if n.is_host() && dims[d] == "ip" => Some(n.addr),
                     _ => None,
+                };
+                let net = net.filter(|_| c.op == Op::Exact);
+                // A template is interned without its `/**` (the shape
+                // says so): see `pattern::template_key`.
+                let (key, key_hash) = match c.op {
+                    Op::Template => {
+                        let k = pattern::template_key(c.value);
+                        (k, hash_bytes(k))
+                    }
+                    _ => (c.value, c.hash),
                 };
                 let (id, entry) = match (net, ip) {
                     (Some(n), _) if !n.is_host() => {
@@ -803,7 +930,7 @@ impl Table {
                     (_, None) => {
                         let values = &mut index[d].values;
                         let id = values
-                            .get_or_insert_hashed(c.value, c.hash, || ValueEntry::new(next))
+                            .get_or_insert_hashed(key, key_hash, || ValueEntry::new(next))
                             .id;
                         (id, (TEXT_VALUE, values.len() - 1))
                     }
@@ -864,6 +991,40 @@ impl Table {
             fspans.push((start as u32, flat.len() as u32));
         }
         drop(pool);
+        // Negated conditions: each value once per condition, compared as
+        // bytes with the request's (after the matcher, see `match_into`).
+        let mut negs: Vec<(u32, u32, u32)> = Vec::with_capacity(neg_pool.len());
+        let mut neg_bytes: Vec<u8> = Vec::new();
+        for &(dim, value) in &neg_pool {
+            // Over the dimension limit (the writer refuses it): never holds.
+            let d = dim_of(&mut dims, dim).map_or(NONE, |d| d as u32);
+            let at = neg_bytes.len() as u32;
+            neg_bytes.extend_from_slice(value);
+            negs.push((d, at, neg_bytes.len() as u32));
+        }
+        derived.sort_by_key(|x| (x.base, x.dim));
+        let mut prefixes: Vec<PrefixDim> = Vec::new();
+        let mut template_dims: Vec<TemplateDim> = Vec::new();
+        for x in &derived {
+            match x.kind {
+                DeriveKind::Prefix(len, last) => prefixes.push(PrefixDim {
+                    base: x.base as u32,
+                    len: len as u32,
+                    dim: x.dim as u32,
+                    last,
+                }),
+                DeriveKind::Template(shape) => template_dims.push(TemplateDim {
+                    base: x.base as u32,
+                    dim: x.dim as u32,
+                    shape,
+                }),
+            }
+        }
+        prefixes.sort_by_key(|p| (p.base, p.len));
+        let prefixes = prefixes.into_boxed_slice();
+        let template_dims = template_dims.into_boxed_slice();
+        let has_negs = !negs.is_empty();
+        let is_derived = |d: &usize| derived.iter().any(|x| x.dim == *d);
         // Room was made for every condition; most dimensions have fewer
         // distinct values.
         for d in &mut index {
@@ -960,10 +1121,17 @@ impl Table {
         let ip_dim = dims.iter().position(|d| d == "ip");
         let anchors = |d: &usize| anchored_dims >> (d % 64) & 1 == 1;
         let named = |d: &usize| Some(*d) != ip_dim && !index[*d].values.is_empty();
-        let lookups = (0..dims.len()).filter(named).filter(anchors).collect();
+        // Derived dimensions are looked up apart, by every request.
+        let plain = |d: &usize| !is_derived(d);
+        let lookups = (0..dims.len())
+            .filter(named)
+            .filter(anchors)
+            .filter(plain)
+            .collect();
         let checks: Box<[usize]> = (0..dims.len())
             .filter(named)
             .filter(|d| !anchors(d))
+            .filter(plain)
             .collect();
         // The client address is looked up only when some address anchors
         // strategies; named only beside anchors, it is a checked dimension
@@ -1058,6 +1226,12 @@ impl Table {
             config_version: meta.config_version,
             published_unix_ms: meta.published_unix_ms,
             published,
+            templates: !template_dims.is_empty(),
+            derived: !derived.is_empty(),
+            prefixes,
+            template_dims,
+            negs: negs.into_boxed_slice(),
+            neg_bytes: neg_bytes.into_boxed_slice(),
             value_keys,
             dims,
             index,
@@ -1069,7 +1243,7 @@ impl Table {
             v4_dir,
             ranked,
             // No strategy anchored anywhere: none has a condition.
-            match_free: anchored.is_empty() && !ranked,
+            match_free: anchored.is_empty() && !ranked && !has_negs,
             lookups,
             checks,
             check_kind,
@@ -1121,25 +1295,32 @@ impl Table {
     /// The dimension named by each condition of `c` (a strategy of this
     /// table): anchor first, then as published.
     pub fn condition_dimensions<'t>(&'t self, c: &'t Compiled) -> impl Iterator<Item = &'t str> {
-        self.conds_of(c).iter().map(|&(d, _)| {
-            let name = self.dims[usize::from(d)].as_str();
-            // An address range is matched as `ip/<len>`.
-            if name.starts_with("ip/") {
-                "ip"
-            } else {
-                name
-            }
-        })
+        let negs = &self.negs[c.negs.0 as usize..c.negs.1 as usize];
+        self.conds_of(c)
+            .iter()
+            .map(|&(d, _)| base_dimension(&self.dims[usize::from(d)]).0)
+            .chain(
+                negs.iter()
+                    .filter_map(|n| self.dims.get(n.0 as usize))
+                    .map(String::as_str),
+            )
     }
 
     /// The conditions of `c` (a strategy of this table), anchor first:
     /// the table keeps each value once, interned, not per strategy (tools,
     /// tests; allocates).
     pub fn conditions(&self, c: &Compiled) -> Vec<Condition> {
+        let negs = self.negs[c.negs.0 as usize..c.negs.1 as usize]
+            .iter()
+            .filter_map(|&(d, from, to)| {
+                let name = self.dims.get(d as usize)?;
+                let value = &self.neg_bytes[from as usize..to as usize];
+                Some(Condition::with_op(name.as_str(), Op::Not, value))
+            });
         self.conds_of(c)
             .iter()
-            .zip(self.condition_dimensions(c))
-            .map(|(&(d, id), name)| {
+            .map(|&(d, id)| {
+                let (name, op) = base_dimension(&self.dims[usize::from(d)]);
                 let (kind, entry) = self.value_keys[id as usize];
                 let entry = entry as usize;
                 let value = match kind {
@@ -1155,10 +1336,18 @@ impl Table {
                             None => String::new(),
                         }
                     }
-                    _ => return Condition::new(name, self.index[d as usize].values.key_at(entry)),
+                    _ => {
+                        let mut value = self.index[d as usize].values.key_at(entry).to_vec();
+                        // A template's key lost its rest (see `template_key`).
+                        if op == Op::Template && self.dims[usize::from(d)].ends_with('+') {
+                            value.extend_from_slice(b"/**");
+                        }
+                        return Condition::with_op(name, op, value);
+                    }
                 };
                 Condition::new(name, value)
             })
+            .chain(negs)
             .collect()
     }
 
@@ -1239,7 +1428,14 @@ impl Table {
             s.fit(self);
         }
         s.matches.clear();
-        self.match_into(values, ip, &mut s.req, &mut s.spans, &mut s.matches);
+        self.match_into(
+            values,
+            ip,
+            &mut s.req,
+            &mut s.spans,
+            &mut s.matches,
+            &mut s.tkey,
+        );
     }
 
     /// `req[d]`: interned id of the request's value of dimension `d`,
@@ -1254,6 +1450,7 @@ impl Table {
         req: &mut [u32],
         spans: &mut [(u32, u32)],
         out: &mut Vec<u32>,
+        tkey: &mut Vec<u8>,
     ) {
         // Lists to merge: each is ascending, only a mix needs sorting.
         let mut sources = 0;
@@ -1337,6 +1534,9 @@ impl Table {
             };
             found(d, e);
         }
+        if self.derived {
+            sources += self.derived_lookups(values, tkey, req, spans, &mut ns, out);
+        }
         if ns > 0 {
             if let [(at, 1)] = spans[..ns] {
                 // One candidate (the usual strategy on two values): its
@@ -1389,6 +1589,117 @@ impl Table {
         if sources > 1 {
             out.sort_unstable();
         }
+        if !self.negs.is_empty() {
+            self.drop_negated(values, out);
+        }
+    }
+
+    /// Prefix lengths and template shapes: one probe each (see
+    /// [`pattern`]), the base value read once per base; each result
+    /// handed to `found` as a lookup's. Out of line: only a table with
+    /// prefixes or templates carries it.
+    /// Returns how many lists it added to `out` (as `found` in
+    /// [`match_into`](Self::match_into) counts them).
+    #[inline(never)]
+    fn derived_lookups<V: Values + ?Sized>(
+        &self,
+        values: &V,
+        tkey: &mut Vec<u8>,
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+    ) -> u32 {
+        let mut sources = 0;
+        let mut found = |d: usize, e: Option<&ValueEntry>| {
+            // What `found` does in `match_into`.
+            let Some(e) = e else {
+                req[d] = NONE;
+                return;
+            };
+            req[d] = e.id;
+            if e.only != NONE {
+                out.push(e.only);
+                sources += 1;
+            } else if e.len > 0 {
+                spans[*ns] = (e.start, e.len);
+                *ns += 1;
+            }
+        };
+        // Prefixes, by base then length: a length longer than the value,
+        // or whose last byte ends no prefix of that length, is no probe.
+        let mut base = (u32::MAX, &[][..]);
+        for p in self.prefixes.iter() {
+            if base.0 != p.base {
+                base = (p.base, values.value(p.base as usize).unwrap_or_default());
+            }
+            let n = p.len as usize;
+            let e = match base.1.get(..n) {
+                Some(v)
+                    if n > 0 && p.last[usize::from(v[n - 1] >> 6)] >> (v[n - 1] & 63) & 1 == 1 =>
+                {
+                    self.index[p.dim as usize].values.get(v)
+                }
+                _ => None,
+            };
+            found(p.dim as usize, e);
+        }
+        // Templates, by base: a shape of another segment count than the
+        // value's is no probe (most shapes); the others are projected.
+        let mut base = (u32::MAX, &[][..], 0usize);
+        for t in self.template_dims.iter() {
+            if base.0 != t.base {
+                let v = values.value(t.base as usize).unwrap_or_default();
+                base = (t.base, v, v.iter().filter(|&&b| b == b'/').count() + 1);
+            }
+            let n = usize::from(t.shape.segments);
+            let fits = match t.shape.rest {
+                true => base.2 >= n,
+                false => base.2 == n,
+            };
+            let map = &self.index[t.dim as usize].values;
+            let e = match fits && !base.1.is_empty() {
+                // No wildcard: the key is the value's first segments as
+                // they are (unless a byte needs escaping): no copy.
+                true if t.shape.wild == 0 => match pattern::literal_key(t.shape, base.1) {
+                    Some(k) => map.get(k),
+                    None => match pattern::project(t.shape, base.1, MAX_VALUE_LEN, tkey) {
+                        true => map.get(&tkey[..]),
+                        false => None,
+                    },
+                },
+                true => match pattern::project(t.shape, base.1, MAX_VALUE_LEN, tkey) {
+                    true => map.get(&tkey[..]),
+                    false => None,
+                },
+                false => None,
+            };
+            found(t.dim as usize, e);
+        }
+        sources
+    }
+
+    /// The matches whose negations fail removed (see [`negations_hold`]).
+    #[inline(never)]
+    fn drop_negated<V: Values + ?Sized>(&self, values: &V, out: &mut Vec<u32>) {
+        out.retain(|&si| self.negations_hold(values, &self.strategies[si as usize]));
+    }
+
+    /// Whether the request's values differ from each value `c` negates
+    /// (an absent value differs from every value). Out of line: only a
+    /// table with negations carries it.
+    #[inline]
+    fn negations_hold<V: Values + ?Sized>(&self, values: &V, c: &Compiled) -> bool {
+        self.negs[c.negs.0 as usize..c.negs.1 as usize]
+            .iter()
+            .all(|&(d, from, to)| {
+                let not = &self.neg_bytes[from as usize..to as usize];
+                match values.value(d as usize) {
+                    _ if d == NONE => false,
+                    Some(v) if !v.is_empty() => !bytes_eq(v, not),
+                    _ => true,
+                }
+            })
     }
 
     /// Whether the request's value of dimension `d` is interned value `v`:
@@ -1512,7 +1823,9 @@ impl Table {
     /// request that matched (`Limited`) to `out` (left as it was
     /// otherwise): the request path's form, where the decision is built in
     /// its place rather than moved through the outcome.
-    #[inline]
+    // Always inlined into the request path (nginx's handler), as it was
+    // before the operators' out-of-line calls tipped the inliner.
+    #[inline(always)]
     pub fn decide_in<V: Values + ?Sized>(
         &self,
         r: &Request<'_, V>,
@@ -2007,6 +2320,21 @@ pub(crate) fn owe_hits<V: Values + ?Sized>(
             continue;
         }
         c.owe_slot(out, h.units, r.now());
+    }
+}
+
+/// The dimension a table dimension stands for, and how its values are
+/// compared: an address range `ip/<len>` is `ip`; a prefix length
+/// `api^<n>` and a template shape `api~<shape>` (see [`pattern`]) are
+/// `api`'s prefixes and templates.
+fn base_dimension(name: &str) -> (&str, Op) {
+    if name.starts_with("ip/") {
+        return ("ip", Op::Exact);
+    }
+    match name.find(['^', '~']) {
+        Some(i) if name.as_bytes()[i] == b'^' => (&name[..i], Op::Prefix),
+        Some(i) => (&name[..i], Op::Template),
+        None => (name, Op::Exact),
     }
 }
 

@@ -938,8 +938,15 @@ impl Writer {
         // Each prefix length of an `ip` network is one more dimension to
         // the matcher (see core::ipnet).
         let mut prefixes: Vec<u8> = Vec::new();
+        // So is each prefix length and template shape (see core::pattern).
+        let mut derived: Vec<String> = Vec::new();
         for s in &list {
             for c in &s.conditions {
+                if let Some(p) = super::pattern::matcher_dimension(c) {
+                    if !derived.contains(&p) {
+                        derived.push(p);
+                    }
+                }
                 if !dims.contains(&c.dimension.as_str()) {
                     dims.push(&c.dimension);
                 }
@@ -958,6 +965,7 @@ impl Writer {
         }
         let all_dims = dims.len()
             + prefixes.len()
+            + derived.len()
             + bl_dims
                 .iter()
                 .filter(|d| !dims.contains(&d.as_str()))

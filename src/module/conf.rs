@@ -18,10 +18,14 @@ use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
 use ngx::ngx_conf_log_error;
 
 use super::parse::{self, HeaderStyle, LogLevel, ParseError, DEFAULT_SHM_PATH};
+use crate::core::normalise::Normalise;
 
 /// A `rate_ctl_dimension NAME VALUE;`.
 pub struct CustomDimension {
     pub name: String,
+    /// Its flags' normalisation (`None`: no flag, the bytes as read,
+    /// nothing more done per request than one compare).
+    pub norm: Option<Normalise>,
     /// How a request's value is read (see [`super::variables::dimension_value`]).
     pub value: DimensionValue,
 }
@@ -47,7 +51,8 @@ pub enum DimensionValue {
     /// case, and whether the variable was found to be nginx's own
     /// (checked on first use in a worker: nginx resolves variables after
     /// the directives are read).
-    Arg(usize, Box<[u8]>, Cell<ArgKind>),
+    /// With `last` (the fourth field), the last of repeated items wins.
+    Arg(usize, Box<[u8]>, Cell<ArgKind>, bool),
     /// Any other template: a compiled complex value, allocated from the
     /// configuration pool.
     Complex(*mut ngx_http_complex_value_t),
@@ -336,7 +341,13 @@ fn set_dimension_body(
     if let Err(e) = parse::check_dimension_value(&name, bytes(&a[2])) {
         return fail(cf, e);
     }
-    if let Some(var) = parse::single_variable(bytes(&a[2])) {
+    let single = parse::single_variable(bytes(&a[2]));
+    let is_arg = single.is_some_and(|v| v.len() > 4 && v.starts_with(b"arg_"));
+    let (norm, last) = match parse::parse_dimension_flags(&name, a[3..].iter().map(bytes), is_arg) {
+        Ok((n, last)) => ((!n.is_none()).then_some(n), last),
+        Err(e) => return fail(cf, e),
+    };
+    if let Some(var) = single {
         let mut var_str = ngx_str_t {
             len: var.len(),
             data: var.as_ptr().cast_mut(),
@@ -353,10 +364,11 @@ fn set_dimension_body(
                 index,
                 arg.to_ascii_lowercase().into(),
                 Cell::new(ArgKind::Unchecked),
+                last,
             ),
             None => DimensionValue::Variable(index),
         };
-        mc.dimensions.push(CustomDimension { name, value });
+        mc.dimensions.push(CustomDimension { name, norm, value });
         return NGX_CONF_OK;
     }
     // SAFETY: cf->pool is the configuration pool; it outlives the configuration.
@@ -379,6 +391,7 @@ fn set_dimension_body(
     }
     mc.dimensions.push(CustomDimension {
         name,
+        norm,
         value: DimensionValue::Complex(cv),
     });
     NGX_CONF_OK

@@ -30,3 +30,38 @@ pub(super) fn bytes_in_pool(r: &Request, bytes: &[u8]) -> Option<ngx::ffi::ngx_s
     unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), data, len) };
     Some(ngx::ffi::ngx_str_t { len, data })
 }
+
+/// `v` (a value of request `r`) normalised by `n`: `v` itself when it
+/// would not change (most values: no copy), else its normalised bytes in
+/// the request pool (no heap); `None` when it is absent after
+/// normalisation or the pool is out of memory.
+#[inline]
+pub(super) fn normalised<'r>(
+    r: &'r Request,
+    v: &'r [u8],
+    n: crate::core::normalise::Normalise,
+) -> Option<&'r [u8]> {
+    if !n.needed(v) {
+        return Some(v);
+    }
+    normalised_in_pool(r, v, n)
+}
+
+#[inline(never)]
+fn normalised_in_pool<'r>(
+    r: &'r Request,
+    v: &[u8],
+    n: crate::core::normalise::Normalise,
+) -> Option<&'r [u8]> {
+    let len = v.len();
+    // SAFETY: the request pool is live; we allocate `len` bytes from it.
+    let data = unsafe { ngx_pnalloc(r.pool().as_ptr(), len) }.cast::<u8>();
+    if data.is_null() {
+        return None;
+    }
+    // SAFETY: data points to `len` bytes of the request pool, ours alone,
+    // that live as long as the request (`'r`); nginx frees them with it.
+    let out = unsafe { std::slice::from_raw_parts_mut(data, len) };
+    let used = n.apply(v, out)?;
+    Some(&out[..used])
+}

@@ -31,6 +31,7 @@ use super::worker::{with_worker, Event, EventLog, ValueSource, Worker};
 use super::RateCtlModule;
 use crate::core::admit::{Decision, Verdict as Admission};
 use crate::core::headers::{rate_limit_headers, HeaderStyle};
+use crate::core::normalise::Normalise;
 use crate::core::table::{IpKey, Request as TableRequest, RequestOutcome, Scratch, Table, Values};
 
 /// Concurrency units a request holds until it ends: their slots and
@@ -254,7 +255,14 @@ impl Values for RequestValues<'_> {
         let rr: &ngx_http_request_t = self.r.as_ref();
         match *self.sources.get(dim)? {
             ValueSource::Ip | ValueSource::Unbound => None,
-            ValueSource::Api => str_bytes(&rr.uri),
+            // `path` normalised (`/login/`, `/login;x=1` are `/login`):
+            // the URI itself unless it has a `;`, `//` or a trailing `/`.
+            // `path` normalised (`/login/`, `/login;x=1` are `/login`):
+            // the URI itself unless it has a `;`, `//` or a trailing `/`.
+            ValueSource::Api => {
+                let v = str_bytes(&rr.uri)?;
+                super::ext::normalised(self.r, v, Normalise::PATH)
+            }
             ValueSource::Method => str_bytes(&rr.method_name),
             ValueSource::Host => str_bytes(&rr.headers_in.server).or_else(|| {
                 NgxHttpCoreModule::server_conf(self.r).and_then(|cscf| str_bytes(&cscf.server_name))

@@ -23,7 +23,7 @@ use ngx::core::Status;
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
     ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
-    NGX_CONF_FLAG, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE2, NGX_HTTP_LOC_CONF,
+    NGX_CONF_2MORE, NGX_CONF_FLAG, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF,
     NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
     NGX_HTTP_SRV_CONF,
 };
@@ -86,7 +86,8 @@ pub static mut COMMANDS: [ngx_command_t; 11] = [
     ),
     command(
         ngx_string!("rate_ctl_dimension"),
-        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE2,
+        // NAME VALUE [path] [lowercase] [decode] [last]
+        NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
         conf::set_dimension,
         NGX_HTTP_MAIN_CONF_OFFSET,
     ),

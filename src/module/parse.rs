@@ -35,10 +35,16 @@ pub enum ParseError {
     BadHeaderStyle { value: String },
     #[error("invalid dimension name \"{value}\" in \"rate_ctl_dimension\" directive, it must match [a-z][a-z0-9_]* and be at most 32 bytes")]
     BadDimensionName { value: String },
-    #[error("dimension \"{value}\" in \"rate_ctl_dimension\" directive is built in (ip, api, method, host) and cannot be redefined")]
+    #[error("dimension \"{value}\" in \"rate_ctl_dimension\" directive is built in (ip, method, host) and cannot be redefined (api can)")]
     BuiltinDimension { value: String },
     #[error("duplicate dimension \"{value}\" in \"rate_ctl_dimension\" directive")]
     DuplicateDimension { value: String },
+    #[error("invalid flag \"{value}\" for dimension \"{name}\" in \"rate_ctl_dimension\" directive, it must be \"path\", \"lowercase\", \"decode\" or \"last\"")]
+    BadDimensionFlag { name: String, value: String },
+    #[error("flag \"{value}\" for dimension \"{name}\" in \"rate_ctl_dimension\" directive is given twice")]
+    DuplicateDimensionFlag { name: String, value: String },
+    #[error("flag \"last\" for dimension \"{name}\" in \"rate_ctl_dimension\" directive needs the value to be one $arg_NAME variable")]
+    LastNeedsArg { name: String },
     #[error("empty value for dimension \"{name}\" in \"rate_ctl_dimension\" directive")]
     EmptyDimensionValue { name: String },
     #[error("invalid path \"{value}\" in \"rate_ctl_shm\" directive, it must be an absolute file path without NUL bytes")]
@@ -139,7 +145,8 @@ pub fn parse_dimension_name<'a>(
         .ok()
         .filter(|n| valid_dimension_name(n))
         .ok_or_else(|| ParseError::BadDimensionName { value: lossy(v) })?;
-    if BUILTIN_DIMENSIONS.contains(&name) {
+    // `api` may be rebound (`rate_ctl_dimension api $uri;`: raw bytes).
+    if BUILTIN_DIMENSIONS.contains(&name) && name != "api" {
         return Err(ParseError::BuiltinDimension {
             value: name.to_string(),
         });
@@ -150,6 +157,66 @@ pub fn parse_dimension_name<'a>(
         });
     }
     Ok(name)
+}
+
+/// The flags after a `rate_ctl_dimension`'s value: its normalisation
+/// (see [`Normalise`](crate::core::normalise::Normalise)) and whether the
+/// last of repeated `$arg_NAME` items wins (`last`; nginx takes the
+/// first). `is_arg`: the value is one `$arg_NAME` variable.
+pub fn parse_dimension_flags<'a>(
+    name: &str,
+    flags: impl IntoIterator<Item = &'a [u8]>,
+    is_arg: bool,
+) -> Result<(crate::core::normalise::Normalise, bool), ParseError> {
+    let mut n = crate::core::normalise::Normalise::NONE;
+    let mut last = false;
+    for f in flags {
+        let slot = match f {
+            b"path" => &mut n.path,
+            b"lowercase" => &mut n.lowercase,
+            b"decode" => &mut n.decode,
+            b"last" if !is_arg => {
+                return Err(ParseError::LastNeedsArg {
+                    name: name.to_string(),
+                })
+            }
+            b"last" => &mut last,
+            _ => {
+                return Err(ParseError::BadDimensionFlag {
+                    name: name.to_string(),
+                    value: lossy(f),
+                })
+            }
+        };
+        if std::mem::replace(slot, true) {
+            return Err(ParseError::DuplicateDimensionFlag {
+                name: name.to_string(),
+                value: lossy(f),
+            });
+        }
+    }
+    Ok((n, last))
+}
+
+/// The value of the last item named `name` in `args` (the `last` flag of
+/// a `$arg_NAME` dimension; PHP and Rails read the last duplicate): the
+/// whole query string is walked. `name` is given in lower case.
+pub fn query_arg_last<'a>(args: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    let mut found = None;
+    let mut rest = args;
+    loop {
+        let mut seen = 0;
+        let Some(v) = query_arg_seen(rest, name, &mut seen) else {
+            return found;
+        };
+        found = Some(v);
+        // Continue after this item's value.
+        let end = v.as_ptr() as usize + v.len() - rest.as_ptr() as usize;
+        if end >= rest.len() {
+            return found;
+        }
+        rest = &rest[end + 1..];
+    }
 }
 
 /// The value template of a `rate_ctl_dimension` must not be empty (an empty
@@ -372,6 +439,43 @@ mod tests {
         assert_eq!(LogLevel::Notice.ngx_level(), 6);
         assert!(parse_log_level(b"debug").is_err());
         assert!(parse_log_level(b"WARN").is_err());
+    }
+
+    #[test]
+    fn dimension_flags() {
+        use crate::core::normalise::Normalise;
+        let f =
+            |v: &[&str], arg| parse_dimension_flags("userid", v.iter().map(|s| s.as_bytes()), arg);
+        assert_eq!(f(&[], true), Ok((Normalise::NONE, false)));
+        assert_eq!(
+            f(&["decode", "lowercase", "last"], true),
+            Ok((
+                Normalise {
+                    decode: true,
+                    lowercase: true,
+                    path: false
+                },
+                true
+            ))
+        );
+        assert_eq!(f(&["path"], false), Ok((Normalise::PATH, false)));
+        assert!(matches!(
+            f(&["last"], false),
+            Err(ParseError::LastNeedsArg { .. })
+        ));
+        assert!(matches!(
+            f(&["Path"], true),
+            Err(ParseError::BadDimensionFlag { .. })
+        ));
+        assert!(matches!(
+            f(&["path", "path"], true),
+            Err(ParseError::DuplicateDimensionFlag { .. })
+        ));
+        assert_eq!(query_arg_last(b"u=a&u=b&x=1", b"u"), Some(&b"b"[..]));
+        assert_eq!(query_arg_last(b"u=a&x=1", b"u"), Some(&b"a"[..]));
+        assert_eq!(query_arg_last(b"x=1&u=", b"u"), Some(&b""[..]));
+        assert_eq!(query_arg_last(b"x=1", b"u"), None);
+        assert_eq!(parse_dimension_name(b"api", []), Ok("api"));
     }
 
     #[test]

@@ -125,12 +125,21 @@ pub fn dimension_value<'r>(
 ) -> Option<&'r [u8]> {
     let bytes = match d.value {
         DimensionValue::Variable(index) => flushed_variable(r, index)?,
-        DimensionValue::Arg(index, ref name, ref kind) => arg_variable(r, index, name, kind, seen)?,
+        DimensionValue::Arg(index, ref name, ref kind, last) => {
+            arg_variable(r, index, name, kind, seen, last)?
+        }
         // SAFETY: the complex value was compiled at configuration time
         // from the configuration pool, which outlives requests.
         DimensionValue::Complex(cv) => r.get_complex_value(unsafe { &*cv })?.as_bytes(),
     };
-    (!bytes.is_empty()).then_some(bytes)
+    if bytes.is_empty() {
+        return None;
+    }
+    // Without flags nothing more is done (one compare).
+    match d.norm {
+        None => Some(bytes),
+        Some(n) => super::ext::normalised(r, bytes, n).filter(|v| !v.is_empty()),
+    }
 }
 
 /// Whether indexed variable `index` is nginx's argument variable (resolved
@@ -192,6 +201,7 @@ fn arg_variable<'r>(
     name: &[u8],
     kind: &Cell<ArgKind>,
     seen: &Cell<u64>,
+    last: bool,
 ) -> Option<&'r [u8]> {
     let rr: &ngx_http_request_t = r.as_ref();
     if kind.get() == ArgKind::Unchecked {
@@ -212,6 +222,9 @@ fn arg_variable<'r>(
     // SAFETY: r->args points to `len` bytes of the request line or the
     // request pool, live with the request.
     let args = unsafe { std::slice::from_raw_parts(rr.args.data, rr.args.len) };
+    if last {
+        return parse::query_arg_last(args, name);
+    }
     let mask = seen.get();
     if mask != 0 && mask & parse::first_byte_bit(*name.first()?) == 0 {
         return None; // no item of the query string starts with it

@@ -318,7 +318,10 @@ fn source_for(name: &str, mc: &MainConf) -> ValueSource {
         // `ip/<len>`: the table's address ranges of one prefix length.
         "ip" => ValueSource::Ip,
         range if range.starts_with("ip/") => ValueSource::Ip,
-        "api" => ValueSource::Api,
+        // `rate_ctl_dimension api ...;` rebinds it (raw `$uri`, flags).
+        "api" => mc
+            .dimension("api")
+            .map_or(ValueSource::Api, ValueSource::Custom),
         "method" => ValueSource::Method,
         "host" => ValueSource::Host,
         other => mc

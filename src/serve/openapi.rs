@@ -76,7 +76,8 @@ fn schemas() -> Value {
     let strategy_fields = json!({
         "name": {"type": "string", "description": "unique, 1 to 200 bytes"},
         "match": {"type": "object", "additionalProperties": {"type": "string"},
-                  "description": "dimension = value conditions, all must hold; {} matches every request. ip: an address or a network (10.0.0.0/8, 2001:db8::/32; host bits set are refused)"},
+                  "description": "conditions, all must hold; {} matches every request. The key is the dimension, followed by an operator character: none exact bytes ({\"api\": \"/login\"}); ^ a non-empty prefix ({\"api^\": \"/api/v1/\"}); ~ a path template ({\"api~\": \"/users/*/orders\"}: * one non-empty segment, a last /** any rest including none, \\* a literal *, \\\\ a literal \\); ! negation ({\"userid!\": \"admin\"}: every request whose value differs, an absent value included; a strategy of only negations matches every other request). One condition per dimension. ip: an address or a network (10.0.0.0/8, 2001:db8::/32; host bits set are refused), = only",
+                  "example": {"api^": "/api/v1/", "userid!": "admin"}},
         "algorithm": {"type": "string", "enum": ["fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "concurrency", "warm_up"]},
         "rate": {"type": "integer", "minimum": 1},
         "per": {"type": "string", "enum": ["second", "minute", "hour", "day"], "default": "second"},

@@ -126,10 +126,14 @@ impl From<ModelError> for Invalid {
             E::BadValueLength { index, .. }
             | E::BadIp { index, .. }
             | E::BadIpNet { index, .. }
+            | E::BadTemplate { index, .. }
             | E::ControlCharacter { index, .. } => (
                 Field::Condition(*index),
                 format!("conditions[{index}].value"),
             ),
+            E::IpOperator { index, .. } => {
+                (Field::Condition(*index), format!("conditions[{index}]"))
+            }
             E::ZeroRate | E::RateTooHigh { .. } | E::CountTooHigh { .. } => {
                 (Field::Rate, "rate".to_string())
             }

@@ -409,7 +409,7 @@ impl StrategyRecord {
             conditions: self
                 .conditions
                 .iter()
-                .map(|(d, v)| Condition::new(d.clone(), v.clone().into_bytes()))
+                .map(|(k, v)| Condition::from_key(k, v.clone().into_bytes()))
                 .collect(),
             algorithm: self.algorithm,
             rate,
@@ -542,7 +542,7 @@ impl StrategyRecord {
             .into_iter()
             .map(|c| {
                 (
-                    c.dimension,
+                    c.key(),
                     String::from_utf8(c.value).expect("validated values stay UTF-8"),
                 )
             })

@@ -1,0 +1,343 @@
+//! Condition operators beyond exact bytes: prefixes, path templates and
+//! negation (issue 30), and how the matcher turns the first two into exact
+//! lookups.
+//!
+//! A condition is `dimension OP value`:
+//!
+//! | written        | [`Op`]              | matches a request whose value …                         |
+//! |----------------|---------------------|---------------------------------------------------------|
+//! | `api=/login`   | [`Op::Exact`]       | is these bytes                                           |
+//! | `api^=/api/v1/`| [`Op::Prefix`]      | starts with these bytes (the prefix is never empty)       |
+//! | `api~=/u/*/o`  | [`Op::Template`]    | has the template's segments (see below)                  |
+//! | `userid!=admin`| [`Op::Not`]         | differs from these bytes, **an absent value included**   |
+//!
+//! In the store, the API and import files a condition is the pair
+//! `(key, value)` where the key is the dimension followed by the
+//! operator's character (`api^`, `api~`, `userid!`; none for exact): the
+//! same split a `--match dim^=value` argument gets at its first `=`.
+//!
+//! ## Templates
+//! A template is split at `/` into segments. A segment that is exactly `*`
+//! matches one non-empty segment; a last segment `**` (after a `/`)
+//! matches any rest, including none (`/api/**` matches `/api`, `/api/`
+//! and `/api/a/b`); every other byte is literal, and a literal `*` or `\`
+//! is written `\*` or `\\` (any other use of `*` or `\` is refused, so
+//! that each template has one spelling).
+//!
+//! ## Matching cost
+//! The matcher sees a prefix of length `n` as the pseudo-dimension
+//! `dim^n` (the request's first `n` bytes) and a template as the
+//! pseudo-dimension `dim~shape` (its segment count, wildcard positions and
+//! rest flag): the request's value is projected onto the shape — its
+//! literal segments kept (escaped), its wildcard segments written `*`,
+//! `/**` appended for a rest — and looked up as exact bytes among the
+//! templates of that shape. A request therefore costs one probe per prefix
+//! length and per template shape in use, whatever the number of strategies,
+//! as address ranges cost one probe per prefix length. Negations are
+//! checked after the candidates are found (see [`table`](super::table)).
+
+/// A condition's operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub enum Op {
+    #[default]
+    Exact = 0,
+    Prefix = 1,
+    Template = 2,
+    Not = 3,
+}
+
+impl Op {
+    /// The character after the dimension in a condition's key (`api^`),
+    /// empty for exact.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Op::Exact => "",
+            Op::Prefix => "^",
+            Op::Template => "~",
+            Op::Not => "!",
+        }
+    }
+
+    /// As written between dimension and value: `=`, `^=`, `~=`, `!=`.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Op::Exact => "=",
+            Op::Prefix => "^=",
+            Op::Template => "~=",
+            Op::Not => "!=",
+        }
+    }
+
+    /// The operator stored in the top two bits of a record's
+    /// dimension-length byte (docs/SHM-LAYOUT.md).
+    pub fn from_bits(b: u8) -> Op {
+        match b & 3 {
+            0 => Op::Exact,
+            1 => Op::Prefix,
+            2 => Op::Template,
+            _ => Op::Not,
+        }
+    }
+
+    /// Splits a condition key (`api^`) into dimension and operator.
+    pub fn split_key(key: &str) -> (&str, Op) {
+        let op = match key.as_bytes().last() {
+            Some(b'^') => Op::Prefix,
+            Some(b'~') => Op::Template,
+            Some(b'!') => Op::Not,
+            _ => return (key, Op::Exact),
+        };
+        (&key[..key.len() - 1], op)
+    }
+}
+
+/// Most segments a template may have (its wildcards are a bit mask).
+pub const MAX_TEMPLATE_SEGMENTS: usize = 32;
+
+/// What a template constrains apart from its literal bytes: the requests
+/// of one shape are projected the same way (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Segments before the rest (`/users/*/orders`: 4, the first empty).
+    pub segments: u8,
+    /// Bit `i`: segment `i` is `*`.
+    pub wild: u32,
+    /// Ends with `/**`.
+    pub rest: bool,
+}
+
+impl Shape {
+    /// The matcher's pseudo-dimension name for templates of this shape on
+    /// `dim` (never a valid dimension name).
+    pub fn dimension(&self, dim: &str) -> String {
+        format!(
+            "{dim}~{}.{:x}{}",
+            self.segments,
+            self.wild,
+            if self.rest { "+" } else { "" }
+        )
+    }
+}
+
+/// The matcher's pseudo-dimension name for prefixes of `len` bytes on `dim`.
+pub fn prefix_dimension(dim: &str, len: usize) -> String {
+    format!("{dim}^{len}")
+}
+
+/// The pseudo-dimension the matcher adds for condition `c` (a prefix or a
+/// template), beside its dimension: the writer counts them against the
+/// table's dimension limit.
+pub fn matcher_dimension(c: &super::model::Condition) -> Option<String> {
+    match c.op {
+        Op::Prefix => Some(prefix_dimension(&c.dimension, c.value.len())),
+        Op::Template => parse_template(&c.value)
+            .ok()
+            .map(|s| s.dimension(&c.dimension)),
+        Op::Exact | Op::Not => None,
+    }
+}
+
+/// Why a template is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("'*' stands only for a whole segment (write \\* for a literal '*')")]
+    Star,
+    #[error("'**' is only allowed as the last segment, after a '/'")]
+    Rest,
+    #[error("'\\' escapes only '*' or '\\'")]
+    Escape,
+    #[error("at most {MAX_TEMPLATE_SEGMENTS} segments")]
+    TooManySegments,
+}
+
+/// Checks a template and returns its shape.
+pub fn parse_template(t: &[u8]) -> Result<Shape, TemplateError> {
+    let (body, rest) = match t.strip_suffix(b"/**") {
+        Some(b) => (b, true),
+        None => (t, false),
+    };
+    let mut segments = 0usize;
+    let mut wild = 0u32;
+    for seg in body.split(|&b| b == b'/') {
+        if segments >= MAX_TEMPLATE_SEGMENTS {
+            return Err(TemplateError::TooManySegments);
+        }
+        if seg == b"*" {
+            wild |= 1 << segments;
+        } else if seg == b"**" {
+            return Err(TemplateError::Rest);
+        } else {
+            let mut i = 0;
+            while i < seg.len() {
+                match seg[i] {
+                    b'\\' => match seg.get(i + 1) {
+                        Some(b'*' | b'\\') => i += 1,
+                        _ => return Err(TemplateError::Escape),
+                    },
+                    b'*' => return Err(TemplateError::Star),
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        segments += 1;
+    }
+    Ok(Shape {
+        segments: segments as u8,
+        wild,
+        rest,
+    })
+}
+
+/// Writes to `out` the key request value `v` has in templates of `shape`
+/// (see the module docs), or returns false when `v` cannot match any of
+/// them (another segment count, an empty wildcard segment, or a key longer
+/// than `limit`, longer than any template). `out` is cleared first; it
+/// needs no more than `limit + 3` bytes of capacity. The matcher calls it
+/// only for shapes of the value's segment count (or fewer, with a rest).
+#[inline]
+pub fn project(shape: Shape, v: &[u8], limit: usize, out: &mut Vec<u8>) -> bool {
+    out.clear();
+    let n = usize::from(shape.segments);
+    let mut i = 0usize;
+    let mut pos = 0usize;
+    loop {
+        let end = match v[pos..].iter().position(|&b| b == b'/') {
+            Some(e) => pos + e,
+            None => v.len(),
+        };
+        let seg = &v[pos..end];
+        if i > 0 {
+            out.push(b'/');
+        }
+        if shape.wild >> i & 1 == 1 {
+            if seg.is_empty() {
+                return false;
+            }
+            out.push(b'*');
+        } else if out.len() + seg.len() > limit {
+            return false;
+        } else if seg.iter().any(|&b| b == b'*' || b == b'\\') {
+            for &b in seg {
+                if b == b'*' || b == b'\\' {
+                    out.push(b'\\');
+                }
+                out.push(b);
+            }
+            if out.len() > limit {
+                return false;
+            }
+        } else {
+            out.extend_from_slice(seg);
+        }
+        i += 1;
+        if i == n {
+            // All the shape's segments: the value must end here, unless a
+            // rest follows (any, including none).
+            // (A rest is not written: template keys are interned
+            // without it, see `template_key`.)
+            return shape.rest || end == v.len();
+        }
+        if end == v.len() {
+            return false; // fewer segments than the shape
+        }
+        pos = end + 1;
+    }
+}
+
+/// Whether `v` matches template `t` (a checked template), the plain
+/// definition: for tests and tools, not the request path.
+pub fn template_matches(t: &[u8], v: &[u8]) -> bool {
+    let Ok(shape) = parse_template(t) else {
+        return false;
+    };
+    let mut out = Vec::new();
+    project(shape, v, usize::MAX / 2, &mut out) && out == template_key(t)
+}
+
+/// The key a template is interned under in its shape's map: the template
+/// without a trailing `/**` (the shape holds the rest flag), so that a
+/// template without wildcards is found by the request's own bytes.
+pub fn template_key(t: &[u8]) -> &[u8] {
+    t.strip_suffix(b"/**").unwrap_or(t)
+}
+
+/// For a shape without wildcards: the key of `v` as a slice of `v` (its
+/// first `shape.segments` segments), or `None` when it needs
+/// [`project`] (a byte to escape) — or cannot match: then `project`
+/// says so.
+#[inline]
+pub fn literal_key(shape: Shape, v: &[u8]) -> Option<&[u8]> {
+    let n = usize::from(shape.segments);
+    let mut seen = 0usize;
+    let mut end = v.len();
+    for (i, &b) in v.iter().enumerate() {
+        if b == b'/' {
+            seen += 1;
+            if seen == n {
+                end = i;
+                break;
+            }
+        } else if b == b'*' || b == b'\\' {
+            return None;
+        }
+    }
+    // `n` segments end at the n-th `/` (a rest follows) or at the end.
+    if seen + 1 < n || (!shape.rest && end != v.len()) {
+        return None;
+    }
+    Some(&v[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_match_whole_segments() {
+        let t = b"/users/*/orders";
+        assert!(template_matches(t, b"/users/7/orders"));
+        assert!(!template_matches(t, b"/users/7/8/orders"));
+        assert!(!template_matches(t, b"/users/7/orders/9"));
+        assert!(!template_matches(t, b"/users//orders"));
+        assert!(!template_matches(t, b"/users/7/order"));
+        let r = b"/api/**";
+        for v in [&b"/api"[..], b"/api/", b"/api/a/b"] {
+            assert!(template_matches(r, v), "{:?}", v);
+        }
+        assert!(!template_matches(r, b"/apix"));
+        assert!(!template_matches(r, b"/ap"));
+        // A literal star, escaped; a request's own star is literal.
+        assert!(template_matches(br"/a/\*", b"/a/*"));
+        assert!(!template_matches(br"/a/\*", b"/a/b"));
+        assert!(template_matches(b"/a/*", b"/a/*"));
+    }
+
+    #[test]
+    fn bad_templates_are_refused() {
+        assert_eq!(parse_template(b"***"), Err(TemplateError::Star));
+        assert_eq!(parse_template(b"/a*"), Err(TemplateError::Star));
+        assert_eq!(parse_template(b"/**/a"), Err(TemplateError::Rest));
+        assert_eq!(parse_template(b"**"), Err(TemplateError::Rest));
+        assert_eq!(parse_template(br"/a\b"), Err(TemplateError::Escape));
+        assert_eq!(parse_template(br"/a\"), Err(TemplateError::Escape));
+        let long = "/a".repeat(40);
+        assert_eq!(
+            parse_template(long.as_bytes()),
+            Err(TemplateError::TooManySegments)
+        );
+        assert!(parse_template(b"/**").is_ok());
+        assert!(parse_template(br"/\\/\*").is_ok());
+    }
+
+    #[test]
+    fn keys_split_at_their_operator() {
+        assert_eq!(Op::split_key("api^"), ("api", Op::Prefix));
+        assert_eq!(Op::split_key("api~"), ("api", Op::Template));
+        assert_eq!(Op::split_key("userid!"), ("userid", Op::Not));
+        assert_eq!(Op::split_key("api"), ("api", Op::Exact));
+        for op in [Op::Exact, Op::Prefix, Op::Template, Op::Not] {
+            assert_eq!(Op::from_bits(op as u8), op);
+        }
+    }
+}
