@@ -139,7 +139,7 @@ async function useToken(token) {
     if (e.status !== 401) showTokenPanel(e.message);
     return false;
   }
-  localStorage.setItem(TOKEN_KEY, token);
+  sessionStorage.setItem(TOKEN_KEY, token);
   $('#token-panel').hidden = true;
   $('#app').hidden = false;
   await refreshTab();
@@ -158,7 +158,7 @@ $('#token-form').addEventListener('submit', async (ev) => {
 });
 
 $('#change-token').addEventListener('click', () => {
-  localStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(TOKEN_KEY);
   state.token = null;
   showTokenPanel('');
 });
@@ -1106,7 +1106,10 @@ setInterval(async () => {
 }, REFRESH_EVERY_MS);
 
 (function start() {
-  const saved = localStorage.getItem(TOKEN_KEY);
+  // The token lives for this tab only (sessionStorage); one an older page
+  // kept in localStorage across browser restarts is removed.
+  localStorage.removeItem(TOKEN_KEY);
+  const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) useToken(saved);
   else showTokenPanel('');
 })();

@@ -21,7 +21,9 @@ use rate_ctl::core::model::{Algorithm, ModelError, Unit};
 pub struct Cli {
     /// Config store: sqlite:PATH (created on first use),
     /// mysql://USER:PASS@HOST:PORT/DB or postgres://USER:PASS@HOST:PORT/DB
-    /// [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
+    /// [default: sqlite:/var/lib/rate-ctl/rate-ctl.db]. Env RATE_CTL_STORE
+    /// when absent (keeps a password off the command line; ignored with
+    /// --api).
     #[arg(long, global = true, value_name = "URL")]
     pub store: Option<String>,
     /// Manage strategies, blacklist and hosts through a running
@@ -89,6 +91,11 @@ pub struct ServeArgs {
     /// A host counts as fresh while its heartbeat is at most this old.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration_ms)]
     pub freshness: u64,
+    /// Most connections served at once (lowered to fit the descriptor
+    /// limit); past it a connection is answered 503 and closed.
+    #[arg(long, default_value_t = crate::serve::conn::DEFAULT_MAX_CONNECTIONS, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_connections: usize,
     /// Print the API routes (METHOD PATH per line) and exit.
     #[arg(long, hide = true)]
     pub list_routes: bool,

@@ -208,6 +208,11 @@ impl Tokens {
         }
     }
 
+    /// Whether the request carries any valid token.
+    pub fn any_valid(&self, headers: &HeaderMap) -> bool {
+        self.check(headers, ADMIN | READ | AGENT).is_ok()
+    }
+
     /// 401 without a valid token, 403 if its kind is not in `allowed`.
     fn check(&self, headers: &HeaderMap, allowed: u8) -> Result<Kind, ApiError> {
         let value = headers

@@ -298,8 +298,9 @@ pub fn document() -> Value {
         },
         "security": [{"bearer": []}],
         "paths": {
-            "/api/v1/health": {"get": op("Liveness and config version (no token)", vec![], None,
-                json!({"200": answer("store reachable", json!({"type": "object", "additionalProperties": false, "required": ["ok", "version"], "properties": {"ok": {"type": "boolean"}, "version": {"type": "integer"}}}))}), false)},
+            "/api/v1/health": {"get": op("Liveness (no token needed): `{\"ok\": true}` or 503 `unavailable`; with any valid token also the config version or the store's error", vec![], None,
+                json!({"200": answer("store reachable", json!({"type": "object", "additionalProperties": false, "required": ["ok"], "properties": {"ok": {"type": "boolean"}, "version": {"type": "integer", "description": "only with a valid token"}}})),
+                       "503": answer("store unreachable (the store's error text only with a valid token)", json!({"type": "object", "required": ["ok", "error"], "properties": {"ok": {"type": "boolean"}, "error": {"type": "object"}}}))}), false)},
             "/api/v1/version": {"get": op("Current config version", vec![], None,
                 json!({"200": answer("version", json!({"type": "object", "additionalProperties": false, "required": ["version"], "properties": {"version": {"type": "integer"}}}))}), true)},
             "/api/v1/strategies": {
