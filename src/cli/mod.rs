@@ -96,11 +96,19 @@ pub fn main() -> ExitCode {
 
 async fn run(cli: Cli, api_flag: bool) -> CmdResult {
     let api = cli.api.filter(|a| !a.is_empty());
+    // --store, else env RATE_CTL_STORE (a URL with a password stays off
+    // the command line); the environment yields to an --api.
+    let store = cli.store.or_else(|| {
+        api.is_none()
+            .then(|| std::env::var("RATE_CTL_STORE").ok())
+            .flatten()
+            .filter(|s| !s.trim().is_empty())
+    });
     match cli.command {
         Command::Agent(a) => {
             // The agent reads `rate-ctl serve` with --store http://…; --api
             // says the same, under the same rules as the config commands.
-            let (Target::Store(url) | Target::Api { url, .. }) = target(cli.store, api, None)?;
+            let (Target::Store(url) | Target::Api { url, .. }) = target(store, api, None)?;
             run_agent(&url, cli.token, a).await
         }
         Command::Serve(a) => {
@@ -109,7 +117,7 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
                     "serve reads the store itself: give --store, not --api",
                 ));
             }
-            let url = cli.store.unwrap_or_else(|| DEFAULT_STORE.to_string());
+            let url = store.unwrap_or_else(|| DEFAULT_STORE.to_string());
             if a.list_routes {
                 for (m, p) in serve::api_routes() {
                     println!("{m} {p}");
@@ -122,14 +130,15 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
                 read_token_file: a.read_token_file,
                 agent_token_file: a.agent_token_file,
                 freshness_ms: a.freshness,
+                max_connections: a.max_connections,
             };
             serve::run(&url, opts)
                 .await
                 .map_err(|e| Failure::other(e.to_string()))
         }
-        Command::Strategy(c) => strategy(&target(cli.store, api, cli.token)?, cli.json, c).await,
-        Command::Blacklist(c) => blacklist(&target(cli.store, api, cli.token)?, cli.json, c).await,
-        Command::Host(c) => host(&target(cli.store, api, cli.token)?, cli.json, c).await,
+        Command::Strategy(c) => strategy(&target(store, api, cli.token)?, cli.json, c).await,
+        Command::Blacklist(c) => blacklist(&target(store, api, cli.token)?, cli.json, c).await,
+        Command::Host(c) => host(&target(store, api, cli.token)?, cli.json, c).await,
         Command::Shm(ShmCmd::Inspect { path }) => shm::inspect(&path, cli.json),
     }
 }
