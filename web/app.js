@@ -1064,7 +1064,10 @@ function renderAudit() {
     const summary = diffText(a.before, a.after);
     tbody.append(el('tr', {},
       el('td', { title: fmtAgo(a.at) }, fmtTime(a.at)),
-      el('td', {}, a.token),
+      // Token name, its role when the name does not say it, and the
+      // client's address of an API change.
+      el('td', {}, a.token, a.role && a.role !== a.token ? ` (${a.role})` : null,
+        a.client ? el('div', { class: 'muted' }, a.client) : null),
       el('td', {}, el('code', {}, a.action)),
       el('td', {}, a.target),
       el('td', {}, el('details', {},

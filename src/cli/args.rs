@@ -217,6 +217,10 @@ pub enum StrategyCmd {
         /// Also delete every strategy not in the file.
         #[arg(long)]
         replace: bool,
+        /// With --replace and a file holding no strategy: really delete
+        /// every strategy (refused without it).
+        #[arg(long)]
+        allow_empty: bool,
     },
 }
 

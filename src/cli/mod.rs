@@ -56,6 +56,7 @@ impl From<StoreError> for Failure {
             e @ StoreError::Import { .. } => Failure::usage(format!("invalid arguments: {e}")),
             // Every id the store finds absent is the ID argument.
             StoreError::NotFound(m) => Failure::other(format!("ID: {m}")),
+            e @ StoreError::EmptyReplace(_) => Failure::usage(e.to_string()),
             other => Failure::other(other.to_string()),
         }
     }
@@ -405,19 +406,22 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 eprintln!("exported {} strategies to {}", recs.len(), file.display());
             }
         }
-        StrategyCmd::Import { file, replace } => {
+        StrategyCmd::Import {
+            file,
+            replace,
+            allow_empty,
+        } => {
             let (text, records) = read_jsonl(&file)?;
             let store = open(target).await?;
-            let (n, version) =
-                store
-                    .import(&text, records, replace)
-                    .await
-                    .map_err(|e| match e {
-                        StoreError::Invalid(_) | StoreError::Import { .. } => {
-                            Failure::usage(format!("{}: {e}", file.display()))
-                        }
-                        e => e.into(),
-                    })?;
+            let (n, version) = store
+                .import(&text, records, replace, allow_empty)
+                .await
+                .map_err(|e| match e {
+                    StoreError::Invalid(_) | StoreError::Import { .. } => {
+                        Failure::usage(format!("{}: {e}", file.display()))
+                    }
+                    e => e.into(),
+                })?;
             if json {
                 out(json!({"imported": n, "version": version}).to_string());
             } else {

@@ -48,7 +48,27 @@ const AGENT: u8 = 4;
 
 /// A request's valid bearer token whose kind is in the set `ALLOWED` (bits
 /// of [`Kind`]); 401 without a valid token, 403 for another kind.
-pub struct Token<const ALLOWED: u8>(pub Kind);
+pub struct Token<const ALLOWED: u8>(pub Who);
+
+/// Who sent a request: the token and the client's address.
+pub struct Who {
+    /// The `who` of the store's functions: token name, role and client
+    /// address, which the audit log records.
+    actor: String,
+}
+
+impl Who {
+    /// What the audit log records of this caller (see
+    /// [`crate::store::actor`]).
+    pub fn name(&self) -> &str {
+        &self.actor
+    }
+}
+
+/// The peer address of a connection, put on each of its requests by the
+/// accept loop (`conn.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
 
 /// Changes: the admin token only.
 pub type AdminToken = Token<ADMIN>;
@@ -63,7 +83,14 @@ impl<const ALLOWED: u8> FromRequestParts<Shared> for Token<ALLOWED> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, st: &Shared) -> Result<Self, ApiError> {
-        st.tokens.check(&parts.headers, ALLOWED).map(Token)
+        let kind = st.tokens.check(&parts.headers, ALLOWED)?;
+        let client = parts
+            .extensions
+            .get::<ClientAddr>()
+            .map(|c| c.0.to_string());
+        Ok(Token(Who {
+            actor: crate::store::actor(kind.name(), kind.name(), client.as_deref()),
+        }))
     }
 }
 

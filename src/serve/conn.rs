@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -135,7 +134,7 @@ pub async fn serve(
         stats.open.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             let io = TokioIo::new(Idle::new(sock, IDLE_TIMEOUT));
-            let svc = TowerToHyperService::new(router.into_service::<hyper::body::Incoming>());
+            let svc = WithPeer { router, peer };
             if let Err(e) = builder.serve_connection(io, svc).await {
                 debug!(%peer, error = %e, "connection closed");
             }
@@ -145,12 +144,36 @@ pub async fn serve(
     }
 }
 
+/// The router, with the connection's peer address put on every request
+/// (the audit log records it).
+struct WithPeer {
+    router: Router,
+    peer: std::net::SocketAddr,
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for WithPeer {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = axum::routing::future::RouteFuture<std::convert::Infallible>;
+
+    fn call(&self, mut req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        req.extensions_mut()
+            .insert(super::auth::ClientAddr(self.peer));
+        let mut router = self.router.clone();
+        // Router is always ready (axum documents poll_ready as Ready).
+        tower_service::Service::call(&mut router, req.map(axum::body::Body::new))
+    }
+}
+
 /// A stream that fails its pending read once no byte moved either way for
-/// `idle`.
+/// `idle`, and gives the answers hyper writes itself (a request it could
+/// not parse: 400, 431, 505, with an empty body) the API's JSON error body.
 struct Idle<S> {
     inner: S,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
+    /// Bytes of a rewritten answer not yet written.
+    pending: Vec<u8>,
 }
 
 impl<S> Idle<S> {
@@ -159,11 +182,62 @@ impl<S> Idle<S> {
             inner,
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
+            pending: Vec::new(),
         }
     }
 
     fn moved(&mut self) {
         self.deadline.as_mut().reset(Instant::now() + self.idle);
+    }
+}
+
+/// The JSON version of `head` if it is a whole bodiless 4xx/5xx answer
+/// (only hyper writes those: every answer of the router has a body).
+pub fn with_json_body(head: &[u8]) -> Option<Vec<u8>> {
+    if !head.ends_with(b"\r\n\r\n") || head.len() > 1024 {
+        return None;
+    }
+    let text = std::str::from_utf8(head).ok()?;
+    let status_line = text.lines().next()?;
+    let code = status_line.strip_prefix("HTTP/1.1 ")?.get(..3)?;
+    if !(code.starts_with('4') || code.starts_with('5')) {
+        return None;
+    }
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains("\r\ncontent-length: 0\r\n") {
+        return None;
+    }
+    let message = match code {
+        "400" => "malformed request: the request line or a header is not valid HTTP/1.1 (e.g. a control character in a header value)",
+        "431" => "request header fields too large",
+        "505" => "HTTP version not supported",
+        _ => status_line.get(13..).unwrap_or("error"),
+    };
+    let body = serde_json::json!({"error": {"field": null, "message": message}}).to_string();
+    Some(
+        format!(
+            "{status_line}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    )
+}
+
+impl<S: AsyncWrite + Unpin> Idle<S> {
+    /// Writes what is pending; Ready(Ok) once nothing is.
+    fn drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.pending.is_empty() {
+            match Pin::new(&mut self.inner).poll_write(cx, &self.pending) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => {
+                    self.pending.drain(..n);
+                    self.moved();
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -198,6 +272,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Idle<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        match self.drain(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+        if let Some(json) = with_json_body(buf) {
+            self.pending = json;
+            // Accepted whole; written by this and the next calls.
+            return match self.drain(cx) {
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                _ => Poll::Ready(Ok(buf.len())),
+            };
+        }
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.moved();
@@ -206,11 +293,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Idle<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        match self.drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.inner).poll_flush(cx),
+            other => other,
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        match self.drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.inner).poll_shutdown(cx),
+            other => other,
+        }
     }
 }
 
@@ -231,6 +324,31 @@ mod tests {
         assert_eq!(body.len(), len);
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert!(v["error"]["message"].as_str().unwrap().contains("too many"));
+    }
+
+    #[test]
+    fn hypers_bodiless_errors_get_the_json_body() {
+        let head = b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\ndate: Fri, 27 Nov 2026 15:05:24 GMT\r\n\r\n";
+        let out = String::from_utf8(with_json_body(head).unwrap()).unwrap();
+        let (h, body) = out.split_once("\r\n\r\n").unwrap();
+        assert!(h.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{h}");
+        assert!(
+            h.contains(&format!("content-length: {}", body.len())),
+            "{h}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("malformed"));
+        // A router answer (with a body) or a 2xx is left alone.
+        assert!(
+            with_json_body(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 12\r\n\r\n").is_none()
+        );
+        assert!(with_json_body(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_none());
+        assert!(
+            with_json_body(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n{}").is_none()
+        );
     }
 
     #[test]

@@ -226,7 +226,7 @@ fn schemas() -> Value {
             "example": {"weight": 2}},
         "Audit": {"type": "object", "additionalProperties": false,
             "required": ["id", "at", "token", "action", "target", "before", "after"],
-            "properties": {"id": {"type": "integer"}, "at": {"type": "integer"}, "token": {"type": "string"},
+            "properties": {"id": {"type": "integer"}, "at": {"type": "integer"}, "token": {"type": "string", "description": "the token's name (`cli` for the CLI on the store)"}, "role": {"type": ["string", "null"], "description": "the token's role (admin, read, agent); null for the CLI and entries before issue 34"}, "client": {"type": ["string", "null"], "description": "the client's IP:PORT of an API change"},
                 "action": {"type": "string"}, "target": {"type": "string"},
                 "before": {"type": ["object", "null"]}, "after": {"type": ["object", "null"]}}},
         "Report": {"type": "object", "additionalProperties": false,
@@ -315,7 +315,8 @@ pub fn document() -> Value {
             "/api/v1/strategies/import": {
                 "post": op("Load strategies all or nothing in one transaction (as `rate-ctl strategy import`); \
                             the first bad line (or array item) is reported by number in error.line",
-                    vec![query("replace", "boolean", "also delete every strategy not in the body (default false)")],
+                    vec![query("replace", "boolean", "also delete every strategy not in the body (default false)"),
+                         query("allow_empty", "boolean", "with replace and a body holding no strategy: really delete every strategy (else 422, field allow_empty)")],
                     Some(json!({"required": true, "content": {
                         "application/json": {"schema": {"type": "array", "items": schema_ref("StrategyImport")},
                                              "example": [import_example()]},

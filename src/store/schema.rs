@@ -306,6 +306,14 @@ pub const MIGRATIONS: &[Migration] = &[
             }),
         ],
     },
+    Migration {
+        version: 134,
+        description: "audit_log: the token's role and the client's address (issue 34)",
+        steps: &[
+            Step::AddColumn("audit_log", "role VARCHAR(16) NULL"),
+            Step::AddColumn("audit_log", "client VARCHAR(64) NULL"),
+        ],
+    },
 ];
 
 #[cfg(test)]

@@ -601,6 +601,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     const text = await page.locator('#audit-table').innerText();
     assert.match(text, /strategy\.create/);
     assert.match(text, /admin/);
+    assert.match(text, /127\.0\.0\.1:\d+/, 'the client address of each API change');
     await page.screenshot({ path: path.join(ARTIFACTS, 'audit.png') });
   });
 
