@@ -69,6 +69,34 @@ pub enum Command {
     /// Look into a shared-memory file.
     #[command(subcommand)]
     Shm(ShmCmd),
+    /// Named API tokens of `rate-ctl serve` (in the store).
+    #[command(subcommand)]
+    Token(TokenCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create a token; its secret is printed once (the last field of the
+    /// last line), the store keeps only its hash.
+    Create {
+        /// admin (everything), viewer (reads everything, writes nothing)
+        /// or agent (snapshot long-poll and reports, as --host only).
+        #[arg(long, value_name = "ROLE")]
+        role: String,
+        /// The one host an agent token may report as.
+        #[arg(long, value_name = "ID")]
+        host: Option<String>,
+        /// 1 to 32 of A-Z a-z 0-9 . _ -
+        #[arg(long, value_name = "NAME")]
+        name: String,
+    },
+    /// Names, roles, hosts, created and last used.
+    List,
+    /// Delete a token; serve refuses it from its next request.
+    Revoke {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -18,7 +18,9 @@ use crate::client::{Backend, Target};
 use crate::serve;
 use crate::store::record::{ActionKind, BlacklistRecord, StrategyRecord};
 use crate::store::{self, Invalid, StoreError, DEFAULT_STORE};
-use args::{AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyAdd, StrategyCmd};
+use args::{
+    AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyAdd, StrategyCmd, TokenCmd,
+};
 use flags::{conditions_from_args, flag};
 use rate_ctl::core::model::Algorithm;
 use rate_ctl::core::shm::unix_ms;
@@ -140,6 +142,19 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
         Command::Strategy(c) => strategy(&target(store, api, cli.token)?, cli.json, c).await,
         Command::Blacklist(c) => blacklist(&target(store, api, cli.token)?, cli.json, c).await,
         Command::Host(c) => host(&target(store, api, cli.token)?, cli.json, c).await,
+        Command::Token(c) => {
+            if api.is_some() {
+                return Err(Failure::usage(
+                    "token commands work on the store (--store or RATE_CTL_STORE); through serve use /api/v1/tokens",
+                ));
+            }
+            token(
+                &store.unwrap_or_else(|| DEFAULT_STORE.to_string()),
+                cli.json,
+                c,
+            )
+            .await
+        }
         Command::Shm(ShmCmd::Inspect { path }) => shm::inspect(&path, cli.json),
     }
 }
@@ -581,6 +596,82 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
     }
     Ok(())
 }
+
+/// `rate-ctl token create|list|revoke` on the store.
+async fn token(url: &str, json: bool, cmd: TokenCmd) -> CmdResult {
+    use crate::store::tokens::{token_json, Role};
+    let store = store::Store::open(url)
+        .await
+        .map_err(|e| Failure::other(format!("{e} (--store {})", store::redact_url(url))))?;
+    match cmd {
+        TokenCmd::Create { role, host, name } => {
+            let role: Role = role.parse().map_err(|e: Invalid| {
+                Failure::usage(format!(
+                    "--role: {}",
+                    e.to_string().trim_start_matches("role: ")
+                ))
+            })?;
+            let (rec, secret) = store
+                .create_token(&name, role, host.as_deref(), CLI_WHO)
+                .await?;
+            if json {
+                let mut v = token_json(&rec);
+                v["secret"] = json!(secret);
+                out(v.to_string());
+            } else {
+                out(format!(
+                    "token {:?}: role {}{}; shown once, only its hash is stored:",
+                    rec.name,
+                    rec.role.as_str(),
+                    rec.host_id
+                        .as_deref()
+                        .map(|h| format!(", host {h}"))
+                        .unwrap_or_default()
+                ));
+                out(format!("secret: {secret}"));
+            }
+        }
+        TokenCmd::List => {
+            let list = store.list_tokens().await?;
+            if json {
+                for t in &list {
+                    out(token_json(t).to_string());
+                }
+            } else {
+                out(format!(
+                    "{:<32} {:<7} {:<24} {:<20} LAST USED",
+                    "NAME", "ROLE", "HOST", "CREATED"
+                ));
+                let when = |ms: u64| {
+                    let ago = unix_ms().saturating_sub(ms) / 1000;
+                    format!("{ago} s ago")
+                };
+                for t in &list {
+                    out(format!(
+                        "{:<32} {:<7} {:<24} {:<20} {}",
+                        t.name,
+                        t.role.as_str(),
+                        t.host_id.as_deref().unwrap_or("-"),
+                        when(t.created_ms),
+                        t.last_used_ms.map(when).unwrap_or_else(|| "never".into())
+                    ));
+                }
+            }
+        }
+        TokenCmd::Revoke { name } => {
+            store.revoke_token(&name, CLI_WHO).await?;
+            if json {
+                out(json!({"revoked": name}).to_string());
+            } else {
+                out(format!("revoked token {name:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The audit log's name for the CLI working on the store.
+const CLI_WHO: &str = "cli";
 
 async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
     match cmd {

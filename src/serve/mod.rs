@@ -20,6 +20,7 @@ pub mod openapi;
 pub mod snapshot;
 pub mod stats;
 pub mod strategies;
+pub mod tokens;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -94,6 +95,8 @@ pub struct AppState {
     pub snapshots: snapshot::SnapshotCache,
     /// Connection counters of the accept loop.
     pub conns: Arc<conn::ConnStats>,
+    /// When this instance last wrote each named token's `last_used`.
+    pub token_touched: parking_lot::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl AppState {
@@ -151,13 +154,14 @@ fn routes() -> Routes {
         .merge(audit::router())
         .merge(snapshot::router())
         .merge(stats::router())
+        .merge(tokens::router())
         .add("/api/v1/openapi.json", &["GET"], get(openapi_doc))
 }
 
 /// `ok` or `unavailable`, nothing more, to anyone; with a valid token
 /// also the config version or the store's error.
 async fn health(State(st): State<Shared>, headers: axum::http::HeaderMap) -> Response {
-    let known = st.tokens.any_valid(&headers);
+    let known = auth::identify(&st, &headers).await.is_ok();
     match st.store.version().await {
         Ok(v) if known => json_response(StatusCode::OK, json!({"ok": true, "version": v})),
         Ok(_) => json_response(StatusCode::OK, json!({"ok": true})),
@@ -372,6 +376,7 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
         freshness_ms: a.freshness_ms,
         snapshots: snapshot::SnapshotCache::default(),
         conns: Arc::new(conn::ConnStats::default()),
+        token_touched: Default::default(),
     });
     spawn_version_poller(&state);
     let listener = tokio::net::TcpListener::bind(&a.listen)

@@ -16,6 +16,7 @@ pub mod record;
 mod samples;
 pub mod schema;
 mod strategies;
+pub mod tokens;
 pub mod valid;
 
 use std::collections::HashSet;
