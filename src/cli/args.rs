@@ -40,6 +40,10 @@ pub struct Cli {
         value_name = "T"
     )]
     pub token: Option<String>,
+    /// CA certificates (PEM) that an https:// --api or --store must be
+    /// signed by, instead of the system's (/etc/ssl/certs).
+    #[arg(long, global = true, env = "RATE_CTL_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
     /// Machine-readable output (one JSON document, or JSON lines for lists).
     #[arg(long, global = true)]
     pub json: bool,
@@ -124,6 +128,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = crate::serve::conn::DEFAULT_MAX_CONNECTIONS, value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_connections: usize,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Print the API routes (METHOD PATH per line) and exit.
     #[arg(long, hide = true)]
     pub list_routes: bool,

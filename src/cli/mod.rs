@@ -99,6 +99,7 @@ pub fn main() -> ExitCode {
 
 async fn run(cli: Cli, api_flag: bool) -> CmdResult {
     let api = cli.api.filter(|a| !a.is_empty());
+    crate::client::http::set_ca(cli.ca);
     // --store, else env RATE_CTL_STORE (a URL with a password stays off
     // the command line); the environment yields to an --api.
     let store = cli.store.or_else(|| {
@@ -134,6 +135,7 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
                 agent_token_file: a.agent_token_file,
                 freshness_ms: a.freshness,
                 max_connections: a.max_connections,
+                tls: a.tls_cert.zip(a.tls_key),
             };
             serve::run(&url, opts)
                 .await
@@ -810,7 +812,7 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         shm = %a.shm.display(), host = %opts.host_id, store = %store::redact_url(url),
         poll_ms = a.poll_ms, freshness_ms = a.freshness, "agent starting"
     );
-    let target = if url.starts_with("http://") {
+    let target = if url.starts_with("http://") || url.starts_with("https://") {
         Target::Api {
             url: url.to_string(),
             token,

@@ -88,13 +88,21 @@ Content-Length: 95\r\n\
 \r\n\
 {\"error\":{\"field\":null,\"message\":\"too many connections: this server's cap is reached, retry\"}}\n";
 
-/// Serves `router` on `listener` until the future is dropped.
+/// A connection's byte stream: TCP, or TLS over TCP.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// Serves `router` on `listener` until the future is dropped; over TLS
+/// when `tls` is given (the handshake must end within
+/// [`HEADER_READ_TIMEOUT`]).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     max_connections: usize,
     stats: Arc<ConnStats>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> io::Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(Semaphore::new(max_connections));
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -131,9 +139,26 @@ pub async fn serve(
         let router = router.clone();
         let builder = builder.clone();
         let stats = stats.clone();
+        let acceptor = acceptor.clone();
         stats.open.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let io = TokioIo::new(Idle::new(sock, IDLE_TIMEOUT));
+            let stream: Box<dyn Stream> = match acceptor {
+                None => Box::new(sock),
+                Some(a) => match tokio::time::timeout(HEADER_READ_TIMEOUT, a.accept(sock)).await {
+                    Ok(Ok(s)) => Box::new(s),
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "TLS handshake failed");
+                        stats.open.fetch_sub(1, Ordering::Relaxed);
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "TLS handshake timed out");
+                        stats.open.fetch_sub(1, Ordering::Relaxed);
+                        return;
+                    }
+                },
+            };
+            let io = TokioIo::new(Idle::new(stream, IDLE_TIMEOUT));
             let svc = WithPeer { router, peer };
             if let Err(e) = builder.serve_connection(io, svc).await {
                 debug!(%peer, error = %e, "connection closed");

@@ -20,6 +20,7 @@ pub mod openapi;
 pub mod snapshot;
 pub mod stats;
 pub mod strategies;
+pub mod tls;
 pub mod tokens;
 
 use std::path::{Path, PathBuf};
@@ -65,6 +66,8 @@ pub enum ServeError {
     Signals(std::io::Error),
     #[error("{0}")]
     Io(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// What `rate-ctl serve` is started with (the command line's `serve`
@@ -82,6 +85,8 @@ pub struct ServeOptions {
     /// Most connections served at once (lowered to what the descriptor
     /// limit allows); the next ones are answered 503.
     pub max_connections: usize,
+    /// HTTPS: PEM certificate chain and private key.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// What every handler sees.
@@ -355,6 +360,10 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
         a.read_token_file.as_deref(),
         a.agent_token_file.as_deref(),
     )?;
+    let tls = match &a.tls {
+        Some((cert, key)) => Some(tls::server_config(cert, key)?),
+        None => None,
+    };
     let nofile = conn::raise_nofile();
     let max_connections = conn::effective_cap(a.max_connections, nofile);
     if max_connections < a.max_connections {
@@ -401,7 +410,8 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
                 );
             }
         }
-        let _ = writeln!(o, "listening on http://{addr}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let _ = writeln!(o, "listening on {scheme}://{addr}");
         let _ = o.flush();
     }
     info!(%addr, store = %redact_url(store_url), version = v, max_connections, "serving");
@@ -410,7 +420,7 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
     // instead (nothing is lost: every change is one committed transaction).
     let store = state.clone();
     let r = tokio::select! {
-        r = conn::serve(listener, router(state.clone()), max_connections, state.conns.clone()) => r.map_err(ServeError::Io),
+        r = conn::serve(listener, router(state.clone()), max_connections, state.conns.clone(), tls) => r.map_err(ServeError::Io),
         _ = shutdown => Ok(()),
     };
     // Another instance takes over at once instead of after the expiry.
