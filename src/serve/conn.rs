@@ -68,7 +68,7 @@ pub fn raise_nofile() -> u64 {
             r.rlim_cur = r.rlim_max;
         }
     }
-    r.rlim_cur as u64
+    r.rlim_cur
 }
 
 /// The cap actually used: `wanted`, at most what the descriptor limit
