@@ -7,7 +7,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$root/scripts/lib/packages.sh"
 pkgs=(ca-certificates curl pkg-config build-essential libclang-dev libpcre2-dev libssl-dev zlib1g-dev nginx nginx-dev)
 if [[ "${1:-}" == "--with-test" ]]; then
-  pkgs+=(mariadb-server wrk procps shellcheck lintian systemd dpkg-dev)
+  # openssl: tests/serve_tls.rs makes its CA and server certificate with the CLI.
+  pkgs+=(mariadb-server wrk procps shellcheck lintian systemd dpkg-dev openssl)
 fi
 need_packages deps "${pkgs[@]}"
 # Debian's nginx package starts a server on port 80 at install; we never use it.

@@ -233,6 +233,16 @@ ok "system user $(id rate-ctl); /var/lib/rate-ctl rate-ctl:rate-ctl 0750"
 dpkg-query -W -f='${Conffiles}\n' rate-ctl | grep -q '/etc/default/rate-ctl-agent' || fail "conffiles"
 dpkg-query -W -f='${Conffiles}\n' rate-ctl | grep -q '/etc/default/rate-ctl-serve' || fail "conffiles"
 ok "conffiles: /etc/default/rate-ctl-agent, /etc/default/rate-ctl-serve"
+for f in /etc/default/rate-ctl-agent /etc/default/rate-ctl-serve; do
+    [ "$(stat -c '%U:%G %a' "$f")" = "root:rate-ctl 640" ] ||
+        fail "$f is $(stat -c '%U:%G %a' "$f"), want root:rate-ctl 640 (it may hold a password or a token)"
+done
+for u in /lib/systemd/system/rate-ctl-agent.service /lib/systemd/system/rate-ctl-serve.service; do
+    if grep -E '^ExecStart=.*(RATE_CTL_STORE|RATE_CTL_TOKEN|--store|--token)' "$u"; then
+        fail "$u puts the store or the token on the command line"
+    fi
+done
+ok "/etc/default/rate-ctl-{agent,serve} root:rate-ctl 0640; no store or token on the units' command lines"
 [ -L /etc/systemd/system/multi-user.target.wants/rate-ctl-agent.service ] || fail "the agent unit is not enabled"
 [ ! -e /etc/systemd/system/multi-user.target.wants/rate-ctl-serve.service ] || fail "the serve unit is enabled"
 ok "rate-ctl-agent.service enabled, rate-ctl-serve.service not (systemd not running here: nothing started)"
@@ -322,6 +332,10 @@ wait_for 30 "rate-ctl serve to listen" grep -q 'listening on http://' "$tmp/serv
 api="$(sed -n 's/.*listening on \(http:\/\/[0-9.:]*\).*/\1/p' "$tmp/serve.log" | head -n1)"
 ok "serve listens on $api; store and token: $(find /var/lib/rate-ctl -mindepth 1 -maxdepth 1 -printf '%f\n' | sort | paste -sd' ')"
 [ "$(stat -c '%U %a' /var/lib/rate-ctl/admin.token)" = "rate-ctl 600" ] || fail "admin.token owner/mode"
+# What `ps` shows of it: not the store (it came from the environment file).
+if tr '\0' ' ' <"/proc/$serve_pid/cmdline" | grep -q 'sqlite:'; then
+    fail "serve's command line shows the store: $(tr '\0' ' ' <"/proc/$serve_pid/cmdline")"
+fi
 
 # agent: exactly the packaged defaults.
 start_unit rate-ctl-agent "$tmp/agent.log"
@@ -334,6 +348,10 @@ wait_for 30 "the agent's table /dev/shm/rate_ctl" test -f /dev/shm/rate_ctl
 [ "$(stat -c '%U:%G %a' /dev/shm/rate_ctl.state)" = "rate-ctl:www-data 660" ] ||
     fail "/dev/shm/rate_ctl.state is $(stat -c '%U:%G %a' /dev/shm/rate_ctl.state), want rate-ctl:www-data 660"
 ok "agent wrote /dev/shm/rate_ctl rate-ctl:www-data 0640 and /dev/shm/rate_ctl.state 0660"
+if tr '\0' ' ' <"/proc/$agent_pid/cmdline" | grep -q 'sqlite:'; then
+    fail "the agent's command line shows the store: $(tr '\0' ' ' <"/proc/$agent_pid/cmdline")"
+fi
+ok "neither serve's nor the agent's command line shows the store (RATE_CTL_STORE from the environment file)"
 
 # nginx: Debian's binary as www-data, loading the module through the
 # package's modules-enabled link, as /etc/nginx/nginx.conf does.

@@ -187,7 +187,9 @@ finish
 begin rate-ctl
 put_stripped "$bin" usr/bin/rate-ctl 0755
 for u in rate-ctl-agent.service rate-ctl-serve.service; do put "$tmpl/$pkg/$u" "lib/systemd/system/$u" 0644; done
-for d in rate-ctl-agent rate-ctl-serve; do put "$tmpl/$pkg/default/$d" "etc/default/$d" 0644; done
+# 0640: they may hold a store password or a token (postinst gives them to
+# the group rate-ctl once the group exists).
+for d in rate-ctl-agent rate-ctl-serve; do put "$tmpl/$pkg/default/$d" "etc/default/$d" 0640; done
 subst "$tmpl/$pkg/rate-ctl.1" >"$out/rate-ctl.1"
 put_gz "$out/rate-ctl.1" usr/share/man/man1/rate-ctl.1.gz
 rm -f "$out/rate-ctl.1"

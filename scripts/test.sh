@@ -12,6 +12,8 @@
 #   6. a short cargo-fuzz run of every fuzz target
 #   7. the Debian packages: built, lintian, installed into Debian's nginx, run,
 #      purged (scripts/package-test.sh)
+#   8. cargo deny check bans licenses sources (if cargo-deny is installed, or
+#      RATE_CTL_CARGO_DENY=install)
 # Every server it starts is stopped by PID on exit.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,6 +54,21 @@ scripts/fuzz-smoke.sh
 
 step "Debian packages: build, lintian, install, run, purge"
 scripts/package-test.sh
+
+# Last: installing cargo-deny from crates.io takes about 4 minutes on 2 cores
+# (246 s measured), so it runs when it is installed, or when asked for with
+# RATE_CTL_CARGO_DENY=install. Advisories need the RustSec database from
+# GitHub, which these machines cannot reach: bans, licenses and sources only
+# (deny.toml says why).
+step "supply chain: cargo deny check bans licenses sources"
+if ! command -v cargo-deny >/dev/null && [ "${RATE_CTL_CARGO_DENY:-}" = install ]; then
+    cargo install cargo-deny --locked
+fi
+if command -v cargo-deny >/dev/null; then
+    cargo deny --offline check bans licenses sources
+else
+    echo "!!!!!! cargo-deny is not installed: SKIPPED (RATE_CTL_CARGO_DENY=install installs it, ~4 min)"
+fi
 
 step "done"
 echo "all test steps passed"

@@ -784,7 +784,8 @@ fn openapi_matches_the_router() {
     for (m, p, o) in order {
         let path = p
             .replace("{id}", &created["id"].to_string())
-            .replace("{host_id}", "web-1");
+            .replace("{host_id}", "web-1")
+            .replace("{name}", "viewer-1");
         let path = if p == "/api/v1/stats" {
             format!("{path}?strategy=1&seconds=5")
         } else if p == "/api/v1/snapshot" {

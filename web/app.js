@@ -139,7 +139,7 @@ async function useToken(token) {
     if (e.status !== 401) showTokenPanel(e.message);
     return false;
   }
-  localStorage.setItem(TOKEN_KEY, token);
+  sessionStorage.setItem(TOKEN_KEY, token);
   $('#token-panel').hidden = true;
   $('#app').hidden = false;
   await refreshTab();
@@ -158,7 +158,7 @@ $('#token-form').addEventListener('submit', async (ev) => {
 });
 
 $('#change-token').addEventListener('click', () => {
-  localStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(TOKEN_KEY);
   state.token = null;
   showTokenPanel('');
 });
@@ -1090,7 +1090,10 @@ function renderAudit() {
     const summary = diffText(a.before, a.after);
     tbody.append(el('tr', {},
       el('td', { title: fmtAgo(a.at) }, fmtTime(a.at)),
-      el('td', {}, a.token),
+      // Token name, its role when the name does not say it, and the
+      // client's address of an API change.
+      el('td', {}, a.token, a.role && a.role !== a.token ? ` (${a.role})` : null,
+        a.client ? el('div', { class: 'muted' }, a.client) : null),
       el('td', {}, el('code', {}, a.action)),
       el('td', {}, a.target),
       el('td', {}, el('details', {},
@@ -1132,7 +1135,10 @@ setInterval(async () => {
 }, REFRESH_EVERY_MS);
 
 (function start() {
-  const saved = localStorage.getItem(TOKEN_KEY);
+  // The token lives for this tab only (sessionStorage); one an older page
+  // kept in localStorage across browser restarts is removed.
+  localStorage.removeItem(TOKEN_KEY);
+  const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) useToken(saved);
   else showTokenPanel('');
 })();

@@ -21,7 +21,9 @@ use rate_ctl::core::model::{Algorithm, ModelError, Unit};
 pub struct Cli {
     /// Config store: sqlite:PATH (created on first use),
     /// mysql://USER:PASS@HOST:PORT/DB or postgres://USER:PASS@HOST:PORT/DB
-    /// [default: sqlite:/var/lib/rate-ctl/rate-ctl.db].
+    /// [default: sqlite:/var/lib/rate-ctl/rate-ctl.db]. Env RATE_CTL_STORE
+    /// when absent (keeps a password off the command line; ignored with
+    /// --api).
     #[arg(long, global = true, value_name = "URL")]
     pub store: Option<String>,
     /// Manage strategies, blacklist and hosts through a running
@@ -38,6 +40,10 @@ pub struct Cli {
         value_name = "T"
     )]
     pub token: Option<String>,
+    /// CA certificates (PEM) that an https:// --api or --store must be
+    /// signed by, instead of the system's (/etc/ssl/certs).
+    #[arg(long, global = true, env = "RATE_CTL_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
     /// Machine-readable output (one JSON document, or JSON lines for lists).
     #[arg(long, global = true)]
     pub json: bool,
@@ -67,6 +73,34 @@ pub enum Command {
     /// Look into a shared-memory file.
     #[command(subcommand)]
     Shm(ShmCmd),
+    /// Named API tokens of `rate-ctl serve` (in the store).
+    #[command(subcommand)]
+    Token(TokenCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create a token; its secret is printed once (the last field of the
+    /// last line), the store keeps only its hash.
+    Create {
+        /// admin (everything), viewer (reads everything, writes nothing)
+        /// or agent (snapshot long-poll and reports, as --host only).
+        #[arg(long, value_name = "ROLE")]
+        role: String,
+        /// The one host an agent token may report as.
+        #[arg(long, value_name = "ID")]
+        host: Option<String>,
+        /// 1 to 32 of A-Z a-z 0-9 . _ -
+        #[arg(long, value_name = "NAME")]
+        name: String,
+    },
+    /// Names, roles, hosts, created and last used.
+    List,
+    /// Delete a token; serve refuses it from its next request.
+    Revoke {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -89,6 +123,17 @@ pub struct ServeArgs {
     /// A host counts as fresh while its heartbeat is at most this old.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration_ms)]
     pub freshness: u64,
+    /// Most connections served at once (lowered to fit the descriptor
+    /// limit); past it a connection is answered 503 and closed.
+    #[arg(long, default_value_t = crate::serve::conn::DEFAULT_MAX_CONNECTIONS, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_connections: usize,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Print the API routes (METHOD PATH per line) and exit.
     #[arg(long, hide = true)]
     pub list_routes: bool,
@@ -222,6 +267,10 @@ pub enum StrategyCmd {
         /// Also delete every strategy not in the file.
         #[arg(long)]
         replace: bool,
+        /// With --replace and a file holding no strategy: really delete
+        /// every strategy (refused without it).
+        #[arg(long)]
+        allow_empty: bool,
     },
 }
 

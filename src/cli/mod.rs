@@ -18,7 +18,9 @@ use crate::client::{Backend, Target};
 use crate::serve;
 use crate::store::record::{ActionKind, BlacklistRecord, StrategyRecord};
 use crate::store::{self, Invalid, StoreError, DEFAULT_STORE};
-use args::{AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyAdd, StrategyCmd};
+use args::{
+    AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyAdd, StrategyCmd, TokenCmd,
+};
 use flags::{conditions_from_args, flag};
 use rate_ctl::core::model::Algorithm;
 use rate_ctl::core::shm::unix_ms;
@@ -56,6 +58,7 @@ impl From<StoreError> for Failure {
             e @ StoreError::Import { .. } => Failure::usage(format!("invalid arguments: {e}")),
             // Every id the store finds absent is the ID argument.
             StoreError::NotFound(m) => Failure::other(format!("ID: {m}")),
+            e @ StoreError::EmptyReplace(_) => Failure::usage(e.to_string()),
             other => Failure::other(other.to_string()),
         }
     }
@@ -96,11 +99,20 @@ pub fn main() -> ExitCode {
 
 async fn run(cli: Cli, api_flag: bool) -> CmdResult {
     let api = cli.api.filter(|a| !a.is_empty());
+    crate::client::http::set_ca(cli.ca);
+    // --store, else env RATE_CTL_STORE (a URL with a password stays off
+    // the command line); the environment yields to an --api.
+    let store = cli.store.or_else(|| {
+        api.is_none()
+            .then(|| std::env::var("RATE_CTL_STORE").ok())
+            .flatten()
+            .filter(|s| !s.trim().is_empty())
+    });
     match cli.command {
         Command::Agent(a) => {
             // The agent reads `rate-ctl serve` with --store http://…; --api
             // says the same, under the same rules as the config commands.
-            let (Target::Store(url) | Target::Api { url, .. }) = target(cli.store, api, None)?;
+            let (Target::Store(url) | Target::Api { url, .. }) = target(store, api, None)?;
             run_agent(&url, cli.token, a).await
         }
         Command::Serve(a) => {
@@ -109,7 +121,7 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
                     "serve reads the store itself: give --store, not --api",
                 ));
             }
-            let url = cli.store.unwrap_or_else(|| DEFAULT_STORE.to_string());
+            let url = store.unwrap_or_else(|| DEFAULT_STORE.to_string());
             if a.list_routes {
                 for (m, p) in serve::api_routes() {
                     println!("{m} {p}");
@@ -122,14 +134,29 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
                 read_token_file: a.read_token_file,
                 agent_token_file: a.agent_token_file,
                 freshness_ms: a.freshness,
+                max_connections: a.max_connections,
+                tls: a.tls_cert.zip(a.tls_key),
             };
             serve::run(&url, opts)
                 .await
                 .map_err(|e| Failure::other(e.to_string()))
         }
-        Command::Strategy(c) => strategy(&target(cli.store, api, cli.token)?, cli.json, c).await,
-        Command::Blacklist(c) => blacklist(&target(cli.store, api, cli.token)?, cli.json, c).await,
-        Command::Host(c) => host(&target(cli.store, api, cli.token)?, cli.json, c).await,
+        Command::Strategy(c) => strategy(&target(store, api, cli.token)?, cli.json, c).await,
+        Command::Blacklist(c) => blacklist(&target(store, api, cli.token)?, cli.json, c).await,
+        Command::Host(c) => host(&target(store, api, cli.token)?, cli.json, c).await,
+        Command::Token(c) => {
+            if api.is_some() {
+                return Err(Failure::usage(
+                    "token commands work on the store (--store or RATE_CTL_STORE); through serve use /api/v1/tokens",
+                ));
+            }
+            token(
+                &store.unwrap_or_else(|| DEFAULT_STORE.to_string()),
+                cli.json,
+                c,
+            )
+            .await
+        }
         Command::Shm(ShmCmd::Inspect { path }) => shm::inspect(&path, cli.json),
     }
 }
@@ -405,19 +432,22 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 eprintln!("exported {} strategies to {}", recs.len(), file.display());
             }
         }
-        StrategyCmd::Import { file, replace } => {
+        StrategyCmd::Import {
+            file,
+            replace,
+            allow_empty,
+        } => {
             let (text, records) = read_jsonl(&file)?;
             let store = open(target).await?;
-            let (n, version) =
-                store
-                    .import(&text, records, replace)
-                    .await
-                    .map_err(|e| match e {
-                        StoreError::Invalid(_) | StoreError::Import { .. } => {
-                            Failure::usage(format!("{}: {e}", file.display()))
-                        }
-                        e => e.into(),
-                    })?;
+            let (n, version) = store
+                .import(&text, records, replace, allow_empty)
+                .await
+                .map_err(|e| match e {
+                    StoreError::Invalid(_) | StoreError::Import { .. } => {
+                        Failure::usage(format!("{}: {e}", file.display()))
+                    }
+                    e => e.into(),
+                })?;
             if json {
                 out(json!({"imported": n, "version": version}).to_string());
             } else {
@@ -601,6 +631,82 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
     Ok(())
 }
 
+/// `rate-ctl token create|list|revoke` on the store.
+async fn token(url: &str, json: bool, cmd: TokenCmd) -> CmdResult {
+    use crate::store::tokens::{token_json, Role};
+    let store = store::Store::open(url)
+        .await
+        .map_err(|e| Failure::other(format!("{e} (--store {})", store::redact_url(url))))?;
+    match cmd {
+        TokenCmd::Create { role, host, name } => {
+            let role: Role = role.parse().map_err(|e: Invalid| {
+                Failure::usage(format!(
+                    "--role: {}",
+                    e.to_string().trim_start_matches("role: ")
+                ))
+            })?;
+            let (rec, secret) = store
+                .create_token(&name, role, host.as_deref(), CLI_WHO)
+                .await?;
+            if json {
+                let mut v = token_json(&rec);
+                v["secret"] = json!(secret);
+                out(v.to_string());
+            } else {
+                out(format!(
+                    "token {:?}: role {}{}; shown once, only its hash is stored:",
+                    rec.name,
+                    rec.role.as_str(),
+                    rec.host_id
+                        .as_deref()
+                        .map(|h| format!(", host {h}"))
+                        .unwrap_or_default()
+                ));
+                out(format!("secret: {secret}"));
+            }
+        }
+        TokenCmd::List => {
+            let list = store.list_tokens().await?;
+            if json {
+                for t in &list {
+                    out(token_json(t).to_string());
+                }
+            } else {
+                out(format!(
+                    "{:<32} {:<7} {:<24} {:<20} LAST USED",
+                    "NAME", "ROLE", "HOST", "CREATED"
+                ));
+                let when = |ms: u64| {
+                    let ago = unix_ms().saturating_sub(ms) / 1000;
+                    format!("{ago} s ago")
+                };
+                for t in &list {
+                    out(format!(
+                        "{:<32} {:<7} {:<24} {:<20} {}",
+                        t.name,
+                        t.role.as_str(),
+                        t.host_id.as_deref().unwrap_or("-"),
+                        when(t.created_ms),
+                        t.last_used_ms.map(when).unwrap_or_else(|| "never".into())
+                    ));
+                }
+            }
+        }
+        TokenCmd::Revoke { name } => {
+            store.revoke_token(&name, CLI_WHO).await?;
+            if json {
+                out(json!({"revoked": name}).to_string());
+            } else {
+                out(format!("revoked token {name:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The audit log's name for the CLI working on the store.
+const CLI_WHO: &str = "cli";
+
 async fn host(target: &Target, json: bool, cmd: HostCmd) -> CmdResult {
     match cmd {
         HostCmd::List { freshness } => {
@@ -738,7 +844,7 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         shm = %a.shm.display(), host = %opts.host_id, store = %store::redact_url(url),
         poll_ms = a.poll_ms, freshness_ms = a.freshness, "agent starting"
     );
-    let target = if url.starts_with("http://") {
+    let target = if url.starts_with("http://") || url.starts_with("https://") {
         Target::Api {
             url: url.to_string(),
             token,

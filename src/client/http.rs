@@ -1,8 +1,11 @@
-//! A minimal HTTP/1.1 JSON client for `rate-ctl serve` (loopback or LAN,
-//! plain HTTP): used by `agent --store http://…` and the `--api` commands.
+//! A minimal HTTP/1.1 JSON client for `rate-ctl serve` (plain HTTP, or
+//! HTTPS verified against the system's CA certificates or `--ca FILE`,
+//! never accepting an unknown certificate): used by `agent --store
+//! http(s)://…` and the `--api` commands.
 //! One connection per request keeps it simple; requests are rare (a
 //! heartbeat a second, a long-poll at a time).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
@@ -14,8 +17,11 @@ use serde_json::Value;
 /// Why a request got no answer, or a URL cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    #[error("{0:?}: only http://HOST:PORT URLs are supported (no TLS)")]
+    #[error("{0:?}: only http://HOST:PORT and https://HOST:PORT URLs are supported")]
     NotHttp(String),
+    /// The CA certificates to verify an https:// server cannot be read.
+    #[error("{0}")]
+    Ca(String),
     #[error("{0:?}: no host")]
     NoHost(String),
     #[error("{method} {path}: no answer within {timeout:?}")]
@@ -25,7 +31,7 @@ pub enum HttpError {
         timeout: Duration,
     },
     /// Connecting, sending or reading failed, or the answer is not JSON.
-    #[error("{method} http://{authority}{path}: {reason}")]
+    #[error("{method} {authority}{path}: {reason}")]
     Exchange {
         method: String,
         authority: String,
@@ -65,21 +71,78 @@ pub fn percent_encode(s: &str) -> String {
     out
 }
 
-#[derive(Debug, Clone)]
+/// The `--ca FILE` (env RATE_CTL_CA) of this process, set once at start.
+static CA_FILE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+
+/// Sets the CA certificates https:// servers must be signed by (`None`:
+/// the system's); once, before the first request.
+pub fn set_ca(file: Option<std::path::PathBuf>) {
+    let _ = CA_FILE.set(file);
+}
+
+/// Where Debian (and most distributions) keep the system's CA bundle.
+const SYSTEM_CA: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The client TLS config: the roots of `--ca` or of the system.
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, HttpError> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::CertificateDer;
+    let (path, what) = match CA_FILE.get().cloned().flatten() {
+        Some(p) => (p, "--ca"),
+        None => (std::path::PathBuf::from(SYSTEM_CA), "system CA bundle"),
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&path)
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .map_err(|e| HttpError::Ca(format!("{what} {}: {e}", path.display())))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(HttpError::Ca(format!(
+            "{what} {}: no usable CA certificate",
+            path.display()
+        )));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| HttpError::Ca(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+#[derive(Clone)]
 pub struct Client {
     /// host:port
     authority: String,
+    /// HTTPS: the verifier and the name the certificate must carry.
+    tls: Option<(
+        Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    )>,
     /// path prefix without a trailing slash (usually empty)
     prefix: String,
     token: Option<String>,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("authority", &self.authority)
+            .field("https", &self.tls.is_some())
+            .finish()
+    }
+}
+
 impl Client {
-    /// `http://HOST:PORT[/prefix]`.
+    /// `http://HOST:PORT[/prefix]` or `https://…` (port 80 / 443 by
+    /// default).
     pub fn new(url: &str, token: Option<String>) -> Result<Client, HttpError> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| HttpError::NotHttp(url.into()))?;
+        let (https, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(r), _) => (false, r),
+            (None, Some(r)) => (true, r),
+            (None, None) => return Err(HttpError::NotHttp(url.into())),
+        };
         let (authority, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
@@ -90,10 +153,23 @@ impl Client {
         let authority = if authority.contains(':') && !authority.ends_with(']') {
             authority.to_string()
         } else {
-            format!("{authority}:80")
+            format!("{authority}:{}", if https { 443 } else { 80 })
+        };
+        let tls = if https {
+            let host = authority
+                .rsplit_once(':')
+                .map_or(authority.as_str(), |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(|_| HttpError::NoHost(url.into()))?;
+            Some((tls_config()?, name))
+        } else {
+            None
         };
         Ok(Client {
             authority,
+            tls,
             prefix: prefix.to_string(),
             token: token.filter(|t| !t.is_empty()),
         })
@@ -163,10 +239,24 @@ impl Client {
             .await
             .map_err(|e| what(&e))?;
         let _ = stream.set_nodelay(true);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| what(&e))?;
-        let conn = tokio::spawn(conn);
+        let (mut sender, conn) = match &self.tls {
+            None => {
+                let (s, c) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| what(&e))?;
+                (s, tokio::spawn(async move { c.await.map(|_| ()) }))
+            }
+            Some((config, name)) => {
+                let tls = tokio_rustls::TlsConnector::from(config.clone())
+                    .connect(name.clone(), stream)
+                    .await
+                    .map_err(|e| what(&format!("TLS: {e}")))?;
+                let (s, c) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                    .await
+                    .map_err(|e| what(&e))?;
+                (s, tokio::spawn(async move { c.await.map(|_| ()) }))
+            }
+        };
         let mut req = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.prefix))
@@ -225,7 +315,7 @@ mod tests {
             ("example:80", "/rc")
         );
         assert!(c.token.is_none());
-        assert!(Client::new("https://x", None).is_err());
+        assert!(Client::new("ftp://x", None).is_err());
         assert!(Client::new("http://", None).is_err());
     }
 }

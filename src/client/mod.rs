@@ -166,11 +166,17 @@ impl Backend {
         text: &str,
         records: Vec<(usize, StrategyRecord)>,
         replace: bool,
+        allow_empty: bool,
     ) -> Result<(usize, u64)> {
         match self {
-            Backend::Store(s) => s.import(valid_import(records)?, replace, CLI).await,
+            Backend::Store(s) => {
+                s.import(valid_import(records)?, replace, allow_empty, CLI)
+                    .await
+            }
             Backend::Api(a) => {
-                let path = format!("/api/v1/strategies/import?replace={replace}");
+                let path = format!(
+                    "/api/v1/strategies/import?replace={replace}&allow_empty={allow_empty}"
+                );
                 let answer = a
                     .client
                     .request_text(

@@ -39,7 +39,7 @@ pub async fn audit(
         .await?
         .into_iter()
         .map(|e| {
-            json!({"id": e.id, "at": e.at_ms, "token": e.token, "action": e.action,
+            json!({"id": e.id, "at": e.at_ms, "token": e.token, "role": e.role, "client": e.client, "action": e.action,
                    "target": e.target, "before": e.before, "after": e.after})
         })
         .collect();

@@ -48,7 +48,136 @@ const AGENT: u8 = 4;
 
 /// A request's valid bearer token whose kind is in the set `ALLOWED` (bits
 /// of [`Kind`]); 401 without a valid token, 403 for another kind.
-pub struct Token<const ALLOWED: u8>(pub Kind);
+pub struct Token<const ALLOWED: u8>(pub Who);
+
+/// Who sent a request: the token and the client's address.
+pub struct Who {
+    /// The `who` of the store's functions: token name, role and client
+    /// address, which the audit log records.
+    actor: String,
+    /// The one host a named agent token may report as.
+    pub host: Option<String>,
+    /// A named token from the store (not one of the token files).
+    pub named: bool,
+    pub kind: Kind,
+}
+
+impl Who {
+    /// What the audit log records of this caller (see
+    /// [`crate::store::actor`]).
+    pub fn name(&self) -> &str {
+        &self.actor
+    }
+}
+
+/// The peer address of a connection, put on each of its requests by the
+/// accept loop (`conn.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
+/// A valid token: its kind (what it may do), name, role and host binding.
+pub struct Identity {
+    pub kind: Kind,
+    pub name: String,
+    pub role: &'static str,
+    pub host: Option<String>,
+    pub named: bool,
+}
+
+/// How often a named token's `last_used` is written at most.
+const TOUCH_EVERY_MS: u64 = 60_000;
+
+/// The request's token: one of the token files (compared in constant
+/// time), else a named token of the store (looked up by its hash, so a
+/// revoke takes effect at the next request). 401 without a valid token.
+pub async fn identify(st: &Shared, headers: &HeaderMap) -> Result<Identity, ApiError> {
+    let token = bearer(headers)?;
+    if let Some(kind) = st.tokens.kind(token.as_bytes()) {
+        return Ok(Identity {
+            kind,
+            name: kind.name().to_string(),
+            role: kind.name(),
+            host: None,
+            named: false,
+        });
+    }
+    let Some(t) = st.store.token_by_secret(token).await? else {
+        return Err(ApiError::unauthorized("unknown token"));
+    };
+    let now = rate_ctl::core::shm::unix_ms();
+    let due = {
+        let mut touched = st.token_touched.lock();
+        let last = touched.get(&t.name).copied().unwrap_or(0);
+        let due = now.saturating_sub(last) >= TOUCH_EVERY_MS;
+        if due {
+            touched.insert(t.name.clone(), now);
+        }
+        due
+    };
+    if due {
+        // Best effort: a failed write only leaves `last_used` older.
+        let _ = st.store.touch_token(&t.name, now).await;
+    }
+    use crate::store::tokens::Role;
+    Ok(Identity {
+        kind: match t.role {
+            Role::Admin => Kind::Admin,
+            Role::Viewer => Kind::Read,
+            Role::Agent => Kind::Agent,
+        },
+        name: t.name,
+        role: t.role.as_str(),
+        host: t.host_id,
+        named: true,
+    })
+}
+
+/// The bearer token of the request; 401 when there is none.
+fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let token = value
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim())
+        .unwrap_or("");
+    if token.is_empty() {
+        return Err(ApiError::unauthorized(
+            "missing bearer token (Authorization: Bearer <token>)",
+        ));
+    }
+    Ok(token)
+}
+
+impl<const ALLOWED: u8> FromRequestParts<Shared> for Token<ALLOWED> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &Shared) -> Result<Self, ApiError> {
+        let id = identify(st, &parts.headers).await?;
+        if ALLOWED & id.kind.bit() == 0 {
+            return Err(ApiError::forbidden(if id.named {
+                format!(
+                    "the {} token {:?} may not use this endpoint",
+                    id.role, id.name
+                )
+            } else {
+                format!("the {} token may not use this endpoint", id.kind.name())
+            }));
+        }
+        let client = parts
+            .extensions
+            .get::<ClientAddr>()
+            .map(|c| c.0.to_string());
+        Ok(Token(Who {
+            actor: crate::store::actor(&id.name, id.role, client.as_deref()),
+            host: id.host,
+            named: id.named,
+            kind: id.kind,
+        }))
+    }
+}
 
 /// Changes: the admin token only.
 pub type AdminToken = Token<ADMIN>;
@@ -58,14 +187,6 @@ pub type ReadToken = Token<{ ADMIN | READ }>;
 pub type AgentToken = Token<{ ADMIN | AGENT }>;
 /// The snapshot long-poll: any token.
 pub type SnapshotToken = Token<{ ADMIN | READ | AGENT }>;
-
-impl<const ALLOWED: u8> FromRequestParts<Shared> for Token<ALLOWED> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, st: &Shared) -> Result<Self, ApiError> {
-        st.tokens.check(&parts.headers, ALLOWED).map(Token)
-    }
-}
 
 #[derive(Debug)]
 pub enum AdminSource {
@@ -191,8 +312,8 @@ impl Tokens {
         })
     }
 
-    /// The kind of the request's bearer token, if it is one of ours.
-    fn kind(&self, given: &[u8]) -> Option<Kind> {
+    /// The kind of a token file's token, if `given` is one.
+    pub fn kind(&self, given: &[u8]) -> Option<Kind> {
         // Compare against every configured token, without stopping early.
         let admin = ct_eq(given, &self.admin);
         let read = self.read.as_deref().is_some_and(|t| ct_eq(given, t));
@@ -206,34 +327,6 @@ impl Tokens {
         } else {
             None
         }
-    }
-
-    /// 401 without a valid token, 403 if its kind is not in `allowed`.
-    fn check(&self, headers: &HeaderMap, allowed: u8) -> Result<Kind, ApiError> {
-        let value = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let token = value
-            .split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim())
-            .unwrap_or("");
-        if token.is_empty() {
-            return Err(ApiError::unauthorized(
-                "missing bearer token (Authorization: Bearer <token>)",
-            ));
-        }
-        let kind = self
-            .kind(token.as_bytes())
-            .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
-        if allowed & kind.bit() == 0 {
-            return Err(ApiError::forbidden(format!(
-                "the {} token may not use this endpoint",
-                kind.name()
-            )));
-        }
-        Ok(kind)
     }
 }
 

@@ -62,6 +62,11 @@ impl ApiError {
             },
             StoreError::NotFound(m) => ApiError::not_found(m),
             StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, Some("version"), m),
+            e @ StoreError::EmptyReplace(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some("allow_empty"),
+                e.to_string(),
+            ),
             e => {
                 tracing::error!(error = %e, "store error");
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, None, e.to_string())

@@ -127,6 +127,23 @@ pub async fn report(
     )?;
     let f = Fields(&o);
     let weight = f.uint("weight", u32::MAX as u64)?.map(|w| w as u32);
+    // A named agent token reports as its own host only, and sets no weight
+    // (weights are the admin's: one host's agent could otherwise take the
+    // fleet's share of every cluster rate).
+    if let Some(bound) = &who.host {
+        if *bound != host_id {
+            return Err(ApiError::forbidden(format!(
+                "this agent token is bound to host {bound:?}; it may not report as {host_id:?}"
+            )));
+        }
+    }
+    if who.named && who.kind == super::auth::Kind::Agent && weight.is_some() {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            Some("weight"),
+            "weight: an agent token may not set a weight (the admin sets it: PUT /api/v1/hosts/{id})",
+        ));
+    }
     let applied = f.uint("applied_version", i64::MAX as u64)?;
     // Absent: unchanged (an older agent); null: cleared; a string: the
     // agent's last publish refusal, at `publish_error_at` (default now).

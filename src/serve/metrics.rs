@@ -48,6 +48,7 @@ pub async fn metrics(State(st): State<Shared>, _: ReadToken) -> Result<Response,
         st.freshness_ms,
     );
     render_leases(&mut body, &names, &st.store.leases(None).await?, unix_ms());
+    render_instance(&mut body, &st);
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response())
 }
 
@@ -88,6 +89,36 @@ pub fn render_leases(
                 get(l, now)
             );
         }
+    }
+}
+
+/// This serve instance's own counters (not the fleet's): snapshot builds
+/// and connections.
+fn render_instance(o: &mut String, st: &Shared) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let series: [(&str, &str, &str, u64); 3] = [
+        (
+            "rate_ctl_serve_snapshot_builds_total",
+            "counter",
+            "Snapshots this instance read from the store and serialised (one per config version, shared by the long-polls).",
+            st.snapshots.builds.load(Relaxed),
+        ),
+        (
+            "rate_ctl_serve_connections",
+            "gauge",
+            "Connections this instance serves now.",
+            st.conns.open.load(Relaxed),
+        ),
+        (
+            "rate_ctl_serve_connections_refused_total",
+            "counter",
+            "Connections this instance answered 503 because its --max-connections cap was reached.",
+            st.conns.refused.load(Relaxed),
+        ),
+    ];
+    for (name, kind, help, v) in series {
+        head(o, name, kind, help);
+        let _ = writeln!(o, "{name} {v}");
     }
 }
 

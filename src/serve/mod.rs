@@ -11,6 +11,7 @@ pub mod audit;
 pub mod auth;
 pub mod blacklist;
 pub mod body;
+pub mod conn;
 pub mod error;
 pub mod hosts;
 mod input;
@@ -19,6 +20,8 @@ pub mod openapi;
 pub mod snapshot;
 pub mod stats;
 pub mod strategies;
+pub mod tls;
+pub mod tokens;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,6 +66,8 @@ pub enum ServeError {
     Signals(std::io::Error),
     #[error("{0}")]
     Io(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// What `rate-ctl serve` is started with (the command line's `serve`
@@ -77,6 +82,11 @@ pub struct ServeOptions {
     pub agent_token_file: Option<PathBuf>,
     /// A host counts as fresh while its heartbeat is at most this old.
     pub freshness_ms: u64,
+    /// Most connections served at once (lowered to what the descriptor
+    /// limit allows); the next ones are answered 503.
+    pub max_connections: usize,
+    /// HTTPS: PEM certificate chain and private key.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// What every handler sees.
@@ -86,6 +96,12 @@ pub struct AppState {
     pub version: watch::Receiver<u64>,
     version_tx: watch::Sender<u64>,
     pub freshness_ms: u64,
+    /// The last snapshot built for the long-polls, shared by all of them.
+    pub snapshots: snapshot::SnapshotCache,
+    /// Connection counters of the accept loop.
+    pub conns: Arc<conn::ConnStats>,
+    /// When this instance last wrote each named token's `last_used`.
+    pub token_touched: parking_lot::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl AppState {
@@ -143,16 +159,28 @@ fn routes() -> Routes {
         .merge(audit::router())
         .merge(snapshot::router())
         .merge(stats::router())
+        .merge(tokens::router())
         .add("/api/v1/openapi.json", &["GET"], get(openapi_doc))
 }
 
-async fn health(State(st): State<Shared>) -> Response {
+/// `ok` or `unavailable`, nothing more, to anyone; with a valid token
+/// also the config version or the store's error.
+async fn health(State(st): State<Shared>, headers: axum::http::HeaderMap) -> Response {
+    let known = auth::identify(&st, &headers).await.is_ok();
     match st.store.version().await {
-        Ok(v) => json_response(StatusCode::OK, json!({"ok": true, "version": v})),
-        Err(e) => json_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({"ok": false, "error": {"field": null, "message": e.to_string()}}),
-        ),
+        Ok(v) if known => json_response(StatusCode::OK, json!({"ok": true, "version": v})),
+        Ok(_) => json_response(StatusCode::OK, json!({"ok": true})),
+        Err(e) => {
+            let message = if known {
+                e.to_string()
+            } else {
+                "unavailable".to_string()
+            };
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"ok": false, "error": {"field": null, "message": message}}),
+            )
+        }
     }
 }
 
@@ -206,7 +234,37 @@ pub fn router(state: Shared) -> Router {
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(axum::middleware::from_fn(input::check))
+        .layer(axum::middleware::from_fn(security_headers))
         .with_state(state)
+}
+
+/// The page's Content-Security-Policy: its own scripts, styles and API
+/// only (the favicon is an empty `data:` image), never in a frame.
+pub const CSP: &str = "default-src 'self'; img-src 'self' data:; object-src 'none'; \
+base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// Headers on every answer (page and API): CSP, no framing, no MIME
+/// sniffing, no Referer leaving the page.
+async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("no-referrer"),
+    );
+    res
 }
 
 /// Default admin-token file: next to an SQLite store, else in /var/lib/rate-ctl.
@@ -302,6 +360,18 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
         a.read_token_file.as_deref(),
         a.agent_token_file.as_deref(),
     )?;
+    let tls = match &a.tls {
+        Some((cert, key)) => Some(tls::server_config(cert, key)?),
+        None => None,
+    };
+    let nofile = conn::raise_nofile();
+    let max_connections = conn::effective_cap(a.max_connections, nofile);
+    if max_connections < a.max_connections {
+        warn!(
+            wanted = a.max_connections,
+            max_connections, nofile, "--max-connections lowered to fit the descriptor limit"
+        );
+    }
     let store = Store::open(store_url)
         .await
         .map_err(|e| ServeError::Store(e, redact_url(store_url)))?;
@@ -313,6 +383,9 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
         version: rx,
         version_tx: tx,
         freshness_ms: a.freshness_ms,
+        snapshots: snapshot::SnapshotCache::default(),
+        conns: Arc::new(conn::ConnStats::default()),
+        token_touched: Default::default(),
     });
     spawn_version_poller(&state);
     let listener = tokio::net::TcpListener::bind(&a.listen)
@@ -337,16 +410,17 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
                 );
             }
         }
-        let _ = writeln!(o, "listening on http://{addr}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let _ = writeln!(o, "listening on {scheme}://{addr}");
         let _ = o.flush();
     }
-    info!(%addr, store = %redact_url(store_url), version = v, "serving");
+    info!(%addr, store = %redact_url(store_url), version = v, max_connections, "serving");
     let shutdown = crate::agent::shutdown_signal().map_err(ServeError::Signals)?;
     // Long-polls would hold a graceful shutdown for up to 30 s: stop at once
     // instead (nothing is lost: every change is one committed transaction).
     let store = state.clone();
     let r = tokio::select! {
-        r = axum::serve(listener, router(state)) => r.map_err(ServeError::Io),
+        r = conn::serve(listener, router(state.clone()), max_connections, state.conns.clone(), tls) => r.map_err(ServeError::Io),
         _ = shutdown => Ok(()),
     };
     // Another instance takes over at once instead of after the expiry.

@@ -1,14 +1,25 @@
 //! `/api/v1/snapshot?after=V`: the agents' long-poll for the full config.
+//!
+//! The strategies and blacklist of one config version are read from the
+//! store and serialised once per instance, and every long-poll woken by
+//! that version shares them ([`SnapshotCache`]; the number of builds is
+//! `rate_ctl_serve_snapshot_builds_total` in `/metrics`). The hosts, which
+//! change without a version (heartbeats, leases), are read per answer.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::json;
+use serde_json::Value;
+use tracing::debug;
 
 use super::auth::SnapshotToken;
-use super::body::{ok, query_param};
-use super::error::ApiResult;
+use super::body::query_param;
+use super::error::ApiError;
 use super::hosts::hosts_json;
 use super::{Routes, Shared};
 use crate::client::wire::{blacklist_api_json, strategy_api_json};
@@ -17,11 +28,67 @@ pub fn router() -> Routes {
     Routes::default().add("/api/v1/snapshot", &["GET"], get(snapshot))
 }
 
+/// One version's strategies and blacklist, as JSON arrays.
+pub struct Built {
+    pub version: u64,
+    strategies: String,
+    blacklist: String,
+}
+
+/// The last built snapshot; one build at a time (the others wait for it
+/// and take its result).
+#[derive(Default)]
+pub struct SnapshotCache {
+    last: tokio::sync::Mutex<Option<Arc<Built>>>,
+    /// Snapshots read from the store and serialised.
+    pub builds: AtomicU64,
+}
+
+impl SnapshotCache {
+    /// The snapshot of at least version `at_least` (the store's version
+    /// just read), built only if the last one is older.
+    pub async fn get(&self, st: &Shared, at_least: u64) -> Result<Arc<Built>, ApiError> {
+        let mut last = self.last.lock().await;
+        if let Some(b) = last.as_ref().filter(|b| b.version >= at_least) {
+            return Ok(b.clone());
+        }
+        let snap = st.store.snapshot().await?;
+        let strategies = Value::from(
+            snap.strategies
+                .iter()
+                .map(|r| strategy_api_json(r))
+                .collect::<Vec<_>>(),
+        )
+        .to_string();
+        let blacklist = Value::from(
+            snap.blacklist
+                .iter()
+                .map(|b| blacklist_api_json(b))
+                .collect::<Vec<_>>(),
+        )
+        .to_string();
+        let n = self.builds.fetch_add(1, Ordering::Relaxed) + 1;
+        debug!(
+            version = snap.version,
+            strategies = snap.strategies.len(),
+            builds = n,
+            "snapshot built"
+        );
+        let b = Arc::new(Built {
+            version: snap.version,
+            strategies,
+            blacklist,
+        });
+        *last = Some(b.clone());
+        Ok(b)
+    }
+}
+
 pub async fn snapshot(
     State(st): State<Shared>,
     _: SnapshotToken,
     Query(q): Query<HashMap<String, String>>,
-) -> ApiResult {
+) -> Result<Response, ApiError> {
     let after = query_param(
         &q,
         "after",
@@ -37,13 +104,23 @@ pub async fn snapshot(
             Ok(Err(_)) | Err(_) => break,
         }
     }
-    let snap = st.store.snapshot().await?;
+    let now = st.store.version().await?;
+    let snap = st.snapshots.get(&st, now).await?;
     let (_, hosts) = hosts_json(&st).await?;
-    ok(json!({
-        "version": snap.version,
-        "changed": snap.version > after,
-        "strategies": snap.strategies.iter().map(|r| strategy_api_json(r)).collect::<Vec<_>>(),
-        "blacklist": snap.blacklist.iter().map(|b| blacklist_api_json(b)).collect::<Vec<_>>(),
-        "hosts": hosts,
-    }))
+    let hosts = Value::from(hosts).to_string();
+    // The cached parts are serialised JSON arrays: spliced in as they are.
+    let body = format!(
+        "{{\"version\":{},\"changed\":{},\"strategies\":{},\"blacklist\":{},\"hosts\":{}}}",
+        snap.version,
+        snap.version > after,
+        snap.strategies,
+        snap.blacklist,
+        hosts
+    );
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
 }

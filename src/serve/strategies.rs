@@ -168,7 +168,7 @@ async fn save_strategy(
     st: &Shared,
     rec: &Valid<StrategyRecord>,
     based_on: u64,
-    who: &'static str,
+    who: &str,
     action: &str,
 ) -> ApiResult {
     let stored = st
@@ -350,20 +350,20 @@ pub async fn import_strategies(
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult {
-    let replace = match q.get("replace").map(String::as_str) {
-        None | Some("false") | Some("0") => false,
-        Some("true") | Some("1") => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(
-                Some("replace"),
-                format!("replace: {other:?} is not true or false"),
-            ))
-        }
+    let flag = |name: &str| match q.get(name).map(String::as_str) {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(
+            Some(name),
+            format!("{name}: {other:?} is not true or false"),
+        )),
     };
+    let replace = flag("replace")?;
+    let allow_empty = flag("allow_empty")?;
     let records = import_records(&body)?;
     let (n, v) = st
         .store
-        .import(valid_import(records)?, replace, who.name())
+        .import(valid_import(records)?, replace, allow_empty, who.name())
         .await
         .map_err(ApiError::from)?;
     st.announce(v);

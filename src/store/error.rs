@@ -212,6 +212,10 @@ pub enum StoreError {
     /// The HTTP store (`--store http://…`, `--api`) failed or refused.
     #[error("{0}")]
     Http(String),
+    /// A replace import with no strategy would delete all of these; it
+    /// needs an explicit confirmation.
+    #[error("replace: the import holds no strategy and would delete all {0} stored; confirm with --allow-empty (API: allow_empty=true)")]
+    EmptyReplace(u64),
     /// The HTTP store refused our token (401/403): a configuration error,
     /// not an outage.
     #[error("{0}")]

@@ -7,6 +7,7 @@
 //! and (on SQLite) the write lock is taken before anything is read.
 
 mod audit;
+pub use audit::actor;
 mod blacklist;
 pub mod error;
 mod hosts;
@@ -15,6 +16,7 @@ pub mod record;
 mod samples;
 pub mod schema;
 mod strategies;
+pub mod tokens;
 pub mod valid;
 
 use std::collections::HashSet;
@@ -51,7 +53,13 @@ pub struct BadRow {
 pub struct AuditEntry {
     pub id: u64,
     pub at_ms: u64,
+    /// The token's name (`cli` for the CLI on the store).
     pub token: String,
+    /// The token's role (`admin`, `read`, `agent`); `None` for the CLI and
+    /// for entries written before migration 134.
+    pub role: Option<String>,
+    /// The client's address (`IP:PORT`) of an API change.
+    pub client: Option<String>,
     pub action: String,
     pub target: String,
     pub before: Option<serde_json::Value>,

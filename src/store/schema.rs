@@ -315,6 +315,25 @@ pub const MIGRATIONS: &[Migration] = &[
             Step::AddColumn("strategies", "cost_after VARCHAR(32) NULL"),
         ],
     },
+    Migration {
+        version: 134,
+        description:
+            "audit_log: the token's role and the client's address; named API tokens (issue 34)",
+        steps: &[
+            Step::AddColumn("audit_log", "role VARCHAR(16) NULL"),
+            Step::AddColumn("audit_log", "client VARCHAR(64) NULL"),
+            Step::Table(TableDef {
+                name: "api_tokens",
+                columns: "name VARCHAR(32) NOT NULL PRIMARY KEY,
+                    role VARCHAR(16) NOT NULL,
+                    host_id VARCHAR(255) NULL,
+                    hash VARCHAR(64) NOT NULL UNIQUE,
+                    created_ms BIGINT NOT NULL,
+                    last_used_ms BIGINT NULL",
+                indexes: &[],
+            }),
+        ],
+    },
 ];
 
 #[cfg(test)]

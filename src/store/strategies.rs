@@ -231,10 +231,19 @@ impl Store {
     /// or nothing. A record with an id replaces that strategy (or is stored
     /// under that id); one without gets a new id. With `replace_all`, every
     /// strategy not in the file is deleted. Errors name the line (1-based).
+    ///
+    /// An import that changes nothing (no record, and nothing to delete)
+    /// leaves the version alone. One with `replace_all` and no record that
+    /// would delete every strategy is refused ([`StoreError::EmptyReplace`])
+    /// unless `allow_empty`. Every strategy it deletes or replaces is
+    /// audited with its before-image (`strategy.import.delete` /
+    /// `strategy.import.replace`, one entry each, besides the
+    /// `strategy.import` summary), so that it can be restored.
     pub async fn import(
         &self,
         batch: ValidImport,
         replace_all: bool,
+        allow_empty: bool,
         who: &str,
     ) -> Result<(usize, u64)> {
         let ValidImport {
@@ -246,7 +255,26 @@ impl Store {
             .into_iter()
             .map(|(line, r)| (line, r.into_inner()))
             .collect();
+        if records.is_empty() {
+            let existing: i64 = sqlx::query(&self.sql("SELECT COUNT(*) FROM strategies"))
+                .fetch_one(&self.pool)
+                .await?
+                .try_get(0)?;
+            if !replace_all || existing == 0 {
+                return Ok((0, self.version().await?));
+            }
+            if !allow_empty {
+                return Err(StoreError::EmptyReplace(existing.max(0) as u64));
+            }
+        }
         let (mut tx, version) = self.begin_change().await?;
+        // Before-images of what this import deletes or replaces.
+        let images = if replace_all {
+            images_in_tx(&mut tx, None).await?
+        } else {
+            let wanted: Vec<i64> = ids.keys().map(|&i| i as i64).collect();
+            images_in_tx(&mut tx, Some(&wanted)).await?
+        };
         if replace_all {
             sqlx::query(&self.sql("DELETE FROM strategies"))
                 .execute(&mut *tx)
@@ -330,17 +358,90 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
+        let mut deleted = 0;
+        let by_id: std::collections::HashMap<u32, &StrategyRecord> = records
+            .iter()
+            .filter(|(_, r)| r.id != 0)
+            .map(|(_, r)| (r.id, r))
+            .collect();
+        let entries: Vec<super::audit::Entry> = images
+            .into_iter()
+            .map(|(id, before)| {
+                let after = by_id.get(&id).map(|r| strategy_api_json(r));
+                let action = if after.is_some() {
+                    "strategy.import.replace"
+                } else {
+                    deleted += 1;
+                    "strategy.import.delete"
+                };
+                (action, format!("strategy/{id}"), Some(before), after)
+            })
+            .collect();
+        super::audit::audit_many(&mut tx, who, entries).await?;
         audit(
             &mut tx,
             who,
             "strategy.import",
             "strategies",
             None,
-            Some(serde_json::json!({"count": records.len(), "replace": replace_all})),
+            Some(serde_json::json!({"count": records.len(), "replace": replace_all, "deleted": deleted})),
         )
         .await?;
         tx.commit().await?;
         Ok((records.len(), version))
+    }
+}
+
+/// The strategies `ids` (all with `None`) as `(id, API JSON)`, by id; a
+/// row that is not a valid strategy is shown by its raw columns.
+async fn images_in_tx(
+    tx: &mut Transaction<'static, Any>,
+    ids: Option<&[i64]>,
+) -> Result<Vec<(u32, serde_json::Value)>> {
+    let mut out = Vec::new();
+    let d = Dialect::of(tx);
+    let rows = match ids {
+        None => {
+            sqlx::query(&d.sql(&format!(
+                "SELECT {STRATEGY_COLUMNS} FROM strategies ORDER BY id"
+            )))
+            .fetch_all(&mut **tx)
+            .await?
+        }
+        Some(ids) => {
+            let mut rows = Vec::new();
+            for chunk in ids.chunks(500) {
+                let sql = d
+                    .sql(&format!(
+                        "SELECT {STRATEGY_COLUMNS} FROM strategies WHERE id IN ({})",
+                        placeholders(chunk.len())
+                    ))
+                    .into_owned();
+                let mut q = sqlx::query(&sql);
+                for id in chunk {
+                    q = q.bind(*id);
+                }
+                rows.extend(q.fetch_all(&mut **tx).await?);
+            }
+            rows
+        }
+    };
+    for row in &rows {
+        let id = row.try_get::<i64, _>("id")? as u32;
+        out.push((id, image_of(id, row)));
+    }
+    Ok(out)
+}
+
+fn image_of(id: u32, row: &AnyRow) -> serde_json::Value {
+    match decode_strategy(row) {
+        Ok(r) => strategy_api_json(&r),
+        Err(b) => serde_json::json!({
+            "id": id,
+            "invalid": b.reason.to_string(),
+            "version": row.try_get::<i64, _>("version").unwrap_or(0),
+            "created_at": row.try_get::<i64, _>("created_ms").unwrap_or(0),
+        }),
     }
 }
 

@@ -269,7 +269,13 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
   });
 
   await step('a wrong token is refused with a clear message, the right one opens the page', async () => {
-    await page.goto(serveUrl('/'));
+    const first = await page.goto(serveUrl('/'));
+    const h = first.headers();
+    assert.match(h['content-security-policy'] || '', /default-src 'self'/, 'the page has a self-only CSP');
+    assert.match(h['content-security-policy'] || '', /frame-ancestors 'none'/);
+    assert.equal(h['x-frame-options'], 'DENY');
+    assert.equal(h['x-content-type-options'], 'nosniff');
+    assert.equal(h['referrer-policy'], 'no-referrer');
     const tokenInput = page.getByLabel('API token', { exact: true });
     await tokenInput.fill('not-the-token');
     await page.getByRole('button', { name: 'Use this token' }).click();
@@ -280,7 +286,8 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await page.getByRole('button', { name: 'Use this token' }).click();
     await page.getByRole('tab', { name: 'Strategies' }).waitFor();
     await page.getByText('No strategies yet.').waitFor();
-    assert.equal(await page.evaluate(() => localStorage.getItem('rate_ctl.token')), TOKEN);
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('rate_ctl.token')), TOKEN);
+    assert.equal(await page.evaluate(() => localStorage.getItem('rate_ctl.token')), null, 'not kept across browser restarts');
   });
 
   await step('a strategy created in the form is enforced by nginx within 1 s of clicking save', async () => {
@@ -601,6 +608,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     const text = await page.locator('#audit-table').innerText();
     assert.match(text, /strategy\.create/);
     assert.match(text, /admin/);
+    assert.match(text, /127\.0\.0\.1:\d+/, 'the client address of each API change');
     await page.screenshot({ path: path.join(ARTIFACTS, 'audit.png') });
   });
 

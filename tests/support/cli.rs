@@ -21,10 +21,13 @@ pub fn bin() -> &'static str {
 
 /// The `rate-ctl` binary without the configuration a developer may have
 /// exported: `RATE_CTL_API` would turn `--store` into a usage error and
-/// `RATE_CTL_TOKEN` would be sent to servers the tests start.
+/// `RATE_CTL_TOKEN` would be sent to servers the tests start, `RATE_CTL_STORE`
+/// would stand in for a missing `--store`.
 pub fn command() -> Command {
     let mut c = Command::new(bin());
-    c.env_remove("RATE_CTL_API").env_remove("RATE_CTL_TOKEN");
+    c.env_remove("RATE_CTL_API")
+        .env_remove("RATE_CTL_TOKEN")
+        .env_remove("RATE_CTL_STORE");
     c
 }
 
