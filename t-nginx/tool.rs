@@ -186,7 +186,8 @@ fn run(args: &[String]) -> Result<(), String> {
             // the next sequence: the workers must refuse it, keep their
             // last good table and stay up.
             let c = rate_ctl::core::fuzz::Crafted::from_name(kind).ok_or_else(|| format!("unknown crafted segment {kind:?}"))?;
-            let m = Mapping::open(Path::new(path)).map_err(|e| e.to_string())?;
+            // The agent's side: a worker's mapping of the configuration is read-only.
+            let m = Mapping::open_writable(Path::new(path)).map_err(|e| e.to_string())?;
             let seq = c.publish(&m);
             println!("announced crafted ({kind}) seq {seq}");
             Ok(())

@@ -132,6 +132,7 @@ fn published(id: u32, conds: Vec<Condition>) -> Published {
             priority: 0,
             each: Default::default(),
             name: String::new(),
+            response: Default::default(),
         },
         slot: id - 1,
         generation: 1,

@@ -45,7 +45,8 @@ fn enforcing(background: bool) -> (tempfile::TempDir, Reader, Arc<Mapping>) {
     r.refresh(0);
     assert_eq!(r.table().unwrap().config_version(), 2);
     r.set_background(background);
-    let map = r.mapping().unwrap().clone();
+    // The agent's mapping: a worker maps the configuration read-only.
+    let map = w.mapping().clone();
     (dir, r, map)
 }
 
@@ -146,7 +147,7 @@ fn a_writer_flipping_sequences_cannot_grow_the_builder_threads() {
     r.refresh(0);
     assert_eq!(r.table().unwrap().published_strategies(), 5000);
     r.set_background(true);
-    let map = r.mapping().unwrap().clone();
+    let map = w.mapping().clone();
     // The same 5,000 strategies, republished under a new sequence before
     // every request: each is a full build (milliseconds).
     let published: Vec<Published> = list
