@@ -88,6 +88,7 @@ fn admission(c: &mut Criterion) {
             slot: Slot::at(&region, i as u32).unwrap(),
             generation: 0,
             units: 1,
+            check: false,
         })
         .collect();
     let now = Cell::new(1_000_000_000u64);
@@ -118,6 +119,7 @@ fn admission(c: &mut Criterion) {
         slot: Slot::at(&region, 4).unwrap(),
         generation: 0,
         units: 1,
+        check: false,
     });
     admit(&rejecting[3..], 0, false);
     g.bench_function("4_hits_last_rejects_3_refunds", |b| {

@@ -45,8 +45,8 @@
 #               other addresses charged before the run by a per-address
 #               strategy whose keys stay limited all day)
 #   count_if    rate_ctl, the 10,000 and `api=/bench` as a fixed window
-#               (never full) with count_if=5xx: every request is counted
-#               at PREACCESS and given back in the LOG phase (issue 31)
+#               (never full) with count_if=5xx: every request is checked
+#               at PREACCESS and not counted in the LOG phase (issue 31)
 #   cost_after  the same with cost_after=st, `rate_ctl_dimension st
 #               $status;` (this case only): every request charged 1 up
 #               front and 199 more in the LOG phase

@@ -55,6 +55,7 @@ for_each_target(sub {
     cli_add($store, '--name gql --match api=/gql --cost-from cost --rate 10');
     cli_add($store, '--name up --match api=/up --cost-after upcost --rate 10');
     cli_add($store, '--name gqlk --match api=/gqlk --each ip --cost-from cost --rate 10');
+    cli_add($store, '--name elogin --match api=/elogin --each ip --count-if status=401 --rate 2');
     my $list = `$bin strategy list --store $store --json 2>&1`;
     like($list, qr/"count_if":"401"/, 'the store keeps count_if (canonical: no status=)');
     like($list, qr/"cost_after":"upcost"/, 'and cost_after');
@@ -81,6 +82,7 @@ for_each_target(sub {
             server {
                 listen 127.0.0.1:$up;
                 location /login { if (\$arg_fail) { return 401; } return 200 "ok\\n"; }
+                location /elogin { return 401; }
                 location /gql { return 200 "ok\\n"; }
                 location /gql2 { return 200 "ok\\n"; }
                 location /gqlk { return 200 "ok\\n"; }
@@ -90,6 +92,14 @@ for_each_target(sub {
         server => qq{
             rate_ctl on;
             location / { proxy_pass http://127.0.0.1:$up; }
+            # A failed login answered by an error page (an internal
+            # redirect, which clears nginx's request contexts).
+            location /elogin {
+                proxy_pass http://127.0.0.1:$up;
+                proxy_intercept_errors on;
+                error_page 401 /denied;
+            }
+            location = /denied { internal; return 200 "denied\\n"; }
             location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
         });
     $n->start;
@@ -102,6 +112,12 @@ for_each_target(sub {
     @codes = map { $n->get('/login?fail=1')->{code} } 1 .. 3;
     is("@codes", '401 401 401', 'three failed logins pass through as 401');
     is($n->get('/login')->{code}, 503, 'the next login (the upstream would say 200) is refused');
+
+    # Issue 31: checked at PREACCESS, charged when the request ends. A 401
+    # served by an error_page (internal redirect) is still charged: the
+    # pool cleanup settles what the LOG phase could not find.
+    @codes = map { $n->get('/elogin')->{code} } 1 .. 3;
+    is("@codes", '401 401 503', 'count_if through error_page: two 401s charged, the third refused');
 
     @codes = map { $n->get('/gql', '-H', "'X-Cost: 4'")->{code} } 1 .. 3;
     is("@codes", '200 200 503', 'cost_from 4 of 10: 200, 200, 503');
@@ -117,8 +133,8 @@ for_each_target(sub {
     # The response counters: per strategy at the stats endpoint and in
     # `rate-ctl shm inspect`.
     my $stats = $n->get('/rate_ctl')->{body};
-    like($stats, qr/"response":\{"charged_after":0,"given_back":6,"not_counted":6\}/,
-        'stats: six logins not counted, their units given back');
+    like($stats, qr/"response":\{"charged_after":3,"given_back":0,"not_counted":6\}/,
+        'stats: six logins not counted (nothing to give back: only checked), three 401s charged after');
     like($stats, qr/"response":\{"charged_after":10,"given_back":0,"not_counted":0\}/,
         'stats: 5 units charged after each of the two /up responses');
     my $inspect = `$bin shm inspect $shm --json 2>&1`;

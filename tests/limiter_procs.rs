@@ -165,6 +165,7 @@ fn hit<'a>(region: &Region<'a>, index: u32, limiter: &'a Limiter) -> Hit<'a> {
         slot,
         generation: 7,
         units: 1,
+        check: false,
     }
 }
 

@@ -499,6 +499,7 @@ proptest! {
                 slot: Slot::at(&real_r, i as u32).unwrap(),
                 generation: 0,
                 units: 1,
+                check: false,
             })
             .collect();
         let shadows: Vec<Slot> = (0..n).map(|i| Slot::at(&shadow_r, i as u32).unwrap()).collect();
@@ -568,6 +569,7 @@ proptest! {
             slot: Slot::at(&region, i).unwrap(),
             generation: u64::from(stale),
                 units: 1,
+                check: false,
         };
         let (fast, general) = (hit(0), hit(1));
         let mut now = 1_000 * S;

@@ -135,7 +135,90 @@ fn count_if_counts_only_the_listed_statuses_shared_and_per_key() {
     ));
     let map = t.mapping().unwrap();
     let c = map.keys().settled(t.strategies()[0].slot);
-    assert_eq!((c.not_counted, c.given_back, c.charged_after), (10, 10, 0));
+    // Checked, not charged: nothing to give back; the 3 failures charged.
+    assert_eq!((c.not_counted, c.given_back, c.charged_after), (10, 0, 3));
+}
+
+/// Issue 31's semantics: at admission a `count_if` strategy is only
+/// checked; a request is charged when it ends, if its status counts. So
+/// requests in flight hold nothing: 5 requests decided before any ends all
+/// pass a limit of 2 (the documented overshoot), and once two of them end
+/// with a counted status the next is refused. (Charging at admission and
+/// giving back on a mismatch refuses the third in flight instead.)
+#[test]
+fn count_if_checks_at_admission_and_charges_when_the_request_ends() {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ] {
+        for keyed in [false, true] {
+            let mut st = strategy(1, &[("api", "/a")], algorithm, 2, Unit::Day);
+            if algorithm == Algorithm::TokenBucket {
+                st.burst = 2;
+            }
+            st.response.count_if = StatusSet::parse("4xx").unwrap();
+            if keyed {
+                st.each = rate_ctl::core::each::Each::of(&["ip"]);
+            }
+            let (_d, _w, t) = table_of(&[st]);
+            let mut s = Scratch::default();
+            let p = [("api", "/a")];
+            let what = format!("{algorithm:?} keyed={keyed}");
+            let mut in_flight = Vec::new();
+            for i in 0..5 {
+                let (ok, owing) = ask(&t, &mut s, "192.0.2.1", &p, false);
+                assert!(ok, "{what}: request {i} in flight is admitted");
+                in_flight.push(owing.expect("a count_if request owes its settlement"));
+            }
+            // Three end with 200: not counted, nothing charged.
+            for o in in_flight.drain(2..) {
+                o.settle(200, now(), |_| None);
+            }
+            let (ok, owing) = ask(&t, &mut s, "192.0.2.1", &p, false);
+            assert!(ok, "{what}: successes are not counted");
+            drop(owing);
+            // Two end with 401: both charged (past the check), limit reached.
+            for o in in_flight.drain(..) {
+                o.settle(401, now(), |_| None);
+            }
+            let (ok, owing) = ask(&t, &mut s, "192.0.2.1", &p, false);
+            assert!(!ok, "{what}: refused after two counted statuses");
+            assert!(owing.is_none(), "{what}: a refused request owes nothing");
+            if keyed {
+                // Another address was never charged.
+                assert!(ask(&t, &mut s, "192.0.2.9", &p, false).0, "{what}");
+            }
+            let map = t.mapping().unwrap();
+            let c = map.keys().settled(t.strategies()[0].slot);
+            assert_eq!(
+                (c.not_counted, c.given_back, c.charged_after),
+                (3, 0, 2),
+                "{what}"
+            );
+        }
+    }
+}
+
+/// A check writes nothing: a per-key `count_if` strategy checked for many
+/// addresses claims no key entry until a request is charged.
+#[test]
+fn a_per_key_check_claims_no_entry() {
+    let mut st = login(1, "/k", true);
+    st.response.count_if = StatusSet::parse("401").unwrap();
+    let (_d, _w, t) = table_of(&[st]);
+    let mut s = Scratch::default();
+    let map = t.mapping().unwrap();
+    for i in 0..50 {
+        let ip = format!("192.0.2.{i}");
+        let (ok, owing) = ask(&t, &mut s, &ip, &[("api", "/k")], false);
+        assert!(ok);
+        owing.unwrap().settle(200, now(), |_| None);
+    }
+    assert_eq!(map.keys().stats().occupied, 0, "checks claim no entry");
+    assert!(served(&t, &mut s, "192.0.2.1", &[("api", "/k")], 401, None));
+    assert_eq!(map.keys().stats().occupied, 1, "the charge claims one");
 }
 
 #[test]

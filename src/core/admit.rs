@@ -67,6 +67,10 @@ pub struct Hit<'a> {
     pub generation: u64,
     /// Units this request costs (`cost_from`, issue 31; 1 otherwise).
     pub units: u64,
+    /// `count_if` (issue 31): only check that `units` would be admitted,
+    /// charge nothing (the request is charged when it ends, if its status
+    /// counts). Such a hit must go through [`admit_listed`].
+    pub check: bool,
 }
 
 /// The outcome of [`admit`].
@@ -297,7 +301,9 @@ pub fn release(hits: &[Hit]) {
 /// The hit's acquire: one unit, or its `units` at once (`cost_from`).
 #[inline(always)]
 fn acquire(hit: &Hit, now: u64) -> Acquired {
-    if hit.units == 1 {
+    if hit.check {
+        hit.limiter.check_units(&hit.slot, now, hit.units)
+    } else if hit.units == 1 {
         hit.limiter.acquire(&hit.slot, now)
     } else {
         hit.limiter.acquire_units(&hit.slot, now, hit.units)
@@ -345,6 +351,8 @@ fn admit_in(
                 }
                 for (taken, h) in entries[..i].iter().zip(hits) {
                     match *taken {
+                        // A checked hit charged nothing: nothing to give back.
+                        HitState::Admitted(_) if h.check => {}
                         HitState::Admitted(r) => h.limiter.refund_units(&h.slot, r, h.units),
                         HitState::Forced(r) => h.limiter.refund(&h.slot, r),
                         _ => {}
@@ -451,6 +459,7 @@ mod tests {
                     slot,
                     generation: 1,
                     units: 1,
+                    check: false,
                 }
             })
             .collect()

@@ -913,6 +913,114 @@ impl<'a> KeyTable<'a> {
         self.update(at, |cur| lim.charge_after(cur, now, admitted, delta));
     }
 
+    /// Would `n` units of key `key` be admitted now? (`count_if`, issue
+    /// 31: checked at admission, charged when the request ends.) The
+    /// limiter's step on the key's word, nothing written; a key with no
+    /// entry is checked as a fresh one (no entry is claimed for a check).
+    /// `Admitted` carries the word the step would write as its `token`.
+    pub fn check_units(&self, key: &KeyId, lim: &KeyLimiter, now: Now, n: u64) -> Charge {
+        if !self.usable() {
+            return Charge::Full;
+        }
+        let (entry, st) = match self.find(key) {
+            Some((i, e)) => {
+                let st = e[1].load(Ordering::Acquire);
+                // Moved on under us: the key has no entry now.
+                if e[0].load(Ordering::Acquire) == key.ident {
+                    (i, st)
+                } else {
+                    (u64::MAX, 0)
+                }
+            }
+            None => (u64::MAX, 0),
+        };
+        match lim.step_units(st, lim.clock(now), n) {
+            Step::Admit { next, wait_ns } => Charge::Admitted {
+                at: KeyRef {
+                    entry,
+                    ident: key.ident,
+                },
+                wait_ns,
+                forced: false,
+                token: next,
+                prev: st,
+            },
+            Step::Reject { retry_after_ns } => Charge::Rejected { retry_after_ns },
+        }
+    }
+
+    /// The charge after the response of a key that was only checked
+    /// (`count_if`): [`KeyLimiter::charge_after`] on its entry, or on an
+    /// entry claimed for it (empty, freed, or its own strategy's stale
+    /// one: a request ending may outlive its table, so other strategies'
+    /// entries are kept). `false`: no entry could be had (the charge is
+    /// lost, as a full table's).
+    pub fn charge_after_key(
+        &self,
+        key: &KeyId,
+        lim: &KeyLimiter,
+        now: Now,
+        admitted: u64,
+        delta: i64,
+        slots: &Region<'_>,
+    ) -> bool {
+        if !self.usable() {
+            return false;
+        }
+        let own = key.slot();
+        let owner = |s: u32| (s == own).then_some(lim);
+        let t = lim.clock(now);
+        let charge = |cur| lim.charge_after(cur, t, admitted, delta);
+        for _ in 0..64 {
+            if let Some((i, _)) = self.find(key) {
+                self.update(
+                    KeyRef {
+                        entry: i,
+                        ident: key.ident,
+                    },
+                    charge,
+                );
+                return true;
+            }
+            let candidate = (0..PROBE).find_map(|p| {
+                let (ident, st) = self.load(self.at(key.start, p));
+                (ident != key.ident && self.reusable(ident, st, now, slots, &owner))
+                    .then_some((p, ident, st))
+            });
+            let Some((p, old_ident, old_st)) = candidate else {
+                return false;
+            };
+            let Some(next) = charge(0) else {
+                return true;
+            };
+            let i = self.at(key.start, p);
+            if self.cas(i, [old_ident, old_st], [key.ident, next]).is_err() {
+                continue;
+            }
+            self.claimed(key, old_ident, p);
+            // A racing process may have claimed an earlier entry for this
+            // key after our scan: the first copy wins (as in charge_slow).
+            for q in 0..p {
+                let j = self.at(key.start, q);
+                if self.load(j).0 == key.ident {
+                    if self.cas(i, [key.ident, next], [0, 0]).is_ok() {
+                        self.drop_in_use(key.slot());
+                        self.update(
+                            KeyRef {
+                                entry: j,
+                                ident: key.ident,
+                            },
+                            charge,
+                        );
+                    }
+                    break;
+                }
+            }
+            return true;
+        }
+        false
+    }
+
     /// `concurrency`: the request ended.
     pub fn release(&self, at: KeyRef, lim: &KeyLimiter) {
         self.update(at, |cur| lim.release(cur));

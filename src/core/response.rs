@@ -3,16 +3,13 @@
 //! charge a request still owes when it ends (the LOG phase).
 //!
 //! * `count_if status=LIST` (LIST: codes `401` and classes `4xx`, comma
-//!   separated): the request is checked and provisionally counted at
-//!   PREACCESS like any other (a client over the limit is refused, headers
-//!   as usual); when it ends, the unit is given back unless its final
-//!   status is in LIST. So a request that does not match costs nothing,
-//!   one that matches costs what it would have cost anyway. Requests in
-//!   flight count until they end: there is **no overshoot** (N concurrent
-//!   requests against a limit with one unit left: one passes, the others
-//!   are refused until it ends); the price is that a request may be
-//!   refused while others, which will turn out not to count, are in
-//!   flight — at most the number in flight for the key.
+//!   separated): at PREACCESS the limiter is only checked — would the
+//!   request's units be admitted now? — nothing written (a client over
+//!   the limit is refused, headers as usual). When the request ends it is
+//!   charged, unconditionally, if its final status is in LIST; otherwise
+//!   nothing. Requests in flight hold nothing, so those that pass the
+//!   check before any of them is charged all go through: the documented
+//!   overshoot, at most the number in flight per worker.
 //! * `cost_from DIM`: the request costs the integer value of dimension DIM
 //!   (1 … [`MAX_COST`]); absent → 1; invalid (not a decimal integer in
 //!   range) → 1. A request whose cost exceeds what is left is refused
@@ -230,8 +227,11 @@ pub fn parse_cost(v: &[u8]) -> Option<u64> {
 /// What a request owes when it ends, on one strategy it was admitted by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owed {
-    /// Units charged up front.
+    /// Units charged up front (0 with `count_if`: only checked then).
     pub charged: u64,
+    /// The request's cost up front (`cost_from`, else 1): what a matching
+    /// status charges when `cost_after` gives no final cost.
+    pub units: u64,
     /// Statuses that count (empty: all).
     pub count_if: StatusSet,
     /// `cost_after` is set: read the final cost.
@@ -242,15 +242,20 @@ impl Owed {
     /// The units to add (positive) or give back (negative) when the
     /// request ends with `status` and final cost `after_cost` (`None`:
     /// absent or invalid, keep what was charged).
+    ///
+    /// With `count_if` nothing was charged up front: a status in the list
+    /// charges the cost (`cost_after`'s, else `units`), unconditionally;
+    /// any other status charges nothing.
     pub fn delta(&self, status: u16, after_cost: Option<u64>) -> i64 {
         let charged = self.charged.min(MAX_COST) as i64;
         if !self.count_if.is_empty() && !self.count_if.contains(status) {
             return -charged;
         }
-        match (self.after, after_cost) {
-            (true, Some(c)) => c.min(MAX_COST) as i64 - charged,
-            _ => 0,
-        }
+        let cost = match (self.after, after_cost) {
+            (true, Some(c)) => c,
+            _ => self.units,
+        };
+        cost.min(MAX_COST) as i64 - charged
     }
 }
 
@@ -332,24 +337,32 @@ mod tests {
     #[test]
     fn the_owed_delta_follows_status_and_final_cost() {
         let count_if = StatusSet::parse("401").unwrap();
+        // count_if: checked up front, charged only when the status counts.
         let o = Owed {
-            charged: 1,
+            charged: 0,
+            units: 1,
             count_if,
             after: false,
         };
-        assert_eq!(o.delta(401, None), 0);
-        assert_eq!(o.delta(200, None), -1);
+        assert_eq!(o.delta(401, None), 1);
+        assert_eq!(o.delta(200, None), 0);
         let o = Owed {
             charged: 4,
+            units: 4,
             count_if: StatusSet::default(),
             after: true,
         };
         assert_eq!(o.delta(200, Some(6)), 2);
         assert_eq!(o.delta(200, Some(1)), -3);
         assert_eq!(o.delta(500, None), 0);
-        let o = Owed { count_if, ..o };
-        assert_eq!(o.delta(200, Some(6)), -4);
-        assert_eq!(o.delta(401, Some(6)), 2);
+        let o = Owed {
+            charged: 0,
+            count_if,
+            ..o
+        };
+        assert_eq!(o.delta(200, Some(6)), 0);
+        assert_eq!(o.delta(401, Some(6)), 6);
+        assert_eq!(o.delta(401, None), 4);
     }
 
     #[test]
@@ -418,6 +431,12 @@ pub enum OwedTarget {
     },
     Key {
         at: super::keys::KeyRef,
+        limiter: super::keys::KeyLimiter,
+    },
+    /// A per-key strategy's key only checked at admission (`count_if`):
+    /// its entry is found, or claimed, when the charge is made.
+    KeyId {
+        key: super::keys::KeyId,
         limiter: super::keys::KeyLimiter,
     },
 }
@@ -502,6 +521,20 @@ impl Owing {
                         now.for_limiter(&limiter),
                         item.admitted.for_limiter(&limiter),
                         delta,
+                    );
+                }
+                OwedTarget::KeyId { key, limiter } => {
+                    keys.count_settled(key.slot(), &one);
+                    if delta == 0 {
+                        continue;
+                    }
+                    keys.charge_after_key(
+                        &key,
+                        &limiter,
+                        now,
+                        limiter.clock(item.admitted),
+                        delta,
+                        &slots,
                     );
                 }
                 OwedTarget::Key { at, limiter } => {

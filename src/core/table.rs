@@ -214,6 +214,7 @@ impl Compiled {
             slot: Slot::at(slots, self.slot)?,
             generation: self.generation,
             units: 1,
+            check: false,
         })
     }
 
@@ -227,6 +228,8 @@ impl Compiled {
     ) -> Option<Hit<'a>> {
         let mut h = self.hit(slots)?;
         if let Some(p) = &self.response {
+            // count_if: checked now, charged when the request ends.
+            h.check = !p.count_if.is_empty();
             h.units = match p.cost(r.values) {
                 Ok(n) => n,
                 Err(n) => {
@@ -239,9 +242,10 @@ impl Compiled {
     }
 
     /// Records in `out` what this strategy's admitted request settles when
-    /// it ends (shared strategies; `charged` units up front).
+    /// it ends (shared strategies; the request costs `units` up front,
+    /// charged then unless `count_if` only checked them).
     #[inline]
-    pub(crate) fn owe_slot(&self, out: &mut ResponseOut, charged: u64, now: super::admit::Now) {
+    pub(crate) fn owe_slot(&self, out: &mut ResponseOut, units: u64, now: super::admit::Now) {
         let Some(p) = self.response.as_deref().filter(|p| p.deferred()) else {
             return;
         };
@@ -252,7 +256,8 @@ impl Compiled {
                 limiter: self.limiter,
             },
             owed: super::response::Owed {
-                charged,
+                charged: if p.count_if.is_empty() { units } else { 0 },
+                units,
                 count_if: p.count_if,
                 after: p.cost_after.is_some(),
             },
@@ -1954,9 +1959,9 @@ impl Table {
                 hit_index.push(si);
             }
         }
-        // Several units (cost_from) take the general path; the one-hit
-        // path of `admit_with` acquires one unit.
-        let decision = if hits.iter().any(|h| h.units != 1) {
+        // Several units (cost_from) or a check (count_if) take the general
+        // path; the one-hit path of `admit_with` acquires one unit.
+        let decision = if hits.iter().any(|h| h.units != 1 || h.check) {
             admit::admit_listed(&hits, r.now(), r.dry_run, r.quota)
         } else {
             admit::admit_with(&hits, r.now(), r.dry_run, r.quota)

@@ -9,10 +9,11 @@
 //! a request rate_ctl did not charge this way costs one load and a branch.
 //!
 //! An internal redirect (`error_page`, `try_files` to a named location…)
-//! clears nginx's request contexts: such a request keeps what it was
-//! charged up front (`count_if`: counted whatever its status; `cost_after`:
-//! no difference charged). Subrequests settle nothing (only the main
-//! request has a LOG phase).
+//! clears nginx's request contexts, so the LOG handler finds nothing: the
+//! pool cleanup then settles what is still owed with the request's final
+//! status when the request is freed (`count_if` charged if it matches;
+//! `cost_after` not read there: what was charged up front stays).
+//! Subrequests settle nothing (only the main request has a LOG phase).
 
 use std::cell::Cell;
 use std::ffi::c_void;
@@ -38,11 +39,54 @@ fn ctx_index() -> usize {
     RateCtlModule::module().ctx_index
 }
 
+/// What `keep` puts in the request pool's cleanup: the charges still
+/// owed (taken by the LOG handler) and the request they belong to.
+struct Kept {
+    owing: Option<Owing>,
+    r: *mut ngx_http_request_t,
+}
+
 extern "C" fn owing_cleanup(data: *mut c_void) {
-    // SAFETY: `data` is the Option<Owing> written by `keep`; nginx runs
-    // each pool cleanup once, when the request pool is destroyed (after
-    // the LOG phase, which may have taken the value out).
-    unsafe { ptr::drop_in_place(data.cast::<Option<Owing>>()) };
+    let kept = data.cast::<Kept>();
+    // SAFETY: `data` is the Kept written by `keep`; nginx runs each pool
+    // cleanup once, when the request pool is destroyed (after the LOG
+    // phase, which takes the charges out unless an internal redirect
+    // cleared the context that points at them).
+    let (owing, r) = unsafe { ((*kept).owing.take(), (*kept).r) };
+    if let Some(owing) = owing {
+        settle_late(r, owing);
+    }
+    // SAFETY: as above; dropped once, here.
+    unsafe { ptr::drop_in_place(kept) };
+}
+
+/// Settles, when the request is freed, what its LOG phase did not (an
+/// internal redirect cleared the context): with the final status only
+/// (no variable is read while the pool goes).
+#[cold]
+#[inline(never)]
+fn settle_late(r: *mut ngx_http_request_t, owing: Owing) {
+    let settle = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the request is allocated in the pool being destroyed,
+        // whose cleanups run before any of its memory is freed
+        // (ngx_destroy_pool), so `r` and its status fields are live.
+        let status = final_status(unsafe { &*r });
+        let now = Now {
+            mono_ns: monotonic_ns(),
+            wall_ns: unix_ms().saturating_mul(1_000_000),
+        };
+        owing.settle(status, now, |_| None);
+    }));
+    if settle.is_err() {
+        // SAFETY: ngx_http_free_request destroys the request pool before
+        // ngx_http_close_connection: the connection and its log are live.
+        let log = unsafe { (*(*r).connection).log };
+        ngx_log_error!(
+            LogLevel::Error.ngx_level(),
+            log,
+            "rate_ctl: internal error settling a request's charge (count_if, cost_after); nothing settled"
+        );
+    }
 }
 
 /// Keeps what request `r` settles when it ends. `cost_after` dimensions
@@ -58,17 +102,24 @@ pub fn keep(r: &mut Request, mut owing: Owing, sources: &[ValueSource]) -> bool 
     }
     let raw: &mut ngx_http_request_t = r.as_mut();
     // SAFETY: r->pool is the live request pool; the cleanup's data area
-    // is sized and (word-)aligned for Option<Owing> (alignment ≤ 8).
-    let cln = unsafe { ngx_pool_cleanup_add(raw.pool, std::mem::size_of::<Option<Owing>>()) };
+    // is sized and (word-)aligned for Kept (alignment ≤ 8).
+    let cln = unsafe { ngx_pool_cleanup_add(raw.pool, std::mem::size_of::<Kept>()) };
     if cln.is_null() {
         return false;
     }
-    const { assert!(std::mem::align_of::<Option<Owing>>() <= std::mem::align_of::<usize>()) };
-    // SAFETY: cln was just allocated with room for an Option<Owing>; the
-    // context array has one entry per HTTP module, ours at ctx_index.
+    const { assert!(std::mem::align_of::<Kept>() <= std::mem::align_of::<usize>()) };
+    let req: *mut ngx_http_request_t = raw;
+    // SAFETY: cln was just allocated with room for a Kept; the context
+    // array has one entry per HTTP module, ours at ctx_index.
     unsafe {
-        let data = (*cln).data.cast::<Option<Owing>>();
-        ptr::write(data, Some(owing));
+        let data = (*cln).data.cast::<Kept>();
+        ptr::write(
+            data,
+            Kept {
+                owing: Some(owing),
+                r: req,
+            },
+        );
         (*cln).handler = Some(owing_cleanup);
         *raw.ctx.add(ctx_index()) = data.cast();
     }
@@ -112,12 +163,12 @@ pub extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
 #[inline(never)]
 fn settle_request(r: *mut ngx_http_request_t, data: *mut c_void) {
     let settle = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: a non-null context of ours is the Option<Owing> `keep`
-        // wrote in the request pool's cleanup, live until the pool goes;
-        // taken once (the context is cleared below).
+        // SAFETY: a non-null context of ours is the Kept `keep` wrote in
+        // the request pool's cleanup, live until the pool goes; taken once
+        // (the context is cleared here, the cleanup finds None).
         let owing = unsafe {
             *(*r).ctx.add(ctx_index()) = ptr::null_mut();
-            (*data.cast::<Option<Owing>>()).take()
+            (*data.cast::<Kept>()).owing.take()
         };
         // SAFETY: as above, a valid request.
         let req = unsafe { Request::from_ngx_http_request(r) };

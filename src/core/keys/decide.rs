@@ -144,10 +144,13 @@ struct Taken {
     forced: bool,
     /// Units charged (`cost_from`; 1 otherwise).
     units: u64,
+    /// `count_if` (issue 31): the key was only checked (nothing to give
+    /// back); charged when the request ends.
+    checked: Option<super::KeyId>,
 }
 
 fn refund_all(kt: &KeyTable, table: &Table, taken: &[Taken]) {
-    for t in taken {
+    for t in taken.iter().filter(|t| t.checked.is_none()) {
         if let Some(plan) = &table.strategies()[t.si as usize].key {
             kt.refund_units(t.at, &plan.limiter, t.token, t.prev, t.units);
         }
@@ -233,7 +236,14 @@ fn decide_all<V: Values + ?Sized>(
             }),
             None => 1,
         };
-        let charge = match kt.key(h, c.slot, c.generation) {
+        // `count_if` (issue 31): only checked now, charged when it ends.
+        let check = c
+            .response
+            .as_deref()
+            .is_some_and(|p| !p.count_if.is_empty());
+        let key = kt.key(h, c.slot, c.generation);
+        let charge = match key {
+            Some(key) if check => kt.check_units(&key, &plan.limiter, now, units),
             Some(key) if units != 1 => {
                 kt.charge_units(&key, &plan.limiter, now, units, slots, owner)
             }
@@ -260,6 +270,7 @@ fn decide_all<V: Values + ?Sized>(
                     wait_ns,
                     forced,
                     units,
+                    checked: key.filter(|_| check),
                 });
                 continue;
             }
@@ -310,8 +321,8 @@ fn decide_all<V: Values + ?Sized>(
     }
     let mut d = if shared.is_empty() {
         Decision::pass()
-    } else if shared.iter().any(|h| h.units != 1) {
-        // Several units (cost_from): the general path.
+    } else if shared.iter().any(|h| h.units != 1 || h.check) {
+        // Several units (cost_from) or a check (count_if): the general path.
         admit::admit_listed(&shared, now, r.dry_run, r.quota)
     } else {
         admit::admit_with(&shared, now, r.dry_run, r.quota)
@@ -352,12 +363,19 @@ fn decide_all<V: Values + ?Sized>(
         }
         if let Some(p) = c.response.as_deref().filter(|p| p.deferred()) {
             response.owed.push(OwedCharge {
-                target: OwedTarget::Key {
-                    at: t.at,
-                    limiter: plan.limiter,
+                target: match t.checked {
+                    Some(key) => OwedTarget::KeyId {
+                        key,
+                        limiter: plan.limiter,
+                    },
+                    None => OwedTarget::Key {
+                        at: t.at,
+                        limiter: plan.limiter,
+                    },
                 },
                 owed: Owed {
-                    charged: t.units,
+                    charged: if t.checked.is_some() { 0 } else { t.units },
+                    units: t.units,
                     count_if: p.count_if,
                     after: p.cost_after.is_some(),
                 },

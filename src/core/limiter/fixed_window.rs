@@ -23,28 +23,35 @@ pub(super) fn acquire_units(w: &AtomicU64, now: u64, period: u64, limit: u64, n:
     acquire_n(w, now, period, limit, n)
 }
 
-/// The step of both: `count + n ≤ limit` admits and counts `n`; with
-/// `n` = 1 (a constant in [`acquire`]) it is the one-request step.
+/// The step of both, on the word `cur`: `count + n ≤ limit` admits and
+/// counts `n` (`Ok(next word)`); else `Err(retry_after_ns)`. With `n` = 1
+/// (a constant in [`acquire`]) it is the one-request step.
+#[inline(always)]
+fn step(cur: u64, w_now: u64, now: u64, period: u64, limit: u64, n: u64) -> Result<u64, u64> {
+    let (sw, sc) = unpack(cur);
+    // Older → a fresh window; equal or newer → count against it.
+    let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
+    if count.saturating_add(n) > limit {
+        let end = window_start(win.saturating_add(1), period);
+        return Err(if n > limit {
+            u64::MAX
+        } else {
+            end.saturating_sub(now).max(1)
+        });
+    }
+    // count + n ≤ limit ≤ u32::MAX − 1: the sum fits in 32 bits.
+    Ok(pack(win, count + n))
+}
+
 #[inline(always)]
 fn acquire_n(w: &AtomicU64, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
     let w_now = window_of(now, period);
     let mut cur = w.load(Ordering::Acquire);
     loop {
-        let (sw, sc) = unpack(cur);
-        // Older → a fresh window; equal or newer → count against it.
-        let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
-        if count.saturating_add(n) > limit {
-            let end = window_start(win.saturating_add(1), period);
-            return Acquired::Rejected {
-                retry_after_ns: if n > limit {
-                    u64::MAX
-                } else {
-                    end.saturating_sub(now).max(1)
-                },
-            };
-        }
-        // count + n ≤ limit ≤ u32::MAX − 1: the sum fits in 32 bits.
-        let next = pack(win, count + n);
+        let next = match step(cur, w_now, now, period, limit, n) {
+            Ok(next) => next,
+            Err(retry_after_ns) => return Acquired::Rejected { retry_after_ns },
+        };
         match w.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 return Acquired::Admitted(Reservation {
@@ -55,6 +62,20 @@ fn acquire_n(w: &AtomicU64, now: u64, period: u64, limit: u64, n: u64) -> Acquir
             }
             Err(actual) => cur = actual,
         }
+    }
+}
+
+/// Would `n` units be admitted now (`count_if`, issue 31)? The step on
+/// the current word, nothing written (the request is charged later).
+pub(super) fn check_units(w: &AtomicU64, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
+    let cur = w.load(Ordering::Acquire);
+    match step(cur, window_of(now, period), now, period, limit, n) {
+        Ok(next) => Acquired::Admitted(Reservation {
+            wait_ns: 0,
+            token: next,
+            prev: cur,
+        }),
+        Err(retry_after_ns) => Acquired::Rejected { retry_after_ns },
     }
 }
 

@@ -20,30 +20,51 @@ pub(super) fn acquire(
     tau: u64,
     max_delay: u64,
 ) -> Acquired {
-    let horizon = tau.saturating_add(max_delay);
     let mut tat = w.load(Ordering::Acquire);
     loop {
-        let Some(new_tat) = tat.max(now).checked_add(interval) else {
-            return Acquired::Rejected {
-                retry_after_ns: u64::MAX,
-            };
+        let (new_tat, wait_ns) = match step(tat, now, interval, tau, max_delay) {
+            Ok(s) => s,
+            Err(retry_after_ns) => return Acquired::Rejected { retry_after_ns },
         };
-        let ahead = new_tat - now; // new_tat > max(tat, now) ≥ now
-        if ahead > horizon {
-            return Acquired::Rejected {
-                retry_after_ns: ahead - horizon,
-            };
-        }
         match w.compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 return Acquired::Admitted(Reservation {
-                    wait_ns: ahead.saturating_sub(tau),
+                    wait_ns,
                     token: new_tat,
                     prev: tat,
                 })
             }
             Err(actual) => tat = actual,
         }
+    }
+}
+
+/// The GCRA step on the TAT `tat`: `Ok((new TAT, wait))` when an
+/// `interval` fits within the horizon, else `Err(retry_after_ns)`.
+#[inline(always)]
+fn step(tat: u64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Result<(u64, u64), u64> {
+    let horizon = tau.saturating_add(max_delay);
+    let Some(new_tat) = tat.max(now).checked_add(interval) else {
+        return Err(u64::MAX);
+    };
+    let ahead = new_tat - now; // new_tat > max(tat, now) ≥ now
+    if ahead > horizon {
+        return Err(ahead - horizon);
+    }
+    Ok((new_tat, ahead.saturating_sub(tau)))
+}
+
+/// Would `interval` (n units' worth) be admitted now (`count_if`, issue
+/// 31)? The step on the current TAT, nothing written.
+pub(super) fn check(w: &AtomicU64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Acquired {
+    let tat = w.load(Ordering::Acquire);
+    match step(tat, now, interval, tau, max_delay) {
+        Ok((new_tat, wait_ns)) => Acquired::Admitted(Reservation {
+            wait_ns,
+            token: new_tat,
+            prev: tat,
+        }),
+        Err(retry_after_ns) => Acquired::Rejected { retry_after_ns },
     }
 }
 

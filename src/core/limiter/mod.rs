@@ -303,6 +303,40 @@ impl Limiter {
         }
     }
 
+    /// Would `n` units be admitted now? (`count_if`, issue 31: the request
+    /// is checked at admission and charged when it ends.) The algorithm's
+    /// step on the current state, nothing written: `Admitted` carries the
+    /// wait a bucket would impose, `Rejected` the retry time, exactly as
+    /// [`acquire_units`](Self::acquire_units) would answer now.
+    /// `concurrency` and `warm_up` (which refuse `count_if`) admit.
+    pub fn check_units(&self, slot: &Slot, now_ns: u64, n: u64) -> Acquired {
+        match self.params {
+            Params::Gcra {
+                interval,
+                tau,
+                max_delay,
+            } => gcra::check(
+                slot.state0(),
+                now_ns,
+                interval.saturating_mul(n).min(u64::MAX / 4),
+                tau,
+                max_delay,
+            ),
+            Params::Window { period, limit } => {
+                if self.algorithm == Algorithm::SlidingWindow {
+                    sliding_window::check_units(slot, now_ns, period, limit, n)
+                } else {
+                    fixed_window::check_units(slot.state0(), now_ns, period, limit, n)
+                }
+            }
+            _ => Acquired::Admitted(Reservation {
+                wait_ns: 0,
+                token: 0,
+                prev: 0,
+            }),
+        }
+    }
+
     /// [`refund`](Self::refund) of an [`acquire_units`](Self::acquire_units)
     /// of `n` units.
     pub fn refund_units(&self, slot: &Slot, r: Reservation, n: u64) {

@@ -135,16 +135,11 @@ fn acquire_n(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired
             words[0].load(Ordering::SeqCst),
             words[1].load(Ordering::SeqCst),
         ];
-        let v = SlidingView::read(vals, now, period);
-        let estimate = v.estimate(period);
-        if estimate.saturating_add(n) > limit {
-            return Acquired::Rejected {
-                retry_after_ns: v.retry_after(now, period, limit, n),
-            };
-        }
+        let (v, next) = match step(vals, now, period, limit, n) {
+            Ok(s) => s,
+            Err(retry_after_ns) => return Acquired::Rejected { retry_after_ns },
+        };
         let pos = (v.window & 1) as usize;
-        // estimate + n ≤ limit ≤ u32::MAX − 1 and cur ≤ estimate: fits.
-        let next = pack(v.window, v.cur + n);
         if words[pos]
             .compare_exchange(v.cur_word, next, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
@@ -167,6 +162,41 @@ fn acquire_n(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired
             return Acquired::Admitted(r);
         }
         super::window::refund_n(words[pos], r, n);
+    }
+}
+
+/// The step on the two words `vals`: `estimate + n ≤ limit` admits, with
+/// the view and the current window's next word; else `Err(retry_after_ns)`.
+#[inline(always)]
+fn step(
+    vals: [u64; 2],
+    now: u64,
+    period: u64,
+    limit: u64,
+    n: u64,
+) -> Result<(SlidingView, u64), u64> {
+    let v = SlidingView::read(vals, now, period);
+    if v.estimate(period).saturating_add(n) > limit {
+        return Err(v.retry_after(now, period, limit, n));
+    }
+    // estimate + n ≤ limit ≤ u32::MAX − 1 and cur ≤ estimate: fits.
+    Ok((v, pack(v.window, v.cur + n)))
+}
+
+/// Would `n` units be admitted now (`count_if`, issue 31)? The step on
+/// the current words, nothing written.
+pub(super) fn check_units(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
+    let vals = [
+        slot.state0().load(Ordering::SeqCst),
+        slot.state1().load(Ordering::SeqCst),
+    ];
+    match step(vals, now, period, limit, n) {
+        Ok((v, next)) => Acquired::Admitted(Reservation {
+            wait_ns: 0,
+            token: next,
+            prev: v.cur_word,
+        }),
+        Err(retry_after_ns) => Acquired::Rejected { retry_after_ns },
     }
 }
 
