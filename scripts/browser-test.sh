@@ -16,7 +16,7 @@ cd "$root"
 
 # shellcheck source=scripts/lib/packages.sh
 . "$root/scripts/lib/packages.sh"
-pkgs=(chromium chromium-driver ca-certificates curl)
+pkgs=(chromium chromium-driver ca-certificates curl openssl)
 # Any node >= 18 with npm will do (Debian 12 ships 18.19).
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     pkgs+=(nodejs npm)
@@ -34,6 +34,21 @@ cargo build --bin rate-ctl
 scripts/build-module.sh vendored
 
 mkdir -p target/browser
+# serve over HTTPS (issue 34): a test CA and a certificate for 127.0.0.1,
+# made here so that node can trust the CA from its start; Chromium is given
+# the SHA-256 of the server's public key (it trusts that key only).
+tls="$root/target/browser/tls"
+rm -rf "$tls" && mkdir -p "$tls"
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+openssl req -x509 "${ec[@]}" -keyout "$tls/ca.key" -out "$tls/ca.pem" -days 2 -subj "/CN=rate_ctl browser test CA" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+openssl req "${ec[@]}" -keyout "$tls/server.key" -out "$tls/server.csr" -subj /CN=127.0.0.1 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n' >"$tls/ext.cnf"
+openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial \
+    -out "$tls/server.pem" -days 2 -extfile "$tls/ext.cnf" 2>/dev/null
+spki="$(openssl x509 -in "$tls/server.pem" -pubkey -noout | openssl pkey -pubin -outform der |
+    openssl dgst -sha256 -binary | base64)"
+export RATE_CTL_TEST_TLS_DIR="$tls" RATE_CTL_TEST_TLS_SPKI="$spki" NODE_EXTRA_CA_CERTS="$tls/ca.pem"
 cd tests/browser
 set +e
 RATE_CTL_BIN="$root/target/debug/rate-ctl" node --test --test-reporter=spec page.test.mjs 2>&1 |

@@ -1,4 +1,5 @@
-# Fleet leases (issue 17) through real nginx: one `rate-ctl serve` (SQLite,
+# Fleet leases (issue 17) through real nginx: one `rate-ctl serve` over HTTPS
+# (issue 34: a test CA made with openssl here, agents verify it with --ca; SQLite,
 # or a fresh database on the MariaDB server of RATE_CTL_TEST_MYSQL_URL when
 # it is set), three nginx instances with distinct host ids (h0 h1 h2), each
 # with its own shm file and its own agent through that serve; a cluster
@@ -118,40 +119,58 @@ if (my $base = $ENV{RATE_CTL_TEST_MYSQL_URL}) {
 }
 END { $drop->() if $drop }
 
+# serve speaks HTTPS (issue 34): a CA and a certificate for 127.0.0.1 made
+# here with the openssl CLI; the agents verify serve with --ca.
+{
+    my @ec = ('-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes');
+    system('openssl', 'req', '-x509', @ec, '-keyout', "$dir/ca.key", '-out', "$dir/ca.pem", '-days', 2,
+        '-subj', '/CN=fleet test CA', '-addext', 'basicConstraints=critical,CA:TRUE',
+        '-addext', 'keyUsage=critical,keyCertSign,cRLSign') == 0 or BAIL_OUT('openssl: CA');
+    system('openssl', 'req', @ec, '-keyout', "$dir/server.key", '-out', "$dir/server.csr",
+        '-subj', '/CN=127.0.0.1') == 0 or BAIL_OUT('openssl: server key');
+    open my $fh, '>', "$dir/ext.cnf" or die;
+    print $fh "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n";
+    close $fh;
+    system('openssl', 'x509', '-req', '-in', "$dir/server.csr", '-CA', "$dir/ca.pem", '-CAkey', "$dir/ca.key",
+        '-CAcreateserial', '-out', "$dir/server.pem", '-days', 2, '-extfile', "$dir/ext.cnf") == 0
+        or BAIL_OUT('openssl: server certificate');
+}
+
 # serve, its address (kept across the restart) and its admin token.
 sub start_serve {
     my ($listen) = @_;
     my $out = "$dir/serve.out";
     unlink $out;
     spawn('serve', "$dir/serve.log", $bin, 'serve', '--store', $store, '--listen', $listen,
-        '--admin-token-file', "$dir/admin.token", '--freshness', '3s');
+        '--admin-token-file', "$dir/admin.token", '--freshness', '3s',
+        '--tls-cert', "$dir/server.pem", '--tls-key', "$dir/server.key");
     # `listening on` goes to stdout, which spawn sends to the log.
-    my $addr = wait_until(10, sub { (slurp("$dir/serve.log") =~ /listening on http:\/\/(\S+)\s*$/m)[0] })
+    my $addr = wait_until(10, sub { (slurp("$dir/serve.log") =~ /listening on https:\/\/(\S+)\s*$/m)[0] })
         or BAIL_OUT('serve did not start: ' . slurp("$dir/serve.log"));
     return $addr;
 }
 my $addr  = start_serve('127.0.0.1:0');
 my $token = slurp("$dir/admin.token");
 chomp $token;
-my $http = HTTP::Tiny->new(timeout => 5,
+my $http = HTTP::Tiny->new(timeout => 5, verify_SSL => 1, SSL_options => { SSL_ca_file => "$dir/ca.pem" },
     default_headers => { Authorization => "Bearer $token", 'Content-Type' => 'application/json' });
 my %id;
 for my $s (
     [fleet => '{"name":"fleet","algorithm":"token_bucket","rate":300,"burst":20,"match":{"api":"/fleet"},"split":"demand"}'],
     [daily => '{"name":"daily","algorithm":"fixed_window","rate":100,"per":"day","match":{"api":"/daily"},"split":"demand"}'],
 ) {
-    my $r = $http->post("http://$addr/api/v1/strategies", { content => $s->[1] });
+    my $r = $http->post("https://$addr/api/v1/strategies", { content => $s->[1] });
     is($r->{status}, 201, "strategy $s->[0] created") or BAIL_OUT($r->{content});
     $id{ $s->[0] } = decode_json($r->{content})->{id};
 }
-sub hosts_api { my $r = $http->get("http://$addr/api/v1/hosts"); $r->{success} ? decode_json($r->{content}) : undef }
+sub hosts_api { my $r = $http->get("https://$addr/api/v1/hosts"); $r->{success} ? decode_json($r->{content}) : undef }
 
 # A host: its agent through serve, then its nginx on the file the agent made.
 my %nginx;
 sub start_host {
     my ($h) = @_;
     my $shm = "$dir/$h.shm";
-    spawn("agent $h", "$dir/$h.agent.log", $bin, 'agent', '--store', "http://$addr", '--token', $token,
+    spawn("agent $h", "$dir/$h.agent.log", $bin, '--ca', "$dir/ca.pem", 'agent', '--store', "https://$addr", '--token', $token,
         '--shm', $shm, '--host-id', $h, '--log-level', 'info', '--max-strategies', 1024,
         '--segment-bytes', 262144, '--blacklist-entries', 256, '--freshness', '3s', '--max-backoff-ms', 500,
         @access);

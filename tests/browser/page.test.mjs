@@ -97,7 +97,12 @@ async function stop({ name, child }) {
   }
 }
 
-const serveUrl = (p = '') => `http://127.0.0.1:${servePort}${p}`;
+// HTTPS when scripts/browser-test.sh made a test CA and a certificate for
+// 127.0.0.1 (issue 34): node trusts the CA (NODE_EXTRA_CA_CERTS), the agent
+// gets --ca, Chromium trusts only that server key (SPKI pin).
+const TLS_DIR = process.env.RATE_CTL_TEST_TLS_DIR || '';
+const TLS_SPKI = process.env.RATE_CTL_TEST_TLS_SPKI || '';
+const serveUrl = (p = '') => `${TLS_DIR ? 'https' : 'http'}://127.0.0.1:${servePort}${p}`;
 const nginxUrl = (p) => `http://127.0.0.1:${nginxPort}${p}`;
 
 async function apiCall(method, p, body) {
@@ -157,7 +162,8 @@ const ACCESS = AS_ROOT ? ['--group', 'nogroup'] : [];
 // An agent for host `hostId` through the service, writing `shmFile`; returns
 // once the file exists.
 async function startAgent(name, shmFile, hostId) {
-  start(name, BIN, ['--store', serveUrl(), 'agent', '--shm', shmFile, '--host-id', hostId,
+  const ca = TLS_DIR ? ['--ca', path.join(TLS_DIR, 'ca.pem')] : [];
+  start(name, BIN, [...ca, '--store', serveUrl(), 'agent', '--shm', shmFile, '--host-id', hostId,
     '--mode', '0660', ...ACCESS, '--poll-ms', '100', '--heartbeat-ms', '500', '--blacklist-entries', '4'],
   { RATE_CTL_TOKEN: TOKEN, RATE_CTL_AGENT_TOKEN: TOKEN });
   await waitFor(`${name} to create the shm file`, () => fs.existsSync(shmFile), 20000)
@@ -215,7 +221,8 @@ before(async () => {
   const tokenFile = path.join(dir, 'admin.token');
   fs.writeFileSync(tokenFile, TOKEN + '\n', { mode: 0o600 });
   start('serve', BIN, ['--store', `sqlite:${path.join(dir, 'store.db')}`, 'serve',
-    '--listen', `127.0.0.1:${servePort}`, '--admin-token-file', tokenFile]);
+    '--listen', `127.0.0.1:${servePort}`, '--admin-token-file', tokenFile,
+    ...(TLS_DIR ? ['--tls-cert', path.join(TLS_DIR, 'server.pem'), '--tls-key', path.join(TLS_DIR, 'server.key')] : [])]);
   await waitFor('rate-ctl serve /api/v1/health', async () => (await fetch(serveUrl('/api/v1/health'))).ok, 20000)
     .catch((e) => { throw new Error(`${e.message}\nserve log:\n${logOf('serve')}`); });
 
@@ -231,7 +238,8 @@ before(async () => {
     executablePath: CHROMIUM,
     headless: true,
     args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      ...(TLS_SPKI ? [`--ignore-certificate-errors-spki-list=${TLS_SPKI}`] : [])],
     viewport: { width: 1280, height: 800 },
   });
   page = context.pages()[0] || (await context.newPage());
@@ -270,6 +278,7 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
 
   await step('a wrong token is refused with a clear message, the right one opens the page', async () => {
     const first = await page.goto(serveUrl('/'));
+    if (TLS_DIR) assert.match(first.url(), /^https:/, 'the page over HTTPS');
     const h = first.headers();
     assert.match(h['content-security-policy'] || '', /default-src 'self'/, 'the page has a self-only CSP');
     assert.match(h['content-security-policy'] || '', /frame-ancestors 'none'/);
