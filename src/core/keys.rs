@@ -972,7 +972,7 @@ impl<'a> KeyTable<'a> {
         let t = lim.clock(now);
         let charge = |cur| lim.charge_after(cur, t, admitted, delta);
         for _ in 0..64 {
-            if let Some((i, _)) = self.find(key) {
+            if let Some((i, _)) = self.find_any(key) {
                 self.update(
                     KeyRef {
                         entry: i,
@@ -982,10 +982,13 @@ impl<'a> KeyTable<'a> {
                 );
                 return true;
             }
-            let candidate = (0..PROBE).find_map(|p| {
-                let (ident, st) = self.load(self.at(key.start, p));
-                (ident != key.ident && self.reusable(ident, st, now, slots, &owner))
-                    .then_some((p, ident, st))
+            // A new key: as charge_slow places one (the windows' order).
+            let candidate = self.window_order(key).into_iter().find_map(|w| {
+                (w * WINDOW..(w + 1) * WINDOW).find_map(|p| {
+                    let (ident, st) = self.load(self.at(key, p));
+                    (ident != key.ident && self.reusable(ident, st, now, slots, &owner))
+                        .then_some((p, ident, st))
+                })
             });
             let Some((p, old_ident, old_st)) = candidate else {
                 return false;
@@ -993,7 +996,7 @@ impl<'a> KeyTable<'a> {
             let Some(next) = charge(0) else {
                 return true;
             };
-            let i = self.at(key.start, p);
+            let i = self.at(key, p);
             if self.cas(i, [old_ident, old_st], [key.ident, next]).is_err() {
                 continue;
             }
@@ -1001,7 +1004,10 @@ impl<'a> KeyTable<'a> {
             // A racing process may have claimed an earlier entry for this
             // key after our scan: the first copy wins (as in charge_slow).
             for q in 0..p {
-                let j = self.at(key.start, q);
+                let j = self.at(key, q);
+                if j == i {
+                    continue; // windows that overlap: our own entry
+                }
                 if self.load(j).0 == key.ident {
                     if self.cas(i, [key.ident, next], [0, 0]).is_ok() {
                         self.drop_in_use(key.slot());
