@@ -33,6 +33,10 @@ access=(--mode 0660)
 if [ "$(id -u)" = 0 ]; then
     access+=(--group nogroup)
     sed -i '1i user nobody nogroup;' "$dir/nginx.conf"
+else
+    # The workers trust a file owned by root or its directory's owner
+    # (root's /dev/shm here): name this user, the agent's, as the owner.
+    sed -i "s#^\( *\)rate_ctl_shm .*#&\n\1rate_ctl_shm_owner $(id -un);#" "$dir/nginx.conf"
 fi
 
 pids=()

@@ -14,10 +14,12 @@
 #      verify (and security --offline) on both units; the agent is enabled,
 #      serve is not; the user rate-ctl is in www-data
 #   5. the units' ExecStart lines run as the units' user with the packaged
-#      /etc/default files, /usr/sbin/nginx as www-data on a free loopback port
+#      /etc/default files (RuntimeDirectory= and ExecStartPre= done as
+#      systemd does them), /usr/sbin/nginx as www-data on a free loopback port
 #      loading the packaged module through /etc/nginx/modules-enabled; a
 #      strategy added with `rate-ctl` (through serve's API) is enforced: 503s,
-#      counted in the table and in serve's /metrics; every series the
+#      counted in the table and in serve's /metrics, and still there after
+#      the agent restarts (its directory kept); every series the
 #      packaged Grafana dashboard queries exists
 #   6. dpkg --purge both: module link, user, group, store, table and files
 #      gone, `nginx -t` still passes, and the files the packages touch are as
@@ -54,6 +56,7 @@ for p in "${pkgs[@]}"; do
 done
 getent passwd rate-ctl >/dev/null && fail "user rate-ctl exists (left by something else?)"
 [ -e /dev/shm/rate_ctl ] && fail "/dev/shm/rate_ctl exists (an agent running?)"
+[ -e /run/rate-ctl ] && fail "/run/rate-ctl exists (an agent running?)"
 # Without the package and its user, a /var/lib/rate-ctl is something else's
 # (serve on a MariaDB or PostgreSQL store writes its default admin.token
 # there): kept aside under a sibling name and put back on exit.
@@ -103,7 +106,7 @@ snapshot() {
             /usr/share/nginx/modules-available /var/lib/systemd/deb-systemd-helper-enabled \
             /var/lib/systemd/deb-systemd-helper-masked /var/lib/rate-ctl /usr/bin/rate-ctl \
             /usr/share/doc/rate-ctl /usr/share/doc/libnginx-mod-http-rate-ctl \
-            /usr/share/man/man1/rate-ctl.1.gz /dev/shm/rate_ctl /dev/shm/rate_ctl.state /dev/shm/.rate_ctl.tmp.* \
+            /usr/share/man/man1/rate-ctl.1.gz /dev/shm/rate_ctl /dev/shm/rate_ctl.state /dev/shm/.rate_ctl.tmp.* /run/rate-ctl \
             -printf '%p %M %u %g %l\n' 2>/dev/null || true
         find /var/lib/dpkg/info -maxdepth 1 \( -name 'rate-ctl[.:]*' -o -name 'libnginx-mod-http-rate-ctl[.:]*' \) \
             -printf '%f\n' 2>/dev/null || true
@@ -265,14 +268,18 @@ say "5. the units' ExecStart lines with the packaged defaults; nginx as www-data
 # What systemd would run: the unit's User=, Group=, the user's groups plus
 # SupplementaryGroups=, UMask=, NoNewPrivileges=, only the EnvironmentFile's
 # variables, and ExecStart with systemd's expansion ("$VAR" alone splits the
-# value into words, "${VAR}" is one word). The namespace hardening
+# value into words, "${VAR}" is one word). RuntimeDirectory=D as systemd
+# makes it: /run/D with RuntimeDirectoryMode=, owned by User:Group (the
+# whole tree given back to them when the directory is not theirs: systemd's
+# path_chown_recursive), then the ExecStartPre= lines, in order, as the
+# unit's user (no "+" privileged lines here). The namespace hardening
 # (ProtectSystem=, PrivateTmp=, ...) needs systemd as PID 1: checked above
 # with systemd-analyze only. Overrides (VAR=VALUE) replace file values.
 unit_key() { sed -n "s/^$2=//p" "$1" | tail -n1; }
 start_unit() { # UNIT LOG [VAR=VALUE...]
     local unit="/lib/systemd/system/$1.service" log="$2"
     shift 2
-    local user group supp umask envfile exec
+    local user group supp umask envfile exec rtdir rtmode
     user="$(unit_key "$unit" User)"
     group="$(unit_key "$unit" Group)"
     supp="$(unit_key "$unit" SupplementaryGroups)"
@@ -289,24 +296,50 @@ start_unit() { # UNIT LOG [VAR=VALUE...]
         vars[$k]="$v"
     done <"$envfile"
     for line in "$@"; do vars[${line%%=*}]="${line#*=}"; done
-    local words args=() w parts
-    read -ra words <<<"$exec"
-    for w in "${words[@]}"; do
-        if [[ "$w" =~ ^\$([A-Za-z_][A-Za-z0-9_]*)$ ]]; then
-            read -ra parts <<<"${vars[${BASH_REMATCH[1]}]:-}"
-            args+=("${parts[@]}")
-        else
-            while [[ "$w" =~ \$\{([A-Za-z_][A-Za-z0-9_]*)\} ]]; do
-                w="${w//"${BASH_REMATCH[0]}"/"${vars[${BASH_REMATCH[1]}]:-}"}"
-            done
-            args+=("$w")
-        fi
-    done
+    local args=()
+    expand() { # COMMAND-LINE: into args, with the unit's vars
+        local words w parts
+        args=()
+        read -ra words <<<"$1"
+        for w in "${words[@]}"; do
+            if [[ "$w" =~ ^\$([A-Za-z_][A-Za-z0-9_]*)$ ]]; then
+                read -ra parts <<<"${vars[${BASH_REMATCH[1]}]:-}"
+                args+=("${parts[@]}")
+            else
+                while [[ "$w" =~ \$\{([A-Za-z_][A-Za-z0-9_]*)\} ]]; do
+                    w="${w//"${BASH_REMATCH[0]}"/"${vars[${BASH_REMATCH[1]}]:-}"}"
+                done
+                args+=("$w")
+            fi
+        done
+    }
     local envs=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
         "HOME=$(getent passwd "$user" | cut -d: -f6)" "USER=$user" "LOGNAME=$user")
     for k in "${!vars[@]}"; do envs+=("$k=${vars[$k]}"); done
     local groups
     groups="$( (id -Gn "$user" | tr ' ' '\n'; tr ' ' '\n' <<<"$supp") | grep . | sort -u | paste -sd,)"
+    rtdir="$(unit_key "$unit" RuntimeDirectory)"
+    if [ -n "$rtdir" ]; then
+        rtmode="$(unit_key "$unit" RuntimeDirectoryMode)"
+        if [ -d "/run/$rtdir" ]; then
+            chmod "${rtmode:-0755}" "/run/$rtdir"
+            [ "$(stat -c %U:%G "/run/$rtdir")" = "$user:$group" ] || chown -R "$user:$group" "/run/$rtdir"
+        else
+            install -d -o "$user" -g "$group" -m "${rtmode:-0755}" "/run/$rtdir"
+        fi
+    fi
+    local pre
+    while IFS= read -r pre; do
+        [[ "$pre" != [+!@:-]* ]] || fail "$1: ExecStartPre=$pre: prefix not emulated here"
+        expand "$pre"
+        echo "  as $user ($groups), umask $umask: ExecStartPre ${args[*]}"
+        (
+            umask "$umask"
+            exec setpriv --reuid="$user" --regid="$group" --groups="$groups" --no-new-privs -- \
+                env -i "${envs[@]}" "${args[@]}"
+        ) >>"$log" 2>&1 || fail "$1: ExecStartPre=$pre failed: $(tail -n 3 "$log")"
+    done < <(sed -n 's/^ExecStartPre=//p' "$unit")
+    expand "$exec"
     echo "  as $user ($groups), umask $umask: ${args[*]}"
     (
         umask "$umask"
@@ -340,14 +373,24 @@ fi
 # agent: exactly the packaged defaults.
 start_unit rate-ctl-agent "$tmp/agent.log"
 agent_pid=$started_pid
-wait_for 30 "the agent's table /dev/shm/rate_ctl" test -f /dev/shm/rate_ctl
+table=/run/rate-ctl/rate_ctl
+# The directory: the agent's alone, nginx's workers (www-data) traverse it.
 # The configuration without group write (the workers only read it), the
 # state file (counters) writable by the workers' group.
-[ "$(stat -c '%U:%G %a' /dev/shm/rate_ctl)" = "rate-ctl:www-data 640" ] ||
-    fail "/dev/shm/rate_ctl is $(stat -c '%U:%G %a' /dev/shm/rate_ctl), want rate-ctl:www-data 640"
-[ "$(stat -c '%U:%G %a' /dev/shm/rate_ctl.state)" = "rate-ctl:www-data 660" ] ||
-    fail "/dev/shm/rate_ctl.state is $(stat -c '%U:%G %a' /dev/shm/rate_ctl.state), want rate-ctl:www-data 660"
-ok "agent wrote /dev/shm/rate_ctl rate-ctl:www-data 0640 and /dev/shm/rate_ctl.state 0660"
+check_files() {
+    wait_for 30 "the agent's table $table" test -f "$table.state"
+    local f want
+    for f in /run/rate-ctl:750 "$table:640" "$table.state:660"; do
+        want="rate-ctl:www-data ${f##*:}"
+        [ "$(stat -c '%U:%G %a' "${f%:*}")" = "$want" ] ||
+            fail "${f%:*} is $(stat -c '%U:%G %a' "${f%:*}"), want $want"
+    done
+}
+check_files
+if setpriv --reuid=www-data --regid=www-data --init-groups -- touch /run/rate-ctl/planted 2>/dev/null; then
+    fail "www-data could create a file in /run/rate-ctl"
+fi
+ok "agent wrote $table rate-ctl:www-data 0640 and $table.state 0660 in /run/rate-ctl rate-ctl:www-data 0750 (www-data cannot create files there)"
 if tr '\0' ' ' <"/proc/$agent_pid/cmdline" | grep -q 'sqlite:'; then
     fail "the agent's command line shows the store: $(tr '\0' ' ' <"/proc/$agent_pid/cmdline")"
 fi
@@ -403,7 +446,7 @@ id="$(rate-ctl --api "$api" --token "$token" strategy add --name package-test --
 runuser -u rate-ctl -- rate-ctl strategy list | tee "$tmp/list.txt"
 grep -q package-test "$tmp/list.txt" || fail "the CLI on the packaged default store does not list the strategy"
 ok "strategy $id added through serve's API; listed by 'runuser -u rate-ctl -- rate-ctl strategy list'"
-in_table() { rate-ctl shm inspect --json /dev/shm/rate_ctl | grep -q '"strategies": \[$'; }
+in_table() { rate-ctl shm inspect --json "$table" | grep -q '"strategies": \[$'; }
 wait_for 10 "the agent to publish strategy $id" in_table
 
 codes=()
@@ -414,10 +457,11 @@ for c in "${codes[@]}"; do
     case "$c" in 200) n200=$((n200 + 1)) ;; 503) n503=$((n503 + 1)) ;; esac
 done
 ((n200 == 3 && n503 == 7)) || fail "expected 3 × 200 (burst 3) then 7 × 503, got ${codes[*]}"
-read -r passed limited < <(rate-ctl shm inspect --json /dev/shm/rate_ctl |
+read -r passed limited < <(rate-ctl shm inspect --json "$table" |
     awk -F': ' '/"passed"/ {gsub(/,/, "", $2); p=$2} /"limited"/ {gsub(/,/, "", $2); l=$2} END {print p, l}')
 ((passed == 3 && limited == 7)) || fail "the table counts passed=$passed limited=$limited, want 3 and 7"
 ok "enforced by the packaged module: 3 passed, 7 × 503; the table counts passed=$passed limited=$limited"
+
 
 # Fleet metrics: the agent reports the module's counters to the store, serve
 # exposes them; every series the packaged dashboard queries exists in serve's
@@ -440,6 +484,27 @@ for n in $names; do
         fail "the dashboard queries $n: no such series in serve's /metrics or the module's stats"
 done
 ok "every series the packaged dashboard queries exists ($(wc -w <<<"$names") names)"
+
+# A restart of the agent keeps the table (RuntimeDirectoryPreserve=yes):
+# the directory and the files keep their owners and modes (systemd gave the
+# tree back to rate-ctl:rate-ctl, the unit's ExecStartPre gives it to
+# www-data again), the counters are still there and the limit holds.
+kill "$agent_pid"
+set +e
+wait "$agent_pid"
+rc=$?
+set -e
+((rc == 0)) || fail "the agent exited $rc on SIGTERM (want 0)"
+start_unit rate-ctl-agent "$tmp/agent2.log"
+agent_pid=$started_pid
+check_files
+wait_for 10 "the restarted agent to publish" grep -q published "$tmp/agent2.log"
+[ "$(code /limited)" = 503 ] || fail "after the agent's restart, /limited is not limited"
+read -r passed limited < <(rate-ctl shm inspect --json "$table" |
+    awk -F': ' '/"passed"/ {gsub(/,/, "", $2); p=$2} /"limited"/ {gsub(/,/, "", $2); l=$2} END {print p, l}')
+((passed == 3 && limited == 8)) || fail "after the agent's restart the table counts passed=$passed limited=$limited, want 3 and 8"
+if grep -q 'changed by someone else' "$tmp/agent2.log"; then fail "the restarted agent found its files changed"; fi
+ok "agent restarted: same owners and modes, counters kept (passed=$passed limited=$limited), still 503"
 
 kill "$nginx_pid" "$agent_pid" "$serve_pid"
 for p in "$agent_pid" "$serve_pid"; do
@@ -474,12 +539,11 @@ getent passwd rate-ctl >/dev/null && fail "user rate-ctl left"
 getent group rate-ctl >/dev/null && fail "group rate-ctl left"
 id -nG www-data >/dev/null
 [ ! -e /var/lib/rate-ctl ] || fail "/var/lib/rate-ctl left"
-[ ! -e /dev/shm/rate_ctl ] || fail "/dev/shm/rate_ctl left"
-[ ! -e /dev/shm/rate_ctl.state ] || fail "/dev/shm/rate_ctl.state left"
+[ ! -e /run/rate-ctl ] || fail "/run/rate-ctl left"
 [ ! -e /usr/bin/rate-ctl ] || fail "/usr/bin/rate-ctl left"
 /usr/sbin/nginx -t 2>&1 | tee "$tmp/nginx-t2.txt"
 grep -q 'test is successful' "$tmp/nginx-t2.txt" || fail "nginx -t after purge"
-ok "link, user, group, store, table and binary gone; nginx -t passes"
+ok "link, user, group, store, /run/rate-ctl (table) and binary gone; nginx -t passes"
 snapshot >"$tmp/after"
 diff -u "$tmp/before" "$tmp/after" || fail "the purge left the machine different from before the test"
 ok "the files and users the packages touch are as before the test"

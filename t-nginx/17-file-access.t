@@ -6,6 +6,8 @@
 # configuration but opening it for writing fails with EACCES; nginx with
 # its workers as nobody:nogroup still enforces a 2/day strategy exactly
 # (its counters are in the state file, which the workers write).
+# Workers refuse a configuration owned by anyone but root or
+# rate_ctl_shm_owner, or, without it, the owner of the file's directory.
 use strict;
 use warnings;
 use FindBin;
@@ -93,6 +95,20 @@ for_each_target(sub {
     is_deeply([$p->codes('/two', 3)], [200, 200, 200], 'owned by nobody, rate_ctl_shm_owner daemon: fails open');
     like($p->error_log, qr/not trusted: owned by nobody .*neither root nor rate_ctl_shm_owner/, 'the refusal names the owner');
     $p->stop;
+    # Without rate_ctl_shm_owner: a configuration owned by anyone but root
+    # or the owner of its directory (here root: the test's directory, as
+    # /run/rate-ctl is the agent's) is refused: fails open, one line (one
+    # worker). The root-owned file in the same directory is enforced above.
+    my $q = RateCtlTest->new($t, main => 'user nobody nogroup;', server => stats_server(),
+        shm => $n->shm, workers => 1);
+    $q->start;
+    is_deeply([$q->codes('/two', 3)], [200, 200, 200],
+        'owned by nobody in a root-owned directory, no rate_ctl_shm_owner: fails open');
+    my @refused = grep { /not trusted/ } split /\n/, $q->error_log;
+    is(scalar @refused, 1, 'one log line') or diag($q->error_log);
+    like($refused[0] // '', qr/not trusted: owned by nobody \(uid $nobody\), neither root nor the owner of \Q$d\E \(root \(uid 0\)\)/,
+        'naming the owner and the directory');
+    $q->stop;
     kill 'CONT', $agent;
     my $bad = RateCtlTest->new($t, http => 'rate_ctl_shm_owner no-such-user-i28;');
     my ($rc, $out) = $bad->test_conf;

@@ -735,7 +735,8 @@ fn a_world_writable_configuration_is_refused_by_workers() {
 
 /// Issue 28: with nginx's `rate_ctl_shm_owner`, a worker refuses a
 /// configuration owned by anyone but root or that user (fails open, one
-/// line naming the owner); without it, any owner is read as before.
+/// line naming the owner); without it, by anyone but root or the owner
+/// of its directory.
 #[test]
 fn a_configuration_of_another_owner_is_refused_with_rate_ctl_shm_owner() {
     use std::os::unix::fs::MetadataExt;
@@ -748,8 +749,23 @@ fn a_configuration_of_another_owner_is_refused_with_rate_ctl_shm_owner() {
     }
     std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
     assert_eq!(std::fs::metadata(&path).unwrap().uid(), 65534);
-    assert!(Mapping::open(&path).is_ok(), "no owner configured: read");
+    assert!(Mapping::open(&path).is_ok(), "tools: any owner is read");
     assert!(Mapping::open_owned(&path, Some(65534)).is_ok(), "its owner");
+    // Without rate_ctl_shm_owner: root or the directory's owner (root).
+    match Mapping::open_owned(&path, None) {
+        Err(e @ ShmError::Untrusted { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("neither root nor the owner of"), "{m}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let dir = path.parent().unwrap();
+    std::os::unix::fs::chown(dir, Some(65534), None).unwrap();
+    assert!(
+        Mapping::open_owned(&path, None).is_ok(),
+        "the directory's owner's file"
+    );
+    std::os::unix::fs::chown(dir, Some(0), None).unwrap();
     match Mapping::open_owned(&path, Some(1)) {
         Err(e @ ShmError::Untrusted { .. }) => {
             let m = e.to_string();

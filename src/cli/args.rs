@@ -141,8 +141,10 @@ pub struct ServeArgs {
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
-    /// Shared-memory file to create or adopt.
-    #[arg(long, default_value = "/dev/shm/rate_ctl", value_name = "PATH")]
+    /// Shared-memory file to create or adopt (and PATH.state beside it).
+    /// Its directory must exist and be writable by the agent's user only
+    /// (the package's unit makes /run/rate-ctl: RuntimeDirectory=).
+    #[arg(long, default_value = "/run/rate-ctl/rate_ctl", value_name = "PATH")]
     pub shm: PathBuf,
     /// This host's id in the hosts table (default: the hostname).
     #[arg(long, value_name = "ID")]
@@ -499,7 +501,7 @@ pub enum ShmCmd {
     /// Header, sequence, active segment, heartbeat age, strategies with
     /// local rates and counters, blacklist size.
     Inspect {
-        #[arg(value_name = "PATH")]
+        #[arg(value_name = "PATH", default_value = "/run/rate-ctl/rate_ctl")]
         path: PathBuf,
     },
 }

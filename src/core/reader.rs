@@ -71,7 +71,8 @@ pub struct Reader {
     /// The load under way on a helper thread, and the mapping it reads.
     pending: Option<(Pending, Arc<Mapping>)>,
     /// nginx's `rate_ctl_shm_owner`: a configuration owned by anyone but
-    /// root or this uid is refused ([`Mapping::open_owned`]).
+    /// root or this uid is refused ([`Mapping::open_owned`]); `None`: by
+    /// anyone but root or the owner of its directory.
     owner: Option<u32>,
 }
 
@@ -94,7 +95,8 @@ impl Reader {
         }
     }
 
-    /// Refuses a configuration owned by anyone but root or `owner`.
+    /// Refuses a configuration owned by anyone but root or `owner` (by
+    /// default, `None`: root or the owner of the file's directory).
     pub fn with_owner(mut self, owner: Option<u32>) -> Reader {
         self.owner = owner;
         self

@@ -608,13 +608,20 @@ impl Mapping {
     /// A world-writable configuration is refused ([`ShmError::Untrusted`]):
     /// anyone could have written its rules (the agent never makes one).
     pub fn open(path: &Path) -> Result<Mapping, ShmError> {
-        Mapping::open_owned(path, None)
+        Mapping::open_trusting(path, None, false)
     }
 
-    /// [`open`](Self::open), and with `owner` (nginx's
-    /// `rate_ctl_shm_owner`) a configuration owned by anyone but root or
-    /// `owner` is refused too ([`ShmError::Untrusted`]).
+    /// [`open`](Self::open) as nginx's workers do it: a configuration owned
+    /// by anyone but root or `owner` (nginx's `rate_ctl_shm_owner`) is
+    /// refused too ([`ShmError::Untrusted`]); without `owner`, by anyone
+    /// but root or the owner of its directory (the agent's own directory,
+    /// `/run/rate-ctl` by default: whoever owns it could replace the file
+    /// anyway, and anyone else's file there was not put by the agent).
     pub fn open_owned(path: &Path, owner: Option<u32>) -> Result<Mapping, ShmError> {
+        Mapping::open_trusting(path, owner, true)
+    }
+
+    fn open_trusting(path: &Path, owner: Option<u32>, check: bool) -> Result<Mapping, ShmError> {
         let file = open_file(path, false, false, 0)?;
         let meta = file.metadata().map_err(|e| ShmError::io(path, e))?;
         let mode = meta.mode();
@@ -633,6 +640,25 @@ impl Mapping {
                     super::writer::user_name(o)
                 ),
             });
+        }
+        if check && owner.is_none() && meta.uid() != 0 {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            let d = std::fs::metadata(dir).map_err(|e| ShmError::io(dir, e))?;
+            if d.uid() != meta.uid() {
+                return Err(ShmError::Untrusted {
+                    path: path.to_path_buf(),
+                    what: format!(
+                        "owned by {}, neither root nor the owner of {} ({}); \
+                         rate_ctl_shm_owner names another user to trust",
+                        super::writer::user_name(meta.uid()),
+                        dir.display(),
+                        super::writer::user_name(d.uid())
+                    ),
+                });
+            }
         }
         Mapping::from_file(file, None, path, true, false)
     }

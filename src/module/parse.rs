@@ -12,7 +12,7 @@ use crate::core::model::valid_dimension_name;
 pub const BUILTIN_DIMENSIONS: [&str; 4] = ["ip", "api", "method", "host"];
 
 /// Default shared-memory file written by the agent.
-pub const DEFAULT_SHM_PATH: &str = "/dev/shm/rate_ctl";
+pub const DEFAULT_SHM_PATH: &str = "/run/rate-ctl/rate_ctl";
 
 /// Why a directive argument was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
