@@ -2,7 +2,8 @@
 # Sets up and runs every test of rate_ctl on a fresh Debian 12 machine (as root):
 #   1. Debian packages (scripts/deps.sh --with-test), Rust from the machine's rustup
 #   2. cargo fmt --check, unused dependencies, shellcheck, cargo clippy -D warnings
-#      (core + binary, and the module)
+#      (core + binary, and the module), cargo deny check bans licenses sources
+#      (scripts/cargo-deny.sh)
 #   3. cargo test: core unit/property/multi-process tests, CLI/store/agent tests
 #      against SQLite and throw-away MariaDB and PostgreSQL servers on loopback ports
 #   4. the nginx module built for vendored nginx 1.28 and Debian's nginx 1.22,
@@ -12,8 +13,6 @@
 #   6. a short cargo-fuzz run of every fuzz target
 #   7. the Debian packages: built, lintian, installed into Debian's nginx, run,
 #      purged (scripts/package-test.sh)
-#   8. cargo deny check bans licenses sources (if cargo-deny is installed, or
-#      RATE_CTL_CARGO_DENY=install)
 # Every server it starts is stopped by PID on exit.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +28,7 @@ cargo fmt --all -- --check
 scripts/unused-deps.sh
 shellcheck -x scripts/*.sh scripts/lib/*.sh t-nginx/*.sh
 cargo clippy --all-targets -- -D warnings
+scripts/cargo-deny.sh
 
 step "cargo test (SQLite, and MariaDB and PostgreSQL on private loopback servers)"
 mariadb_dir="$(mktemp -d /tmp/rate-ctl-mariadb-XXXXXX)"
@@ -54,21 +54,6 @@ scripts/fuzz-smoke.sh
 
 step "Debian packages: build, lintian, install, run, purge"
 scripts/package-test.sh
-
-# Last: installing cargo-deny from crates.io takes about 4 minutes on 2 cores
-# (246 s measured), so it runs when it is installed, or when asked for with
-# RATE_CTL_CARGO_DENY=install. Advisories need the RustSec database from
-# GitHub, which these machines cannot reach: bans, licenses and sources only
-# (deny.toml says why).
-step "supply chain: cargo deny check bans licenses sources"
-if ! command -v cargo-deny >/dev/null && [ "${RATE_CTL_CARGO_DENY:-}" = install ]; then
-    cargo install cargo-deny --locked
-fi
-if command -v cargo-deny >/dev/null; then
-    cargo deny --offline check bans licenses sources
-else
-    echo "!!!!!! cargo-deny is not installed: SKIPPED (RATE_CTL_CARGO_DENY=install installs it, ~4 min)"
-fi
 
 step "done"
 echo "all test steps passed"
