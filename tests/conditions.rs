@@ -176,7 +176,15 @@ fn table(published: &[Published]) -> Table {
     )
 }
 
-fn check(published: &[Published], table: &Table, req: &Req) -> Result<(), TestCaseError> {
+/// One working space for all of a table's requests, as the nginx worker
+/// keeps: what one request leaves in it must not change the next one's
+/// matches.
+fn check(
+    published: &[Published],
+    table: &Table,
+    req: &Req,
+    scratch: &mut rate_ctl::core::table::Scratch,
+) -> Result<(), TestCaseError> {
     let texts = [
         req.0.as_ref().map(|s| path(s)),
         req.1.map(|u| USERS[u].to_string()),
@@ -193,7 +201,7 @@ fn check(published: &[Published], table: &Table, req: &Req) -> Result<(), TestCa
         })
         .collect();
     let got: Vec<u32> = table
-        .matching(&values)
+        .matching_with(&values, scratch)
         .iter()
         .map(|&i| table.strategies()[i as usize].strategy.id)
         .collect();
@@ -233,8 +241,9 @@ proptest! {
     ) {
         let published = publish(&specs);
         let table = table(&published);
+        let mut scratch = rate_ctl::core::table::Scratch::default();
         for r in &reqs {
-            check(&published, &table, r)?;
+            check(&published, &table, r, &mut scratch)?;
         }
         // And the conditions come back as published.
         for c in table.strategies() {

@@ -139,6 +139,13 @@ struct PrefixDim {
     dim: u32,
     /// The last bytes of the prefixes of this length (see [`DeriveKind`]).
     last: [u64; 4],
+    /// Some strategy checks this length beside its anchor: a request
+    /// must clear its id when it finds nothing (else the id is never read).
+    reset: bool,
+    /// This length or a longer one of the same base is `reset`: when the
+    /// value is shorter than this length and none is, the rest of the
+    /// base's lengths are skipped.
+    reset_after: bool,
 }
 
 /// A template shape in use (see [`Table::template_dims`]).
@@ -1017,6 +1024,8 @@ impl Table {
                     len: len as u32,
                     dim: x.dim as u32,
                     last,
+                    reset: true,
+                    reset_after: true,
                 }),
                 DeriveKind::Template(shape) => template_dims.push(TemplateDim {
                     base: x.base as u32,
@@ -1026,7 +1035,6 @@ impl Table {
             }
         }
         prefixes.sort_by_key(|p| (p.base, p.len));
-        let prefixes = prefixes.into_boxed_slice();
         let template_dims = template_dims.into_boxed_slice();
         let has_negs = !negs.is_empty();
         let is_derived = |d: &usize| derived.iter().any(|x| x.dim == *d);
@@ -1218,6 +1226,25 @@ impl Table {
         // heavy value read the same conditions.
         let read = |d: &(u8, u32)| range_dims.contains(&usize::from(d.0));
         let checked = |si: usize| flat[conds_of(si)].iter().skip(1).any(read);
+        // The prefix lengths some strategy checks beside its anchor (the
+        // others' ids are read only where found: see `PrefixDim::reset`).
+        let mut beside = 0u64;
+        for si in 0..fspans.len() {
+            for &(d, _) in flat[conds_of(si)].iter().skip(1) {
+                beside |= 1 << (d % 64);
+            }
+        }
+        let mut after = false;
+        for i in (0..prefixes.len()).rev() {
+            if i + 1 < prefixes.len() && prefixes[i + 1].base != prefixes[i].base {
+                after = false;
+            }
+            let p = &mut prefixes[i];
+            p.reset = beside >> (p.dim % 64) & 1 == 1;
+            after |= p.reset;
+            p.reset_after = after;
+        }
+        let prefixes = prefixes.into_boxed_slice();
         let range_dims = match !range_dims.is_empty() && (0..strategies.len()).any(checked) {
             true => range_dims,
             false => 0..0,
@@ -1634,7 +1661,11 @@ impl Table {
         // Prefixes, by base then length: a length longer than the value,
         // or whose last byte ends no prefix of that length, is no probe.
         let mut base = (u32::MAX, &[][..]);
+        let mut skip = u32::MAX; // a base whose remaining lengths need nothing
         for p in self.prefixes.iter() {
+            if p.base == skip {
+                continue;
+            }
             if base.0 != p.base {
                 base = (p.base, values.value(p.base as usize).unwrap_or_default());
             }
@@ -1645,9 +1676,17 @@ impl Table {
                 {
                     self.index[p.dim as usize].values.get(v)
                 }
+                // Sorted by length: no longer one fits, none needs clearing.
+                None if !p.reset_after => {
+                    skip = p.base;
+                    continue;
+                }
                 _ => None,
             };
-            found(p.dim as usize, e);
+            match e {
+                None if !p.reset => {}
+                e => found(p.dim as usize, e),
+            }
         }
         // Templates, by base: a shape of another segment count than the
         // value's is no probe (most shapes); the others are projected.
