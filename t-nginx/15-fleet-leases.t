@@ -51,11 +51,8 @@ my $BACK   = 10;
 my $bin    = $ENV{RATE_CTL_BIN} // root() . '/target/debug/rate-ctl';
 BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
 my @targets = targets();
-# The agents' files are 0640/0660 for their group (modes open to other
-# users are refused): as root, nginx's workers run as nobody:nogroup, so
-# the files go to nogroup.
-my @access = $> == 0 ? ('--group', 'nogroup') : ();
-my $main = $> == 0 ? 'user nobody nogroup;' : '';
+my @access = agent_access();
+my $main = workers_main();
 my %build = (h0 => $targets[0], h1 => $targets[-1], h2 => $targets[-1], h3 => $targets[0]);
 
 # The processes of this test (serve, agents, nginx, load generators) at a

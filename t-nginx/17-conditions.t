@@ -72,7 +72,7 @@ for_each_target(sub {
         open STDOUT, '>>', "$dir/agent.log" or die;
         open STDERR, '>&', \*STDOUT or die;
         exec $bin, 'agent', '--store', $store, '--shm', $shm, '--host-id', 'i30', '--max-strategies', 1024,
-            '--segment-bytes', 262144, '--blacklist-entries', 256, '--keys', 4096
+            '--segment-bytes', 262144, '--blacklist-entries', 256, '--keys', 4096, agent_access()
             or die "exec: $!";
     }
     $pids{$pid} = 1;
@@ -80,7 +80,7 @@ for_each_target(sub {
     sleep 0.05 while !-s $shm && time < $end;
     ok(-s $shm, "$t->{name}: the agent published") or diag slurp("$dir/agent.log");
 
-    my $n = RateCtlTest->new($t, shm => $shm,
+    my $n = RateCtlTest->new($t, shm => $shm, main => workers_main(),
         http => q{
             rate_ctl_dimension userid $arg_u;
             rate_ctl_dimension who $arg_w decode lowercase last;

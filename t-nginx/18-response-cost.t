@@ -67,7 +67,7 @@ for_each_target(sub {
         open STDERR, '>&', \*STDOUT or die;
         exec $bin, 'agent', '--store', $store, '--shm', $shm, '--host-id', 'i31',
             '--max-strategies', 64, '--segment-bytes', 65536, '--blacklist-entries', 64,
-            '--keys', 1024, '--poll-ms', 50
+            '--keys', 1024, '--poll-ms', 50, agent_access()
             or die "exec: $!";
     }
     $pids{"agent $t->{name}"} = $pid;
@@ -75,7 +75,7 @@ for_each_target(sub {
     ok(-s $shm, 'the agent made the file') or diag slurp("$dir/agent.log");
 
     my $up = RateCtlTest::free_port('127.0.0.1');
-    my $n = RateCtlTest->new($t, workers => 1, shm => $shm,
+    my $n = RateCtlTest->new($t, workers => 1, shm => $shm, main => workers_main(),
         http => qq{
             rate_ctl_dimension cost \$http_x_cost;
             rate_ctl_dimension upcost \$upstream_http_x_cost;

@@ -21,7 +21,14 @@ use Time::HiRes qw(sleep time);
 use Test::More;
 
 our @EXPORT = qw(targets for_each_target root tool publish window_ahead stats_server
-    many_clients_server);
+    many_clients_server agent_access workers_main);
+
+# `rate-ctl agent` makes its files 0640/0660 for their group (modes open to
+# other users are refused). As root, nginx's workers run as nobody:nogroup:
+# the agent's extra arguments that give its files to nogroup, and the main
+# context line that says whom the workers run as (`main =>`).
+sub agent_access { $> == 0 ? ('--group', 'nogroup') : () }
+sub workers_main { $> == 0 ? 'user nobody nogroup;' : '' }
 
 # The server block of a test that limits every location and reads the
 # counts at /rate_ctl (not itself limited).
