@@ -93,6 +93,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             "ipv4_prefix" => s.each.ipv4_prefix = num()? as u8,
             "ipv6_prefix" => s.each.ipv6_prefix = num()? as u8,
             "on_full" => s.each.on_full = v.parse().map_err(|e| format!("{e}"))?,
+            "max_keys" => s.each.max_keys = num()?.try_into().map_err(|e| format!("{k}: {e}"))?,
             "cold_factor" => {
                 s.warm_up.cold_factor = num()?.try_into().map_err(|e| format!("{k}: {e}"))?
             }

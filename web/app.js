@@ -429,7 +429,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'max_keys'];
 
 function conditionRow(dim = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -518,6 +518,7 @@ function fillForm(s) {
   $('#s-max-delay').value = s && s.max_delay_ms ? s.max_delay_ms : '';
   $('#s-priority').value = s ? s.priority || 0 : 0;
   $('#s-enabled').checked = s ? !!s.enabled : true;
+  $('#s-max-keys').value = s && s.max_keys ? s.max_keys : '';
   updateFormHints();
 }
 
@@ -605,6 +606,10 @@ function readForm() {
   const prio = numberOrText($('#s-priority').value);
   if (prio !== null) body.priority = prio;
   body.enabled = $('#s-enabled').checked;
+  if (body.each.length) {
+    const mk = numberOrText($('#s-max-keys').value);
+    if (mk !== null) body.max_keys = mk;
+  }
   return body;
 }
 

@@ -34,6 +34,7 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::Ipv6Prefix) => "--ipv6-prefix",
         Some(Field::OnFull) => "--on-full",
         Some(Field::Column("split")) => "--split",
+        Some(Field::Column("max_keys")) => "--max-keys",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }

@@ -33,6 +33,7 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
         "version": r.version,
         "created_at": r.created_ms,
         "updated_at": r.updated_ms,
+        "max_keys": r.max_keys,
     })
 }
 
@@ -224,6 +225,7 @@ pub fn field_of_api_name(name: &str) -> Option<Field> {
         "reason" => Field::Reason,
         "host_id" => Field::HostId,
         "weight" => Field::Weight,
+        "max_keys" => Field::Column("max_keys"),
         _ => return None,
     })
 }

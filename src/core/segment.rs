@@ -553,6 +553,7 @@ mod tests {
                 crate::core::each::Each {
                     ipv6_prefix: 56,
                     on_full: crate::core::each::OnFull::Reject,
+                    max_keys: 100,
                     ..crate::core::each::Each::of(&["ip", "userid"])
                 }
             } else {

@@ -64,6 +64,7 @@ const STRATEGY_FIELDS: &[&str] = &[
     "ipv6_prefix",
     "on_full",
     "split",
+    "max_keys",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -116,6 +117,7 @@ fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyR
         created_ms: 0,
         updated_ms: 0,
         version: 0,
+        max_keys: f.uint("max_keys", u32::MAX as u64)?.map(|m| m as u32),
     };
     rec.clone()
         .into_valid()

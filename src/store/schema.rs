@@ -306,6 +306,11 @@ pub const MIGRATIONS: &[Migration] = &[
             }),
         ],
     },
+    Migration {
+        version: 128,
+        description: "per-key strategies: max_keys, the cap of key-table entries (issue 28)",
+        steps: &[Step::AddColumn("strategies", "max_keys BIGINT NULL")],
+    },
 ];
 
 #[cfg(test)]

@@ -47,6 +47,8 @@ pub struct KeyPlan {
     /// The hash state after the strategy id, with the secret of the file
     /// the table was built on (`None`: no file): computed once per table.
     pub seed: Option<super::KeyHasher>,
+    /// The strategy's `max_keys` (0: the table's default share).
+    pub max_keys: u32,
 }
 
 /// Per-key `concurrency` units a request holds until it ends.
@@ -220,7 +222,9 @@ fn decide_all<V: Values + ?Sized>(
         let dry = r.dry_run || c.strategy.action.is_dry_run();
         let force = dry && plan.limiter.is_concurrency();
         let charge = match kt.key(h, c.slot, c.generation) {
-            Some(key) => kt.charge(&key, &plan.limiter, now, force, slots, owner),
+            Some(key) => {
+                kt.charge_capped(&key, &plan.limiter, plan.max_keys, now, force, slots, owner)
+            }
             None => Charge::Full,
         };
         let retry_after_ns = match charge {
