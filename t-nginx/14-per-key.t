@@ -9,6 +9,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use IO::Socket::IP;
+use JSON::PP qw(decode_json);
 use Time::HiRes qw(sleep time);
 use RateCtlTest;
 
@@ -122,12 +123,13 @@ for_each_target(sub {
 
     # A key table of 16 entries (the smallest: each of a key's windows is
     # all of it), on_full reject: the 17th client is refused, logged at most once a second, counted in
-    # the stats; the limited clients stay limited.
+    # the stats; the limited clients stay limited. max_keys=16: the whole
+    # table (the default cap is half of it).
     my $f = RateCtlTest->new($t,
         server => many_clients_server());
     {
         local $ENV{RATE_CTL_TOOL_KEYS} = 16;
-        publish($f->shm, "strategy id=6 name=full-per-ip algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/full\n");
+        publish($f->shm, "strategy id=6 name=full-per-ip algorithm=fixed_window rate=1 per=hour each=ip on_full=reject max_keys=16 when api=/full\n");
     }
     $f->start;
     my @first = map { (codes_from($f, '/full', 1, "203.0.113.$_"))[0] } 1 .. 16;
@@ -137,7 +139,7 @@ for_each_target(sub {
     is_deeply([codes_from($f, '/full', 1, '203.0.113.1')], [503], 'an old client is still limited');
     my @lines = grep { /strategy 6: a new key found the key table full \(on_full reject\)/ } split /\n/, $f->error_log;
     ok(@lines >= 1 && @lines <= 2 * $f->{workers}, scalar(@lines) . ' log line(s) for 4 refusals: at most one per worker per second');
-    like($f->get('/stats')->{body}, qr/"keys":\{"in_use":16,"reclaims":0,"full":4,"overflow_admits":0\}/,
+    like($f->get('/stats')->{body}, qr/"keys":\{"in_use":16,"reclaims":0,"full":4,"overflow_admits":0,"capped":4\}/,
         'the stats count the four on_full events');
     my $prom = $f->get('/stats?format=prometheus')->{body};
     like($prom, qr/^rate_ctl_key_table_full_total\{strategy="6",name="full-per-ip"\} 4$/m,
@@ -145,6 +147,41 @@ for_each_target(sub {
     like($prom, qr/^rate_ctl_keys_in_use\{strategy="6",name="full-per-ip"\} 16$/m,
         'Prometheus: keys in use per strategy, with its name');
     $f->no_alerts;
+
+    # --max-keys (issue 28): a strategy flooded with 200 clients in a
+    # 64-entry table holds at most its 3 entries (its other new clients get
+    # its on_full, reject), so another strategy's new clients still get
+    # their own entry and their own limit. Without the cap the flood fills
+    # the table and the other strategy's new clients are refused at once.
+    my $c = RateCtlTest->new($t,
+        server => many_clients_server());
+    {
+        local $ENV{RATE_CTL_TOOL_KEYS} = 64;
+        publish($c->shm, <<'C');
+strategy id=7 name=flooded algorithm=fixed_window rate=1 per=hour each=ip on_full=reject max_keys=3 when api=/flood
+strategy id=8 name=other algorithm=fixed_window rate=1 per=hour each=ip on_full=reject when api=/other
+C
+    }
+    $c->start;
+    my ($fok, $flim) = flood($c, '/flood', map { "10.1.0.$_" } 1 .. 200);
+    is($fok, 3, 'flooded strategy, max_keys 3: three of 200 new clients get an entry');
+    is($flim, 197, '... the other 197 get its on_full (reject)');
+    my @other = map { [codes_from($c, '/other', 2, "10.2.0.$_")] } 1 .. 10;
+    is_deeply(\@other, [([200, 503]) x 10],
+        'another strategy: each of 10 new clients gets its own limit (1 of 2) while the first is flooded');
+    my $st = $c->get('/stats')->{body};
+    like($st, qr/"id":7,[^}]*"keys":\{"in_use":3,"reclaims":0,"full":197,"overflow_admits":0,"capped":197\}/,
+        'stats: the flooded strategy holds 3 entries, 197 new keys refused by its cap');
+    like($st, qr/"id":8,[^}]*"keys":\{"in_use":10,"reclaims":0,"full":0,"overflow_admits":0,"capped":0\}/,
+        'stats: the other strategy holds its 10 keys, none refused');
+    like($c->get('/stats?format=prometheus')->{body},
+        qr/^rate_ctl_key_capped_total\{strategy="7",name="flooded"\} 197$/m,
+        'Prometheus: refusals by the cap per strategy');
+    my $insp = decode_json(scalar `@{[root()]}/target/debug/rate-ctl shm inspect @{[$c->shm]} --json`);
+    my %irow = map { $_->{id} => $_ } @{ $insp->{strategies} };
+    is_deeply([$irow{7}{max_keys}, $irow{7}{keys}{capped}, $irow{8}{max_keys}], [3, 197, 32],
+        'shm inspect: the cap in force (3; the default half of 64 for the other) and the refusals');
+    $c->no_alerts;
 });
 
 # Per-key concurrency units held by a worker killed with -9 come back (the

@@ -402,6 +402,8 @@ fn on_full_decides_for_new_keys_only() {
     ] {
         let mut s = keyed(1, &[], &["u"], Algorithm::TokenBucket, 4, Unit::Hour);
         s.each.on_full = on_full;
+        // The whole table (the default cap is half of it).
+        s.each.max_keys = 16;
         // 16 entries: the smallest table, every window of a key the whole
         // of it.
         let (_d, _w, t) = table_of(&[s], 16);
@@ -461,6 +463,9 @@ fn per_key_concurrency_is_released_when_the_request_ends() {
 fn key_figures_in_stats_prometheus_and_shm_inspect() {
     let mut s = keyed(7, &[], &["u"], Algorithm::TokenBucket, 1, Unit::Hour);
     s.each.on_full = OnFull::Reject;
+    // The whole table (the default cap is half): at 16 keys the strategy
+    // is at its cap as well, so its refused new keys count as capped too.
+    s.each.max_keys = 16;
     // The name goes through the file and comes out escaped in Prometheus.
     s.name = "per \"user\" \\ 2".into();
     let plain = strategy(8, &[("api", "/x")], Algorithm::TokenBucket, 5, Unit::Second);
@@ -481,7 +486,7 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
     let stats = rate_ctl::core::stats::snapshot(&e);
     let json = rate_ctl::core::stats::render_json(&stats, 0);
     assert!(
-        json.contains(r#"{"id":7,"passed":17,"limited":2,"delayed":0,"keys":{"in_use":16,"reclaims":1,"full":2,"overflow_admits":0}}"#),
+        json.contains(r#"{"id":7,"passed":17,"limited":2,"delayed":0,"keys":{"in_use":16,"reclaims":1,"full":2,"overflow_admits":0,"capped":2}}"#),
         "{json}"
     );
     assert!(
@@ -529,6 +534,10 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
     assert_eq!(row["name"], "per \"user\" \\ 2");
     assert_eq!(row["keys"]["reclaims"], 1);
     assert_eq!(row["on_full"], "reject");
+    assert_eq!(
+        (&row["max_keys"], &row["keys"]["capped"]),
+        (&serde_json::json!(16), &serde_json::json!(2))
+    );
     let text = std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
         .args(["shm", "inspect", path.to_str().unwrap()])
         .output()
@@ -538,7 +547,7 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
         format!("key table:       16 of 16 entries in use (16 bytes each), longest probe {probe}");
     assert!(text.contains(&want), "{text}");
     assert!(
-        text.contains("each=u (keys 16, reclaims 1, on_full reject 2)"),
+        text.contains("each=u (keys 16, reclaims 1, on_full reject 2, max_keys 16 capped 2)"),
         "{text}"
     );
 }

@@ -320,3 +320,98 @@ fn on_full_allow_is_warned_about_when_stored() {
     let help = ok(&["strategy", "add", "--help"]);
     assert!(help.contains("allow lifts the limit"), "{help}");
 }
+
+/// `--max-keys` / `max_keys` (issue 28, migration 128): through the CLI
+/// (add, update, list, export and import), the store and the API; 0,
+/// above 2^31 and without `each` are refused naming the field.
+#[test]
+fn max_keys_round_trips_through_the_cli_the_store_and_the_api() {
+    for st in stores("max_keys_cli") {
+        let s = st.url.as_str();
+        add_strategy(
+            s,
+            "flooded",
+            "fixed_window",
+            "5",
+            &["--match", "api=/q", "--each", "ip", "--max-keys", "100"],
+        );
+        let r = &rows(s)[0];
+        assert_eq!(r["max_keys"], 100, "{r}");
+        let list = ok(&["strategy", "list", "--store", s]);
+        assert!(list.contains("each=ip max_keys=100"), "{list}");
+        let id = r["id"].to_string();
+        update(s, &id, &["--max-keys", "3"]);
+        assert_eq!(rows(s)[0]["max_keys"], 3);
+        update(s, &id, &["--on-full", "reject"]);
+        assert_eq!(rows(s)[0]["max_keys"], 3, "kept by an update without it");
+        let (_dir, file, exported) = cli::export_strategies(s);
+        assert!(exported.contains(r#""max_keys":3"#), "{exported}");
+        ok(&["strategy", "rm", &id, "--store", s]);
+        ok(&["strategy", "import", "--store", s, &file]);
+        let r = &rows(s)[0];
+        assert_eq!(r["max_keys"], 3, "{r}");
+        let id = r["id"].to_string();
+        update(s, &id, &["--no-each"]);
+        assert!(rows(s)[0].get("max_keys").is_none(), "cleared with each");
+    }
+    let st = cli::sqlite_store();
+    let s = st.url.as_str();
+    let base = [
+        "strategy",
+        "add",
+        "--store",
+        s,
+        "--name",
+        "x",
+        "--rate",
+        "5",
+        "--algorithm",
+        "token_bucket",
+    ];
+    for extra in [
+        &["--each", "ip", "--max-keys", "0"][..],
+        &["--each", "ip", "--max-keys", "2147483649"][..],
+        &["--max-keys", "10"][..],
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        refused(&args, "--max-keys");
+    }
+    assert!(rows(s).is_empty());
+
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    let body = json!({"name": "capped", "match": {"api": "/q"}, "algorithm": "fixed_window",
+                      "rate": 10, "per": "minute", "each": ["ip"], "max_keys": 3});
+    let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&body.to_string()));
+    assert_eq!(code, 201, "{v}");
+    let body = json!({"name": "uncapped", "match": {"api": "/r"}, "algorithm": "fixed_window",
+                      "rate": 10, "per": "minute", "each": ["ip"]});
+    let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&body.to_string()));
+    assert_eq!(code, 201, "{v}");
+    let list = srv.get("/api/v1/strategies");
+    let by_name = |n: &str| {
+        list["strategies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == n)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(by_name("capped")["max_keys"], 3, "{list}");
+    assert_eq!(by_name("uncapped")["max_keys"], Value::Null, "{list}");
+    for bad in [
+        json!({"each": ["ip"], "max_keys": 0}),
+        json!({"each": ["ip"], "max_keys": 3_000_000_000u64}),
+        json!({"max_keys": 5}),
+    ] {
+        let mut b = json!({"name": "bad", "algorithm": "token_bucket", "rate": 5});
+        for (k, v) in bad.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&b.to_string()));
+        assert_eq!(code, 422, "{b}: {v}");
+        assert_eq!(v["error"]["field"], "max_keys", "{b}: {v}");
+    }
+}

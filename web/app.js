@@ -441,7 +441,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after', 'max_keys'];
 
 function conditionRow(key = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -538,6 +538,7 @@ function fillForm(s) {
   $('#s-count-if').value = s && s.count_if ? s.count_if : '';
   $('#s-cost-from').value = s && s.cost_from ? s.cost_from : '';
   $('#s-cost-after').value = s && s.cost_after ? s.cost_after : '';
+  $('#s-max-keys').value = s && s.max_keys ? s.max_keys : '';
   updateFormHints();
 }
 
@@ -630,6 +631,10 @@ function readForm() {
       const v = $(id).value.trim();
       if (v !== '') body[k] = v;
     }
+  }
+  if (body.each.length) {
+    const mk = numberOrText($('#s-max-keys').value);
+    if (mk !== null) body.max_keys = mk;
   }
   return body;
 }

@@ -427,6 +427,12 @@ pub struct PerKeyArgs {
     /// allow lifts the limit for every new key while the table is full).
     #[arg(long, value_parser = parse_on_full)]
     pub on_full: Option<OnFull>,
+    /// Per-key: most key-table entries this strategy's keys may hold (1 …
+    /// 2147483648; default half of the agent's --keys); past it a new key
+    /// of this strategy gets its on_full while other strategies' new keys
+    /// still get entries.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=rate_ctl::core::each::MAX_MAX_KEYS as i64))]
+    pub max_keys: Option<u32>,
 }
 
 /// `--warm-up`: a duration in ms (the range is the model's check).

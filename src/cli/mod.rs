@@ -275,6 +275,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 count_if: a.response.count_if,
                 cost_from: a.response.cost_from,
                 cost_after: a.response.cost_after,
+                max_keys: a.per_key.max_keys,
             };
             // Refuse bad arguments before touching the store (the one check).
             let rec = rec.into_valid().map_err(Failure::invalid)?;
@@ -324,6 +325,10 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             rec.ipv4_prefix = k.ipv4_prefix.or(rec.ipv4_prefix);
             rec.ipv6_prefix = k.ipv6_prefix.or(rec.ipv6_prefix);
             rec.on_full = k.on_full.or(rec.on_full);
+            if u.no_each {
+                rec.max_keys = None;
+            }
+            rec.max_keys = k.max_keys.or(rec.max_keys);
             if let Some(r) = u.rate {
                 rec.rate = r;
             }
@@ -540,6 +545,9 @@ fn print_strategies(recs: &[StrategyRecord]) {
             }
             if let Some(o) = r.on_full.filter(|o| *o != d.on_full) {
                 cond.push(format!("on_full={o}"));
+            }
+            if let Some(m) = r.max_keys {
+                cond.push(format!("max_keys={m}"));
             }
         }
         // Issue 31: the response and cost options.

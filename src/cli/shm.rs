@@ -90,7 +90,10 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                     "reclaims": if current { k.reclaims } else { 0 },
                     "full": if current { k.full } else { 0 },
                     "overflow_admits": if current { k.overflow_admits } else { 0 },
+                    "capped": if current { k.capped } else { 0 },
                 });
+                // The cap the workers apply (0 in the file: half the table).
+                row["max_keys"] = json!(keys.cap(s.each.max_keys));
             }
             if !s.response.is_plain() {
                 // Issue 31: the response options and their counters.
@@ -223,12 +226,14 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 let dims: Vec<&str> = each.iter().filter_map(|d| d.as_str()).collect();
                 let k = &r["keys"];
                 m.push(format!(
-                    "each={} (keys {}, reclaims {}, on_full {} {})",
+                    "each={} (keys {}, reclaims {}, on_full {} {}, max_keys {} capped {})",
                     dims.join(","),
                     k["in_use"],
                     k["reclaims"],
                     r["on_full"].as_str().unwrap_or(""),
-                    k["full"]
+                    k["full"],
+                    r["max_keys"],
+                    k["capped"]
                 ));
             }
             let n = |k: &str| r[k].to_string();

@@ -36,6 +36,7 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
         "count_if": r.count_if,
         "cost_from": r.cost_from,
         "cost_after": r.cost_after,
+        "max_keys": r.max_keys,
     })
 }
 
@@ -233,6 +234,7 @@ pub fn field_of_api_name(name: &str) -> Option<Field> {
         "count_if" => Field::CountIf,
         "cost_from" => Field::CostFrom,
         "cost_after" => Field::CostAfter,
+        "max_keys" => Field::Column("max_keys"),
         _ => return None,
     })
 }

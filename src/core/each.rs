@@ -13,6 +13,10 @@ use super::model::{valid_dimension_name, Algorithm, MAX_DIMENSION_LEN};
 pub const MAX_EACH: usize = 4;
 pub const DEFAULT_IPV4_PREFIX: u8 = 32;
 pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+/// Largest `max_keys` (a sanity bound: the key table of `rate-ctl agent
+/// --keys` has at most 2^32 entries; 0 means the default share,
+/// [`super::keys::KeyTable::default_cap`]).
+pub const MAX_MAX_KEYS: u32 = 1 << 31;
 
 keyword_enum! {
     /// What a new key gets when no entry of its probe range can be used.
@@ -60,6 +64,8 @@ pub enum EachError {
     NeedsEach(&'static str),
     #[error("on_full: unknown value {0:?} (expected one of {expected})", expected = OnFull::EXPECTED)]
     OnFull(String),
+    #[error("max_keys: must be between 1 and {MAX_MAX_KEYS}, got {0}")]
+    MaxKeys(u64),
     #[error("each: makes no sense for action allow (an allowed request is not limited, and never gets a key)")]
     Allow,
 }
@@ -71,6 +77,9 @@ pub struct Each {
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
     pub on_full: OnFull,
+    /// Most key-table entries the strategy's keys may hold (`--max-keys`);
+    /// 0: the default share of the table ([`super::keys::KeyTable::default_cap`]).
+    pub max_keys: u32,
 }
 
 impl Default for Each {
@@ -80,6 +89,7 @@ impl Default for Each {
             ipv4_prefix: DEFAULT_IPV4_PREFIX,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
             on_full: OnFull::Overflow,
+            max_keys: 0,
         }
     }
 }
@@ -123,6 +133,9 @@ impl Each {
         if !(1..=128).contains(&self.ipv6_prefix) {
             return Err(EachError::Ipv6Prefix(self.ipv6_prefix));
         }
+        if self.max_keys > MAX_MAX_KEYS {
+            return Err(EachError::MaxKeys(self.max_keys as u64));
+        }
         if !self.is_keyed() {
             let d = Each::default();
             if self.ipv4_prefix != d.ipv4_prefix {
@@ -133,6 +146,9 @@ impl Each {
             }
             if self.on_full != d.on_full {
                 return Err(EachError::NeedsEach("on_full"));
+            }
+            if self.max_keys != d.max_keys {
+                return Err(EachError::NeedsEach("max_keys"));
             }
             return Ok(());
         }
@@ -184,6 +200,19 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("rate:"));
+        let e = Each {
+            max_keys: 100,
+            ..Each::default()
+        };
+        assert_eq!(
+            msg(e, Algorithm::TokenBucket),
+            "max_keys: applies only to a strategy with each"
+        );
+        let e = Each {
+            max_keys: MAX_MAX_KEYS + 1,
+            ..Each::of(&["ip"])
+        };
+        assert!(msg(e, Algorithm::TokenBucket).starts_with("max_keys:"));
         assert_eq!("reject".parse::<OnFull>(), Ok(OnFull::Reject));
         assert!("drop"
             .parse::<OnFull>()

@@ -7,7 +7,7 @@
 //! | offset | size | content |
 //! |---:|---:|---|
 //! | 0 | 4096 | table header: occupied entries, longest probe, claims |
-//! | 4096 | slots × 64, page-rounded | per stat slot: keys in use, reclaims, `on_full` events, overflow admissions, and the response counters of issue 31 |
+//! | 4096 | slots × 64, page-rounded | per stat slot: keys in use, reclaims, `on_full` events, overflow admissions, the response counters of issue 31, new keys refused by the strategy's cap |
 //! | after | capacity × 16 | entries |
 //!
 //! An **entry** is 16 bytes, four per cache line: `ident` (8 bytes) and the
@@ -70,6 +70,18 @@
 //! each, as before), so the lock-free protocol is unchanged; only where
 //! a new key looks differs.
 //!
+//! # Per-strategy cap (`max_keys`)
+//!
+//! A strategy's keys hold at most its cap of entries (`--max-keys`, by
+//! default [`KeyTable::default_cap`]: half of the table), counted by its
+//! stat slot's "keys in use" word. A new key of a strategy at its cap may
+//! only reuse a fresh entry of the same strategy (in use stays the same);
+//! otherwise it is [`Charge::Full`] and the strategy's own `on_full`
+//! applies, counted as "capped". The check is on the new-key path only:
+//! the request path of a known key does not read the counter. Concurrent
+//! claims can pass the check together, so a strategy may go over its cap
+//! by at most the number of processes claiming at that moment.
+//!
 //! Per-key `concurrency` units are in the concurrency ledger
 //! ([`super::ledger`]) by entry and ident: the units of a worker killed
 //! while holding them are given back ([`KeyTable::give_back`]) while the
@@ -111,6 +123,9 @@ const HEADER_BYTES: u64 = 4096;
 /// Bytes of one stat slot's counters here: the key counters, and since
 /// layout version 4 the response counters (issue 31).
 const COUNTER_BYTES: u64 = 64;
+/// `max_keys` of [`KeyTable::charge`]: no cap (larger than any table;
+/// the model allows at most [`crate::core::each::MAX_MAX_KEYS`]).
+pub const NO_CAP: u32 = u32::MAX;
 /// Stat slots a per-key strategy may use (20 bits of the ident).
 pub const MAX_SLOT: u32 = (1 << 20) - 2;
 
@@ -129,6 +144,8 @@ const C_OVERFLOW: usize = 24;
 const C_CHARGED_AFTER: usize = 32;
 const C_GIVEN_BACK: usize = 40;
 const C_NOT_COUNTED: usize = 48;
+// New keys refused by the strategy's cap (`max_keys`).
+const C_CAPPED: usize = 56;
 
 /// Entries for a requested `--keys`: whole cache lines, at least two.
 pub fn capacity_for(keys: u32) -> Result<u64, ShmError> {
@@ -305,6 +322,9 @@ pub struct KeyCounters {
     pub full: u64,
     /// Of those, admitted by the strategy's overflow limiter.
     pub overflow_admits: u64,
+    /// Requests of new keys refused an entry because the strategy's keys
+    /// held its cap (`max_keys`); also counted in `full`.
+    pub capped: u64,
 }
 
 /// The key table of a mapped file.
@@ -392,6 +412,24 @@ impl<'a> KeyTable<'a> {
 
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// The cap of a per-key strategy without `max_keys`: half of the
+    /// table's entries. One flooded strategy can then fill at most half
+    /// of the table, where new keys of the others still find an entry
+    /// (0 of 524,288 refused up to 50 % occupancy, see above).
+    pub fn default_cap(&self) -> u64 {
+        (self.capacity / 2).max(1)
+    }
+
+    /// The cap of a strategy whose `max_keys` is `max_keys` (0: default).
+    #[inline]
+    pub fn cap(&self, max_keys: u32) -> u64 {
+        if max_keys == 0 {
+            self.default_cap()
+        } else {
+            max_keys as u64
+        }
     }
 
     /// Can this CPU and mapping run the table (16-byte CAS)?
@@ -532,6 +570,7 @@ impl<'a> KeyTable<'a> {
             C_CHARGED_AFTER,
             C_GIVEN_BACK,
             C_NOT_COUNTED,
+            C_CAPPED,
         ] {
             if let Some(c) = self.counter(slot, off) {
                 c.store(0, Ordering::Relaxed);
@@ -557,6 +596,7 @@ impl<'a> KeyTable<'a> {
             reclaims: get(C_RECLAIMS),
             full: get(C_FULL),
             overflow_admits: get(C_OVERFLOW),
+            capped: get(C_CAPPED),
         }
     }
 
@@ -603,7 +643,9 @@ impl<'a> KeyTable<'a> {
         (0..self.capacity).filter(|&i| self.load(i).0 != 0).count() as u64
     }
 
-    /// Charges one request of key `key` with `lim` at `now`. `force`: a
+    /// Charges one request of key `key` with `lim` at `now`, with no cap
+    /// on the strategy's entries (tools, tests; the request path uses
+    /// [`charge_capped`](Self::charge_capped)). `force`: a
     /// dry-run `concurrency` hit takes a unit even over the limit.
     /// `owner(slot)` gives the limiter of the strategy now in a stat slot
     /// (to judge whether another strategy's entry is fresh), `slots` the
@@ -619,6 +661,25 @@ impl<'a> KeyTable<'a> {
         slots: &Region<'_>,
         owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
     ) -> Charge {
+        self.charge_capped(key, lim, NO_CAP, now, force, slots, owner)
+    }
+
+    /// [`charge`](Self::charge) for a strategy whose `max_keys` is
+    /// `max_keys` (0: [`default_cap`](Self::default_cap)): a new key of a
+    /// strategy whose keys hold that many entries gets none
+    /// ([`Charge::Full`]) unless it can reuse a fresh entry of its own.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn charge_capped<'l>(
+        &self,
+        key: &KeyId,
+        lim: &KeyLimiter,
+        max_keys: u32,
+        now: Now,
+        force: bool,
+        slots: &Region<'_>,
+        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
+    ) -> Charge {
         // The common case inline: the key's entry is there and one CAS
         // charges it. Anything else (a new key, a race) takes the loop.
         if let Some(c) = self.charge_found(key, lim, now, force) {
@@ -627,15 +688,28 @@ impl<'a> KeyTable<'a> {
         if !self.usable() {
             return Charge::Full;
         }
-        self.charge_slow(key, lim, now, lim.clock(now), force, slots, owner, 1)
+        self.charge_slow(
+            key,
+            lim,
+            max_keys,
+            now,
+            lim.clock(now),
+            force,
+            slots,
+            owner,
+            1,
+        )
     }
 
     /// [`charge`](Self::charge) of `n` units at once (`cost_from`, issue
-    /// 31; see [`KeyLimiter::step_units`]), never forced.
+    /// 31; see [`KeyLimiter::step_units`]), never forced; `max_keys` as
+    /// in [`charge_capped`](Self::charge_capped).
+    #[allow(clippy::too_many_arguments)]
     pub fn charge_units<'l>(
         &self,
         key: &KeyId,
         lim: &KeyLimiter,
+        max_keys: u32,
         now: Now,
         n: u64,
         slots: &Region<'_>,
@@ -650,7 +724,17 @@ impl<'a> KeyTable<'a> {
                 return c;
             }
         }
-        self.charge_slow(key, lim, now, lim.clock(now), false, slots, owner, n)
+        self.charge_slow(
+            key,
+            lim,
+            max_keys,
+            now,
+            lim.clock(now),
+            false,
+            slots,
+            owner,
+            n,
+        )
     }
 
     /// [`charge`](Self::charge) of a key whose entry is in the table:
@@ -703,6 +787,7 @@ impl<'a> KeyTable<'a> {
         &self,
         key: &KeyId,
         lim: &KeyLimiter,
+        max_keys: u32,
         now: Now,
         t: u64,
         force: bool,
@@ -720,16 +805,27 @@ impl<'a> KeyTable<'a> {
                     None => continue, // the entry moved on: look again
                 }
             }
+            // A new key of a strategy at its cap may only take over a
+            // fresh entry of its own strategy (same slot and generation:
+            // its count of entries stays the same).
+            let capped = self
+                .counter(key.slot(), C_IN_USE)
+                .is_some_and(|c| c.load(Ordering::Relaxed) >= self.cap(max_keys));
             // A new key: the first entry that is empty or as new, in
             // the windows' order of preference.
             let candidate = self.window_order(key).into_iter().find_map(|w| {
                 (w * WINDOW..(w + 1) * WINDOW).find_map(|p| {
                     let (ident, st) = self.load(self.at(key, p));
-                    (ident != key.ident && self.reusable(ident, st, now, slots, &owner))
-                        .then_some((p, ident, st))
+                    (ident != key.ident
+                        && (!capped || ident >> 32 == key.ident >> 32)
+                        && self.reusable(ident, st, now, slots, &owner))
+                    .then_some((p, ident, st))
                 })
             });
             let Some((p, old_ident, old_st)) = candidate else {
+                if capped {
+                    self.bump(key.slot(), C_CAPPED);
+                }
                 return Charge::Full;
             };
             let next = match lim.step_units(0, t, n) {

@@ -164,7 +164,8 @@ fn encode_response(each: &super::each::Each, r: &super::response::Response, out:
 /// Reads the response fields from the rest of a record (after the
 /// conditions; zero padding included). The model checks them afterwards.
 fn decode_response(rest: &[u8]) -> Result<super::response::Response, &'static str> {
-    // Skip the `each` fields: count, 3 bytes, then the names.
+    // Skip the `each` fields: count, 3 bytes, the names, then `max_keys`
+    // (4 bytes, written for every per-key strategy; issue 28).
     let mut at = match rest.first() {
         None => return Ok(Default::default()),
         Some(0) => 1,
@@ -174,7 +175,7 @@ fn decode_response(rest: &[u8]) -> Result<super::response::Response, &'static st
                 let len = *rest.get(at).ok_or("each: truncated")? as usize;
                 at += 1 + len;
             }
-            at
+            at + 4
         }
     };
     if rest.get(at) != Some(&RESPONSE_TAG) {
@@ -624,6 +625,7 @@ mod tests {
                 crate::core::each::Each {
                     ipv6_prefix: 56,
                     on_full: crate::core::each::OnFull::Reject,
+                    max_keys: 100,
                     ..crate::core::each::Each::of(&["ip", "userid"])
                 }
             } else {

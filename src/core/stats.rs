@@ -107,8 +107,8 @@ pub fn render_json(s: &Stats, now_unix_ms: u64) -> String {
         if let Some(k) = st.keys {
             let _ = write!(
                 o,
-                ",\"keys\":{{\"in_use\":{},\"reclaims\":{},\"full\":{},\"overflow_admits\":{}}}",
-                k.in_use, k.reclaims, k.full, k.overflow_admits
+                ",\"keys\":{{\"in_use\":{},\"reclaims\":{},\"full\":{},\"overflow_admits\":{},\"capped\":{}}}",
+                k.in_use, k.reclaims, k.full, k.overflow_admits, k.capped
             );
         }
         if let Some(r) = st.response {
@@ -263,6 +263,12 @@ fn render_keys_prometheus(o: &mut String, s: &Stats) {
             "Of those, requests the strategy's overflow limiter admitted (on_full overflow).",
             |k| k.overflow_admits,
         ),
+        (
+            "rate_ctl_key_capped_total",
+            "counter",
+            "Requests of new keys refused an entry because the strategy's keys held its max_keys cap (on_full applied; also in rate_ctl_key_table_full_total).",
+            |k| k.capped,
+        ),
     ] {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for st in &s.strategies {
@@ -352,6 +358,7 @@ mod tests {
                     reclaims: 2,
                     full: 1,
                     overflow_admits: 1,
+                    capped: 1,
                 }),
                 response: None,
             }],
@@ -370,7 +377,7 @@ mod tests {
         let j = render_json(&sample(), 1_500);
         assert_eq!(
             j,
-            "{\"enforcing\":true,\"sequence\":7,\"active_segment\":1,\"config_version\":3,\"heartbeat_age_ms\":500,\"strategies\":[{\"id\":12,\"passed\":5,\"limited\":15,\"delayed\":0,\"keys\":{\"in_use\":4,\"reclaims\":2,\"full\":1,\"overflow_admits\":1}}],\"key_table\":{\"capacity\":64,\"occupied\":4,\"max_probe\":2},\"undefined_dimensions\":{\"usrid\":[3, 7]}}\n"
+            "{\"enforcing\":true,\"sequence\":7,\"active_segment\":1,\"config_version\":3,\"heartbeat_age_ms\":500,\"strategies\":[{\"id\":12,\"passed\":5,\"limited\":15,\"delayed\":0,\"keys\":{\"in_use\":4,\"reclaims\":2,\"full\":1,\"overflow_admits\":1,\"capped\":1}}],\"key_table\":{\"capacity\":64,\"occupied\":4,\"max_probe\":2},\"undefined_dimensions\":{\"usrid\":[3, 7]}}\n"
         );
     }
 
@@ -393,6 +400,7 @@ mod tests {
             "rate_ctl_key_reclaims_total",
             "rate_ctl_key_table_full_total",
             "rate_ctl_key_overflow_admits_total",
+            "rate_ctl_key_capped_total",
         ] {
             assert!(p.contains(&format!("{series}{labels} ")), "{series}: {p}");
         }

@@ -981,6 +981,7 @@ impl Table {
                         on_full: e.on_full,
                         limiter,
                         seed: map.as_ref().map(|m| m.keys().hasher(s.strategy.id)),
+                        max_keys: e.max_keys,
                     }),
                 ));
             }

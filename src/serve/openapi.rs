@@ -106,6 +106,8 @@ fn schemas() -> Value {
                     "description": "per-key only: a new key when its part of the key table is full: overflow (default; charged against one shared limiter at the strategy's rate), reject or allow"},
         "split": {"type": "string", "enum": ["static", "demand"],
                   "description": "cluster only: static = rate × weight / Σ weights of fresh hosts; demand = leases from the fleet leader by each host's demand (README, Fleet leases). Default: demand for cluster scope, static for host scope and allow (a strategy stored before the split existed stays static)"},
+        "max_keys": {"type": ["integer", "null"], "minimum": 1, "maximum": 2147483648u64,
+                     "description": "per-key only: most key-table entries this strategy's keys may hold; past it a new key of this strategy gets its on_full while other strategies' new keys still get entries (null: half of the agent's key table)"},
     });
     // algorithm and rate are required unless the action is allow.
     let rate_required = json!({
@@ -180,6 +182,7 @@ fn schemas() -> Value {
         ("count_if", json!(null)),
         ("cost_from", json!(null)),
         ("cost_after", json!(null)),
+        ("max_keys", json!(null)),
     ] {
         example[k] = v;
     }

@@ -67,6 +67,7 @@ const STRATEGY_FIELDS: &[&str] = &[
     "count_if",
     "cost_from",
     "cost_after",
+    "max_keys",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -122,6 +123,7 @@ fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyR
         count_if: f.str("count_if")?,
         cost_from: f.str("cost_from")?,
         cost_after: f.str("cost_after")?,
+        max_keys: f.uint("max_keys", u32::MAX as u64)?.map(|m| m as u32),
     };
     rec.clone()
         .into_valid()

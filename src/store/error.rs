@@ -172,6 +172,7 @@ fn each_field(e: &rate_ctl::core::each::EachError) -> (Field, String) {
         E::SlidingCount(_) => (Field::Rate, "rate".into()),
         E::Ipv4Prefix(_) | E::NeedsEach("ipv4_prefix") => (Field::Ipv4Prefix, "ipv4_prefix".into()),
         E::Ipv6Prefix(_) | E::NeedsEach("ipv6_prefix") => (Field::Ipv6Prefix, "ipv6_prefix".into()),
+        E::MaxKeys(_) | E::NeedsEach("max_keys") => (Field::Column("max_keys"), "max_keys".into()),
         E::OnFull(_) | E::NeedsEach(_) => (Field::OnFull, "on_full".into()),
     }
 }

@@ -232,6 +232,10 @@ pub struct StrategyRecord {
     /// The dimension read when the request ends: its final cost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_after: Option<String>,
+    /// Per-key: most key-table entries the strategy's keys may hold (1 …
+    /// 2^31); `None`: half of the agent's key table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_keys: Option<u32>,
 }
 
 fn default_unit() -> Unit {
@@ -447,6 +451,7 @@ impl StrategyRecord {
             ipv4_prefix: self.ipv4_prefix.unwrap_or(d.ipv4_prefix),
             ipv6_prefix: self.ipv6_prefix.unwrap_or(d.ipv6_prefix),
             on_full: self.on_full.unwrap_or(d.on_full),
+            max_keys: self.max_keys.unwrap_or(d.max_keys),
         }
     }
 
@@ -512,6 +517,10 @@ impl StrategyRecord {
         }
         if self.algorithm == Algorithm::WarmUp && self.cold_factor.is_none() {
             self.cold_factor = Some(DEFAULT_COLD_FACTOR);
+        }
+        if self.max_keys == Some(0) {
+            // 0 is the model's "default share": not a cap anyone asks for.
+            return Err(ModelError::from(rate_ctl::core::each::EachError::MaxKeys(0)).into());
         }
         let mut core = self.to_core(self.rate, self.burst)?;
         if !self.each.is_empty() {

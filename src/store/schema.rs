@@ -307,6 +307,11 @@ pub const MIGRATIONS: &[Migration] = &[
         ],
     },
     Migration {
+        version: 128,
+        description: "per-key strategies: max_keys, the cap of key-table entries (issue 28)",
+        steps: &[Step::AddColumn("strategies", "max_keys BIGINT NULL")],
+    },
+    Migration {
         version: 131,
         description: "strategies: count_if, cost_from, cost_after (issue 31)",
         steps: &[

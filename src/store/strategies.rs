@@ -18,7 +18,7 @@ use rate_ctl::core::shm::unix_ms;
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
      status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
-     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after";
+     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after, max_keys";
 
 impl Store {
     /// Stores a new strategy (validated by whoever received it); returns
@@ -124,12 +124,14 @@ impl Store {
                 "UPDATE strategies SET name = ?, conditions = ?, algorithm = ?, rate = ?, per = ?, \
                  burst = ?, action = ?, status = ?, max_delay_ms = ?, enabled = ?, scope = ?, \
                  warm_up_ms = ?, cold_factor = ?, priority = ?, each_dims = ?, ipv4_prefix = ?, \
-                 ipv6_prefix = ?, on_full = ?, split = ?, updated_ms = ?, version = ? WHERE id = ?",
+                 ipv6_prefix = ?, on_full = ?, split = ?, updated_ms = ?, version = ?, \
+                 max_keys = ? WHERE id = ?",
             )),
             &rec,
         )
         .bind(rec.updated_ms as i64)
         .bind(rec.version as i64)
+        .bind(rec.max_keys.map(i64::from))
         .bind(rec.id as i64)
         .execute(&mut *tx)
         .await?;
@@ -494,10 +496,10 @@ async fn ensure_name_free(
 pub(super) const INSERT_COLUMNS: &str =
     "name, conditions, algorithm, rate, per, burst, action, status, \
      max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
-     ipv6_prefix, on_full, split, created_ms, updated_ms, version";
+     ipv6_prefix, on_full, split, created_ms, updated_ms, version, max_keys";
 
 /// Columns in [`INSERT_COLUMNS`].
-const INSERT_COUNT: usize = 22;
+const INSERT_COUNT: usize = 23;
 
 pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -505,12 +507,13 @@ pub(super) fn placeholders(n: usize) -> String {
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds the 22 columns of [`INSERT_COLUMNS`] in order.
+/// Binds the 23 columns of [`INSERT_COLUMNS`] in order.
 pub(super) fn bind_strategy<'q>(q: AnyQuery<'q>, r: &StrategyRecord) -> AnyQuery<'q> {
     bind_content(q, r)
         .bind(r.created_ms as i64)
         .bind(r.updated_ms as i64)
         .bind(r.version as i64)
+        .bind(r.max_keys.map(i64::from))
 }
 
 /// Binds the 19 columns `name` to `split` of [`INSERT_COLUMNS`] in order.
@@ -710,6 +713,11 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         count_if: get_os("count_if")?.filter(|s| !s.is_empty()),
         cost_from: get_os("cost_from")?.filter(|s| !s.is_empty()),
         cost_after: get_os("cost_after")?.filter(|s| !s.is_empty()),
+        // NULL: no cap given (or a row from before migration 128).
+        max_keys: get_oi("max_keys")?
+            .map(|v| in_range("max_keys", v, rate_ctl::core::each::MAX_MAX_KEYS as u64))
+            .transpose()?
+            .map(|v| v as u32),
     };
     rec.into_valid().map_err(bad)
 }

@@ -49,6 +49,8 @@ pub struct KeyPlan {
     /// The hash state after the strategy id, with the secret of the file
     /// the table was built on (`None`: no file): computed once per table.
     pub seed: Option<super::KeyHasher>,
+    /// The strategy's `max_keys` (0: the table's default share).
+    pub max_keys: u32,
 }
 
 /// Per-key `concurrency` units a request holds until it ends.
@@ -245,9 +247,11 @@ fn decide_all<V: Values + ?Sized>(
         let charge = match key {
             Some(key) if check => kt.check_units(&key, &plan.limiter, now, units),
             Some(key) if units != 1 => {
-                kt.charge_units(&key, &plan.limiter, now, units, slots, owner)
+                kt.charge_units(&key, &plan.limiter, plan.max_keys, now, units, slots, owner)
             }
-            Some(key) => kt.charge(&key, &plan.limiter, now, force, slots, owner),
+            Some(key) => {
+                kt.charge_capped(&key, &plan.limiter, plan.max_keys, now, force, slots, owner)
+            }
             None => Charge::Full,
         };
         let retry_after_ns = match charge {

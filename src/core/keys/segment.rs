@@ -9,6 +9,7 @@
 //! | 1 | `ipv6_prefix` |
 //! | 1 | `on_full`: 1 overflow, 2 reject, 3 allow |
 //! | … | each name: `u8` length, bytes |
+//! | 4 | `max_keys` (`u32` LE; 0 or past the record's end: the default share of the table) |
 
 use crate::core::each::{Each, OnFull};
 
@@ -24,6 +25,7 @@ pub fn encode(e: &Each, out: &mut Vec<u8>) {
         out.push(d.len() as u8);
         out.extend_from_slice(d.as_bytes());
     }
+    out.extend_from_slice(&e.max_keys.to_le_bytes());
 }
 
 /// Reads the fields from the rest of a record (zero padding included);
@@ -49,10 +51,16 @@ pub fn decode(rest: &[u8]) -> Result<Each, &'static str> {
         );
         at = &tail[len as usize..];
     }
+    // Written after the names; a record from before it ends (or is zero
+    // padding) there: the default.
+    let max_keys = at
+        .get(..4)
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
     Ok(Each {
         dims,
         ipv4_prefix: v4,
         ipv6_prefix: v6,
         on_full,
+        max_keys,
     })
 }

@@ -401,3 +401,99 @@ fn new_keys_find_an_entry_until_90_percent() {
         }
     }
 }
+
+fn charge_capped(
+    t: &KeyTable,
+    f: &Fixture,
+    k: &KeyId,
+    l: &KeyLimiter,
+    max_keys: u32,
+    now: u64,
+) -> Charge {
+    t.charge_capped(
+        k,
+        l,
+        max_keys,
+        Now::from(now),
+        false,
+        &f.slots.region(),
+        |_| Some(l),
+    )
+}
+
+#[test]
+fn a_capped_strategy_floods_only_itself() {
+    let f = Fixture::new(4096);
+    let t = f.table(4096);
+    let l = limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1);
+    // Strategy A (slot 0, max_keys 100): 1,000 distinct keys, each limited
+    // (not fresh), so none can be reused.
+    let mut got = 0;
+    for i in 0..1000u32 {
+        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
+        match charge_capped(&t, &f, &k, &l, 100, T0) {
+            Charge::Admitted { .. } => got += 1,
+            Charge::Full => {}
+            c => panic!("key a{i}: {c:?}"),
+        }
+    }
+    assert_eq!(got, 100, "A's new keys with an entry");
+    let a = t.counters(0);
+    assert_eq!(a.in_use, 100);
+    assert_eq!(a.capped, 900, "A's extra keys go to its on_full");
+    // A key of A that has its entry is still charged there (limited).
+    let k = key(&t, 0, &[b"a0"]);
+    assert!(matches!(
+        charge_capped(&t, &f, &k, &l, 100, T0),
+        Charge::Rejected { .. }
+    ));
+    // Strategy B (slot 1, default cap: half of 4,096): its new keys get
+    // their own entries while A is at its cap.
+    for i in 0..500u32 {
+        let k = key(&t, 1, &[format!("b{i}").as_bytes()]);
+        assert!(
+            admitted(charge_capped(&t, &f, &k, &l, 0, T0)),
+            "B's key b{i} found no entry"
+        );
+    }
+    assert_eq!(t.counters(1).in_use, 500);
+    assert_eq!(t.counters(1).capped, 0);
+    assert_eq!(t.counters(0).in_use, 100);
+    // Two minutes later A's keys are fresh: a new key of A reuses one of
+    // A's own entries (its count stays at the cap), never B's.
+    let mut reused = 0;
+    for i in 1000..1100u32 {
+        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
+        if admitted(charge_capped(&t, &f, &k, &l, 100, T0 + 120 * S)) {
+            reused += 1;
+        }
+    }
+    assert!(reused > 0, "no fresh entry of A reused");
+    assert_eq!(t.counters(0).in_use, 100);
+    assert_eq!(t.counters(1).in_use, 500);
+}
+
+#[test]
+fn the_default_cap_is_half_the_table() {
+    let f = Fixture::new(1024);
+    let t = f.table(1024);
+    assert_eq!(t.default_cap(), 512);
+    assert_eq!(t.cap(0), 512);
+    assert_eq!(t.cap(7), 7);
+    let l = limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1);
+    for i in 0..2000u32 {
+        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
+        charge_capped(&t, &f, &k, &l, 0, T0);
+    }
+    assert_eq!(t.counters(0).in_use, 512);
+    assert!(t.counters(0).capped > 0);
+    // The other half is there for another strategy's new keys: 400 of
+    // them (78 % of the table in use then) all find an entry.
+    let got = (0..400u32)
+        .filter(|i| {
+            let k = key(&t, 1, &[format!("b{i}").as_bytes()]);
+            admitted(charge_capped(&t, &f, &k, &l, 0, T0))
+        })
+        .count();
+    assert_eq!(got, 400);
+}
