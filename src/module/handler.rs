@@ -30,7 +30,7 @@ use super::worker::{with_worker, Event, EventLog, ValueSource, Worker};
 use super::RateCtlModule;
 use crate::core::admit::{Decision, Verdict as Admission};
 use crate::core::headers::{rate_limit_headers, HeaderStyle};
-use crate::core::normalise::Normalise;
+use crate::core::normalise::{self, Normalise};
 use crate::core::table::{IpKey, Request as TableRequest, RequestOutcome, Scratch, Table, Values};
 
 /// Concurrency units a request holds until it ends: their slots and
@@ -242,13 +242,19 @@ impl Values for RequestValues<'_> {
         let rr: &ngx_http_request_t = self.r.as_ref();
         match *self.sources.get(dim)? {
             ValueSource::Ip | ValueSource::Unbound => None,
-            // `path` normalised (`/login/`, `/login;x=1` are `/login`):
-            // the URI itself unless it has a `;`, `//` or a trailing `/`.
-            // `path` normalised (`/login/`, `/login;x=1` are `/login`):
-            // the URI itself unless it has a `;`, `//` or a trailing `/`.
+            // `$uri`, `path` normalised (see `api_normalised`): a short
+            // URI of the request line without `;` and a trailing `/` is
+            // used as it is.
             ValueSource::Api => {
                 let v = str_bytes(&rr.uri)?;
-                super::ext::normalised(self.r, v, Normalise::PATH)
+                if ptr::eq(rr.uri.data, rr.uri_start)
+                    && rr.complex_uri() == 0
+                    && normalise::short_path_plain(v)
+                {
+                    Some(v)
+                } else {
+                    api_normalised(self.r, v)
+                }
             }
             ValueSource::Method => str_bytes(&rr.method_name),
             ValueSource::Host => str_bytes(&rr.headers_in.server).or_else(|| {
@@ -261,6 +267,20 @@ impl Values for RequestValues<'_> {
                 .and_then(|d| variables::dimension_value(self.r, d, &self.args_seen)),
         }
     }
+}
+
+/// The built-in `api`'s value `v` (`$uri`) `path` normalised (`/login/`,
+/// `/login;x=1` are `/login`): the URI itself unless it has a `;`, `//` or
+/// a trailing `/`. The value reader calls it only for what its quick check
+/// cannot tell: most URIs are the request line's own bytes (`uri.data` is
+/// `uri_start`: nginx copies the URI when it parsed a `//`, `%`, `/.`, `\`
+/// or `#` in it, setting `complex_uri`/`quoted_uri`, and a rewrite gives
+/// it other bytes), so without `//`, and a short one is checked for `;`
+/// and a trailing `/` in a few instructions. Out of line: the reader stays
+/// small.
+#[inline(never)]
+fn api_normalised<'r>(r: &'r Request, v: &'r [u8]) -> Option<&'r [u8]> {
+    super::ext::normalised(r, v, Normalise::PATH)
 }
 
 /// Blacklist, match and admit with the worker's current table. The
