@@ -151,6 +151,7 @@ pub extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     handle(r).0
 }
 
+#[inline(always)]
 fn handle(r: &mut Request) -> Status {
     let Some(lc) = RateCtlModule::location_conf(r) else {
         return Status::NGX_DECLINED;
@@ -170,31 +171,35 @@ fn handle(r: &mut Request) -> Status {
     let now_ns = monotonic_ns();
     let now_ms = unix_ms();
     let log = r.log();
-    with_worker(mc, |w| {
-        // Rejection summaries are written by the worker's timer (armed when
-        // a window opens) and at exit, never on the request path.
-        w.refresh(mc, now_ns, log);
-        let Worker {
-            reader,
-            sources,
-            scratch,
-            log,
-            ..
-        } = w;
-        let Some(table) = reader.table() else {
-            // No usable table: fail open.
-            return act(r, mc, lc, log, None, None, now_ms, &|_, _| None);
-        };
-        let mut held = SmallVec::new();
-        let mut d = Decision::pass();
-        let outcome = decide(
-            table, sources, scratch, log, mc, r, now_ns, now_ms, lc, &mut held, &mut d,
-        );
-        // The units the request holds (most hold none: no call then).
-        let hold = table.units_with_keys(&held, scratch);
-        let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
-        act(r, mc, lc, log, Some((&outcome, &d)), hold, now_ms, &key_of)
-    })
+    with_worker(
+        mc,
+        #[inline(always)]
+        |w| {
+            // Rejection summaries are written by the worker's timer (armed when
+            // a window opens) and at exit, never on the request path.
+            w.refresh(mc, now_ns, log);
+            let Worker {
+                reader,
+                sources,
+                scratch,
+                log,
+                ..
+            } = w;
+            let Some(table) = reader.table() else {
+                // No usable table: fail open.
+                return act(r, mc, lc, log, None, None, now_ms, &|_, _| None);
+            };
+            let mut held = SmallVec::new();
+            let mut d = Decision::pass();
+            let outcome = decide(
+                table, sources, scratch, log, mc, r, now_ns, now_ms, lc, &mut held, &mut d,
+            );
+            // The units the request holds (most hold none: no call then).
+            let hold = table.units_with_keys(&held, scratch);
+            let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
+            act(r, mc, lc, log, Some((&outcome, &d)), hold, now_ms, &key_of)
+        },
+    )
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
 }
@@ -237,7 +242,7 @@ impl<'a> RequestValues<'a> {
 }
 
 impl Values for RequestValues<'_> {
-    #[inline]
+    #[inline(always)]
     fn value(&self, dim: usize) -> Option<&[u8]> {
         let rr: &ngx_http_request_t = self.r.as_ref();
         match *self.sources.get(dim)? {
@@ -257,9 +262,7 @@ impl Values for RequestValues<'_> {
                 }
             }
             ValueSource::Method => str_bytes(&rr.method_name),
-            ValueSource::Host => str_bytes(&rr.headers_in.server).or_else(|| {
-                NgxHttpCoreModule::server_conf(self.r).and_then(|cscf| str_bytes(&cscf.server_name))
-            }),
+            ValueSource::Host => host_value(self.r, rr),
             ValueSource::Custom(i) => self
                 .mc
                 .dimensions
@@ -267,6 +270,15 @@ impl Values for RequestValues<'_> {
                 .and_then(|d| variables::dimension_value(self.r, d, &self.args_seen)),
         }
     }
+}
+
+/// The built-in `host`'s value: the request's `Host`, else the server's
+/// name. Out of line: the value reader stays small enough to be inlined
+/// into the handler.
+#[inline(never)]
+fn host_value<'r>(r: &'r Request, rr: &'r ngx_http_request_t) -> Option<&'r [u8]> {
+    str_bytes(&rr.headers_in.server)
+        .or_else(|| NgxHttpCoreModule::server_conf(r).and_then(|cscf| str_bytes(&cscf.server_name)))
 }
 
 /// The built-in `api`'s value `v` (`$uri`) `path` normalised (`/login/`,
@@ -315,18 +327,33 @@ fn decide(
         out,
     );
     if let Some((id, on_full)) = scratch.key_table_full() {
-        // At most one line per strategy per second (the rest summarised).
-        let level = lc.log_level().lower();
-        if log.record(id, Event::KeyTableFull, level, now_ms) {
-            ngx_log_error!(
-                level.ngx_level(),
-                r.log(),
-                "rate_ctl: strategy {id}: a new key found the key table full (on_full {on_full}); \
-                 see rate_ctl_key_table_full_total, or give the agent more --keys"
-            );
-        }
+        key_table_full(log, lc, r, id, on_full, now_ms);
     }
     outcome
+}
+
+/// Logs that a new key of strategy `id` found the key table full: at most
+/// one line per strategy per second (the rest summarised). Cold, out of
+/// line: the handler stays small enough for the inliner.
+#[cold]
+#[inline(never)]
+fn key_table_full(
+    log: &mut EventLog,
+    lc: &LocConf,
+    r: &Request,
+    id: u32,
+    on_full: impl std::fmt::Display,
+    now_ms: u64,
+) {
+    let level = lc.log_level().lower();
+    if log.record(id, Event::KeyTableFull, level, now_ms) {
+        ngx_log_error!(
+            level.ngx_level(),
+            r.log(),
+            "rate_ctl: strategy {id}: a new key found the key table full (on_full {on_full}); \
+             see rate_ctl_key_table_full_total, or give the agent more --keys"
+        );
+    }
 }
 
 /// The key of per-key strategy `id` for request `r`, as text (`None`: no
