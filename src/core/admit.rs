@@ -181,7 +181,7 @@ pub fn admit(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool) -> Decision {
 /// [`admit`], computing [`Decision::tightest`] only when `quota` is set
 /// (it is for `RateLimit-*` headers; reading every hit's quota is the
 /// most expensive part of a pass otherwise).
-#[inline]
+#[inline(always)]
 pub fn admit_with(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota: bool) -> Decision {
     let now_ns = now.into();
     if let [hit] = hits {

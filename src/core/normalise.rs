@@ -102,6 +102,21 @@ pub fn path_needed(v: &[u8]) -> bool {
     path_needed_scan(v)
 }
 
+/// Whether a path of 4 to 8 bytes has neither a `;` nor a trailing `/`
+/// (false for any other length: the caller then checks in full). With
+/// no `//` known (see the module's `api`), such a path needs no `path`
+/// normalisation. Two overlapping 4-byte reads, no loop.
+#[inline(always)]
+pub fn short_path_plain(v: &[u8]) -> bool {
+    let n = v.len();
+    if !(4..=8).contains(&n) {
+        return false;
+    }
+    let word = |b: &[u8]| b.try_into().map_or(0, u32::from_le_bytes) as u64;
+    let (lo, hi) = (word(&v[..4]), word(&v[n - 4..]));
+    byte_mask(lo | hi << 32, b';') == 0 && hi >> 24 != u64::from(b'/')
+}
+
 /// [`path_needed`] for values shorter than 4 or longer than 8 bytes.
 #[inline(never)]
 fn path_needed_scan(v: &[u8]) -> bool {
@@ -224,6 +239,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn short_path_plain_agrees_with_apply() {
+        // Every short path without `//` (what nginx's request line gives
+        // the module's quick check): when it says plain, `path` leaves the
+        // value as it is; and it says plain for a usual short path.
+        let alphabet = [b'/', b';', b'a', b'.'];
+        for len in 1..=10 {
+            for mut k in 0..4usize.pow(len as u32) {
+                let mut v = Vec::new();
+                for _ in 0..len {
+                    v.push(alphabet[k % 4]);
+                    k /= 4;
+                }
+                if v.windows(2).any(|p| p == b"//") || !short_path_plain(&v) {
+                    continue;
+                }
+                assert!((4..=8).contains(&len), "{:?}", v);
+                let mut out = vec![0u8; v.len()];
+                let n = Normalise::PATH.apply(&v, &mut out);
+                assert_eq!(n.map(|n| &out[..n]), Some(&v[..]), "{:?}", v);
+            }
+        }
+        assert!(short_path_plain(b"/bench"));
+        assert!(short_path_plain(b"/a/b.txt"));
+        assert!(!short_path_plain(b"/login/"));
+        assert!(!short_path_plain(b"/a;x=1/b"));
+        assert!(!short_path_plain(b"/a/b;"));
     }
 
     #[test]

@@ -31,7 +31,7 @@ use super::worker::{with_worker, Event, EventLog, ValueSource, Worker};
 use super::RateCtlModule;
 use crate::core::admit::{Decision, Verdict as Admission};
 use crate::core::headers::{rate_limit_headers, HeaderStyle};
-use crate::core::normalise::Normalise;
+use crate::core::normalise::{self, Normalise};
 use crate::core::table::{IpKey, Request as TableRequest, RequestOutcome, Scratch, Table, Values};
 
 /// Concurrency units a request holds until it ends: their slots and
@@ -159,6 +159,7 @@ pub extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     })
 }
 
+#[inline(always)]
 fn handle(r: &mut Request) -> Status {
     let Some(lc) = RateCtlModule::location_conf(r) else {
         return Status::NGX_DECLINED;
@@ -178,36 +179,40 @@ fn handle(r: &mut Request) -> Status {
     let now_ns = monotonic_ns();
     let now_ms = unix_ms();
     let log = r.log();
-    with_worker(mc, |w| {
-        test_panic(Entry::Preaccess);
-        // Rejection summaries are written by the worker's timer (armed when
-        // a window opens) and at exit, never on the request path.
-        w.refresh(mc, now_ns, log);
-        let Worker {
-            reader,
-            sources,
-            scratch,
-            log,
-            ..
-        } = w;
-        let Some(table) = reader.table() else {
-            // No usable table: fail open.
-            return act(r, mc, lc, log, None, None, now_ms, &|_, _| None);
-        };
-        let mut held = SmallVec::new();
-        let mut d = Decision::pass();
-        let outcome = decide(
-            table, sources, scratch, log, mc, r, now_ns, now_ms, lc, &mut held, &mut d,
-        );
-        // The units the request holds (most hold none: no call then).
-        let hold = table.units_with_keys(&held, scratch);
-        // Issue 31: what it settles in the LOG phase (count_if, cost_after).
-        if table.is_responsive() {
-            super::log_phase::after_decide(r, mc, table, scratch, sources, now_ms);
-        }
-        let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
-        act(r, mc, lc, log, Some((&outcome, &d)), hold, now_ms, &key_of)
-    })
+    with_worker(
+        mc,
+        #[inline(always)]
+        |w| {
+            test_panic(Entry::Preaccess);
+            // Rejection summaries are written by the worker's timer (armed when
+            // a window opens) and at exit, never on the request path.
+            w.refresh(mc, now_ns, log);
+            let Worker {
+                reader,
+                sources,
+                scratch,
+                log,
+                ..
+            } = w;
+            let Some(table) = reader.table() else {
+                // No usable table: fail open.
+                return act(r, mc, lc, log, None, None, now_ms, &|_, _| None);
+            };
+            let mut held = SmallVec::new();
+            let mut d = Decision::pass();
+            let outcome = decide(
+                table, sources, scratch, log, mc, r, now_ns, now_ms, lc, &mut held, &mut d,
+            );
+            // The units the request holds (most hold none: no call then).
+            let hold = table.units_with_keys(&held, scratch);
+            // Issue 31: what it settles in the LOG phase (count_if, cost_after).
+            if table.is_responsive() {
+                super::log_phase::after_decide(r, mc, table, scratch, sources, now_ms);
+            }
+            let key_of = |r: &Request, id: u32| key_text(reader, sources, mc, r, id);
+            act(r, mc, lc, log, Some((&outcome, &d)), hold, now_ms, &key_of)
+        },
+    )
     // The worker state is busy only if nginx re-entered us: let it pass.
     .unwrap_or(Status::NGX_DECLINED)
 }
@@ -250,23 +255,27 @@ impl<'a> RequestValues<'a> {
 }
 
 impl Values for RequestValues<'_> {
-    #[inline]
+    #[inline(always)]
     fn value(&self, dim: usize) -> Option<&[u8]> {
         let rr: &ngx_http_request_t = self.r.as_ref();
         match *self.sources.get(dim)? {
             ValueSource::Ip | ValueSource::Unbound => None,
-            // `path` normalised (`/login/`, `/login;x=1` are `/login`):
-            // the URI itself unless it has a `;`, `//` or a trailing `/`.
-            // `path` normalised (`/login/`, `/login;x=1` are `/login`):
-            // the URI itself unless it has a `;`, `//` or a trailing `/`.
+            // `$uri`, `path` normalised (see `api_normalised`): a short
+            // URI of the request line without `;` and a trailing `/` is
+            // used as it is.
             ValueSource::Api => {
                 let v = str_bytes(&rr.uri)?;
-                super::ext::normalised(self.r, v, Normalise::PATH)
+                if ptr::eq(rr.uri.data, rr.uri_start)
+                    && rr.complex_uri() == 0
+                    && normalise::short_path_plain(v)
+                {
+                    Some(v)
+                } else {
+                    api_normalised(self.r, v)
+                }
             }
             ValueSource::Method => str_bytes(&rr.method_name),
-            ValueSource::Host => str_bytes(&rr.headers_in.server).or_else(|| {
-                NgxHttpCoreModule::server_conf(self.r).and_then(|cscf| str_bytes(&cscf.server_name))
-            }),
+            ValueSource::Host => host_value(self.r, rr),
             ValueSource::Custom(i) => self
                 .mc
                 .dimensions
@@ -274,6 +283,29 @@ impl Values for RequestValues<'_> {
                 .and_then(|d| variables::dimension_value(self.r, d, &self.args_seen)),
         }
     }
+}
+
+/// The built-in `host`'s value: the request's `Host`, else the server's
+/// name. Out of line: the value reader stays small enough to be inlined
+/// into the handler.
+#[inline(never)]
+fn host_value<'r>(r: &'r Request, rr: &'r ngx_http_request_t) -> Option<&'r [u8]> {
+    str_bytes(&rr.headers_in.server)
+        .or_else(|| NgxHttpCoreModule::server_conf(r).and_then(|cscf| str_bytes(&cscf.server_name)))
+}
+
+/// The built-in `api`'s value `v` (`$uri`) `path` normalised (`/login/`,
+/// `/login;x=1` are `/login`): the URI itself unless it has a `;`, `//` or
+/// a trailing `/`. The value reader calls it only for what its quick check
+/// cannot tell: most URIs are the request line's own bytes (`uri.data` is
+/// `uri_start`: nginx copies the URI when it parsed a `//`, `%`, `/.`, `\`
+/// or `#` in it, setting `complex_uri`/`quoted_uri`, and a rewrite gives
+/// it other bytes), so without `//`, and a short one is checked for `;`
+/// and a trailing `/` in a few instructions. Out of line: the reader stays
+/// small.
+#[inline(never)]
+fn api_normalised<'r>(r: &'r Request, v: &'r [u8]) -> Option<&'r [u8]> {
+    super::ext::normalised(r, v, Normalise::PATH)
 }
 
 /// Blacklist, match and admit with the worker's current table. The
@@ -308,18 +340,33 @@ fn decide(
         out,
     );
     if let Some((id, on_full)) = scratch.key_table_full() {
-        // At most one line per strategy per second (the rest summarised).
-        let level = lc.log_level().lower();
-        if log.record(id, Event::KeyTableFull, level, now_ms) {
-            ngx_log_error!(
-                level.ngx_level(),
-                r.log(),
-                "rate_ctl: strategy {id}: a new key found the key table full (on_full {on_full}); \
-                 see rate_ctl_key_table_full_total, or give the agent more --keys"
-            );
-        }
+        key_table_full(log, lc, r, id, on_full, now_ms);
     }
     outcome
+}
+
+/// Logs that a new key of strategy `id` found the key table full: at most
+/// one line per strategy per second (the rest summarised). Cold, out of
+/// line: the handler stays small enough for the inliner.
+#[cold]
+#[inline(never)]
+fn key_table_full(
+    log: &mut EventLog,
+    lc: &LocConf,
+    r: &Request,
+    id: u32,
+    on_full: impl std::fmt::Display,
+    now_ms: u64,
+) {
+    let level = lc.log_level().lower();
+    if log.record(id, Event::KeyTableFull, level, now_ms) {
+        ngx_log_error!(
+            level.ngx_level(),
+            r.log(),
+            "rate_ctl: strategy {id}: a new key found the key table full (on_full {on_full}); \
+             see rate_ctl_key_table_full_total, or give the agent more --keys"
+        );
+    }
 }
 
 /// The key of per-key strategy `id` for request `r`, as text (`None`: no

@@ -371,7 +371,7 @@ static WORKER: WorkerCell = WorkerCell {
 
 /// Runs `f` with this worker's state, creating it on first use from the
 /// `rate_ctl_shm` path. `None` if the state is already in use.
-#[inline]
+#[inline(always)]
 pub fn with_worker<R>(mc: &MainConf, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
     if WORKER.busy.replace(true) {
         return None;

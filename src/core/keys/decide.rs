@@ -169,7 +169,7 @@ fn reject_status(a: Action) -> Option<u16> {
 /// See the module documentation. `held` receives the shared concurrency
 /// strategies the request holds (as [`Table::decide_into`]), `key_holds`
 /// the per-key ones.
-#[inline]
+#[inline(always)]
 pub(crate) fn decide<V: Values + ?Sized>(
     table: &Table,
     matched: &[u32],
