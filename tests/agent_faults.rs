@@ -427,7 +427,8 @@ fn enforcing(shm: &std::path::Path, n: usize) -> bool {
 
 /// Issue 28: the agent checks what is live at every poll. The file
 /// removed, replaced by a symbolic link, its mode set to 0, the state file
-/// removed, the blacklist header overwritten: each is found within a poll
+/// removed, the blacklist header overwritten, a checksum-valid hostile
+/// segment announced under a sequence the agent did not write: each is found within a poll
 /// (50 ms; 2 s allowed here for a loaded machine), logged at error level
 /// naming what changed, repaired (workers enforce the table again) and
 /// shown by `host list` as the host's publish error (kept 60 s).
@@ -460,8 +461,9 @@ fn changes_to_the_live_files_are_repaired_within_a_poll_and_reported() {
         });
         assert!(back.is_some(), "{what}: not restored: {}", a.log_text());
         let took = t0.elapsed();
-        // The report follows at the next heartbeat (forced at once).
-        let shown = wait_for(Duration::from_secs(2), || {
+        // The report follows at the next heartbeat (forced at once; 5 s
+        // allowed: a loaded machine delayed it past 2 s once).
+        let shown = wait_for(Duration::from_secs(5), || {
             let h = first_host(s);
             h["publish_error"]
                 .as_str()
@@ -508,6 +510,17 @@ fn changes_to_the_live_files_are_repaired_within_a_poll_and_reported() {
             .is_ok_and(|m| rate_ctl::core::blacklist::Blacklist::open(m.blacklist()).is_ok())
     });
     eprintln!("blacklist header: restored in {t:?}");
+
+    // A checksum-valid hostile segment announced under a new sequence (a
+    // count of 2^32-1; issue 28): workers refuse it and keep their table,
+    // the agent notices the sequence it did not write and publishes its
+    // table again within a poll.
+    {
+        let m = rate_ctl::core::shm::Mapping::open_writable(&shm).unwrap();
+        rate_ctl::core::fuzz::Crafted::Count.publish(&m);
+    }
+    let t = restored("header sequence changed", &|| true);
+    eprintln!("crafted segment: replaced in {t:?}");
     // Restored as the agent's own: the state file's owner.
     assert_eq!(
         std::fs::metadata(&shm).unwrap().uid(),
