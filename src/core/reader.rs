@@ -133,6 +133,13 @@ impl Reader {
         now_ns < self.next_check_ns && self.map.as_ref().is_none_or(|m| m.seq() == self.seen_seq)
     }
 
+    /// Makes [`is_current`](Self::is_current) say no until the next
+    /// [`refresh`](Self::refresh) (the module's test knob for a panic in
+    /// its request handler, which it raises on that path).
+    pub fn recheck_now(&mut self) {
+        self.next_check_ns = 0;
+    }
+
     /// Call once per request with a monotonic time in nanoseconds (or
     /// after [`is_current`](Self::is_current) said no): rechecks the file
     /// once a second and reloads a newly published table.

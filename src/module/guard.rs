@@ -12,7 +12,9 @@
 //!
 //! `RATE_CTL_TEST_PANIC=ENTRY` in a worker's environment (nginx's `env`
 //! directive) makes that entry panic: how `t-nginx/18-ffi-panic.t` proves
-//! the above. Read once per worker at start; costs one load per request.
+//! the above. Read once per worker at start; the request path has no
+//! check of its own (the PREACCESS panic is raised on the slow path of the
+//! handler's table check, see `Worker::refresh_request`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -67,6 +69,11 @@ pub fn test_panic(entry: Entry) {
     if TEST_PANIC.load(Ordering::Relaxed) == entry as u8 {
         test_panic_now(entry);
     }
+}
+
+/// Whether a test asked `entry` to panic (worker start).
+pub fn test_panic_asked(entry: Entry) -> bool {
+    TEST_PANIC.load(Ordering::Relaxed) == entry as u8
 }
 
 #[cold]

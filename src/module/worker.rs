@@ -229,6 +229,25 @@ impl Worker {
         }
     }
 
+    /// [`refresh`](Self::refresh) for the PREACCESS handler: the test
+    /// knob's panic (`RATE_CTL_TEST_PANIC=preaccess`) is raised on its slow
+    /// path, which such a worker takes on every request (see `start`), so
+    /// the request path has no check of its own.
+    #[inline(always)]
+    pub fn refresh_request(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
+        if !self.reader.is_current(now_ns) {
+            self.refresh_request_slow(mc, now_ns, log);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refresh_request_slow(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
+        // Before the reader's refresh: it stays due for the next request.
+        super::guard::test_panic(super::guard::Entry::Preaccess);
+        self.refresh_slow(mc, now_ns, log);
+    }
+
     #[cold]
     fn refresh_slow(&mut self, mc: &MainConf, now_ns: u64, log: *mut ngx_log_t) {
         let change = self.reader.refresh(now_ns);
@@ -347,6 +366,11 @@ pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
         // From now on requests are served: a large table published later
         // is built by a helper thread (core::loader), not on the event loop.
         w.reader.set_background(true);
+        // The test knob's PREACCESS panic is raised where the handler
+        // finds the table due for a check: make it due for every request.
+        if super::guard::test_panic_asked(super::guard::Entry::Preaccess) {
+            w.reader.recheck_now();
+        }
     });
 }
 
