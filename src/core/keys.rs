@@ -805,28 +805,15 @@ impl<'a> KeyTable<'a> {
                     None => continue, // the entry moved on: look again
                 }
             }
-            // A new key of a strategy at its cap may only take over a
-            // fresh entry of its own strategy (same slot and generation:
-            // its count of entries stays the same).
-            let capped = self
-                .counter(key.slot(), C_IN_USE)
-                .is_some_and(|c| c.load(Ordering::Relaxed) >= self.cap(max_keys));
-            // A new key: the first entry that is empty or as new, in
-            // the windows' order of preference.
-            let candidate = self.window_order(key).into_iter().find_map(|w| {
-                (w * WINDOW..(w + 1) * WINDOW).find_map(|p| {
-                    let (ident, st) = self.load(self.at(key, p));
-                    (ident != key.ident
-                        && (!capped || ident >> 32 == key.ident >> 32)
-                        && self.reusable(ident, st, now, slots, &owner))
-                    .then_some((p, ident, st))
-                })
-            });
-            let Some((p, old_ident, old_st)) = candidate else {
-                if capped {
-                    self.bump(key.slot(), C_CAPPED);
+            // A new key: an entry of its windows (see new_entry).
+            let (p, old_ident, old_st) = match self.new_entry(key, max_keys, now, slots, &owner) {
+                Ok(c) => c,
+                Err(capped) => {
+                    if capped {
+                        self.bump(key.slot(), C_CAPPED);
+                    }
+                    return Charge::Full;
                 }
-                return Charge::Full;
             };
             let next = match lim.step_units(0, t, n) {
                 Step::Admit { next, wait_ns } => (next, wait_ns, false),
@@ -843,23 +830,13 @@ impl<'a> KeyTable<'a> {
                 continue;
             }
             self.claimed(key, old_ident, p);
-            // A racing process may have claimed an earlier entry for this
-            // key after our scan: the first copy wins.
-            for q in 0..p {
-                let j = self.at(key, q);
-                if j == i {
-                    continue; // windows that overlap: our own entry
+            if let Some((j, st)) = self.earlier_copy(key, i, p) {
+                if self.cas(i, [key.ident, next.0], [0, 0]).is_ok() {
+                    self.drop_in_use(key.slot());
                 }
-                let (ident, st) = self.load(j);
-                if ident == key.ident {
-                    if self.cas(i, [key.ident, next.0], [0, 0]).is_ok() {
-                        self.drop_in_use(key.slot());
-                    }
-                    let e = self.words(j);
-                    if let Some(c) = self.charge_at(j, e, key.ident, st, lim, t, force, n) {
-                        return c;
-                    }
-                    break;
+                let e = self.words(j);
+                if let Some(c) = self.charge_at(j, e, key.ident, st, lim, t, force, n) {
+                    return c;
                 }
             }
             return Charge::Admitted {
@@ -874,6 +851,50 @@ impl<'a> KeyTable<'a> {
             };
         }
         Charge::Full
+    }
+
+    /// A new key's entry: the first of its windows' entries that is
+    /// empty or reusable, the windows in their order of preference. A key
+    /// of a strategy at its cap (`max_keys`) may only take over a fresh
+    /// entry of its own strategy (same slot and generation: its count of
+    /// entries stays the same). `(position, ident, state)` of the entry,
+    /// or `Err(capped)` when there is none.
+    fn new_entry<'l>(
+        &self,
+        key: &KeyId,
+        max_keys: u32,
+        now: Now,
+        slots: &Region<'_>,
+        owner: &impl Fn(u32) -> Option<&'l KeyLimiter>,
+    ) -> Result<(u64, u64, u64), bool> {
+        let capped = self
+            .counter(key.slot(), C_IN_USE)
+            .is_some_and(|c| c.load(Ordering::Relaxed) >= self.cap(max_keys));
+        self.window_order(key)
+            .into_iter()
+            .find_map(|w| {
+                (w * WINDOW..(w + 1) * WINDOW).find_map(|p| {
+                    let (ident, st) = self.load(self.at(key, p));
+                    (ident != key.ident
+                        && (!capped || ident >> 32 == key.ident >> 32)
+                        && self.reusable(ident, st, now, slots, owner))
+                    .then_some((p, ident, st))
+                })
+            })
+            .ok_or(capped)
+    }
+
+    /// After claiming entry `i` (position `p`) for `key`: an earlier entry
+    /// of its windows that a racing process claimed for the same key after
+    /// our scan, with its state. The first copy wins.
+    fn earlier_copy(&self, key: &KeyId, i: u64, p: u64) -> Option<(u64, u64)> {
+        (0..p)
+            .map(|q| self.at(key, q))
+            .filter(|&j| j != i) // windows that overlap: our own entry
+            .find_map(|j| {
+                let (ident, st) = self.load(j);
+                (ident == key.ident).then_some((j, st))
+            })
     }
 
     fn claimed(&self, key: &KeyId, old_ident: u64, p: u64) {
@@ -1051,10 +1072,12 @@ impl<'a> KeyTable<'a> {
     /// one: a request ending may outlive its table, so other strategies'
     /// entries are kept). `false`: no entry could be had (the charge is
     /// lost, as a full table's).
+    #[allow(clippy::too_many_arguments)]
     pub fn charge_after_key(
         &self,
         key: &KeyId,
         lim: &KeyLimiter,
+        max_keys: u32,
         now: Now,
         admitted: u64,
         delta: i64,
@@ -1078,16 +1101,15 @@ impl<'a> KeyTable<'a> {
                 );
                 return true;
             }
-            // A new key: as charge_slow places one (the windows' order).
-            let candidate = self.window_order(key).into_iter().find_map(|w| {
-                (w * WINDOW..(w + 1) * WINDOW).find_map(|p| {
-                    let (ident, st) = self.load(self.at(key, p));
-                    (ident != key.ident && self.reusable(ident, st, now, slots, &owner))
-                        .then_some((p, ident, st))
-                })
-            });
-            let Some((p, old_ident, old_st)) = candidate else {
-                return false;
+            // A new key: as charge_slow places one (new_entry).
+            let (p, old_ident, old_st) = match self.new_entry(key, max_keys, now, slots, &owner) {
+                Ok(c) => c,
+                Err(capped) => {
+                    if capped {
+                        self.bump(key.slot(), C_CAPPED);
+                    }
+                    return false;
+                }
             };
             let Some(next) = charge(0) else {
                 return true;
@@ -1097,25 +1119,16 @@ impl<'a> KeyTable<'a> {
                 continue;
             }
             self.claimed(key, old_ident, p);
-            // A racing process may have claimed an earlier entry for this
-            // key after our scan: the first copy wins (as in charge_slow).
-            for q in 0..p {
-                let j = self.at(key, q);
-                if j == i {
-                    continue; // windows that overlap: our own entry
-                }
-                if self.load(j).0 == key.ident {
-                    if self.cas(i, [key.ident, next], [0, 0]).is_ok() {
-                        self.drop_in_use(key.slot());
-                        self.update(
-                            KeyRef {
-                                entry: j,
-                                ident: key.ident,
-                            },
-                            charge,
-                        );
-                    }
-                    break;
+            if let Some((j, _)) = self.earlier_copy(key, i, p) {
+                if self.cas(i, [key.ident, next], [0, 0]).is_ok() {
+                    self.drop_in_use(key.slot());
+                    self.update(
+                        KeyRef {
+                            entry: j,
+                            ident: key.ident,
+                        },
+                        charge,
+                    );
                 }
             }
             return true;

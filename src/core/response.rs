@@ -442,6 +442,8 @@ pub enum OwedTarget {
     KeyId {
         key: super::keys::KeyId,
         limiter: super::keys::KeyLimiter,
+        /// The strategy's cap of entries (`max_keys`; 0: the default).
+        max_keys: u32,
     },
 }
 
@@ -527,7 +529,11 @@ impl Owing {
                         delta,
                     );
                 }
-                OwedTarget::KeyId { key, limiter } => {
+                OwedTarget::KeyId {
+                    key,
+                    limiter,
+                    max_keys,
+                } => {
                     keys.count_settled(key.slot(), &one);
                     if delta == 0 {
                         continue;
@@ -535,6 +541,7 @@ impl Owing {
                     keys.charge_after_key(
                         &key,
                         &limiter,
+                        max_keys,
                         now,
                         limiter.clock(item.admitted),
                         delta,

@@ -371,6 +371,7 @@ fn decide_all<V: Values + ?Sized>(
                     Some(key) => OwedTarget::KeyId {
                         key,
                         limiter: plan.limiter,
+                        max_keys: plan.max_keys,
                     },
                     None => OwedTarget::Key {
                         at: t.at,

@@ -497,3 +497,25 @@ fn the_default_cap_is_half_the_table() {
         .count();
     assert_eq!(got, 400);
 }
+
+/// The LOG phase's charge of a key only checked at admission (`count_if`,
+/// issue 31) claims its entry then: it honours the strategy's cap as a
+/// charge at admission does (the merge of issues 28 and 31 first let it
+/// claim past the cap).
+#[test]
+fn a_charge_after_the_response_honours_the_cap() {
+    let f = Fixture::new(4096);
+    let t = f.table(4096);
+    let l = limiter(Algorithm::FixedWindow, 3, Unit::Hour, 1);
+    let mut charged = 0;
+    for i in 0..10u32 {
+        let k = key(&t, 0, &[format!("c{i}").as_bytes()]);
+        let clock = l.clock(Now::from(T0));
+        if t.charge_after_key(&k, &l, 4, Now::from(T0), clock, 1, &f.slots.region()) {
+            charged += 1;
+        }
+    }
+    assert_eq!(charged, 4, "keys with an entry");
+    assert_eq!(t.counters(0).in_use, 4);
+    assert_eq!(t.counters(0).capped, 6);
+}
