@@ -515,12 +515,31 @@ fn changes_to_the_live_files_are_repaired_within_a_poll_and_reported() {
     // count of 2^32-1; issue 28): workers refuse it and keep their table,
     // the agent notices the sequence it did not write and publishes its
     // table again within a poll.
+    // (Not through `restored`: the fault shown by `host list` may still be
+    // the previous one here, as faults are kept 60 s; the repair is what
+    // this case checks.)
     {
         let m = rate_ctl::core::shm::Mapping::open_writable(&shm).unwrap();
         rate_ctl::core::fuzz::Crafted::Count.publish(&m);
     }
-    let t = restored("header sequence changed", &|| true);
-    eprintln!("crafted segment: replaced in {t:?}");
+    let t0 = Instant::now();
+    let back = wait_for(Duration::from_secs(2), || {
+        // The active segment decodes again (the agent may reuse the
+        // crafted one's sequence number for its own publish).
+        let m = rate_ctl::core::shm::Mapping::open(&shm).ok()?;
+        let seq = m.seq();
+        let mut buf = Vec::new();
+        let good =
+            rate_ctl::core::segment::read_segment(&m.segment((seq & 1) as usize), seq, &mut buf)
+                .is_ok();
+        (good && enforcing(&shm, 1)).then_some(())
+    });
+    assert!(
+        back.is_some(),
+        "crafted segment: not replaced: {}",
+        a.log_text()
+    );
+    eprintln!("crafted segment: replaced in {:?}", t0.elapsed());
     // Restored as the agent's own: the state file's owner.
     assert_eq!(
         std::fs::metadata(&shm).unwrap().uid(),
