@@ -8,19 +8,11 @@ mod cli;
 #[path = "support/serve.rs"]
 mod serve;
 
-use cli::{add_strategy, json_lines, ok, rate_ctl, stores};
+use cli::{
+    add_refused, add_strategy, ok, rate_ctl, refused, remove_and_import, stores,
+    strategy_rows as rows, update_strategy as update,
+};
 use serde_json::{json, Value};
-
-/// `rate-ctl strategy update ID --store STORE` with `extra`; must succeed.
-fn update(store: &str, id: &str, extra: &[&str]) {
-    let mut args = vec!["strategy", "update", id, "--store", store];
-    args.extend_from_slice(extra);
-    ok(&args);
-}
-
-fn rows(store: &str) -> Vec<Value> {
-    json_lines(&ok(&["strategy", "list", "--store", store, "--json"]))
-}
 
 #[test]
 fn per_key_fields_round_trip_through_the_cli_and_the_store() {
@@ -66,8 +58,7 @@ fn per_key_fields_round_trip_through_the_cli_and_the_store() {
             exported.contains(r#""each":["userid","api"]"#),
             "{exported}"
         );
-        ok(&["strategy", "rm", &id, "--store", s]);
-        ok(&["strategy", "import", "--store", s, &file]);
+        remove_and_import(s, &id, &file);
         let r = &rows(s)[0];
         assert_eq!(
             (&r["each"], &r["ipv6_prefix"], &r["on_full"]),
@@ -81,21 +72,10 @@ fn per_key_fields_round_trip_through_the_cli_and_the_store() {
     }
 }
 
-/// `rate-ctl ARGS` fails with a message naming `flag`.
-fn refused(args: &[&str], flag: &str) {
-    let o = rate_ctl(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{args:?} accepted");
-    assert!(err.contains(flag), "{args:?}: {err}");
-}
-
 #[test]
 fn bad_per_key_arguments_name_the_flag_and_store_nothing() {
     let st = cli::sqlite_store();
     let s = st.url.as_str();
-    let base = [
-        "strategy", "add", "--store", s, "--name", "x", "--rate", "5",
-    ];
     for (extra, flag) in [
         (
             &["--each", "ip", "--algorithm", "warm_up", "--warm-up", "30s"][..],
@@ -117,12 +97,12 @@ fn bad_per_key_arguments_name_the_flag_and_store_nothing() {
         (&["--on-full", "reject"][..], "--on-full"),
         (&["--each", "ip", "--on-full", "drop"][..], "--on-full"),
     ] {
-        let mut args = base.to_vec();
-        if !extra.contains(&"--algorithm") {
-            args.extend(["--algorithm", "token_bucket"]);
-        }
-        args.extend_from_slice(extra);
-        refused(&args, flag);
+        let tb: &[&str] = if extra.contains(&"--algorithm") {
+            &[]
+        } else {
+            &["--algorithm", "token_bucket"]
+        };
+        add_refused(s, &[tb, extra].concat(), flag);
     }
     assert!(rows(s).is_empty());
 }
@@ -134,8 +114,7 @@ fn the_api_takes_and_shows_the_per_key_fields() {
     let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
     let body = json!({"name": "per-user", "match": {"api": "/pay"}, "algorithm": "fixed_window",
                       "rate": 10, "per": "minute", "each": ["userid"], "on_full": "allow"});
-    let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&body.to_string()));
-    assert_eq!(code, 201, "{v}");
+    srv.post_strategy(&body);
     let list = srv.get("/api/v1/strategies");
     let s = &list["strategies"][0];
     assert_eq!(s["each"], json!(["userid"]), "{s}");
@@ -152,13 +131,7 @@ fn the_api_takes_and_shows_the_per_key_fields() {
             "rate",
         ),
     ] {
-        let mut b = json!({"name": "bad", "algorithm": "token_bucket", "rate": 5});
-        for (k, v) in bad.as_object().unwrap() {
-            b[k] = v.clone();
-        }
-        let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&b.to_string()));
-        assert_eq!(code, 422, "{b}: {v}");
-        assert_eq!(v["error"]["field"], field, "{b}: {v}");
+        srv.strategy_refused(&bad, field);
     }
     assert_eq!(
         srv.get("/api/v1/strategies")["strategies"]
@@ -346,8 +319,7 @@ fn max_keys_round_trips_through_the_cli_the_store_and_the_api() {
         assert_eq!(rows(s)[0]["max_keys"], 3, "kept by an update without it");
         let (_dir, file, exported) = cli::export_strategies(s);
         assert!(exported.contains(r#""max_keys":3"#), "{exported}");
-        ok(&["strategy", "rm", &id, "--store", s]);
-        ok(&["strategy", "import", "--store", s, &file]);
+        remove_and_import(s, &id, &file);
         let r = &rows(s)[0];
         assert_eq!(r["max_keys"], 3, "{r}");
         let id = r["id"].to_string();
@@ -356,26 +328,16 @@ fn max_keys_round_trips_through_the_cli_the_store_and_the_api() {
     }
     let st = cli::sqlite_store();
     let s = st.url.as_str();
-    let base = [
-        "strategy",
-        "add",
-        "--store",
-        s,
-        "--name",
-        "x",
-        "--rate",
-        "5",
-        "--algorithm",
-        "token_bucket",
-    ];
     for extra in [
         &["--each", "ip", "--max-keys", "0"][..],
         &["--each", "ip", "--max-keys", "2147483649"][..],
         &["--max-keys", "10"][..],
     ] {
-        let mut args = base.to_vec();
-        args.extend_from_slice(extra);
-        refused(&args, "--max-keys");
+        add_refused(
+            s,
+            &[&["--algorithm", "token_bucket"], extra].concat(),
+            "--max-keys",
+        );
     }
     assert!(rows(s).is_empty());
 
@@ -383,12 +345,10 @@ fn max_keys_round_trips_through_the_cli_the_store_and_the_api() {
     let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
     let body = json!({"name": "capped", "match": {"api": "/q"}, "algorithm": "fixed_window",
                       "rate": 10, "per": "minute", "each": ["ip"], "max_keys": 3});
-    let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&body.to_string()));
-    assert_eq!(code, 201, "{v}");
+    srv.post_strategy(&body);
     let body = json!({"name": "uncapped", "match": {"api": "/r"}, "algorithm": "fixed_window",
                       "rate": 10, "per": "minute", "each": ["ip"]});
-    let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&body.to_string()));
-    assert_eq!(code, 201, "{v}");
+    srv.post_strategy(&body);
     let list = srv.get("/api/v1/strategies");
     let by_name = |n: &str| {
         list["strategies"]
@@ -406,12 +366,6 @@ fn max_keys_round_trips_through_the_cli_the_store_and_the_api() {
         json!({"each": ["ip"], "max_keys": 3_000_000_000u64}),
         json!({"max_keys": 5}),
     ] {
-        let mut b = json!({"name": "bad", "algorithm": "token_bucket", "rate": 5});
-        for (k, v) in bad.as_object().unwrap() {
-            b[k] = v.clone();
-        }
-        let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&b.to_string()));
-        assert_eq!(code, 422, "{b}: {v}");
-        assert_eq!(v["error"]["field"], "max_keys", "{b}: {v}");
+        srv.strategy_refused(&bad, "max_keys");
     }
 }

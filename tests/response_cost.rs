@@ -10,7 +10,7 @@ mod serve;
 
 use std::sync::atomic::Ordering;
 
-use cli::{add_strategy, json_lines, ok, rate_ctl, stores};
+use cli::{add_refused, add_strategy, ok, remove_and_import, stores, strategy_rows as rows};
 use proptest::prelude::*;
 use rate_ctl::core::keys::{KeyLimiter, Step};
 use rate_ctl::core::limiter::{Acquired, Limiter};
@@ -270,10 +270,6 @@ fn a_window_charged_after_the_response_stays_full_until_it_ends() {
     });
 }
 
-fn rows(store: &str) -> Vec<Value> {
-    json_lines(&ok(&["strategy", "list", "--store", store, "--json"]))
-}
-
 #[test]
 fn response_fields_round_trip_through_the_cli_the_store_and_an_import() {
     for st in stores("response_cli") {
@@ -306,17 +302,7 @@ fn response_fields_round_trip_through_the_cli_the_store_and_an_import() {
             "{list}"
         );
         let id = r["id"].to_string();
-        ok(&[
-            "strategy",
-            "update",
-            &id,
-            "--store",
-            s,
-            "--count-if",
-            "4xx",
-            "--cost-after",
-            "",
-        ]);
+        cli::update_strategy(s, &id, &["--count-if", "4xx", "--cost-after", ""]);
         let r = &rows(s)[0];
         assert_eq!(r["count_if"], "4xx");
         assert!(
@@ -325,8 +311,7 @@ fn response_fields_round_trip_through_the_cli_the_store_and_an_import() {
         );
         let (_dir, file, exported) = cli::export_strategies(s);
         assert!(exported.contains(r#""count_if":"4xx""#), "{exported}");
-        ok(&["strategy", "rm", &id, "--store", s]);
-        ok(&["strategy", "import", "--store", s, &file]);
+        remove_and_import(s, &id, &file);
         assert_eq!(rows(s)[0]["count_if"], "4xx");
     }
 }
@@ -357,14 +342,7 @@ fn bad_response_arguments_name_the_flag_and_store_nothing() {
             "--cost-after",
         ),
     ] {
-        let mut args = vec![
-            "strategy", "add", "--store", s, "--name", "x", "--rate", "5",
-        ];
-        args.extend_from_slice(extra);
-        let o = rate_ctl(&args);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{args:?} accepted");
-        assert!(err.contains(flag), "{args:?}: {err}");
+        add_refused(s, extra, flag);
     }
     assert!(rows(s).is_empty());
 }
@@ -376,8 +354,7 @@ fn the_api_takes_and_shows_the_response_fields() {
     let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
     let body = json!({"name": "gql", "match": {"api": "/gql"}, "algorithm": "token_bucket",
                       "rate": 10, "burst": 100, "cost_from": "cost", "count_if": "2xx"});
-    let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&body.to_string()));
-    assert_eq!(code, 201, "{v}");
+    srv.post_strategy(&body);
     let s = &srv.get("/api/v1/strategies")["strategies"][0];
     assert_eq!(
         (&s["cost_from"], &s["count_if"], &s["cost_after"]),
@@ -392,12 +369,6 @@ fn the_api_takes_and_shows_the_response_fields() {
             "cost_from",
         ),
     ] {
-        let mut b = json!({"name": "bad", "algorithm": "token_bucket", "rate": 5});
-        for (k, v) in bad.as_object().unwrap() {
-            b[k] = v.clone();
-        }
-        let (code, v) = srv.req("POST", "/api/v1/strategies", Some(&b.to_string()));
-        assert_eq!(code, 422, "{b}: {v}");
-        assert_eq!(v["error"]["field"], field, "{b}: {v}");
+        srv.strategy_refused(&bad, field);
     }
 }

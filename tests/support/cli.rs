@@ -64,6 +64,34 @@ pub fn json_lines(s: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `rate-ctl KIND list --store STORE --json`, one value per row.
+pub fn listed(kind: &str, store: &str) -> Vec<serde_json::Value> {
+    json_lines(&ok(&[kind, "list", "--store", store, "--json"]))
+}
+
+/// The strategies of `store` as `strategy list --json` shows them.
+pub fn strategy_rows(store: &str) -> Vec<serde_json::Value> {
+    listed("strategy", store)
+}
+
+/// `rate-ctl ARGS` fails with a message naming `flag`.
+pub fn refused(args: &[&str], flag: &str) {
+    let o = rate_ctl(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{args:?} accepted");
+    assert!(err.contains(flag), "{args:?}: {err}");
+}
+
+/// `rate-ctl strategy add --store STORE --name x --rate 5` with `extra`
+/// fails with a message naming `flag`.
+pub fn add_refused(store: &str, extra: &[&str], flag: &str) {
+    let mut args = vec![
+        "strategy", "add", "--store", store, "--name", "x", "--rate", "5",
+    ];
+    args.extend_from_slice(extra);
+    refused(&args, flag);
+}
+
 /// One store to run a test against; a MariaDB database is dropped on drop.
 pub struct TestStore {
     pub label: &'static str,
@@ -284,4 +312,18 @@ pub fn add_strategy(
     ];
     args.extend_from_slice(extra);
     ok(&args)
+}
+
+/// `rate-ctl strategy update ID --store STORE` with `extra`; must succeed.
+pub fn update_strategy(store: &str, id: &str, extra: &[&str]) -> String {
+    let mut args = vec!["strategy", "update", id, "--store", store];
+    args.extend_from_slice(extra);
+    ok(&args)
+}
+
+/// `rate-ctl strategy rm ID` then `strategy import FILE` (an export taken
+/// before): the strategy comes back from the file.
+pub fn remove_and_import(store: &str, id: &str, file: &str) {
+    ok(&["strategy", "rm", id, "--store", store]);
+    ok(&["strategy", "import", "--store", store, file]);
 }

@@ -131,6 +131,25 @@ impl Serve {
         self.req("PUT", &path, Some(&body.to_string()))
     }
 
+    /// `POST /api/v1/strategies` with `body`: created (201); the answer.
+    pub fn post_strategy(&self, body: &Value) -> Value {
+        let (code, v) = self.req("POST", "/api/v1/strategies", Some(&body.to_string()));
+        assert_eq!(code, 201, "{v}");
+        v
+    }
+
+    /// `POST /api/v1/strategies` of a valid token bucket with the fields of
+    /// `bad` laid over it: refused with 422 naming `field`.
+    pub fn strategy_refused(&self, bad: &Value, field: &str) {
+        let mut b = serde_json::json!({"name": "bad", "algorithm": "token_bucket", "rate": 5});
+        for (k, v) in bad.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = self.req("POST", "/api/v1/strategies", Some(&b.to_string()));
+        assert_eq!(code, 422, "{b}: {v}");
+        assert_eq!(v["error"]["field"], field, "{b}: {v}");
+    }
+
     pub fn get(&self, path: &str) -> Value {
         let (s, v) = self.req("GET", path, None);
         assert_eq!(s, 200, "GET {path}: {v}");
