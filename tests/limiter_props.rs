@@ -1,6 +1,9 @@
 //! Property tests of the limiters against simple sequential reference
 //! models, on explicit (fake) time.
 
+#[path = "support/limiter.rs"]
+mod limiter;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
@@ -10,24 +13,7 @@ use rate_ctl::core::limiter::{Acquired, Limiter};
 use rate_ctl::core::model::{self, Action, Algorithm, Unit};
 use rate_ctl::core::slot::{LocalSlots, Slot};
 
-const S: u64 = 1_000_000_000;
-
-fn strategy(
-    algorithm: Algorithm,
-    rate: u64,
-    per: Unit,
-    burst: u32,
-    action: Action,
-) -> model::Strategy {
-    model::Strategy::unconditioned(algorithm, rate, per, burst, action).expect("valid strategy")
-}
-
-/// Runs `f` with one zeroed slot.
-fn with_slot<R>(f: impl FnOnce(&Slot) -> R) -> R {
-    let local = LocalSlots::new(1);
-    let region = local.region();
-    f(&Slot::at(&region, 0).unwrap())
-}
+use limiter::{strategy, with_slot, S};
 
 /// Copies the state words of `slot` into a fresh slot and runs `f` on it,
 /// so a probe does not disturb the run.

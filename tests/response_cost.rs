@@ -5,47 +5,20 @@
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/limiter.rs"]
+mod limiter;
 #[path = "support/serve.rs"]
 mod serve;
 
+use cli::{add_refused, add_strategy, ok, remove_and_import, stores, strategy_rows as rows};
+use limiter::{strategy, with_slots, words, S};
 use std::sync::atomic::Ordering;
 
-use cli::{add_refused, add_strategy, ok, remove_and_import, stores, strategy_rows as rows};
 use proptest::prelude::*;
 use rate_ctl::core::keys::{KeyLimiter, Step};
 use rate_ctl::core::limiter::{Acquired, Limiter};
-use rate_ctl::core::model::{self, Action, Algorithm, Unit};
-use rate_ctl::core::slot::{LocalSlots, Slot};
+use rate_ctl::core::model::{Action, Algorithm, Unit};
 use serde_json::{json, Value};
-
-const S: u64 = 1_000_000_000;
-
-fn strategy(
-    algorithm: Algorithm,
-    rate: u64,
-    per: Unit,
-    burst: u32,
-    action: Action,
-) -> model::Strategy {
-    model::Strategy::unconditioned(algorithm, rate, per, burst, action).expect("valid strategy")
-}
-
-/// Two zeroed slots.
-fn with_slots<R>(f: impl FnOnce(&Slot, &Slot) -> R) -> R {
-    let local = LocalSlots::new(2);
-    let region = local.region();
-    f(
-        &Slot::at(&region, 0).unwrap(),
-        &Slot::at(&region, 1).unwrap(),
-    )
-}
-
-fn words(s: &Slot) -> (u64, u64) {
-    (
-        s.state0().load(Ordering::Relaxed),
-        s.state1().load(Ordering::Relaxed),
-    )
-}
 
 /// The algorithms that count units, with a rate per `per` and a burst.
 fn counting() -> impl Strategy<Value = (Algorithm, u64, Unit, u32, Action)> {
