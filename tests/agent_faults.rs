@@ -10,7 +10,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent::{wait_for, AgentProc, Reader};
-use cli::{add_strategy, ok, sql, sqlite_store, stores, version, MYSQL_ENV, POSTGRES_ENV};
+use cli::{
+    add_strategy, ok, sql, sqlite_and_dir, sqlite_store, stores, update_strategy, version,
+    MYSQL_ENV, POSTGRES_ENV,
+};
 
 fn add(s: &str, name: &str, rate: u64) -> u32 {
     add_strategy(
@@ -116,9 +119,8 @@ fn bad_rows_are_skipped_and_named_in_the_log() {
 
 #[test]
 fn sigterm_and_sigint_exit_zero_and_restart_adopts_the_file() {
-    let st = sqlite_store();
+    let (st, dir) = sqlite_and_dir();
     let s = st.url.as_str();
-    let dir = tempfile::tempdir().unwrap();
     let shm = dir.path().join("f.shm");
     let id = add(s, "keep", 1_000);
     for (n, sig) in [libc::SIGTERM, libc::SIGINT].into_iter().enumerate() {
@@ -168,9 +170,8 @@ fn full_table_of_four(s: &str, dir: &std::path::Path, prefix: &str) -> (AgentPro
 
 #[test]
 fn capacity_exceeded_names_the_limit_and_keeps_the_previous_table() {
-    let st = sqlite_store();
+    let (st, dir) = sqlite_and_dir();
     let s = st.url.as_str();
-    let dir = tempfile::tempdir().unwrap();
     let (a, mut r, v) = full_table_of_four(s, dir.path(), "s");
     let fifth = add(s, "s4", 10);
     let found = wait_for(Duration::from_secs(5), || {
@@ -204,9 +205,8 @@ fn capacity_exceeded_names_the_limit_and_keeps_the_previous_table() {
 
 #[test]
 fn replace_import_of_a_full_table_is_published_in_stages() {
-    let st = sqlite_store();
+    let (st, dir) = sqlite_and_dir();
     let s = st.url.as_str();
-    let dir = tempfile::tempdir().unwrap();
     let (a, mut r, _) = full_table_of_four(s, dir.path(), "old");
     // Four new strategies replace the four: the table fits, but their slots
     // are taken until this very publish frees them (and 2 s more).
@@ -332,15 +332,7 @@ fn store_down(env: &str, kind: &str) {
     );
     server("start");
     let up = Instant::now();
-    ok(&[
-        "strategy",
-        "update",
-        "--store",
-        &url,
-        &id.to_string(),
-        "--rate",
-        "999",
-    ]);
+    update_strategy(&url, &id.to_string(), &["--rate", "999"]);
     let v2 = version(&url) as u64;
     let caught = r.wait_version(v2, Duration::from_secs(10));
     assert!(caught.is_some(), "agent catches up; log:\n{}", a.log_text());
@@ -391,15 +383,7 @@ fn store_down(env: &str, kind: &str) {
     };
     assert_eq!(rate(&t), Some(999));
     server("start");
-    ok(&[
-        "strategy",
-        "update",
-        "--store",
-        &url,
-        &id.to_string(),
-        "--rate",
-        "998",
-    ]);
+    update_strategy(&url, &id.to_string(), &["--rate", "998"]);
     let v3 = version(&url) as u64;
     let t = r
         .wait_version(v3, Duration::from_secs(10))

@@ -184,6 +184,11 @@ pub fn sqlite_store() -> TestStore {
     }
 }
 
+/// A fresh SQLite store and a scratch directory for the test's other files.
+pub fn sqlite_and_dir() -> (TestStore, tempfile::TempDir) {
+    (sqlite_store(), tempfile::tempdir().unwrap())
+}
+
 /// A fresh database on the MariaDB server named by `RATE_CTL_TEST_MYSQL_URL`,
 /// or `None` with a loud message when it is unset.
 pub fn mariadb_store(test: &str) -> Option<TestStore> {
