@@ -16,10 +16,7 @@ set -euo pipefail
 # shellcheck source=scripts/lib/test-server.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/test-server.sh"
 
-cmd=${1:-}
 dir=${2:-${MARIADB_TEST_DIR:-/tmp/rate-ctl-mariadb}}
-
-log() { echo "mariadb-test-server: $*" >&2; }
 
 find_bin() {
     for b in mariadbd mysqld; do
@@ -51,10 +48,6 @@ start() {
     local bin
     bin=$(find_bin)
     mkdir -p "$dir"
-    if running; then
-        cat "$dir/url"
-        return 0
-    fi
     local fresh=0
     if [ ! -d "$dir/data/mysql" ]; then
         fresh=1
@@ -88,9 +81,7 @@ GRANT ALL PRIVILEGES ON `rate\_ctl\_t%`.* TO 'rate_ctl'@'localhost';
 FLUSH PRIVILEGES;
 SQL
     fi
-    echo "mysql://rate_ctl:rate_ctl@127.0.0.1:$port/rate_ctl" >"$dir/url"
-    log "running as PID $(cat "$dir/pid") on 127.0.0.1:$port (data in $dir/data)"
-    cat "$dir/url"
+    server_ready "mysql://rate_ctl:rate_ctl@127.0.0.1:$port/rate_ctl" "$port"
 }
 
-server_main "$cmd" TERM
+server_main "${1:-}" TERM

@@ -16,10 +16,7 @@ set -euo pipefail
 # shellcheck source=scripts/lib/test-server.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/test-server.sh"
 
-cmd=${1:-}
 dir=${2:-${POSTGRES_TEST_DIR:-/tmp/rate-ctl-postgres}}
-
-log() { echo "postgres-test-server: $*" >&2; }
 
 bindir() {
     local d
@@ -43,10 +40,6 @@ start() {
     bin=$(bindir)
     mkdir -p "$dir"
     chmod 0755 "$dir"
-    if running; then
-        cat "$dir/url"
-        return 0
-    fi
     local fresh=0
     if [ ! -f "$dir/data/PG_VERSION" ]; then
         fresh=1
@@ -74,10 +67,8 @@ CREATE ROLE rate_ctl LOGIN PASSWORD 'rate_ctl' CREATEDB;
 CREATE DATABASE rate_ctl OWNER rate_ctl ENCODING 'UTF8';
 SQL
     fi
-    echo "postgres://rate_ctl:rate_ctl@127.0.0.1:$port/rate_ctl" >"$dir/url"
-    log "running as PID $(cat "$dir/pid") on 127.0.0.1:$port (data in $dir/data)"
-    cat "$dir/url"
+    server_ready "postgres://rate_ctl:rate_ctl@127.0.0.1:$port/rate_ctl" "$port"
 }
 
 # SIGINT: PostgreSQL's fast shutdown.
-server_main "$cmd" INT
+server_main "${1:-}" INT

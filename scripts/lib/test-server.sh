@@ -3,7 +3,7 @@
 # Sourced by scripts/mariadb-test-server.sh and scripts/postgres-test-server.sh:
 # what a throw-away database server for the tests does the same whatever the
 # database. The sourcing script sets `dir` (the server's directory) and
-# defines `log` and `start`; then it calls `server_main "$cmd"`.
+# defines `start`; then it calls `server_main "$1" SIGNAL`.
 
 # shellcheck source=scripts/lib/packages.sh
 . "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
@@ -23,6 +23,9 @@ install_without_service() {
     [ "$created_policy" = 1 ] && rm -f "$policy"
     return $rc
 }
+
+# Messages on stderr, prefixed with the script's name.
+log() { echo "$(basename "$0" .sh): $*" >&2; }
 
 port_free() {
     ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
@@ -65,6 +68,15 @@ server_wait() {
     "$@" >/dev/null
 }
 
+# Records the URL of the server now running on PORT in $dir/url, says so
+# and prints the URL (what `start` prints on stdout).
+#   server_ready URL PORT
+server_ready() {
+    echo "$1" >"$dir/url"
+    log "running as PID $(cat "$dir/pid") on 127.0.0.1:$2 (data in $dir/data)"
+    cat "$dir/url"
+}
+
 # Stops the server started in $dir by its PID with the given signal, then
 # SIGKILL after 30 s.
 server_stop() {
@@ -90,7 +102,14 @@ server_stop() {
 # start | stop SIGNAL | url, as the scripts' usage lines say.
 server_main() {
     case "$1" in
-    start) start ;;
+    start)
+        # A server already running in $dir: its URL.
+        if running; then
+            cat "$dir/url"
+        else
+            start
+        fi
+        ;;
     stop) server_stop "$2" ;;
     url) running && cat "$dir/url" ;;
     *)
