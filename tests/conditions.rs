@@ -3,11 +3,14 @@
 //! (exact conditions mixed in, so anchored lists, tuple-space groups and
 //! reanchoring all take part), and through the segment encoding.
 
+#[path = "support/table.rs"]
+mod tables;
+
 use proptest::prelude::*;
-use proptest::strategy::Strategy as _;
-use rate_ctl::core::model::{Action, Algorithm, Condition, Op, Strategy, Unit};
-use rate_ctl::core::segment::{decode_payload, encode_payload, Decoded, Published};
+use rate_ctl::core::model::{Condition, Op};
+use rate_ctl::core::segment::{decode_payload, encode_payload, Published};
 use rate_ctl::core::table::Table;
+use tables::{ids, table_of, token_bucket};
 
 const DIMS: [&str; 3] = ["api", "userid", "method"];
 const SEGS: [&str; 5] = ["a", "b", "c", "", "x*"];
@@ -118,25 +121,7 @@ fn cond_spec() -> impl proptest::strategy::Strategy<Value = CondSpec> {
 }
 
 fn published(id: u32, conds: Vec<Condition>) -> Published {
-    Published {
-        strategy: Strategy {
-            id,
-            conditions: conds,
-            algorithm: Algorithm::TokenBucket,
-            rate: 10,
-            per: Unit::Second,
-            burst: 1,
-            action: Action::Reject { status: None },
-            enabled: true,
-            warm_up: Default::default(),
-            priority: 0,
-            each: Default::default(),
-            name: String::new(),
-            response: Default::default(),
-        },
-        slot: id - 1,
-        generation: 1,
-    }
+    token_bucket(id, conds, true)
 }
 
 /// The strategies of `specs` that the model accepts (one condition per
@@ -164,16 +149,7 @@ fn table(published: &[Published]) -> Table {
     let payload = encode_payload(published, &[]);
     let (strategies, _) = decode_payload(&payload, published.len() as u32, 0).unwrap();
     assert_eq!(strategies, published);
-    Table::build(
-        Decoded {
-            publish_seq: 1,
-            config_version: 1,
-            published_unix_ms: 0,
-            strategies,
-            blacklist_dimensions: vec![],
-        },
-        None,
-    )
+    table_of(strategies)
 }
 
 /// One working space for all of a table's requests, as the nginx worker
@@ -200,11 +176,7 @@ fn check(
                 .and_then(|d| texts[d].as_deref().map(str::as_bytes))
         })
         .collect();
-    let got: Vec<u32> = table
-        .matching_with(&values, scratch)
-        .iter()
-        .map(|&i| table.strategies()[i as usize].strategy.id)
-        .collect();
+    let got: Vec<u32> = ids(&table, &table.matching_with(&values, scratch));
     let want: Vec<u32> = published
         .iter()
         .filter(|p| {
@@ -286,10 +258,7 @@ fn the_issue_examples() {
         .flatten()
         .collect();
         let v = t.values_of(&pairs);
-        t.matching(&v)
-            .iter()
-            .map(|&i| t.strategies()[i as usize].strategy.id)
-            .collect()
+        tables::ids(&t, &t.matching(&v))
     };
     assert_eq!(ids("/api/v1/a", None, "GET"), vec![1]);
     assert_eq!(ids("/api/v1/", None, "GET"), vec![1]);

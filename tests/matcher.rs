@@ -3,10 +3,14 @@
 //! Small random tables (few shared values: anchored lists), dense random
 //! tables of many shapes and grids (long lists: tuple-space groups).
 
+#[path = "support/table.rs"]
+mod tables;
+
 use proptest::prelude::*;
-use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
-use rate_ctl::core::segment::{Decoded, Published};
+use rate_ctl::core::model::Condition;
+use rate_ctl::core::segment::Published;
 use rate_ctl::core::table::Table;
+use tables::{ids, table_of, token_bucket};
 
 const DIMS: [&str; 4] = ["ip", "userid", "api", "method"];
 const VALUES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "unnamed"];
@@ -32,38 +36,11 @@ fn strategy(id: u32, spec: &[Option<usize>; 4], enabled: bool) -> Published {
         .enumerate()
         .filter_map(|(d, v)| v.map(|v| Condition::new(DIMS[d], value(d, v))))
         .collect();
-    Published {
-        strategy: Strategy {
-            id,
-            conditions,
-            algorithm: Algorithm::TokenBucket,
-            rate: 10,
-            per: Unit::Second,
-            burst: 1,
-            action: Action::Reject { status: None },
-            enabled,
-            warm_up: Default::default(),
-            priority: 0,
-            each: Default::default(),
-            name: String::new(),
-            response: Default::default(),
-        },
-        slot: id - 1,
-        generation: 1,
-    }
+    token_bucket(id, conditions, enabled)
 }
 
 fn table(published: &[Published]) -> Table {
-    Table::build(
-        Decoded {
-            publish_seq: 1,
-            config_version: 1,
-            published_unix_ms: 0,
-            strategies: published.to_vec(),
-            blacklist_dimensions: vec![],
-        },
-        None,
-    )
+    table_of(published.to_vec())
 }
 
 /// The ids `table` matches for a request (a value per dimension, `None`:
@@ -82,11 +59,7 @@ fn got_and_want(
             texts[d].as_deref().map(str::as_bytes)
         })
         .collect();
-    let got = table.matching(&values);
-    let got: Vec<u32> = got
-        .iter()
-        .map(|&i| table.strategies()[i as usize].strategy.id)
-        .collect();
+    let got = ids(table, &table.matching(&values));
     let want: Vec<u32> = published
         .iter()
         .filter(|p| p.strategy.enabled)
@@ -240,11 +213,7 @@ fn dimensions_named_only_beside_an_anchor_are_read_only_for_candidates() {
             values,
             reads: RefCell::new(Vec::new()),
         };
-        let ids: Vec<u32> = table
-            .matching(&req)
-            .iter()
-            .map(|&i| table.strategies()[i as usize].strategy.id)
-            .collect();
+        let ids: Vec<u32> = ids(&table, &table.matching(&req));
         (ids, req.reads.into_inner())
     };
     // No candidate (an unknown user, api `a` matches strategy 51 alone).

@@ -16,6 +16,8 @@
 
 #[path = "support/shm.rs"]
 mod shm;
+#[path = "support/table.rs"]
+mod tables;
 
 use std::net::IpAddr;
 
@@ -23,10 +25,11 @@ use proptest::prelude::*;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::{parse_ip_net, Action, Algorithm, Strategy, Unit};
 use rate_ctl::core::reader::Reader;
-use rate_ctl::core::segment::{Decoded, Published};
+use rate_ctl::core::segment::Published;
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{IpKey, Request, RequestOutcome, Scratch, Table};
 use shm::{fresh_writer, strategy};
+use tables::ids;
 
 /// A random address near a few bases, so that networks and requests meet:
 /// IPv4 in 10.0.0.0/8 and 192.0.2.0/24 style bases, IPv6 in 2001:db8::/32.
@@ -91,16 +94,7 @@ fn table_of(specs: &[Spec]) -> (Vec<Published>, Table) {
             }
         })
         .collect();
-    let table = Table::build(
-        Decoded {
-            publish_seq: 1,
-            config_version: 1,
-            published_unix_ms: 0,
-            strategies: published.clone(),
-            blacklist_dimensions: vec![],
-        },
-        None,
-    );
+    let table = tables::table_of(published.clone());
     (published, table)
 }
 
@@ -122,17 +116,9 @@ fn got_and_want(
             _ => None, // `ip/<len>`: the matcher masks the address itself
         })
         .collect();
-    let got: Vec<u32> = table
-        .matching(&values)
-        .iter()
-        .map(|&i| table.strategies()[i as usize].strategy.id)
-        .collect();
+    let got: Vec<u32> = ids(&table, &table.matching(&values));
     // The same through the working space every request reuses.
-    let reused: Vec<u32> = table
-        .matching_with(&values, scratch)
-        .iter()
-        .map(|&i| table.strategies()[i as usize].strategy.id)
-        .collect();
+    let reused: Vec<u32> = ids(&table, &table.matching_with(&values, scratch));
     assert_eq!(got, reused, "{ip} after earlier requests");
     let want = published
         .iter()
