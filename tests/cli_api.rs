@@ -347,22 +347,7 @@ fn commands_through_the_api_match_the_store() {
     // --api and --store together are refused, before anything is written.
     let before = version(store);
     let e = fails(
-        &[
-            "strategy",
-            "add",
-            "--api",
-            &url,
-            "--token",
-            &s.token,
-            "--store",
-            store,
-            "--name",
-            "both",
-            "--algorithm",
-            "fixed_window",
-            "--rate",
-            "1",
-        ],
+        &api_add(&url, Some(&s.token), "both", "1", &["--store", store]),
         2,
     );
     assert!(e.contains("--store and --api"), "{e}");
@@ -374,6 +359,31 @@ fn commands_through_the_api_match_the_store() {
     assert_eq!(version(store), before);
 }
 
+/// `rate-ctl strategy add --api URL [--token TOKEN] --name NAME
+/// --algorithm fixed_window --rate RATE` and `extra`.
+fn api_add<'a>(
+    url: &'a str,
+    token: Option<&'a str>,
+    name: &'a str,
+    rate: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec!["strategy", "add", "--api", url];
+    if let Some(t) = token {
+        args.extend(["--token", t]);
+    }
+    args.extend([
+        "--name",
+        name,
+        "--algorithm",
+        "fixed_window",
+        "--rate",
+        rate,
+    ]);
+    args.extend_from_slice(extra);
+    args
+}
+
 #[test]
 fn a_refused_token_is_a_clear_error_and_writes_nothing() {
     let st = sqlite_store();
@@ -381,39 +391,9 @@ fn a_refused_token_is_a_clear_error_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = Serve::start_with_tokens(store, dir.path(), &["read"]);
     let url = s.url();
-    ok(&[
-        "strategy",
-        "add",
-        "--api",
-        &url,
-        "--token",
-        &s.token,
-        "--name",
-        "a",
-        "--algorithm",
-        "fixed_window",
-        "--rate",
-        "5",
-    ]);
+    ok(&api_add(&url, Some(&s.token), "a", "5", &[]));
     let before = version(store);
-    let add = |token: Option<&str>| {
-        let mut args = vec![
-            "strategy",
-            "add",
-            "--api",
-            &url,
-            "--name",
-            "b",
-            "--algorithm",
-            "fixed_window",
-            "--rate",
-            "5",
-        ];
-        if let Some(t) = token {
-            args.extend(["--token", t]);
-        }
-        fails(&args, 1)
-    };
+    let add = |token: Option<&str>| fails(&api_add(&url, token, "b", "5", &[]), 1);
     for e in [add(Some("wrong")), add(None)] {
         assert!(e.contains("token was refused"), "{e}");
         assert!(e.contains("--token or RATE_CTL_TOKEN"), "{e}");
