@@ -18,17 +18,14 @@ for_each_target(sub {
     my ($t) = @_;
     my $n = RateCtlTest->new($t,
         http   => 'rate_ctl_dimension userid $cookie_uid;',
-        server => q{
-            rate_ctl on;
-            location / { empty_gif; }
-            location /loc429/ { rate_ctl_status 429; empty_gif; }
-            location /hdr/ { rate_ctl_headers on; empty_gif; }
-            location /stats { rate_ctl off; rate_ctl_stats; }
-            location /named { try_files /nonexistent @named; }
-            location @named { empty_gif; }
-            location /err { root /nonexistent; error_page 404 = /errtarget; }
-            location = /errtarget { empty_gif; }
-        });
+        server => limited_server(
+            'location /loc429/ { rate_ctl_status 429; empty_gif; }',
+            'location /hdr/ { rate_ctl_headers on; empty_gif; }',
+            'location /stats { rate_ctl off; rate_ctl_stats; }',
+            'location /named { try_files /nonexistent @named; }',
+            'location @named { empty_gif; }',
+            'location /err { root /nonexistent; error_page 404 = /errtarget; }',
+            'location = /errtarget { empty_gif; }'));
     publish($n->shm, <<'T');
 strategy id=1 algorithm=token_bucket rate=5 per=second burst=5 when api=/tb
 strategy id=2 algorithm=fixed_window rate=7 per=minute when api=/fw

@@ -12,11 +12,7 @@ for_each_target(sub {
     # reuseport spreads new connections over both workers.
     my $n = RateCtlTest->new($t,
         listen_opts => 'reuseport',
-        server => q{
-            rate_ctl on;
-            add_header X-Worker $pid always;
-            location / { empty_gif; }
-        });
+        server => limited_server('add_header X-Worker $pid always;'));
 
     publish($n->shm, "strategy id=1 algorithm=fixed_window rate=100 per=minute when api=/a\n", 1);
     $n->start;

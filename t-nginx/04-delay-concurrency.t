@@ -11,12 +11,8 @@ use RateCtlTest;
 for_each_target(sub {
     my ($t) = @_;
     my $n = RateCtlTest->new($t,
-        server => q{
-            rate_ctl on;
-            location / { empty_gif; }
-            # 24 KiB at 8 KiB/s: each request lasts about 2 s.
-            location /slow/ { limit_rate 8k; limit_rate_after 0; }
-        });
+        # 24 KiB at 8 KiB/s: each request lasts about 2 s.
+        server => limited_server('location /slow/ { limit_rate 8k; limit_rate_after 0; }'));
     open my $fh, '>', $n->dir . '/html/big' or die;
     print $fh 'x' x 24576;
     close $fh;

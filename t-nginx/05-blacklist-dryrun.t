@@ -12,12 +12,9 @@ for_each_target(sub {
     my $n = RateCtlTest->new($t,
         ipv6   => 1,
         http   => 'rate_ctl_dimension userid $cookie_uid;',
-        server => q{
-            rate_ctl on;
-            location / { empty_gif; }
-            location /b451/ { rate_ctl_blacklist_status 451; empty_gif; }
-            location /dry/ { rate_ctl_dry_run on; empty_gif; }
-        });
+        server => limited_server(
+            'location /b451/ { rate_ctl_blacklist_status 451; empty_gif; }',
+            'location /dry/ { rate_ctl_dry_run on; empty_gif; }'));
     publish($n->shm, <<'T');
 blacklist ip ::1
 blacklist userid u666

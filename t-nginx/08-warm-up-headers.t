@@ -55,18 +55,36 @@ sub hammer {
     return @ok;
 }
 
+# Three requests to /STYLE/x, a limit of 2 a day whose answers carry the
+# HEADER-Limit, -Remaining and -Reset fields: the first passes showing
+# Limit 2 and Remaining 1 (then $more->(answer) checks what is particular
+# to the style), the third is refused with Remaining 0, Reset and
+# Retry-After.
+sub two_a_day {
+    my ($n, $style, $header, $more) = @_;
+    my $h = lc $header;
+    my $r = $n->get("/$style/x");
+    is($r->{code}, 200, "$style: first passes");
+    is($r->{headers}{"$h-limit"}, 2, "$style: $header-Limit");
+    is($r->{headers}{"$h-remaining"}, 1, "$style: $header-Remaining");
+    $more->($r);
+    $n->get("/$style/x");
+    $r = $n->get("/$style/x");
+    is($r->{code}, 503, "$style: third rejected");
+    is($r->{headers}{"$h-remaining"}, 0, "$style: Remaining 0 on rejection");
+    ok($r->{headers}{"$h-reset"} >= 1, "$style: Reset >= 1 while limited");
+    ok($r->{headers}{'retry-after'} >= 1, "$style: Retry-After on rejection");
+}
+
 sub between { my ($from, $to, @t) = @_; scalar grep { $_ >= $from && $_ < $to } @t }
 
 for_each_target(sub {
     my ($t) = @_;
     my $n = RateCtlTest->new($t,
-        server => q{
-            rate_ctl on;
-            location / { empty_gif; }
-            location /on/ { rate_ctl_headers on; empty_gif; }
-            location /legacy/ { rate_ctl_headers legacy; empty_gif; }
-            location /draft/ { rate_ctl_headers draft; empty_gif; }
-        });
+        server => limited_server(
+            'location /on/ { rate_ctl_headers on; empty_gif; }',
+            'location /legacy/ { rate_ctl_headers legacy; empty_gif; }',
+            'location /draft/ { rate_ctl_headers draft; empty_gif; }'));
     publish($n->shm, <<'T');
 strategy id=1 algorithm=warm_up rate=100 per=second warm_up_ms=2000 cold_factor=3 when api=/cold
 strategy id=2 algorithm=fixed_window rate=2 per=day when api=/on/x
@@ -104,34 +122,23 @@ T
     ok($took >= 0.55 && $took < 0.9, sprintf('warm_up + delay: queued about 2 x 300 ms (took %.2f s)', $took));
 
     # rate_ctl_headers on: the older draft's triple.
-    my $r = $n->get('/on/x');
-    is($r->{code}, 200, 'on: first passes');
-    is($r->{headers}{'ratelimit-limit'}, 2, 'on: RateLimit-Limit');
-    is($r->{headers}{'ratelimit-remaining'}, 1, 'on: RateLimit-Remaining');
-    ok(!exists $r->{headers}{'x-ratelimit-limit'} && !exists $r->{headers}{'ratelimit-policy'},
-        'on: no other style');
-    $n->get('/on/x');
-    $r = $n->get('/on/x');
-    is($r->{code}, 503, 'on: third rejected');
-    is($r->{headers}{'ratelimit-remaining'}, 0, 'on: Remaining 0 on rejection');
-    ok($r->{headers}{'ratelimit-reset'} >= 1, 'on: Reset >= 1 while limited');
-    ok($r->{headers}{'retry-after'} >= 1, 'on: Retry-After on rejection');
+    two_a_day($n, 'on', 'RateLimit', sub {
+        my ($r) = @_;
+        ok(!exists $r->{headers}{'x-ratelimit-limit'} && !exists $r->{headers}{'ratelimit-policy'},
+            'on: no other style');
+    });
 
     # legacy: X-RateLimit-*, Reset in seconds until the (day) window ends,
     # not a Unix time.
-    $r = $n->get('/legacy/x');
-    is($r->{code}, 200, 'legacy: first passes');
-    is($r->{headers}{'x-ratelimit-limit'}, 2, 'legacy: X-RateLimit-Limit');
-    is($r->{headers}{'x-ratelimit-remaining'}, 1, 'legacy: X-RateLimit-Remaining');
-    my $reset = $r->{headers}{'x-ratelimit-reset'};
-    ok($reset =~ /^\d+$/ && $reset >= 1 && $reset <= 86400, "legacy: X-RateLimit-Reset $reset is seconds until reset");
-    ok(!exists $r->{headers}{'ratelimit-limit'}, 'legacy: no RateLimit-Limit');
-    $n->get('/legacy/x');
-    $r = $n->get('/legacy/x');
-    is($r->{code}, 503, 'legacy: third rejected');
-    is($r->{headers}{'x-ratelimit-remaining'}, 0, 'legacy: Remaining 0 on rejection');
-    ok($r->{headers}{'x-ratelimit-reset'} >= 1, 'legacy: Reset >= 1 while limited');
-    ok($r->{headers}{'retry-after'} >= 1, 'legacy: Retry-After on rejection');
+    two_a_day($n, 'legacy', 'X-RateLimit', sub {
+        my ($r) = @_;
+        my $reset = $r->{headers}{'x-ratelimit-reset'};
+        ok($reset =~ /^\d+$/ && $reset >= 1 && $reset <= 86400,
+            "legacy: X-RateLimit-Reset $reset is seconds until reset");
+        ok(!exists $r->{headers}{'ratelimit-limit'}, 'legacy: no RateLimit-Limit');
+    });
+
+    my $r;
 
     # draft: RateLimit-Policy and RateLimit structured fields.
     $r = $n->get('/draft/x');

@@ -48,8 +48,7 @@ my $PHASE  = $ENV{FLEET_PHASE}  // 16;
 my $OUTAGE = $ENV{FLEET_OUTAGE} // 11;
 my $JOIN   = $ENV{FLEET_JOIN}   // 20;
 my $BACK   = 10;
-my $bin    = $ENV{RATE_CTL_BIN} // root() . '/target/debug/rate-ctl';
-BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
+my $bin    = rate_ctl_bin();
 my @targets = targets();
 my @access = agent_access();
 my $main = workers_main();
@@ -63,44 +62,8 @@ my %build = (h0 => $targets[0], h1 => $targets[-1], h2 => $targets[-1], h3 => $t
 POSIX::nice(-5) if $> == 0;
 my $dir = tempdir('rate_ctl_fleet_XXXXXX', TMPDIR => 1, CLEANUP => !$ENV{RATE_CTL_KEEP});
 chmod 0755, $dir;
-my %pids;    # name => pid of every process started here
-END { stop_all() }
+# Every process started here is stopped at exit (RateCtlTest's spawn).
 $SIG{INT} = $SIG{TERM} = sub { stop_all(); exit 130 };
-
-sub stop_one {
-    my ($name, $sig) = @_;
-    my $pid = delete $pids{$name} or return;
-    kill $sig // 'TERM', $pid;
-    for (1 .. 100) { return if waitpid($pid, POSIX::WNOHANG()) != 0; sleep 0.05 }
-    kill 'KILL', $pid;
-    waitpid $pid, 0;
-}
-sub stop_all { stop_one($_) for sort keys %pids }
-
-# spawn(NAME, LOG, ARGV...): a child process with stdout and stderr to LOG.
-sub spawn {
-    my ($name, $log, @argv) = @_;
-    my $pid = fork // die "fork: $!";
-    if (!$pid) {
-        open STDOUT, '>>', $log or die "$log: $!";
-        open STDERR, '>&', \*STDOUT or die;
-        $ENV{NO_COLOR} = 1;
-        delete @ENV{qw(RATE_CTL_ADMIN_TOKEN RATE_CTL_READ_TOKEN RATE_CTL_AGENT_TOKEN)};
-        exec @argv or die "exec $argv[0]: $!";
-    }
-    $pids{$name} = $pid;
-    return $pid;
-}
-
-sub slurp { my ($f) = @_; open my $fh, '<', $f or return ''; local $/; <$fh> }
-
-# wait_until(SECONDS, CODE): polls CODE every 50 ms; its value or undef.
-sub wait_until {
-    my ($limit, $code) = @_;
-    my $end = time + $limit;
-    while (time < $end) { my $v = $code->(); return $v if $v; sleep 0.05 }
-    return undef;
-}
 
 # The store: a fresh database on the MariaDB server when one is configured.
 my ($store, $store_label, $drop) = ("sqlite:$dir/rate-ctl.db", 'SQLite');
@@ -195,7 +158,7 @@ my @gen;    # [host, file] of the /fleet generators
 sub generator {
     my ($h, $path, $t0, $end, $file, @schedule) = @_;
     my $pid = fork // die "fork: $!";
-    if ($pid) { $pids{"gen $h $path"} = $pid; return }
+    if ($pid) { track("gen $h $path", $pid); return }
     my $port = $nginx{$h}->port;
     my $req  = "GET $path HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     my ($conn, $buf);
@@ -312,7 +275,7 @@ $nginx{h0}->stop;
 start_host('h3');
 push @gen, ['h3', "$dir/gen.h3"];
 generator('h3', '/fleet', $T0, $T_END - $T0, "$dir/gen.h3", [0, 150]);
-for my $name (grep {/^gen /} keys %pids) { waitpid delete $pids{$name}, 0 }
+reap(qr/^gen /);
 collect();
 
 my @fig;

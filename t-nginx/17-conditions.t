@@ -13,26 +13,10 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use File::Temp qw(tempdir);
-use POSIX ();
 use Time::HiRes qw(sleep time);
 use RateCtlTest;
 
-my $bin = $ENV{RATE_CTL_BIN} // root() . '/target/debug/rate-ctl';
-BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
-
-my %pids;
-END { stop_one($_) for keys %pids }
-
-sub stop_one {
-    my ($pid) = @_;
-    delete $pids{$pid} or return;
-    kill 'TERM', $pid;
-    for (1 .. 100) { return if waitpid($pid, POSIX::WNOHANG()) != 0; sleep 0.05 }
-    kill 'KILL', $pid;
-    waitpid $pid, 0;
-}
-
-sub slurp { my ($f) = @_; open my $fh, '<', $f or return ''; local $/; <$fh> }
+my $bin = rate_ctl_bin();
 
 # cli(ARGS...): runs rate-ctl; (exit code, stdout and stderr).
 sub cli {
@@ -67,17 +51,10 @@ for_each_target(sub {
     my ($rc2, $list) = cli('strategy', 'list', '--store', $store);
     unlike($list, qr/\bbad\b/, "$t->{name}: nothing written for the bad pattern");
 
-    my $pid = fork // die "fork: $!";
-    if (!$pid) {
-        open STDOUT, '>>', "$dir/agent.log" or die;
-        open STDERR, '>&', \*STDOUT or die;
-        exec $bin, 'agent', '--store', $store, '--shm', $shm, '--host-id', 'i30', '--max-strategies', 1024,
-            '--segment-bytes', 262144, '--blacklist-entries', 256, '--keys', 4096, agent_access()
-            or die "exec: $!";
-    }
-    $pids{$pid} = 1;
-    my $end = time + 15;
-    sleep 0.05 while !-s $shm && time < $end;
+    spawn("agent $t->{name}", "$dir/agent.log", $bin, 'agent', '--store', $store, '--shm', $shm,
+        '--host-id', 'i30', '--max-strategies', 1024, '--segment-bytes', 262144, '--blacklist-entries', 256,
+        '--keys', 4096, agent_access());
+    wait_until(15, sub { -s $shm });
     ok(-s $shm, "$t->{name}: the agent published") or diag slurp("$dir/agent.log");
 
     my $n = RateCtlTest->new($t, shm => $shm, main => workers_main(),
@@ -85,14 +62,10 @@ for_each_target(sub {
             rate_ctl_dimension userid $arg_u;
             rate_ctl_dimension who $arg_w decode lowercase last;
         },
-        server => q{
-            rate_ctl on;
-            location / { empty_gif; }
-        });
+        server => limited_server());
     $n->start;
     # Wait until the table is enforced (the agent's first publish).
-    $end = time + 15;
-    sleep 0.1 while $n->error_log !~ /enforcing/ && time < $end;
+    wait_until(15, sub { $n->error_log =~ /enforcing/ });
 
     RateCtlTest::window_ahead(86400, 120);
     my @c = map { $n->get($_)->{code} } qw(/api/v1/a /api/v1/b/c /api/v1/x /api/v1/y /api/v2/a);
@@ -128,10 +101,9 @@ for_each_target(sub {
     # `rate_ctl_dimension api $uri;` gives the raw bytes back.
     my $raw = RateCtlTest->new($t, shm => $shm,
         http => q{ rate_ctl_dimension api $uri; },
-        server => q{ rate_ctl on; location / { empty_gif; } });
+        server => limited_server());
     $raw->start;
-    $end = time + 15;
-    sleep 0.1 while $raw->error_log !~ /enforcing/ && time < $end;
+    wait_until(15, sub { $raw->error_log =~ /enforcing/ });
     is($raw->get('/login/x/')->{code}, 200, "$t->{name}: raw api: /login/x/ is not /login");
     is($raw->get('/login')->{code}, 503, "$t->{name}: raw api: /login still limited (the shared count)");
     $raw->no_alerts;
@@ -139,7 +111,7 @@ for_each_target(sub {
 
     $n->no_alerts;
     $n->stop;
-    stop_one($pid);
+    stop_one("agent $t->{name}");
 });
 
 done_testing;

@@ -15,26 +15,10 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use Test::More;
 use File::Temp qw(tempdir);
-use POSIX ();
 use Time::HiRes qw(sleep time);
 use RateCtlTest;
 
-my $bin = $ENV{RATE_CTL_BIN} // root() . '/target/debug/rate-ctl';
-BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
-
-my %pids;
-END { stop($_) for keys %pids }
-
-sub stop {
-    my ($name) = @_;
-    my $pid = delete $pids{$name} or return;
-    kill 'TERM', $pid;
-    for (1 .. 100) { return if waitpid($pid, POSIX::WNOHANG()) != 0; sleep 0.05 }
-    kill 'KILL', $pid;
-    waitpid $pid, 0;
-}
-
-sub slurp { my ($f) = @_; open my $fh, '<', $f or return ''; local $/; <$fh> }
+my $bin = rate_ctl_bin();
 
 # A strategy through the CLI; dies with its output if refused.
 sub cli_add {
@@ -61,17 +45,10 @@ for_each_target(sub {
     like($list, qr/"cost_after":"upcost"/, 'and cost_after');
 
     my $shm = "$dir/shm";
-    my $pid = fork // die "fork: $!";
-    if (!$pid) {
-        open STDOUT, '>>', "$dir/agent.log" or die;
-        open STDERR, '>&', \*STDOUT or die;
-        exec $bin, 'agent', '--store', $store, '--shm', $shm, '--host-id', 'i31',
-            '--max-strategies', 64, '--segment-bytes', 65536, '--blacklist-entries', 64,
-            '--keys', 1024, '--poll-ms', 50, agent_access()
-            or die "exec: $!";
-    }
-    $pids{"agent $t->{name}"} = $pid;
-    for (1 .. 200) { last if -s $shm && slurp("$dir/agent.log") =~ /publish/i; sleep 0.05 }
+    spawn("agent $t->{name}", "$dir/agent.log", $bin, 'agent', '--store', $store, '--shm', $shm,
+        '--host-id', 'i31', '--max-strategies', 64, '--segment-bytes', 65536, '--blacklist-entries', 64,
+        '--keys', 1024, '--poll-ms', 50, agent_access());
+    wait_until(10, sub { -s $shm && slurp("$dir/agent.log") =~ /publish/i });
     ok(-s $shm, 'the agent made the file') or diag slurp("$dir/agent.log");
 
     my $up = RateCtlTest::free_port('127.0.0.1');
@@ -153,7 +130,7 @@ for_each_target(sub {
     is(scalar @bad, 1, 'logged once');
 
     $n->stop;
-    stop("agent $t->{name}");
+    stop_one("agent $t->{name}");
     like($n->error_log, qr/rate_ctl: rejecting request by strategy/, 'rejections are logged');
     $n->no_alerts;
 });

@@ -21,7 +21,8 @@ use Time::HiRes qw(sleep time);
 use Test::More;
 
 our @EXPORT = qw(targets for_each_target root tool publish window_ahead stats_server
-    many_clients_server agent_access workers_main);
+    many_clients_server limited_server agent_access workers_main rate_ctl_bin slurp wait_until spawn stop_one
+    stop_all track reap);
 
 # `rate-ctl agent` makes its files 0640/0660 for their group (modes open to
 # other users are refused). As root, nginx's workers run as nobody:nogroup:
@@ -30,15 +31,15 @@ our @EXPORT = qw(targets for_each_target root tool publish window_ahead stats_se
 sub agent_access { $> == 0 ? ('--group', 'nogroup') : () }
 sub workers_main { $> == 0 ? 'user nobody nogroup;' : '' }
 
+# The server block of a test that limits every location, answered by
+# empty_gif, followed by the test's own lines (locations, directives).
+sub limited_server {
+    return join "\n", '    rate_ctl on;', '    location / { empty_gif; }', map {"    $_"} @_;
+}
+
 # The server block of a test that limits every location and reads the
 # counts at /rate_ctl (not itself limited).
-sub stats_server {
-    return q{
-            rate_ctl on;
-            location / { empty_gif; }
-            location = /rate_ctl { rate_ctl off; rate_ctl_stats; }
-        };
-}
+sub stats_server { limited_server('location = /rate_ctl { rate_ctl off; rate_ctl_stats; }') }
 
 # A server block whose clients are many: the address comes from
 # X-Forwarded-For (realip, trusted from 127.0.0.1); every location is
@@ -86,6 +87,65 @@ sub for_each_target {
     for my $t (targets()) {
         subtest $t->{name} => sub { $code->($t) };
     }
+}
+
+# The `rate-ctl` binary (RATE_CTL_BIN, else the debug build).
+sub rate_ctl_bin {
+    my $bin = $ENV{RATE_CTL_BIN} // "$ROOT/target/debug/rate-ctl";
+    BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
+    return $bin;
+}
+
+# slurp($file): its text ('' if it cannot be read).
+sub slurp { my ($f) = @_; open my $fh, '<', $f or return ''; local $/; <$fh> }
+
+# wait_until(SECONDS, CODE): polls CODE every 50 ms; its value or undef.
+sub wait_until {
+    my ($limit, $code) = @_;
+    my $end = time + $limit;
+    while (time < $end) { my $v = $code->(); return $v if $v; sleep 0.05 }
+    return undef;
+}
+
+# The processes a test started with spawn (name => pid), stopped at exit.
+our %pids;
+END { stop_all() }
+
+# spawn(NAME, LOG, ARGV...): a child process with stdout and stderr to LOG.
+sub spawn {
+    my ($name, $log, @argv) = @_;
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        open STDOUT, '>>', $log or die "$log: $!";
+        open STDERR, '>&', \*STDOUT or die;
+        $ENV{NO_COLOR} = 1;
+        delete @ENV{qw(RATE_CTL_ADMIN_TOKEN RATE_CTL_READ_TOKEN RATE_CTL_AGENT_TOKEN)};
+        exec @argv or die "exec $argv[0]: $!";
+    }
+    $pids{$name} = $pid;
+    return $pid;
+}
+
+# stop_one(NAME [, SIGNAL]): SIGNAL (TERM) to the process spawned as NAME,
+# SIGKILL after 5 s; reaped.
+sub stop_one {
+    my ($name, $sig) = @_;
+    my $pid = delete $pids{$name} or return;
+    kill $sig // 'TERM', $pid;
+    for (1 .. 100) { return if waitpid($pid, WNOHANG) != 0; sleep 0.05 }
+    kill 'KILL', $pid;
+    waitpid $pid, 0;
+}
+
+sub stop_all { stop_one($_) for sort keys %pids }
+
+# track(NAME, PID): a child the test forked itself, stopped like a spawned one.
+sub track { my ($name, $pid) = @_; $pids{$name} = $pid }
+
+# reap(REGEX): waits for every process whose name matches to exit.
+sub reap {
+    my ($re) = @_;
+    for my $name (grep { $_ =~ $re } keys %pids) { waitpid delete $pids{$name}, 0 }
 }
 
 # The table tool (core Writer). Built by t-nginx/run.sh.
