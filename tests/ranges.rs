@@ -28,7 +28,7 @@ use rate_ctl::core::reader::Reader;
 use rate_ctl::core::segment::Published;
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{IpKey, Request, RequestOutcome, Scratch, Table};
-use shm::{fresh_writer, strategy};
+use shm::{fresh_writer, strategy, table_at};
 use tables::ids;
 
 /// A random address near a few bases, so that networks and requests meet:
@@ -262,6 +262,13 @@ fn id_of(o: &RequestOutcome) -> Option<(&'static str, u32)> {
     }
 }
 
+/// What each request from `ips` in turn (user `x`, at 10 ms) comes to.
+fn outcomes(t: &Table, ips: &[&str]) -> Vec<Option<(&'static str, u32)>> {
+    ips.iter()
+        .map(|ip| id_of(&decide(t, ip, "x", 10)))
+        .collect()
+}
+
 #[test]
 fn the_highest_priority_present_decides_and_allow_wins_there() {
     let (_dir, path, mut w) = fresh_writer();
@@ -280,16 +287,13 @@ fn the_highest_priority_present_decides_and_allow_wins_there() {
     w.publish(&list, &[BlacklistEntry::new("ip", "10.1.9.0/24", None)], 1)
         .unwrap();
     let mut e = Reader::new(&path);
-    e.refresh(1);
-    let t = e.table().unwrap().clone();
+    let t = table_at(&mut e, 1);
 
     // The office passes 100 requests, counted by the allow alone.
-    for _ in 0..100 {
-        assert_eq!(
-            id_of(&decide(&t, "10.1.2.3", "x", 10)),
-            Some(("allowed", 2))
-        );
-    }
+    assert_eq!(
+        outcomes(&t, &["10.1.2.3"; 100]),
+        [Some(("allowed", 2)); 100]
+    );
     assert_eq!(passed(&t, 2), (100, 0));
     assert_eq!(passed(&t, 1), (0, 0), "the limit never saw the office");
     // The blacklist beats allow.
@@ -298,11 +302,8 @@ fn the_highest_priority_present_decides_and_allow_wins_there() {
         RequestOutcome::Blacklisted { .. }
     ));
     // Elsewhere in 10/8: two, then rejected.
-    let outcomes: Vec<_> = (0..4)
-        .map(|_| id_of(&decide(&t, "10.3.0.1", "x", 10)))
-        .collect();
     assert_eq!(
-        outcomes,
+        outcomes(&t, &["10.3.0.1"; 4]),
         [
             Some(("pass", 1)),
             Some(("pass", 1)),
@@ -356,8 +357,7 @@ fn tables_without_conditions_rank_limit_per_key_and_blacklist() {
         1,
     )
     .unwrap();
-    e.refresh(1);
-    let t = e.table().unwrap().clone();
+    let t = table_at(&mut e, 1);
     for ip in ["10.0.0.1", "10.0.0.2"] {
         let got: Vec<_> = (0..3).map(|_| id_of(&decide(&t, ip, "x", 10))).collect();
         assert_eq!(
@@ -374,14 +374,9 @@ fn tables_without_conditions_rank_limit_per_key_and_blacklist() {
     let shared = with(2, &[], 3, 0, REJECT);
     w.publish(&[per_ip.clone(), shared.clone()], &[], 2)
         .unwrap();
-    e.refresh(2);
-    let t = e.table().unwrap().clone();
-    let got: Vec<_> = ["10.0.0.3", "10.0.0.3", "10.0.0.4", "10.0.0.5"]
-        .iter()
-        .map(|ip| id_of(&decide(&t, ip, "x", 10)))
-        .collect();
+    let t = table_at(&mut e, 2);
     assert_eq!(
-        got,
+        outcomes(&t, &["10.0.0.3", "10.0.0.3", "10.0.0.4", "10.0.0.5"]),
         [
             Some(("pass", 1)),
             Some(("pass", 1)),
@@ -393,14 +388,8 @@ fn tables_without_conditions_rank_limit_per_key_and_blacklist() {
     // request passes on it, counted by it alone.
     let allow = with(3, &[], 1, 5, Action::Allow);
     w.publish(&[per_ip, shared, allow], &[], 3).unwrap();
-    e.refresh(3);
-    let t = e.table().unwrap().clone();
-    for _ in 0..5 {
-        assert_eq!(
-            id_of(&decide(&t, "10.0.0.6", "x", 10)),
-            Some(("allowed", 3))
-        );
-    }
+    let t = table_at(&mut e, 3);
+    assert_eq!(outcomes(&t, &["10.0.0.6"; 5]), [Some(("allowed", 3)); 5]);
     assert_eq!(passed(&t, 3), (5, 0));
 }
 
@@ -418,8 +407,7 @@ fn blacklist_networks_block_inside_only_and_expire() {
     )
     .unwrap();
     let mut e = Reader::new(&path);
-    e.refresh(1);
-    let t = e.table().unwrap().clone();
+    let t = table_at(&mut e, 1);
     let bl = rate_ctl::core::blacklist::Blacklist::open(t.mapping().unwrap().blacklist()).unwrap();
     assert_eq!(bl.prefix_lengths(), vec![32, 120]);
     let at = |ip: &str, ms: u64| bl.contains_ip(ip.parse().unwrap(), ms);
@@ -492,8 +480,7 @@ proptest! {
         let strategies: Vec<Strategy> = list.iter().map(|(s, _)| s.clone()).collect();
         w.publish(&strategies, &[], 1).unwrap();
         let mut e = Reader::new(&path);
-        e.refresh(1);
-        let t = e.table().unwrap().clone();
+        let t = table_at(&mut e, 1);
 
         let mut addrs: Vec<u128> = requests.iter().map(|&(v6, base, bits)| address(v6, base, bits)).collect();
         addrs.extend(near.iter().map(|i| list[i.index(list.len())].1));

@@ -17,7 +17,7 @@ use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Request, RequestOutcome, Table};
 use rate_ctl::core::writer::{Opened, Writer};
-use shm::{adopt, api_bucket, fresh_writer, small_caps, strategy};
+use shm::{adopt, adopt_published, api_bucket, fresh_writer, small_caps, strategy, table_at};
 
 fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
     Request {
@@ -122,8 +122,7 @@ fn slots_are_stable_across_publishes_and_reset_when_reassigned() {
     let b = strategy(2, &[("api", "/b")], Algorithm::FixedWindow, 5, Unit::Hour);
     w.publish(&[a.clone(), b.clone()], &[], 1).unwrap();
     let mut e = Reader::new(&path);
-    e.refresh(1);
-    let t1 = e.table().unwrap().clone();
+    let t1 = table_at(&mut e, 1);
     let va = values(&t1, &[("api", "/a")]);
     for _ in 0..4 {
         t1.decide(&req(&va, 10));
@@ -134,8 +133,7 @@ fn slots_are_stable_across_publishes_and_reset_when_reassigned() {
     a2.rate = 6;
     let r = w.publish(&[a2, b.clone()], &[], 2).unwrap();
     assert_eq!((r.new_slots, r.freed_slots), (0, 0));
-    e.refresh(2);
-    let t2 = e.table().unwrap().clone();
+    let t2 = table_at(&mut e, 2);
     assert_eq!(t2.strategies()[0].slot, slot_a);
     let admitted = (0..5).filter(|_| passes(&t2.decide(&req(&va, 20)))).count();
     assert_eq!(admitted, 2, "4 already counted in this window, new limit 6");
@@ -144,16 +142,14 @@ fn slots_are_stable_across_publishes_and_reset_when_reassigned() {
     a3.algorithm = Algorithm::SlidingWindow;
     let r = w.publish(&[a3, b.clone()], &[], 3).unwrap();
     assert_eq!((r.new_slots, r.freed_slots), (1, 1));
-    e.refresh(3);
-    let t3 = e.table().unwrap().clone();
+    let t3 = table_at(&mut e, 3);
     assert_ne!(t3.strategies()[0].slot, slot_a);
     // Delete b: its slot is freed and quarantined (not reused at once).
     let slot_b = t3.strategies()[1].slot;
     let c = strategy(3, &[("api", "/c")], Algorithm::FixedWindow, 5, Unit::Hour);
     let r = w.publish(&[c], &[], 4).unwrap();
     assert_eq!(r.freed_slots, 2);
-    e.refresh(4);
-    let t4 = e.table().unwrap().clone();
+    let t4 = table_at(&mut e, 4);
     assert_ne!(t4.strategies()[0].slot, slot_b);
     assert_ne!(t4.strategies()[0].slot, slot_a);
 }
@@ -163,13 +159,9 @@ fn restart_adopts_the_file_and_keeps_counters() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
     let s = strategy(7, &[("api", "/x")], Algorithm::FixedWindow, 100, Unit::Hour);
-    {
-        let mut w = adopt(&path);
-        w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
-    }
+    adopt_published(&path, std::slice::from_ref(&s));
     let mut e = Reader::new(&path);
-    e.refresh(1);
-    let t = e.table().unwrap().clone();
+    let t = table_at(&mut e, 1);
     let v = values(&t, &[("api", "/x")]);
     for _ in 0..10 {
         t.decide(&req(&v, 5));
@@ -178,8 +170,7 @@ fn restart_adopts_the_file_and_keeps_counters() {
     assert!(matches!(w.opened(), Opened::Adopted { strategies: 1, .. }));
     let r = w.publish(&[s], &[], 2).unwrap();
     assert_eq!(r.new_slots, 0, "unchanged strategy keeps its slot");
-    e.refresh(2);
-    let t = e.table().unwrap().clone();
+    let t = table_at(&mut e, 2);
     let slot = Slot::at(&t.mapping().unwrap().slots(), t.strategies()[0].slot).unwrap();
     assert_eq!(slot.counters().passed, 10);
 }
@@ -276,8 +267,7 @@ fn blacklist_through_the_table() {
     ];
     w.publish(&[], &bl, 1).unwrap();
     let mut e = Reader::new(&path);
-    e.refresh(1);
-    let t = e.table().unwrap().clone();
+    let t = table_at(&mut e, 1);
     assert_eq!(t.dimensions(), ["userid"]);
     let check = |ip: &str, user: Option<&str>, now_ms: u64| {
         let v = [user.map(str::as_bytes)];
@@ -435,8 +425,7 @@ fn delay_action_reports_the_wait() {
     s.action = Action::Delay { max_delay_ms: 250 };
     w.publish(&[s], &[], 1).unwrap();
     let mut e = Reader::new(&path);
-    e.refresh(1);
-    let t = e.table().unwrap().clone();
+    let t = table_at(&mut e, 1);
     let v = values(&t, &[("api", "/slow")]);
     let t0 = 1_000_000_000;
     let mut waits = vec![];
@@ -479,8 +468,7 @@ fn adoption_frees_slots_no_published_strategy_owns() {
     let path = dir.path().join("rc");
     let s = strategy(1, &[("api", "/a")], Algorithm::FixedWindow, 5, Unit::Hour);
     {
-        let mut w = adopt(&path);
-        w.publish(std::slice::from_ref(&s), &[], 1).unwrap();
+        let w = adopt_published(&path, std::slice::from_ref(&s));
         // A writer killed after marking slots 5 and 6 but before publishing.
         let bm = w.mapping().bitmap();
         bm.store(0, bm.load(0) | 0b110_0000);
@@ -521,8 +509,7 @@ fn concurrency_units_are_released_in_dry_run_too() {
     dry.action = Action::DryRun;
     w.publish(&[c, dry], &[], 1).unwrap();
     let mut e = Reader::new(&path);
-    e.refresh(1);
-    let t = e.table().unwrap().clone();
+    let t = table_at(&mut e, 1);
     for (api, location_dry_run) in [("/slow", true), ("/dry", false), ("/slow", false)] {
         let v = values(&t, &[("api", api)]);
         for i in 0..5 {

@@ -3,9 +3,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Arc;
 
 use rate_ctl::core::model::{Algorithm, Condition, Strategy, Unit};
+use rate_ctl::core::reader::Reader;
 use rate_ctl::core::shm::Capacities;
+use rate_ctl::core::table::Table;
 use rate_ctl::core::writer::Writer;
 
 /// Small capacities so tests are fast.
@@ -20,6 +23,19 @@ pub fn fresh_writer() -> (tempfile::TempDir, PathBuf, Writer) {
     let path = dir.path().join("rc");
     let w = adopt(&path);
     (dir, path, w)
+}
+
+/// [`adopt`] the file at `path` and publish `strategies` as config version 1.
+pub fn adopt_published(path: &Path, strategies: &[Strategy]) -> Writer {
+    let mut w = adopt(path);
+    w.publish(strategies, &[], 1).unwrap();
+    w
+}
+
+/// The table `reader` holds once refreshed at `now_ns`.
+pub fn table_at(reader: &mut Reader, now_ns: u64) -> Arc<Table> {
+    reader.refresh(now_ns);
+    reader.table().unwrap().clone()
 }
 
 /// The writer of the test file at `path` (small capacities), creating the
