@@ -50,6 +50,14 @@ fn valid(list: &[Strategy]) -> Vec<ValidStrategy> {
         .collect()
 }
 
+/// `e.refresh(now_ns)` reports a change of state at `level` whose message
+/// says `text`.
+fn reports(e: &mut Reader, now_ns: u64, level: Severity, text: &str) {
+    let c = e.refresh(now_ns).expect("a change of state reported");
+    assert_eq!(c.level, level, "{}", c.message);
+    assert!(c.message.contains(text), "{}", c.message);
+}
+
 fn passes(d: &rate_ctl::core::table::TableDecision) -> bool {
     match &d.outcome {
         RequestOutcome::NoMatch | RequestOutcome::Allowed { .. } => true,
@@ -72,13 +80,7 @@ fn publish_then_enforce_a_combination() {
     let r = w.publish(&[s], &[], 11).unwrap();
     assert_eq!((r.seq, r.strategies, r.new_slots), (1, 1, 1));
     let mut e = Reader::new(&path);
-    let change = e.refresh(1).expect("state change reported");
-    assert_eq!(change.level, Severity::Notice);
-    assert!(
-        change.message.contains("enforcing 1 strategies"),
-        "{}",
-        change.message
-    );
+    reports(&mut e, 1, Severity::Notice, "enforcing 1 strategies");
     assert!(
         e.refresh(2).is_none(),
         "no second log line without a change"
@@ -386,12 +388,11 @@ fn fail_open_states_are_logged_once_and_recover() {
         .u64_at(H_SEQ)
         .unwrap()
         .store(2, Ordering::Release);
-    let c = e.refresh(2 * RECHECK_NS + 1).expect("refusal reported");
-    assert_eq!(c.level, Severity::Error);
-    assert!(
-        c.message.contains("keeping the previous table"),
-        "{}",
-        c.message
+    reports(
+        &mut e,
+        2 * RECHECK_NS + 1,
+        Severity::Error,
+        "keeping the previous table",
     );
     assert_eq!(e.table().unwrap().config_version(), 5);
     assert!(e.refresh(2 * RECHECK_NS + 2).is_none());
@@ -707,13 +708,7 @@ fn a_world_writable_configuration_is_refused_by_workers() {
         Err(ShmError::Untrusted { .. })
     ));
     let mut e = Reader::new(&path);
-    let c = e.refresh(0).expect("refusal reported");
-    assert_eq!(c.level, Severity::Error);
-    assert!(
-        c.message.contains("world-writable (mode 0646)"),
-        "{}",
-        c.message
-    );
+    reports(&mut e, 0, Severity::Error, "world-writable (mode 0646)");
     assert!(e.table().is_none(), "fails open");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
     let c = e.refresh(2 * RECHECK_NS).expect("recovery reported");
