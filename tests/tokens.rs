@@ -76,29 +76,16 @@ fn named_tokens_roles_hosts_and_revoke() {
 
         // agent bound to web-1: reports as web-1 only, no weight, no reads.
         let report = json!({"applied_version": 0}).to_string();
-        let (c, v) = http(
-            a,
-            "POST",
-            "/api/v1/hosts/web-2/report",
-            Some(&agent),
-            Some(&report),
-        );
+        // `POST /api/v1/hosts/HOST/report` with the agent's token.
+        let report_as = |host: &str, body: &str| {
+            let path = format!("/api/v1/hosts/{host}/report");
+            http(a, "POST", &path, Some(&agent), Some(body))
+        };
+        let (c, v) = report_as("web-2", &report);
         assert_eq!(c, 403, "{}: {v}", st.label);
-        let (c, v) = http(
-            a,
-            "POST",
-            "/api/v1/hosts/web-1/report",
-            Some(&agent),
-            Some(&report),
-        );
+        let (c, v) = report_as("web-1", &report);
         assert_eq!(c, 200, "{}: {v}", st.label);
-        let (c, v) = http(
-            a,
-            "POST",
-            "/api/v1/hosts/web-1/report",
-            Some(&agent),
-            Some(&json!({"weight": 1000000}).to_string()),
-        );
+        let (c, v) = report_as("web-1", &json!({"weight": 1000000}).to_string());
         assert_eq!((c, &v["error"]["field"]), (403, &json!("weight")), "{v}");
         assert_eq!(
             http(a, "GET", "/api/v1/snapshot?after=0", Some(&agent), None).0,
