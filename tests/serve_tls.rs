@@ -9,11 +9,14 @@
 mod agent;
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/serve.rs"]
+mod serve;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use serve::Serve;
 
 fn openssl(dir: &Path, args: &[&str]) {
     let o = Command::new("openssl")
@@ -100,46 +103,18 @@ fn https_serve_verified_by_the_ca_refused_without_it() {
     let d = dir.path();
     make_certs(d);
     let p = |f: &str| d.join(f).to_str().unwrap().to_string();
-    let log = std::fs::File::create(d.join("serve.log")).unwrap();
-    let mut child = cli::command()
-        .args([
-            "serve",
-            "--store",
-            &st.url,
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-token-file",
-            &p("admin.token"),
+    let serve = Serve::start_in(
+        &st.url,
+        d,
+        &[
             "--tls-cert",
             &p("server.pem"),
             "--tls-key",
             &p("server.key"),
-        ])
-        .env_remove("RATE_CTL_ADMIN_TOKEN")
-        .env_remove("RATE_CTL_CA")
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut addr = None;
-    let mut line = String::new();
-    while out.read_line(&mut line).unwrap_or(0) > 0 {
-        if let Some(a) = line.trim().strip_prefix("listening on https://") {
-            addr = Some(a.to_string());
-            break;
-        }
-        line.clear();
-    }
-    let addr = addr.unwrap_or_else(|| {
-        let _ = child.kill();
-        panic!("{}", std::fs::read_to_string(d.join("serve.log")).unwrap())
-    });
-    let token = std::fs::read_to_string(d.join("admin.token"))
-        .unwrap()
-        .trim()
-        .to_string();
-    let api = format!("https://{addr}");
+        ],
+    );
+    let token = serve.token.clone();
+    let api = format!("https://{}", serve.addr);
     cli::add_strategy(
         &st.url,
         "tls-one",
@@ -206,8 +181,7 @@ fn https_serve_verified_by_the_ca_refused_without_it() {
     let t = r.wait_version(1, Duration::from_secs(20));
     let _ = ag.kill();
     let _ = ag.wait();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(serve);
     let t =
         t.unwrap_or_else(|| panic!("{}", std::fs::read_to_string(d.join("agent.log")).unwrap()));
     assert_eq!(t.strategies().len(), 1);

@@ -93,7 +93,9 @@ impl Serve {
         let mut addr = None;
         let mut line = String::new();
         while out.read_line(&mut line).unwrap_or(0) > 0 {
-            if let Some(a) = line.trim().strip_prefix("listening on http://") {
+            // `https://` with --tls-cert/--tls-key.
+            let listening = line.trim().strip_prefix("listening on ");
+            if let Some(a) = listening.and_then(|l| l.split_once("://")).map(|(_, a)| a) {
                 addr = Some(a.to_string());
                 break;
             }
