@@ -115,8 +115,7 @@ fn operators_round_trip_through_cli_store_and_export() {
 #[test]
 fn operators_through_the_api() {
     let st = cli::sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let s = Serve::start_temp(&st.url, &[]);
     let body = json!({
         "name": "users",
         "match": {"api~": "/users/*/orders", "userid!": "admin"},

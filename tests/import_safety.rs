@@ -163,8 +163,7 @@ fn empty_replace_import_refused_then_restorable_from_the_audit_log() {
 #[test]
 fn header_level_errors_carry_the_json_body() {
     let st = cli::sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let s = Serve::start_temp(&st.url, &[]);
     for raw in [
         &b"POST /api/v1/strategies HTTP/1.1\r\nHost: x\r\nContent-Type: application/\x00json\r\nContent-Length: 2\r\n\r\n{}"[..],
         &b"GET /api/v1/strategies HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n"[..],

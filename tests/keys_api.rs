@@ -110,8 +110,7 @@ fn bad_per_key_arguments_name_the_flag_and_store_nothing() {
 #[test]
 fn the_api_takes_and_shows_the_per_key_fields() {
     let st = cli::sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    let srv = serve::Serve::start_temp(&st.url, &[]);
     let body = json!({"name": "per-user", "match": {"api": "/pay"}, "algorithm": "fixed_window",
                       "rate": 10, "per": "minute", "each": ["userid"], "on_full": "allow"});
     srv.post_strategy(&body);
@@ -341,8 +340,7 @@ fn max_keys_round_trips_through_the_cli_the_store_and_the_api() {
     }
     assert!(rows(s).is_empty());
 
-    let dir = tempfile::tempdir().unwrap();
-    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    let srv = serve::Serve::start_temp(&st.url, &[]);
     let body = json!({"name": "capped", "match": {"api": "/q"}, "algorithm": "fixed_window",
                       "rate": 10, "per": "minute", "each": ["ip"], "max_keys": 3});
     srv.post_strategy(&body);

@@ -323,8 +323,7 @@ fn bad_response_arguments_name_the_flag_and_store_nothing() {
 #[test]
 fn the_api_takes_and_shows_the_response_fields() {
     let st = cli::sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    let srv = serve::Serve::start_temp(&st.url, &[]);
     let body = json!({"name": "gql", "match": {"api": "/gql"}, "algorithm": "token_bucket",
                       "rate": 10, "burst": 100, "cost_from": "cost", "count_if": "2xx"});
     srv.post_strategy(&body);

@@ -731,8 +731,7 @@ fn validate(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), Stri
 #[test]
 fn openapi_matches_the_router() {
     let st = cli::sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let s = Serve::start_temp(&st.url, &[]);
     let (c, doc) = http(&s.addr, "GET", "/api/v1/openapi.json", None, None);
     assert_eq!(c, 200);
     assert_eq!(doc["openapi"], "3.1.0");
@@ -853,8 +852,7 @@ fn openapi_matches_the_router() {
 fn warm_up_fields_validate_and_round_trip() {
     for st in stores("serve_api_warm_up") {
         let store = st.url.as_str();
-        let dir = tempfile::tempdir().unwrap();
-        let s = Serve::start_in(store, dir.path(), &[]);
+        let s = Serve::start_temp(store, &[]);
         let sp = "/api/v1/strategies";
         let body = |extra: Value| {
             let mut v = json!({"name": "search", "match": {"api": "/search"},
@@ -934,8 +932,7 @@ fn warm_up_fields_validate_and_round_trip() {
 #[test]
 fn ranges_allow_and_priority_over_the_api() {
     let st = &stores("serve_ranges")[0];
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let s = Serve::start_temp(&st.url, &[]);
     let post = |body: Value| s.req("POST", "/api/v1/strategies", Some(&body.to_string()));
     let (c, v) = post(
         json!({"name": "clients", "match": {"ip": "::ffff:10.0.0.0/104"},

@@ -62,8 +62,7 @@ fn post(addr: &str, path: &str, token: Option<&str>, len: usize) -> u16 {
 #[test]
 fn unauthenticated_60_mb_bodies_are_refused_without_being_held() {
     let st = sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let s = Serve::start_temp(&st.url, &[]);
     let pid = s.child.id();
     // Warm up the idle service (one authenticated request of each kind).
     let (code, _) = s.req("GET", "/api/v1/strategies", None);

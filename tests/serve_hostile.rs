@@ -71,8 +71,7 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
 fn thousand_half_sent_requests_neither_starve_nor_stay() {
     raise_nofile(4096);
     let st = cli::sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let s = Serve::start_temp(&st.url, &[]);
     let opened = Instant::now();
     let mut held: Vec<TcpStream> = (0..1000).map(|_| half_sent(&s.addr)).collect();
     eprintln!("1000 half-sent requests opened in {:?}", opened.elapsed());
@@ -167,8 +166,7 @@ fn builds(s: &Serve) -> u64 {
 #[test]
 fn health_and_security_headers() {
     let st = cli::sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let s = Serve::start_temp(&st.url, &[]);
     let (code, v) = serve::http(&s.addr, "GET", "/api/v1/health", None, None);
     assert_eq!(
         (code, v),
@@ -207,8 +205,7 @@ fn health_and_security_headers() {
 #[test]
 fn hundred_long_polls_share_one_snapshot_build() {
     let st = cli::sqlite_store();
-    let dir = tempfile::tempdir().unwrap();
-    let s = Serve::start_in(&st.url, dir.path(), &[]);
+    let s = Serve::start_temp(&st.url, &[]);
     let table: Vec<Value> = (0..10_000)
         .map(|i| json!({"name": format!("s{i}"), "match": {"api": format!("/a/{i}")}, "algorithm": "token_bucket", "rate": 5}))
         .collect();

@@ -16,6 +16,9 @@ pub struct Serve {
     pub addr: String,
     pub token: String,
     pub log: PathBuf,
+    /// The directory of [`start_temp`](Self::start_temp), removed after
+    /// the process is stopped.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Serve {
@@ -28,6 +31,15 @@ impl Serve {
             &dir.join("serve.log"),
             extra,
         )
+    }
+
+    /// [`start_in`](Self::start_in) a new temporary directory, kept as long
+    /// as the instance.
+    pub fn start_temp(store: &str, extra: &[&str]) -> Serve {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Serve::start_in(store, dir.path(), extra);
+        s.dir = Some(dir);
+        s
     }
 
     /// [`start_in`](Self::start_in) with a token file per name in `roles`
@@ -116,6 +128,7 @@ impl Serve {
             addr,
             token,
             log: log.to_path_buf(),
+            dir: None,
         }
     }
 
