@@ -459,6 +459,15 @@ fn per_key_concurrency_is_released_when_the_request_ends() {
     assert!(!pass("10.1.1.1", &mut held_units));
 }
 
+/// `rate-ctl shm inspect ARGS`.
+fn shm_inspect(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
+        .args(["shm", "inspect"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn key_figures_in_stats_prometheus_and_shm_inspect() {
     let mut s = keyed(7, &[], &["u"], Algorithm::TokenBucket, 1, Unit::Hour);
@@ -512,10 +521,7 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
     }
     let probe_line = format!("rate_ctl_key_table_max_probe {probe}");
     assert!(prom.lines().any(|l| l == probe_line), "{prom}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
-        .args(["shm", "inspect", "--json", path.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = shm_inspect(&["--json", path.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",
@@ -538,10 +544,7 @@ fn key_figures_in_stats_prometheus_and_shm_inspect() {
         (&row["max_keys"], &row["keys"]["capped"]),
         (&serde_json::json!(16), &serde_json::json!(2))
     );
-    let text = std::process::Command::new(env!("CARGO_BIN_EXE_rate-ctl"))
-        .args(["shm", "inspect", path.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let text = shm_inspect(&[path.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&text.stdout);
     let want =
         format!("key table:       16 of 16 entries in use (16 bytes each), longest probe {probe}");
