@@ -17,7 +17,9 @@ use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
 use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Request, RequestOutcome, Table};
 use rate_ctl::core::writer::{Opened, Writer};
-use shm::{adopt, adopt_published, api_bucket, fresh_writer, small_caps, strategy, table_at};
+use shm::{
+    adopt, adopt_published, api_bucket, capped_writer, fresh_writer, small_caps, strategy, table_at,
+};
 
 fn req<'a>(values: &'a [Option<&'a [u8]>], now_ns: u64) -> Request<'a> {
     Request {
@@ -179,11 +181,7 @@ fn restart_adopts_the_file_and_keeps_counters() {
 
 #[test]
 fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    let mut caps = small_caps();
-    caps.max_strategies = 6;
-    let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
+    let (_dir, path, mut w) = capped_writer(6);
     let make = |ids: std::ops::RangeInclusive<u32>| -> Vec<_> {
         ids.map(|i| api_bucket(i, "/a")).collect()
     };
@@ -221,11 +219,7 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
 
 #[test]
 fn capacity_and_invalid_input_leave_the_previous_table_active() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rc");
-    let mut caps = small_caps();
-    caps.max_strategies = 4;
-    let mut w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
+    let (_dir, path, mut w) = capped_writer(4);
     let one = api_bucket(1, "/a");
     w.publish(std::slice::from_ref(&one), &[], 1).unwrap();
     let five: Vec<_> = (1..=5).map(|i| api_bucket(i, "/a")).collect();

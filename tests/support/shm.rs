@@ -38,6 +38,16 @@ pub fn table_at(reader: &mut Reader, now_ns: u64) -> Arc<Table> {
     reader.table().unwrap().clone()
 }
 
+/// [`fresh_writer`] with room for `max_strategies` strategies only.
+pub fn capped_writer(max_strategies: u32) -> (tempfile::TempDir, PathBuf, Writer) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rc");
+    let mut caps = small_caps();
+    caps.max_strategies = max_strategies;
+    let w = Writer::create_or_adopt(&path, caps, 0o600).unwrap();
+    (dir, path, w)
+}
+
 /// The writer of the test file at `path` (small capacities), creating the
 /// file or adopting the one there, as the agent does at start.
 pub fn adopt(path: &std::path::Path) -> Writer {
