@@ -174,14 +174,18 @@ proptest! {
 
 // -------------------------------------------------------------- windows
 
-struct FixedRef {
+/// The reference of both window algorithms: admissions counted per window
+/// of `period`, at most `limit`.
+struct WindowRef {
     period: u64,
     limit: u64,
     counts: BTreeMap<u64, u64>,
 }
 
-impl FixedRef {
-    fn arrive(&mut self, now: u64) -> Result<(), u64> {
+impl WindowRef {
+    /// Fixed window: admitted while the window's count is below the limit,
+    /// else the time until the window ends.
+    fn arrive_fixed(&mut self, now: u64) -> Result<(), u64> {
         let w = now / self.period;
         let c = self.counts.entry(w).or_insert(0);
         if *c < self.limit {
@@ -191,15 +195,9 @@ impl FixedRef {
             Err((w + 1) * self.period - now)
         }
     }
-}
 
-struct SlidingRef {
-    period: u64,
-    limit: u64,
-    counts: BTreeMap<u64, u64>,
-}
-
-impl SlidingRef {
+    /// Sliding window: the previous window's count weighted by the part of
+    /// it still inside the sliding period, plus the current window's.
     fn weighted(&self, now: u64) -> u64 {
         let w = now / self.period;
         let elapsed = now % self.period;
@@ -212,7 +210,7 @@ impl SlidingRef {
         (prev as u128 * (self.period - elapsed) as u128 / self.period as u128) as u64 + cur
     }
 
-    fn arrive(&mut self, now: u64) -> bool {
+    fn arrive_sliding(&mut self, now: u64) -> bool {
         if self.weighted(now) < self.limit {
             *self.counts.entry(now / self.period).or_insert(0) += 1;
             true
@@ -222,63 +220,74 @@ impl SlidingRef {
     }
 }
 
+/// A window run: `limit` per `per`, arrivals from `start` `gaps` apart
+/// (each scaled to the window).
+fn window_case() -> impl Strategy<Value = (u64, Unit, u64, Vec<u64>)> {
+    (
+        1u64..=30,
+        prop_oneof![Just(Unit::Second), Just(Unit::Minute)],
+        0u64..100_000 * S,
+        prop::collection::vec(0u64..=400, 1..400),
+    )
+}
+
+/// Drives a window limiter of `algorithm` and the reference through the
+/// arrivals of `case`; `step(limiter, slot, now, reference)` compares them
+/// at each arrival.
+fn window_run(
+    algorithm: Algorithm,
+    (limit, per, start, gaps): (u64, Unit, u64, Vec<u64>),
+    mut step: impl FnMut(&Limiter, &Slot, u64, &mut WindowRef) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let s = strategy(algorithm, limit, per, 0, Action::Reject { status: None });
+    let l = Limiter::from_strategy(&s);
+    let period = per.period_ns();
+    let mut reference = WindowRef {
+        period,
+        limit,
+        counts: BTreeMap::new(),
+    };
+    with_slot(|slot| {
+        let mut now = start;
+        for g in gaps {
+            now += period / 1000 * g / limit + g;
+            step(&l, slot, now, &mut reference)?;
+        }
+        Ok(())
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn fixed_window_matches_the_reference(
-        limit in 1u64..=30,
-        per in prop_oneof![Just(Unit::Second), Just(Unit::Minute)],
-        start in 0u64..100_000 * S,
-        gaps in prop::collection::vec(0u64..=400, 1..400),
-    ) {
-        let s = strategy(Algorithm::FixedWindow, limit, per, 0, Action::Reject { status: None });
-        let l = Limiter::from_strategy(&s);
-        let period = per.period_ns();
-        let mut reference = FixedRef { period, limit, counts: BTreeMap::new() };
-        with_slot(|slot| {
-            let mut now = start;
-            for g in gaps {
-                now += period / 1000 * g / limit + g;
-                match (l.acquire(slot, now), reference.arrive(now)) {
-                    (Acquired::Admitted(_), Ok(())) => {}
-                    (Acquired::Rejected { retry_after_ns }, Err(ra)) => {
-                        prop_assert_eq!(retry_after_ns, ra);
-                        check_exact_retry(&l, slot, now, ra)?;
-                    }
-                    (got, want) => prop_assert!(false, "at {}: {:?} vs reference {:?}", now, got, want),
+    fn fixed_window_matches_the_reference(case in window_case()) {
+        window_run(Algorithm::FixedWindow, case, |l, slot, now, reference| {
+            match (l.acquire(slot, now), reference.arrive_fixed(now)) {
+                (Acquired::Admitted(_), Ok(())) => {}
+                (Acquired::Rejected { retry_after_ns }, Err(ra)) => {
+                    prop_assert_eq!(retry_after_ns, ra);
+                    check_exact_retry(l, slot, now, ra)?;
                 }
-                let q = l.quota(slot, now);
-                prop_assert_eq!(q.remaining, limit - reference.counts[&(now / period)]);
+                (got, want) => prop_assert!(false, "at {}: {:?} vs reference {:?}", now, got, want),
             }
+            let q = l.quota(slot, now);
+            prop_assert_eq!(q.remaining, reference.limit - reference.counts[&(now / reference.period)]);
             Ok(())
         })?;
     }
 
     #[test]
-    fn sliding_window_matches_the_reference(
-        limit in 1u64..=30,
-        per in prop_oneof![Just(Unit::Second), Just(Unit::Minute)],
-        start in 0u64..100_000 * S,
-        gaps in prop::collection::vec(0u64..=400, 1..400),
-    ) {
-        let s = strategy(Algorithm::SlidingWindow, limit, per, 0, Action::Reject { status: None });
-        let l = Limiter::from_strategy(&s);
-        let period = per.period_ns();
-        let mut reference = SlidingRef { period, limit, counts: BTreeMap::new() };
-        with_slot(|slot| {
-            let mut now = start;
-            for g in gaps {
-                now += period / 1000 * g / limit + g;
-                let got = l.acquire(slot, now);
-                let want = reference.arrive(now);
-                prop_assert_eq!(got.is_admitted(), want, "at {}: {:?}", now, got);
-                if let Acquired::Rejected { retry_after_ns } = got {
-                    check_exact_retry(&l, slot, now, retry_after_ns)?;
-                }
-                let q = l.quota(slot, now);
-                prop_assert_eq!(q.remaining, limit.saturating_sub(reference.weighted(now)));
+    fn sliding_window_matches_the_reference(case in window_case()) {
+        window_run(Algorithm::SlidingWindow, case, |l, slot, now, reference| {
+            let got = l.acquire(slot, now);
+            let want = reference.arrive_sliding(now);
+            prop_assert_eq!(got.is_admitted(), want, "at {}: {:?}", now, got);
+            if let Acquired::Rejected { retry_after_ns } = got {
+                check_exact_retry(l, slot, now, retry_after_ns)?;
             }
+            let q = l.quota(slot, now);
+            prop_assert_eq!(q.remaining, reference.limit.saturating_sub(reference.weighted(now)));
             Ok(())
         })?;
     }
