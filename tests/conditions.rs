@@ -176,7 +176,7 @@ fn check(
                 .and_then(|d| texts[d].as_deref().map(str::as_bytes))
         })
         .collect();
-    let got: Vec<u32> = ids(&table, &table.matching_with(&values, scratch));
+    let got: Vec<u32> = ids(table, &table.matching_with(&values, scratch));
     let want: Vec<u32> = published
         .iter()
         .filter(|p| {

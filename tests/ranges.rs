@@ -116,9 +116,9 @@ fn got_and_want(
             _ => None, // `ip/<len>`: the matcher masks the address itself
         })
         .collect();
-    let got: Vec<u32> = ids(&table, &table.matching(&values));
+    let got: Vec<u32> = ids(table, &table.matching(&values));
     // The same through the working space every request reuses.
-    let reused: Vec<u32> = ids(&table, &table.matching_with(&values, scratch));
+    let reused: Vec<u32> = ids(table, &table.matching_with(&values, scratch));
     assert_eq!(got, reused, "{ip} after earlier requests");
     let want = published
         .iter()
