@@ -326,9 +326,12 @@ pub fn update_strategy(store: &str, id: &str, extra: &[&str]) -> String {
     ok(&args)
 }
 
-/// `rate-ctl strategy rm ID` then `strategy import FILE` (an export taken
-/// before): the strategy comes back from the file.
-pub fn remove_and_import(store: &str, id: &str, file: &str) {
+/// `rate-ctl strategy export` (its text must contain `has`), then
+/// `strategy rm ID` and `strategy import` of that file: the strategy comes
+/// back from its export.
+pub fn reimport(store: &str, id: &str, has: &str) {
+    let (_dir, file, exported) = export_strategies(store);
+    assert!(exported.contains(has), "{exported}");
     ok(&["strategy", "rm", id, "--store", store]);
-    ok(&["strategy", "import", "--store", store, file]);
+    ok(&["strategy", "import", "--store", store, &file]);
 }
