@@ -7,13 +7,11 @@ mod cli;
 
 use std::time::Instant;
 
-use cli::{add_strategy, json_lines, ok, rate_ctl, sql, stores, the_one, version, PAY_MATCHES};
+use cli::{
+    add_strategy, json_lines, listed as rows, ok, rate_ctl, sql, stores, the_one, version,
+    PAY_MATCHES,
+};
 use serde_json::Value;
-
-/// `rate-ctl KIND list --store STORE --json`, one value per row.
-fn rows(kind: &str, store: &str) -> Vec<Value> {
-    json_lines(&ok(&[kind, "list", "--store", store, "--json"]))
-}
 
 #[test]
 fn strategy_lifecycle_bumps_the_version_on_every_change() {
