@@ -19,8 +19,7 @@ use Time::HiRes qw(sleep);
 use RateCtlTest;
 
 plan skip_all => 'needs root (workers as nobody, files given to nogroup)' unless $> == 0;
-my $bin = $ENV{RATE_CTL_BIN} // root() . '/target/debug/rate-ctl';
-BAIL_OUT("$bin missing; run cargo build --bin rate-ctl") unless -x $bin;
+my $bin = rate_ctl_bin();
 my (undef, undef, $nobody) = getpwnam('nobody') or BAIL_OUT('no user nobody');
 my $nogroup = getgrnam('nogroup') // BAIL_OUT('no group nogroup');
 
