@@ -46,21 +46,10 @@ for_each_target(sub {
     my $id = `$bin --store $store strategy add --name two --match api=/two --algorithm fixed_window --rate 2 --per day`;
     BAIL_OUT('strategy add failed') if $?;
     like($id, qr/^\d+$/, 'strategy added');
-    my $agent = fork // die "fork: $!";
-    if ($agent == 0) {
-        open STDOUT, '>', "$d/agent.log" or die;
-        open STDERR, '>&', \*STDOUT or die;
-        exec $bin, '--store', $store, 'agent', '--shm', $n->shm, '--host-id', 't17',
-            '--poll-ms', '50', '--mode', '0660', '--group', 'nogroup';
-        die "exec: $!";
-    }
-    my $published = 0;
-    for (1 .. 200) {
-        my $out = `$bin shm inspect --json @{[$n->shm]} 2>/dev/null`;
-        if ($out =~ /"two"/) { $published = 1; last }
-        sleep 0.05;
-    }
-    ok($published, 'the agent published the strategy') or diag(`cat $d/agent.log`);
+    my $agent = spawn("agent $t->{name}", "$d/agent.log", $bin, '--store', $store, 'agent', '--shm', $n->shm,
+        '--host-id', 't17', '--poll-ms', '50', '--mode', '0660', '--group', 'nogroup');
+    my $published = wait_until(10, sub { `$bin shm inspect --json @{[$n->shm]} 2>/dev/null` =~ /"two"/ });
+    ok($published, 'the agent published the strategy') or diag(slurp("$d/agent.log"));
     my $state = $n->shm . '.state';
     my @c = stat $n->shm;
     my @s = stat $state;
@@ -113,8 +102,7 @@ for_each_target(sub {
     my ($rc, $out) = $bad->test_conf;
     isnt($rc, 0, 'an unknown user fails nginx -t');
     like($out, qr/unknown user "no-such-user-i28" in "rate_ctl_shm_owner" directive/, 'naming the directive');
-    kill 'TERM', $agent;
-    waitpid $agent, 0;
+    stop_one("agent $t->{name}");
 });
 
 done_testing;
