@@ -316,12 +316,7 @@ sub stop {
 
 sub DESTROY { $_[0]->stop }
 
-sub error_log {
-    my ($self) = @_;
-    open my $fh, '<', "$self->{dir}/logs/error.log" or return '';
-    local $/;
-    return <$fh>;
-}
+sub error_log { slurp("$_[0]{dir}/logs/error.log") }
 
 # The lines of access.log once it has stopped growing. nginx writes a
 # request's line in the log phase, after the response has gone out: a
