@@ -100,7 +100,7 @@ pub use decide::{KeyHolds, KeyPlan};
 pub use hash::{Mix, MixKeys, Sip13};
 pub use state::{KeyLimiter, Step};
 
-use super::admit::Now;
+use super::limiter::Now;
 use super::region::Region;
 use super::shm::ShmError;
 use super::slot::Slot;

@@ -22,7 +22,7 @@
 //! | `concurrency` | requests in flight | — | nothing in flight |
 //!
 //! `window` is `now / period`, saturated at `u32::MAX`. Admission
-//! ([`super::admit::Now`]) gives the windows wall-clock time (Unix
+//! ([`Now`]) gives the windows wall-clock time (Unix
 //! nanoseconds), so windows are UTC minutes, hours and days on every host;
 //! with a period of one second the index saturates in 2106, after which
 //! every request falls in the last window, which can only reject more,
@@ -78,8 +78,11 @@
 //! bucket full (then the refunded token had already drained and one extra
 //! request may pass). Concurrency: release (a decrement, exact).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::core::model::{Algorithm, Strategy, MAX_WINDOW_COUNT};
 use crate::core::slot::Slot;
+use gcra::Gcra;
 use warm_up::WarmUpParams;
 
 pub mod concurrency;
@@ -98,6 +101,56 @@ pub const MAX_STALENESS_NS: u64 = 60 * 1_000_000_000;
 /// in its state; one second is a polling hint).
 pub const CONCURRENCY_RETRY_NS: u64 = 1_000_000_000;
 
+/// A transition of one state word, as each algorithm's step computes it
+/// (pure: the caller's compare-and-swap commits it, on a shared slot's
+/// word here or on a key's word in `super::keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Admitted: store `next`; the request waits `wait_ns` (delay action).
+    Admit { next: u64, wait_ns: u64 },
+    /// Rejected; the same request would pass `retry_after_ns` from now.
+    Reject { retry_after_ns: u64 },
+}
+
+/// The time of a request, from both clocks: the buckets run on the
+/// monotonic one (nanoseconds; immune to clock steps), the fixed and sliding
+/// windows on the wall clock (Unix nanoseconds), so that their windows are
+/// UTC minutes, hours and days, the same on every host. A plain `u64` is
+/// both (tests, benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    pub mono_ns: u64,
+    pub wall_ns: u64,
+}
+
+impl From<u64> for Now {
+    #[inline]
+    fn from(ns: u64) -> Now {
+        Now {
+            mono_ns: ns,
+            wall_ns: ns,
+        }
+    }
+}
+
+impl Now {
+    /// The reading an `algorithm` runs on: wall time for the windows,
+    /// monotonic for the rest.
+    #[inline]
+    pub fn of_algorithm(self, algorithm: Algorithm) -> u64 {
+        match algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.wall_ns,
+            _ => self.mono_ns,
+        }
+    }
+
+    /// The reading `limiter` runs on.
+    #[inline]
+    pub fn for_limiter(self, limiter: &Limiter) -> u64 {
+        self.of_algorithm(limiter.algorithm)
+    }
+}
+
 /// A limiter compiled from a validated [`Strategy`]. Plain data: the state
 /// lives in the [`Slot`] passed to each call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,12 +161,8 @@ pub struct Limiter {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Params {
-    /// `interval` = T; `tau` = T × burst; `max_delay` in ns.
-    Gcra {
-        interval: u64,
-        tau: u64,
-        max_delay: u64,
-    },
+    /// `token_bucket`, `leaky_bucket`.
+    Gcra(Gcra),
     /// Fixed and sliding windows.
     Window {
         period: u64,
@@ -205,27 +254,51 @@ impl Reservation {
     }
 }
 
+/// The shared slot's compare-and-swap loop around a one-word step (the
+/// per-key table's is `KeyTable::charge_at`, around the same steps):
+/// `write: false` only checks (`count_if`, issue 31), answering as an
+/// acquire would now with nothing written.
+#[inline(always)]
+fn acquire_word(w: &AtomicU64, write: bool, step: impl Fn(u64) -> Step) -> Acquired {
+    let mut cur = w.load(Ordering::Acquire);
+    loop {
+        let (next, wait_ns) = match step(cur) {
+            Step::Admit { next, wait_ns } => (next, wait_ns),
+            Step::Reject { retry_after_ns } => return Acquired::Rejected { retry_after_ns },
+        };
+        let r = Reservation {
+            wait_ns,
+            token: next,
+            prev: cur,
+        };
+        if !write {
+            return Acquired::Admitted(r);
+        }
+        match w.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Acquired::Admitted(r),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// [`acquire_word`] as a call, for the algorithms off the inlined path.
+#[inline(never)]
+fn acquire_word_call(w: &AtomicU64, write: bool, step: impl Fn(u64) -> Step) -> Acquired {
+    acquire_word(w, write, step)
+}
+
+/// Applies `f` to the word until it sticks or `f` answers `None`.
+fn update_word(w: &AtomicU64, f: impl Fn(u64) -> Option<u64>) {
+    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, f);
+}
+
 impl Limiter {
     /// Compiles a strategy. Meant for validated strategies; for any other
     /// input it still never panics and errs on the side of rejecting
     /// (e.g. rate 0 admits nothing).
     pub fn from_strategy(s: &Strategy) -> Limiter {
         let params = match s.algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let burst = if s.algorithm == Algorithm::LeakyBucket {
-                    1
-                } else {
-                    s.burst.max(1) as u64
-                };
-                let interval = s.interval_ns().clamp(1, u64::MAX / 4);
-                let tau = interval.saturating_mul(burst).min(u64::MAX / 4);
-                let max_delay = s.action.max_delay_ns();
-                Params::Gcra {
-                    interval,
-                    tau,
-                    max_delay: max_delay.min(u64::MAX / 4),
-                }
-            }
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => Params::Gcra(gcra_of(s)),
             Algorithm::FixedWindow | Algorithm::SlidingWindow => Params::Window {
                 period: s.per.period_ns().max(1),
                 limit: s.rate.min(MAX_WINDOW_COUNT),
@@ -250,6 +323,10 @@ impl Limiter {
         self.algorithm
     }
 
+    fn sliding(&self) -> bool {
+        self.algorithm == Algorithm::SlidingWindow
+    }
+
     /// Tries to admit one request at `now_ns`. Inlined into the request
     /// path with the token bucket (the common algorithm); the others are
     /// calls (`inline(always)`: with the sixth algorithm the compiler
@@ -257,19 +334,18 @@ impl Limiter {
     #[inline(always)]
     pub fn acquire(&self, slot: &Slot, now_ns: u64) -> Acquired {
         match self.params {
-            Params::Gcra {
-                interval,
-                tau,
-                max_delay,
-            } => gcra::acquire(slot.state0(), now_ns, interval, tau, max_delay),
-            Params::Window { period, limit } => {
-                if self.algorithm == Algorithm::SlidingWindow {
-                    sliding_window::acquire(slot, now_ns, period, limit)
-                } else {
-                    fixed_window::acquire(slot.state0(), now_ns, period, limit)
-                }
+            Params::Gcra(g) => {
+                acquire_word(slot.state0(), true, |tat| g.step(tat, now_ns, g.interval))
             }
-            Params::Concurrency { limit } => concurrency::acquire(slot.state0(), limit),
+            Params::Window { period, limit } if self.sliding() => {
+                sliding_window::acquire(slot, now_ns, period, limit, 1, true)
+            }
+            Params::Window { period, limit } => acquire_word_call(slot.state0(), true, |w| {
+                fixed_window::step(w, now_ns, period, limit, 1)
+            }),
+            Params::Concurrency { limit } => {
+                acquire_word_call(slot.state0(), true, |c| concurrency::step(c, limit))
+            }
             Params::WarmUp(p) => warm_up::acquire(&p, slot, now_ns),
         }
     }
@@ -280,27 +356,7 @@ impl Limiter {
     /// `count + n ≤ limit`); nothing is charged otherwise. `concurrency`
     /// and `warm_up` (which refuse `cost_from`) take one.
     pub fn acquire_units(&self, slot: &Slot, now_ns: u64, n: u64) -> Acquired {
-        match self.params {
-            Params::Gcra {
-                interval,
-                tau,
-                max_delay,
-            } => gcra::acquire(
-                slot.state0(),
-                now_ns,
-                interval.saturating_mul(n).min(u64::MAX / 4),
-                tau,
-                max_delay,
-            ),
-            Params::Window { period, limit } => {
-                if self.algorithm == Algorithm::SlidingWindow {
-                    sliding_window::acquire_units(slot, now_ns, period, limit, n)
-                } else {
-                    fixed_window::acquire_units(slot.state0(), now_ns, period, limit, n)
-                }
-            }
-            _ => self.acquire(slot, now_ns),
-        }
+        self.units(slot, now_ns, n, true)
     }
 
     /// Would `n` units be admitted now? (`count_if`, issue 31: the request
@@ -310,53 +366,53 @@ impl Limiter {
     /// [`acquire_units`](Self::acquire_units) would answer now.
     /// `concurrency` and `warm_up` (which refuse `count_if`) admit.
     pub fn check_units(&self, slot: &Slot, now_ns: u64, n: u64) -> Acquired {
+        self.units(slot, now_ns, n, false)
+    }
+
+    /// The steps of [`acquire_units`](Self::acquire_units) (`write`) and
+    /// [`check_units`](Self::check_units).
+    fn units(&self, slot: &Slot, now_ns: u64, n: u64, write: bool) -> Acquired {
         match self.params {
-            Params::Gcra {
-                interval,
-                tau,
-                max_delay,
-            } => gcra::check(
-                slot.state0(),
-                now_ns,
-                interval.saturating_mul(n).min(u64::MAX / 4),
-                tau,
-                max_delay,
-            ),
-            Params::Window { period, limit } => {
-                if self.algorithm == Algorithm::SlidingWindow {
-                    sliding_window::check_units(slot, now_ns, period, limit, n)
-                } else {
-                    fixed_window::check_units(slot.state0(), now_ns, period, limit, n)
-                }
+            Params::Gcra(g) => {
+                acquire_word_call(slot.state0(), write, |tat| g.step(tat, now_ns, g.cost(n)))
             }
-            _ => Acquired::Admitted(Reservation {
-                wait_ns: 0,
-                token: 0,
-                prev: 0,
+            Params::Window { period, limit } if self.sliding() => {
+                sliding_window::acquire(slot, now_ns, period, limit, n, write)
+            }
+            Params::Window { period, limit } => acquire_word_call(slot.state0(), write, |w| {
+                fixed_window::step(w, now_ns, period, limit, n)
             }),
+            Params::Concurrency { limit } if write => {
+                acquire_word_call(slot.state0(), true, |c| concurrency::step(c, limit))
+            }
+            Params::WarmUp(p) if write => warm_up::acquire(&p, slot, now_ns),
+            _ => Acquired::Admitted(Reservation::default()),
+        }
+    }
+
+    /// The word of a window limiter that counts window `window` (sliding:
+    /// even windows in `state0`, odd ones in `state1`).
+    fn window_word<'s>(&self, slot: &'s Slot, window: u64) -> &'s AtomicU64 {
+        if self.sliding() && window & 1 == 1 {
+            slot.state1()
+        } else {
+            slot.state0()
         }
     }
 
     /// [`refund`](Self::refund) of an [`acquire_units`](Self::acquire_units)
     /// of `n` units.
     pub fn refund_units(&self, slot: &Slot, r: Reservation, n: u64) {
-        if n <= 1 {
-            return self.refund(slot, r);
-        }
+        let n = n.max(1);
         match self.params {
-            Params::Gcra { interval, .. } => {
-                gcra::refund(slot.state0(), r, interval.saturating_mul(n))
-            }
-            Params::Window { .. } => {
-                let window = r.token >> 32;
-                let word = if self.algorithm == Algorithm::SlidingWindow && window & 1 == 1 {
-                    slot.state1()
-                } else {
-                    slot.state0()
-                };
-                window::refund_n(word, r, n);
-            }
-            _ => self.refund(slot, r),
+            Params::Gcra(g) => update_word(slot.state0(), |cur| {
+                Some(g.refund(cur, r.token, r.prev, g.interval.saturating_mul(n)))
+            }),
+            Params::Window { .. } => window::update(self.window_word(slot, r.token >> 32), |cur| {
+                window::refund(cur, r.token, r.prev, n)
+            }),
+            Params::Concurrency { .. } => update_word(slot.state0(), concurrency::release),
+            Params::WarmUp(p) => warm_up::refund(&p, slot, r),
         }
     }
 
@@ -371,17 +427,9 @@ impl Limiter {
             return;
         }
         match self.params {
-            Params::Gcra {
-                interval,
-                tau,
-                max_delay,
-            } => gcra::charge_after(
-                slot.state0(),
-                now_ns,
-                interval,
-                tau.saturating_add(max_delay),
-                delta,
-            ),
+            Params::Gcra(g) => update_word(slot.state0(), |cur| {
+                Some(g.charge_after(cur, now_ns, delta))
+            }),
             Params::Window { period, .. } => {
                 let charged = window::window_of(admitted_ns, period);
                 let at = if delta >= 0 {
@@ -389,12 +437,9 @@ impl Limiter {
                 } else {
                     charged
                 };
-                let word = if self.algorithm == Algorithm::SlidingWindow && at & 1 == 1 {
-                    slot.state1()
-                } else {
-                    slot.state0()
-                };
-                window::charge_after(word, now_ns, period, charged, delta);
+                window::update(self.window_word(slot, at), |cur| {
+                    window::charge_after(cur, now_ns, period, charged, delta)
+                });
             }
             _ => {}
         }
@@ -404,26 +449,13 @@ impl Limiter {
     /// this limiter and slot (see the module documentation for how exact
     /// that is under contention).
     pub fn refund(&self, slot: &Slot, r: Reservation) {
-        match self.params {
-            Params::Gcra { interval, .. } => gcra::refund(slot.state0(), r, interval),
-            Params::Window { .. } => {
-                let window = r.token >> 32;
-                let word = if self.algorithm == Algorithm::SlidingWindow && window & 1 == 1 {
-                    slot.state1()
-                } else {
-                    slot.state0()
-                };
-                window::refund(word, r);
-            }
-            Params::Concurrency { .. } => concurrency::release(slot.state0()),
-            Params::WarmUp(p) => warm_up::refund(&p, slot, r),
-        }
+        self.refund_units(slot, r, 1)
     }
 
     /// `concurrency`: the request ended. A no-op for other algorithms.
     pub fn release(&self, slot: &Slot) {
         if let Params::Concurrency { .. } = self.params {
-            concurrency::release(slot.state0());
+            update_word(slot.state0(), concurrency::release);
         }
     }
 
@@ -431,17 +463,14 @@ impl Limiter {
     /// [`MAX_STALENESS_NS`] beyond the horizon) with the most restrictive
     /// legitimate state; `true` when a word was replaced. For the agent,
     /// never the request path: `clock` (this limiter's clock, see
-    /// [`super::admit::Now`]) must be fresh, and it is read only after the
+    /// [`Now`]) must be fresh, and it is read only after the
     /// words are loaded, so a legitimate word is never taken for foreign
     /// (module documentation).
     pub fn repair_foreign(&self, slot: &Slot, clock: impl FnOnce() -> u64) -> bool {
         match self.params {
-            Params::Gcra { tau, max_delay, .. } => {
-                gcra::repair_foreign(slot.state0(), tau, max_delay, clock)
-            }
+            Params::Gcra(g) => gcra::repair_foreign(&g, slot.state0(), clock),
             Params::Window { period, limit } => {
-                let sliding = self.algorithm == Algorithm::SlidingWindow;
-                window::repair_foreign(slot, sliding, period, limit, clock)
+                window::repair_foreign(slot, self.sliding(), period, limit, clock)
             }
             Params::WarmUp(p) => warm_up::repair_foreign(&p, slot, clock),
             Params::Concurrency { .. } => false,
@@ -456,27 +485,39 @@ impl Limiter {
         let Params::Concurrency { .. } = self.params else {
             return None;
         };
-        concurrency::force_acquire(slot.state0())
+        slot.state0()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, concurrency::force)
+            .ok()
+            .map(|_| Reservation::default())
     }
 
     /// Quota as seen at `now_ns` (for `RateLimit-*` headers). Read-only.
     pub fn quota(&self, slot: &Slot, now_ns: u64) -> Quota {
-        let (q, window_ns) = match self.params {
-            Params::Gcra { interval, tau, .. } => {
-                (gcra::quota(slot.state0(), now_ns, interval, tau), tau)
+        let w0 = slot.state0().load(Ordering::Acquire);
+        match self.params {
+            Params::Gcra(g) => g.quota(w0, now_ns),
+            Params::Window { period, limit } if self.sliding() => {
+                sliding_window::quota(slot, now_ns, period, limit)
             }
-            Params::Window { period, limit } if self.algorithm == Algorithm::SlidingWindow => {
-                (sliding_window::quota(slot, now_ns, period, limit), period)
-            }
-            Params::Window { period, limit } => (
-                fixed_window::quota(slot.state0(), now_ns, period, limit),
-                period,
-            ),
-            Params::Concurrency { limit } => (concurrency::quota(slot.state0(), limit), 0),
-            Params::WarmUp(p) => (warm_up::quota(&p, slot, now_ns), p.stable),
-        };
-        Quota { window_ns, ..q }
+            Params::Window { period, limit } => fixed_window::quota(w0, now_ns, period, limit),
+            Params::Concurrency { limit } => concurrency::quota(w0, limit),
+            Params::WarmUp(p) => Quota {
+                window_ns: p.stable,
+                ..warm_up::quota(&p, slot, now_ns)
+            },
+        }
     }
+}
+
+/// The GCRA parameters of a `token_bucket` or `leaky_bucket` strategy
+/// (leaky: burst 1), for the shared and the per-key limiter alike.
+pub fn gcra_of(s: &Strategy) -> Gcra {
+    let burst = if s.algorithm == Algorithm::LeakyBucket {
+        1
+    } else {
+        s.burst as u64
+    };
+    Gcra::new(s.interval_ns(), burst, s.action.max_delay_ns())
 }
 
 /// `Quota { limit, remaining, reset_ns, window_ns }` as written (tests).
