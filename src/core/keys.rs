@@ -669,24 +669,23 @@ impl IpPrefix {
             },
             a => a,
         };
-        match addr {
+        // The top `p` of an address's `width` bits.
+        let top = |bits: u128, width: u8, p: u8| match p {
+            0 => 0,
+            p => bits & (u128::MAX << (width - p)),
+        };
+        let (addr, prefix) = match addr {
             IpAddr::V4(a) => {
                 let p = v4.min(32);
-                let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
-                IpPrefix {
-                    addr: IpAddr::V4((u32::from(a) & mask).into()),
-                    prefix: p,
-                }
+                let bits = top(u32::from(a).into(), 32, p) as u32;
+                (IpAddr::V4(bits.into()), p)
             }
             IpAddr::V6(a) => {
                 let p = v6.min(128);
-                let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
-                IpPrefix {
-                    addr: IpAddr::V6((u128::from(a) & mask).into()),
-                    prefix: p,
-                }
+                (IpAddr::V6(top(u128::from(a), 128, p).into()), p)
             }
-        }
+        };
+        IpPrefix { addr, prefix }
     }
 
     /// Hashes this prefix as the `ip` part of a key (the words of

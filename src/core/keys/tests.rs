@@ -45,6 +45,16 @@ fn key(t: &KeyTable, slot: u32, parts: &[&[u8]]) -> KeyId {
     t.key(h, slot, 1).unwrap()
 }
 
+/// The keys `{prefix}{i}` of stat slot `slot`, `i` in `range`.
+fn named<'t>(
+    t: &'t KeyTable,
+    slot: u32,
+    prefix: &'t str,
+    range: std::ops::Range<u32>,
+) -> impl Iterator<Item = KeyId> + 't {
+    range.map(move |i| key(t, slot, &[format!("{prefix}{i}").as_bytes()]))
+}
+
 fn charge(t: &KeyTable, f: &Fixture, k: &KeyId, l: &KeyLimiter, now: u64) -> Charge {
     t.charge(k, l, Now::from(now), false, &f.slots.region(), |_| Some(l))
 }
@@ -430,8 +440,7 @@ fn a_capped_strategy_floods_only_itself() {
     // Strategy A (slot 0, max_keys 100): 1,000 distinct keys, each limited
     // (not fresh), so none can be reused.
     let mut got = 0;
-    for i in 0..1000u32 {
-        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
+    for (i, k) in named(&t, 0, "a", 0..1000).enumerate() {
         match charge_capped(&t, &f, &k, &l, 100, T0) {
             Charge::Admitted { .. } => got += 1,
             Charge::Full => {}
@@ -450,8 +459,7 @@ fn a_capped_strategy_floods_only_itself() {
     ));
     // Strategy B (slot 1, default cap: half of 4,096): its new keys get
     // their own entries while A is at its cap.
-    for i in 0..500u32 {
-        let k = key(&t, 1, &[format!("b{i}").as_bytes()]);
+    for (i, k) in named(&t, 1, "b", 0..500).enumerate() {
         assert!(
             admitted(charge_capped(&t, &f, &k, &l, 0, T0)),
             "B's key b{i} found no entry"
@@ -462,13 +470,9 @@ fn a_capped_strategy_floods_only_itself() {
     assert_eq!(t.counters(0).in_use, 100);
     // Two minutes later A's keys are fresh: a new key of A reuses one of
     // A's own entries (its count stays at the cap), never B's.
-    let mut reused = 0;
-    for i in 1000..1100u32 {
-        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
-        if admitted(charge_capped(&t, &f, &k, &l, 100, T0 + 120 * S)) {
-            reused += 1;
-        }
-    }
+    let reused = named(&t, 0, "a", 1000..1100)
+        .filter(|k| admitted(charge_capped(&t, &f, k, &l, 100, T0 + 120 * S)))
+        .count();
     assert!(reused > 0, "no fresh entry of A reused");
     assert_eq!(t.counters(0).in_use, 100);
     assert_eq!(t.counters(1).in_use, 500);
@@ -482,19 +486,15 @@ fn the_default_cap_is_half_the_table() {
     assert_eq!(t.cap(0), 512);
     assert_eq!(t.cap(7), 7);
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1);
-    for i in 0..2000u32 {
-        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
+    for k in named(&t, 0, "a", 0..2000) {
         charge_capped(&t, &f, &k, &l, 0, T0);
     }
     assert_eq!(t.counters(0).in_use, 512);
     assert!(t.counters(0).capped > 0);
     // The other half is there for another strategy's new keys: 400 of
     // them (78 % of the table in use then) all find an entry.
-    let got = (0..400u32)
-        .filter(|i| {
-            let k = key(&t, 1, &[format!("b{i}").as_bytes()]);
-            admitted(charge_capped(&t, &f, &k, &l, 0, T0))
-        })
+    let got = named(&t, 1, "b", 0..400)
+        .filter(|k| admitted(charge_capped(&t, &f, k, &l, 0, T0)))
         .count();
     assert_eq!(got, 400);
 }
@@ -508,14 +508,10 @@ fn a_charge_after_the_response_honours_the_cap() {
     let f = Fixture::new(4096);
     let t = f.table(4096);
     let l = limiter(Algorithm::FixedWindow, 3, Unit::Hour, 1);
-    let mut charged = 0;
-    for i in 0..10u32 {
-        let k = key(&t, 0, &[format!("c{i}").as_bytes()]);
-        let clock = l.clock(Now::from(T0));
-        if t.charge_after_key(&k, &l, 4, Now::from(T0), clock, 1, &f.slots.region()) {
-            charged += 1;
-        }
-    }
+    let clock = l.clock(Now::from(T0));
+    let charged = named(&t, 0, "c", 0..10)
+        .filter(|k| t.charge_after_key(k, &l, 4, Now::from(T0), clock, 1, &f.slots.region()))
+        .count();
     assert_eq!(charged, 4, "keys with an entry");
     assert_eq!(t.counters(0).in_use, 4);
     assert_eq!(t.counters(0).capped, 6);
