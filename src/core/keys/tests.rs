@@ -18,6 +18,7 @@ fn limiter(algorithm: Algorithm, rate: u64, per: Unit, burst: u32) -> KeyLimiter
 struct Fixture {
     words: Vec<AtomicU64>,
     slots: LocalSlots,
+    capacity: u64,
 }
 
 impl Fixture {
@@ -29,11 +30,12 @@ impl Fixture {
         Fixture {
             words: KeyTable::local_words(8, capacity),
             slots,
+            capacity,
         }
     }
 
-    fn table(&self, capacity: u64) -> KeyTable<'_> {
-        KeyTable::local(aligned(&self.words), 8, capacity, [7; 16])
+    fn table(&self) -> KeyTable<'_> {
+        KeyTable::local(aligned(&self.words), 8, self.capacity, [7; 16])
     }
 }
 
@@ -86,7 +88,7 @@ fn ip_prefixes_aggregate() {
 #[test]
 fn tuples_are_length_prefixed_and_strategies_separate() {
     let f = Fixture::new(64);
-    let t = f.table(64);
+    let t = f.table();
     assert_ne!(key(&t, 0, &[b"ab", b"c"]), key(&t, 0, &[b"a", b"bc"]));
     assert_eq!(key(&t, 0, &[b"ab", b"c"]), key(&t, 0, &[b"ab", b"c"]));
     assert_ne!(key(&t, 0, &[b"x"]).ident, key(&t, 1, &[b"x"]).ident);
@@ -98,7 +100,7 @@ fn tuples_are_length_prefixed_and_strategies_separate() {
 #[test]
 fn keys_have_separate_exact_buckets() {
     let f = Fixture::new(1024);
-    let t = f.table(1024);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Minute, 3);
     for name in [&b"alice"[..], b"bob", b"carol"] {
         let k = key(&t, 0, &[name]);
@@ -121,7 +123,7 @@ fn keys_have_separate_exact_buckets() {
 fn a_limited_key_survives_a_flood_of_new_keys() {
     let cap = 64;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     // 1 per 10 s, burst 2.
     let l = limiter(Algorithm::TokenBucket, 6, Unit::Minute, 2);
     let a = key(&t, 0, &[b"A"]);
@@ -160,7 +162,7 @@ fn a_limited_key_survives_a_flood_of_new_keys() {
 fn entries_are_reused_only_when_fresh() {
     let cap = 8; // one probe range: every key competes for the same 8 entries
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::FixedWindow, 2, Unit::Minute, 1);
     let start = 60 * 1000 * S;
     let keys: Vec<KeyId> = (0..8)
@@ -189,7 +191,7 @@ fn entries_are_reused_only_when_fresh() {
 fn a_stale_reference_never_touches_another_key() {
     let cap = 8;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::Concurrency, 1, Unit::Second, 1);
     let fl = limiter(Algorithm::FixedWindow, 1, Unit::Minute, 1);
     let start = 60 * 1000 * S;
@@ -232,7 +234,7 @@ fn a_stale_reference_never_touches_another_key() {
 fn a_removed_strategy_frees_its_keys() {
     let cap = 8;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Hour, 1);
     for i in 0..8 {
         let k = key(&t, 2, &[format!("r{i}").as_bytes()]);
@@ -248,7 +250,7 @@ fn a_removed_strategy_frees_its_keys() {
 #[test]
 fn refund_gives_the_admission_back() {
     let f = Fixture::new(64);
-    let t = f.table(64);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Hour, 2);
     let k = key(&t, 0, &[b"x"]);
     let Charge::Admitted {
@@ -268,7 +270,7 @@ fn refund_gives_the_admission_back() {
 fn threads_racing_on_keys_admit_exactly_the_allowance() {
     let cap = 256;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Hour, 5);
     let keys: Vec<KeyId> = (0..40)
         .map(|i| key(&t, 0, &[format!("k{i}").as_bytes()]))
@@ -295,7 +297,7 @@ fn threads_racing_on_keys_admit_exactly_the_allowance() {
 #[test]
 fn the_ip_part_is_the_aggregated_prefix() {
     let f = Fixture::new(64);
-    let t = f.table(64);
+    let t = f.table();
     for (text, v4, v6) in [
         ("203.0.113.7", 24, 64),
         ("::ffff:203.0.113.7", 32, 64),
@@ -330,7 +332,7 @@ fn the_ip_part_is_the_aggregated_prefix() {
 #[test]
 fn a_range_that_wraps_keeps_its_keys() {
     let f = Fixture::new(64);
-    let t = f.table(64);
+    let t = f.table();
     let l = limiter(Algorithm::FixedWindow, 2, Unit::Hour, 0);
     let last: Vec<KeyId> = (0u32..)
         .map(|i| key(&t, 0, &[&i.to_le_bytes()]))
@@ -364,7 +366,7 @@ fn a_range_that_wraps_keeps_its_keys() {
 fn new_keys_find_an_entry_until_90_percent() {
     let cap = 1u64 << 20;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::FixedWindow, 5, Unit::Hour, 0);
     let marks = [cap / 2, cap * 8 / 10, cap * 9 / 10];
     let mut tried = 0u64;
@@ -435,7 +437,7 @@ fn charge_capped(
 #[test]
 fn a_capped_strategy_floods_only_itself() {
     let f = Fixture::new(4096);
-    let t = f.table(4096);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1);
     // Strategy A (slot 0, max_keys 100): 1,000 distinct keys, each limited
     // (not fresh), so none can be reused.
@@ -481,7 +483,7 @@ fn a_capped_strategy_floods_only_itself() {
 #[test]
 fn the_default_cap_is_half_the_table() {
     let f = Fixture::new(1024);
-    let t = f.table(1024);
+    let t = f.table();
     assert_eq!(t.default_cap(), 512);
     assert_eq!(t.cap(0), 512);
     assert_eq!(t.cap(7), 7);
@@ -506,7 +508,7 @@ fn the_default_cap_is_half_the_table() {
 #[test]
 fn a_charge_after_the_response_honours_the_cap() {
     let f = Fixture::new(4096);
-    let t = f.table(4096);
+    let t = f.table();
     let l = limiter(Algorithm::FixedWindow, 3, Unit::Hour, 1);
     let clock = l.clock(Now::from(T0));
     let charged = named(&t, 0, "c", 0..10)
