@@ -287,6 +287,18 @@ fn acquire_word_call(w: &AtomicU64, write: bool, step: impl Fn(u64) -> Step) -> 
     acquire_word(w, write, step)
 }
 
+/// One request on a `fixed_window` word (a call: off the inlined path).
+#[inline(never)]
+fn acquire_fixed(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Acquired {
+    acquire_word(w, true, |c| fixed_window::step(c, now, period, limit, 1))
+}
+
+/// One request on a `concurrency` word (a call: off the inlined path).
+#[inline(never)]
+fn acquire_concurrency(w: &AtomicU64, limit: u64) -> Acquired {
+    acquire_word(w, true, |c| concurrency::step(c, limit))
+}
+
 /// Applies `f` to the word until it sticks or `f` answers `None`.
 fn update_word(w: &AtomicU64, f: impl Fn(u64) -> Option<u64>) {
     let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, f);
@@ -338,14 +350,10 @@ impl Limiter {
                 acquire_word(slot.state0(), true, |tat| g.step(tat, now_ns, g.interval))
             }
             Params::Window { period, limit } if self.sliding() => {
-                sliding_window::acquire(slot, now_ns, period, limit, 1, true)
+                sliding_window::acquire(slot, now_ns, period, limit)
             }
-            Params::Window { period, limit } => acquire_word_call(slot.state0(), true, |w| {
-                fixed_window::step(w, now_ns, period, limit, 1)
-            }),
-            Params::Concurrency { limit } => {
-                acquire_word_call(slot.state0(), true, |c| concurrency::step(c, limit))
-            }
+            Params::Window { period, limit } => acquire_fixed(slot.state0(), now_ns, period, limit),
+            Params::Concurrency { limit } => acquire_concurrency(slot.state0(), limit),
             Params::WarmUp(p) => warm_up::acquire(&p, slot, now_ns),
         }
     }
@@ -377,14 +385,12 @@ impl Limiter {
                 acquire_word_call(slot.state0(), write, |tat| g.step(tat, now_ns, g.cost(n)))
             }
             Params::Window { period, limit } if self.sliding() => {
-                sliding_window::acquire(slot, now_ns, period, limit, n, write)
+                sliding_window::units(slot, now_ns, period, limit, n, write)
             }
             Params::Window { period, limit } => acquire_word_call(slot.state0(), write, |w| {
                 fixed_window::step(w, now_ns, period, limit, n)
             }),
-            Params::Concurrency { limit } if write => {
-                acquire_word_call(slot.state0(), true, |c| concurrency::step(c, limit))
-            }
+            Params::Concurrency { limit } if write => acquire_concurrency(slot.state0(), limit),
             Params::WarmUp(p) if write => warm_up::acquire(&p, slot, now_ns),
             _ => Acquired::Admitted(Reservation::default()),
         }

@@ -162,11 +162,15 @@ impl SlotView {
     }
 }
 
-/// The shared slot's compare-and-swap loop around [`View::step`] for `n`
-/// units (`n` = 1, a constant, for one request); `write: false` only
-/// checks (`count_if`, issue 31: nothing written).
+/// One request on the shared slot (a call: off the inlined path).
 #[inline(never)]
-pub(super) fn acquire(
+pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Acquired {
+    run(slot, now, period, limit, 1, true)
+}
+
+/// `n` units (`cost_from`), or only their check (`count_if`, issue 31).
+#[inline(never)]
+pub(super) fn units(
     slot: &Slot,
     now: u64,
     period: u64,
@@ -174,6 +178,13 @@ pub(super) fn acquire(
     n: u64,
     write: bool,
 ) -> Acquired {
+    run(slot, now, period, limit, n, write)
+}
+
+/// The shared slot's compare-and-swap loop around [`View::step`] for `n`
+/// units; `write: false` only checks, nothing written.
+#[inline(always)]
+fn run(slot: &Slot, now: u64, period: u64, limit: u64, n: u64, write: bool) -> Acquired {
     let words = [slot.state0(), slot.state1()];
     loop {
         let sv = SlotView::load(slot, now, period);
