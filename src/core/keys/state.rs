@@ -17,13 +17,12 @@
 //! window and concurrency words are the shared slot's `state0`; the
 //! sliding window packs its two windows into one word
 //! (`sliding_window::KeyView`, beside the slot's reader). `warm_up` has no
-//! per-key form: see [`KeyLimiter::from_strategy`].
+//! per-key form: see `KeyLimiter::from_strategy` (compiled with the shared
+//! limiter in `src/core/limiter/strategy.rs`, so that this file names no
+//! model type).
 
 use super::super::limiter::gcra::Gcra;
-use super::super::limiter::{
-    concurrency, fixed_window, gcra_of, sliding_window, window, Now, Quota,
-};
-use super::super::model::{Algorithm, Strategy, MAX_WINDOW_COUNT};
+use super::super::limiter::{concurrency, fixed_window, sliding_window, window, Now, Quota};
 
 pub use super::super::limiter::Step;
 // i27-merge: old path (each.rs names it here; its home is the sliding window).
@@ -39,32 +38,6 @@ pub enum KeyLimiter {
 }
 
 impl KeyLimiter {
-    /// `None` for `warm_up`, which has no per-key form: its state is two
-    /// words (the next free time and the stored permits, changed together
-    /// by one 16-byte compare-and-swap), and a key's entry has one word
-    /// beside its identity, which the table's 16-byte compare-and-swap
-    /// already spends. Packing both into 64 bits would cut `next_free`
-    /// (monotonic ns) to too few bits to outlast an uptime; a second word
-    /// per entry would double the table for one algorithm. The model
-    /// refuses `each` with `warm_up` for this reason.
-    pub fn from_strategy(s: &Strategy) -> Option<KeyLimiter> {
-        Some(match s.algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => KeyLimiter::Gcra(gcra_of(s)),
-            Algorithm::FixedWindow => KeyLimiter::Fixed {
-                period: s.per.period_ns().max(1),
-                limit: s.rate.min(MAX_WINDOW_COUNT),
-            },
-            Algorithm::SlidingWindow => KeyLimiter::Sliding {
-                period: s.per.period_ns().max(1),
-                limit: s.rate.min(MAX_SLIDING_COUNT),
-            },
-            Algorithm::Concurrency => KeyLimiter::Concurrency {
-                limit: s.rate.min(MAX_WINDOW_COUNT),
-            },
-            Algorithm::WarmUp => return None,
-        })
-    }
-
     /// The clock this limiter reads: wall time for the windows, monotonic
     /// for the rest (as the shared strategies).
     #[inline]
@@ -191,8 +164,8 @@ impl KeyLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::model::Action;
     use crate::core::model::Unit;
+    use crate::core::model::{Action, Algorithm, Strategy};
 
     const S: u64 = 1_000_000_000;
 

@@ -80,7 +80,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::core::model::{Algorithm, Strategy, MAX_WINDOW_COUNT};
 use crate::core::slot::Slot;
 use gcra::Gcra;
 use warm_up::WarmUpParams;
@@ -89,6 +88,7 @@ pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_window;
+mod strategy;
 pub mod warm_up;
 pub mod window;
 
@@ -134,37 +134,37 @@ impl From<u64> for Now {
 }
 
 impl Now {
-    /// The reading an `algorithm` runs on: wall time for the windows,
+    /// The reading `limiter` runs on: wall time for the windows,
     /// monotonic for the rest.
     #[inline]
-    pub fn of_algorithm(self, algorithm: Algorithm) -> u64 {
-        match algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.wall_ns,
+    pub fn for_limiter(self, limiter: &Limiter) -> u64 {
+        match limiter.params {
+            Params::Fixed { .. } | Params::Sliding { .. } => self.wall_ns,
             _ => self.mono_ns,
         }
     }
-
-    /// The reading `limiter` runs on.
-    #[inline]
-    pub fn for_limiter(self, limiter: &Limiter) -> u64 {
-        self.of_algorithm(limiter.algorithm)
-    }
 }
 
-/// A limiter compiled from a validated [`Strategy`]. Plain data: the state
-/// lives in the [`Slot`] passed to each call.
+/// A limiter compiled from a validated strategy (`strategy.rs`, the one
+/// file of `limiter/` that names the model). Plain data: the state lives
+/// in the [`Slot`] passed to each call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limiter {
-    algorithm: Algorithm,
     params: Params,
 }
 
+/// One variant per algorithm (the variant is the algorithm: no separate
+/// tag, so a compiled limiter is 32 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Params {
-    /// `token_bucket`, `leaky_bucket`.
-    Gcra(Gcra),
-    /// Fixed and sliding windows.
-    Window {
+    TokenBucket(Gcra),
+    /// A GCRA of burst 1.
+    LeakyBucket(Gcra),
+    Fixed {
+        period: u64,
+        limit: u64,
+    },
+    Sliding {
         period: u64,
         limit: u64,
     },
@@ -305,40 +305,6 @@ fn update_word(w: &AtomicU64, f: impl Fn(u64) -> Option<u64>) {
 }
 
 impl Limiter {
-    /// Compiles a strategy. Meant for validated strategies; for any other
-    /// input it still never panics and errs on the side of rejecting
-    /// (e.g. rate 0 admits nothing).
-    pub fn from_strategy(s: &Strategy) -> Limiter {
-        let params = match s.algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => Params::Gcra(gcra_of(s)),
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => Params::Window {
-                period: s.per.period_ns().max(1),
-                limit: s.rate.min(MAX_WINDOW_COUNT),
-            },
-            Algorithm::Concurrency => Params::Concurrency {
-                limit: s.rate.min(MAX_WINDOW_COUNT),
-            },
-            Algorithm::WarmUp => Params::WarmUp(WarmUpParams::new(
-                s.interval_ns(),
-                s.warm_up.cold_factor,
-                s.warm_up.period_ms,
-                s.action.max_delay_ns(),
-            )),
-        };
-        Limiter {
-            algorithm: s.algorithm,
-            params,
-        }
-    }
-
-    pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
-    }
-
-    fn sliding(&self) -> bool {
-        self.algorithm == Algorithm::SlidingWindow
-    }
-
     /// Tries to admit one request at `now_ns`. Inlined into the request
     /// path with the token bucket (the common algorithm); the others are
     /// calls (`inline(always)`: with the sixth algorithm the compiler
@@ -346,13 +312,13 @@ impl Limiter {
     #[inline(always)]
     pub fn acquire(&self, slot: &Slot, now_ns: u64) -> Acquired {
         match self.params {
-            Params::Gcra(g) => {
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => {
                 acquire_word(slot.state0(), true, |tat| g.step(tat, now_ns, g.interval))
             }
-            Params::Window { period, limit } if self.sliding() => {
+            Params::Sliding { period, limit } => {
                 sliding_window::acquire(slot, now_ns, period, limit)
             }
-            Params::Window { period, limit } => acquire_fixed(slot.state0(), now_ns, period, limit),
+            Params::Fixed { period, limit } => acquire_fixed(slot.state0(), now_ns, period, limit),
             Params::Concurrency { limit } => acquire_concurrency(slot.state0(), limit),
             Params::WarmUp(p) => warm_up::acquire(&p, slot, now_ns),
         }
@@ -381,13 +347,13 @@ impl Limiter {
     /// [`check_units`](Self::check_units).
     fn units(&self, slot: &Slot, now_ns: u64, n: u64, write: bool) -> Acquired {
         match self.params {
-            Params::Gcra(g) => {
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => {
                 acquire_word_call(slot.state0(), write, |tat| g.step(tat, now_ns, g.cost(n)))
             }
-            Params::Window { period, limit } if self.sliding() => {
+            Params::Sliding { period, limit } => {
                 sliding_window::units(slot, now_ns, period, limit, n, write)
             }
-            Params::Window { period, limit } => acquire_word_call(slot.state0(), write, |w| {
+            Params::Fixed { period, limit } => acquire_word_call(slot.state0(), write, |w| {
                 fixed_window::step(w, now_ns, period, limit, n)
             }),
             Params::Concurrency { limit } if write => acquire_concurrency(slot.state0(), limit),
@@ -399,7 +365,7 @@ impl Limiter {
     /// The word of a window limiter that counts window `window` (sliding:
     /// even windows in `state0`, odd ones in `state1`).
     fn window_word<'s>(&self, slot: &'s Slot, window: u64) -> &'s AtomicU64 {
-        if self.sliding() && window & 1 == 1 {
+        if matches!(self.params, Params::Sliding { .. }) && window & 1 == 1 {
             slot.state1()
         } else {
             slot.state0()
@@ -411,12 +377,14 @@ impl Limiter {
     pub fn refund_units(&self, slot: &Slot, r: Reservation, n: u64) {
         let n = n.max(1);
         match self.params {
-            Params::Gcra(g) => update_word(slot.state0(), |cur| {
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => update_word(slot.state0(), |cur| {
                 Some(g.refund(cur, r.token, r.prev, g.interval.saturating_mul(n)))
             }),
-            Params::Window { .. } => window::update(self.window_word(slot, r.token >> 32), |cur| {
-                window::refund(cur, r.token, r.prev, n)
-            }),
+            Params::Fixed { .. } | Params::Sliding { .. } => {
+                window::update(self.window_word(slot, r.token >> 32), |cur| {
+                    window::refund(cur, r.token, r.prev, n)
+                })
+            }
             Params::Concurrency { .. } => update_word(slot.state0(), concurrency::release),
             Params::WarmUp(p) => warm_up::refund(&p, slot, r),
         }
@@ -433,10 +401,10 @@ impl Limiter {
             return;
         }
         match self.params {
-            Params::Gcra(g) => update_word(slot.state0(), |cur| {
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => update_word(slot.state0(), |cur| {
                 Some(g.charge_after(cur, now_ns, delta))
             }),
-            Params::Window { period, .. } => {
+            Params::Fixed { period, .. } | Params::Sliding { period, .. } => {
                 let charged = window::window_of(admitted_ns, period);
                 let at = if delta >= 0 {
                     window::window_of(now_ns, period)
@@ -474,9 +442,14 @@ impl Limiter {
     /// (module documentation).
     pub fn repair_foreign(&self, slot: &Slot, clock: impl FnOnce() -> u64) -> bool {
         match self.params {
-            Params::Gcra(g) => gcra::repair_foreign(&g, slot.state0(), clock),
-            Params::Window { period, limit } => {
-                window::repair_foreign(slot, self.sliding(), period, limit, clock)
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => {
+                gcra::repair_foreign(&g, slot.state0(), clock)
+            }
+            Params::Fixed { period, limit } => {
+                window::repair_foreign(slot, false, period, limit, clock)
+            }
+            Params::Sliding { period, limit } => {
+                window::repair_foreign(slot, true, period, limit, clock)
             }
             Params::WarmUp(p) => warm_up::repair_foreign(&p, slot, clock),
             Params::Concurrency { .. } => false,
@@ -501,11 +474,9 @@ impl Limiter {
     pub fn quota(&self, slot: &Slot, now_ns: u64) -> Quota {
         let w0 = slot.state0().load(Ordering::Acquire);
         match self.params {
-            Params::Gcra(g) => g.quota(w0, now_ns),
-            Params::Window { period, limit } if self.sliding() => {
-                sliding_window::quota(slot, now_ns, period, limit)
-            }
-            Params::Window { period, limit } => fixed_window::quota(w0, now_ns, period, limit),
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => g.quota(w0, now_ns),
+            Params::Sliding { period, limit } => sliding_window::quota(slot, now_ns, period, limit),
+            Params::Fixed { period, limit } => fixed_window::quota(w0, now_ns, period, limit),
             Params::Concurrency { limit } => concurrency::quota(w0, limit),
             Params::WarmUp(p) => Quota {
                 window_ns: p.stable,
@@ -513,17 +484,6 @@ impl Limiter {
             },
         }
     }
-}
-
-/// The GCRA parameters of a `token_bucket` or `leaky_bucket` strategy
-/// (leaky: burst 1), for the shared and the per-key limiter alike.
-pub fn gcra_of(s: &Strategy) -> Gcra {
-    let burst = if s.algorithm == Algorithm::LeakyBucket {
-        1
-    } else {
-        s.burst as u64
-    };
-    Gcra::new(s.interval_ns(), burst, s.action.max_delay_ns())
 }
 
 /// `Quota { limit, remaining, reset_ns, window_ns }` as written (tests).
