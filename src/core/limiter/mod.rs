@@ -30,10 +30,22 @@
 //!
 //! Each algorithm is in its own file: [`gcra`] (`token_bucket` and
 //! `leaky_bucket`: the GCRA), [`fixed_window`] and [`sliding_window`] (over the
-//! packed window words of [`window`]), [`concurrency`], [`warm_up`]. This
-//! file holds what they share: the compiled [`Limiter`] and its dispatch,
-//! the [`Acquired`] of an acquire, the [`Reservation`] a refund needs and the
-//! [`Quota`] for the `RateLimit-*` headers.
+//! packed window words of [`window`]), [`concurrency`], [`warm_up`]. Each
+//! file holds the algorithm's arithmetic once, as pure functions over its
+//! state word(s): the step (a [`Step`]: the next word and the wait, or the
+//! retry time), the refund, the charge after the response, freshness and
+//! the quota. Two compare-and-swap loops run the same steps: this file's
+//! over a shared slot's words ([`Limiter`]), and the key table's over a
+//! key's word (`super::keys::KeyTable::charge_at`, dispatching through
+//! `super::keys::KeyLimiter`). `strategy.rs` compiles a strategy into both
+//! (the only file here that names the model). This file holds the rest of
+//! what they share: the compiled [`Limiter`] and its dispatch, the clocks
+//! ([`Now`]), the [`Acquired`] of an acquire, the [`Reservation`] a refund
+//! needs and the [`Quota`] for the `RateLimit-*` headers.
+//!
+//! `warm_up` is the exception: its state is two words changed by one
+//! 16-byte compare-and-swap, so it has its own loop and no per-key form
+//! (see `KeyLimiter::from_strategy` in `strategy.rs`).
 //!
 //! # Stale and backward time, foreign state
 //!
