@@ -669,6 +669,13 @@ mod tests {
         }
     }
 
+    /// Compiled table entries hold a limiter: the variant is the
+    /// algorithm (no separate tag), the largest parameters 24 bytes.
+    #[test]
+    fn a_compiled_limiter_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Limiter>(), 32);
+    }
+
     #[test]
     fn repair_foreign_replaces_only_what_no_clock_wrote() {
         let l = limiter(Algorithm::TokenBucket, 1, Unit::Second, 2, REJECT);
