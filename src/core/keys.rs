@@ -21,11 +21,11 @@
 //! ```
 //!
 //! where `tag` is the low 32 bits of `Mix(keys; strategy id, tuple)` and
-//! the high 32 bits choose the probe range. `Mix` ([`hash`]) is a keyed
+//! the high 32 bits choose the probe range. `Mix` (`keys/hash.rs`) is a keyed
 //! multiply-fold hash whose four 64-bit keys SipHash-1-3 derives from the
 //! file header's 16 random secret bytes (once per mapping), so positions
 //! are stable across the processes that map the file and cannot be
-//! predicted from outside (the attack model is argued in [`hash`]). The
+//! predicted from outside (the attack model is argued in `keys/hash.rs`). The
 //! tuple is hashed as 64-bit words, each text value length-prefixed (a
 //! length word, then its bytes zero-padded), so ("ab","c") ≠ ("a","bc");
 //! an `ip` value is a fixed-form part whose first word carries the family

@@ -31,7 +31,7 @@ pub fn release(inflight: u64) -> Option<u64> {
 }
 
 /// A dry run counts one more in flight even over the limit, so that the
-/// release at its end balances; `None` at [`INFLIGHT_CAP`].
+/// release at its end balances; `None` at `INFLIGHT_CAP` (2³² − 1).
 #[inline]
 pub fn force(inflight: u64) -> Option<u64> {
     (inflight < INFLIGHT_CAP).then(|| inflight + 1)
