@@ -49,6 +49,8 @@
 
 use std::sync::atomic::Ordering;
 
+// i27-merge: old path (Now lives in limiter: keys/state.rs names it there).
+pub use super::limiter::Now;
 use super::limiter::{Acquired, Limiter, Quota, Reservation};
 use super::model::{Action, Algorithm};
 use super::slot::Slot;
@@ -139,38 +141,6 @@ enum HitState {
     Forced(Reservation),
 }
 
-/// The time of a request, from both clocks: the buckets run on the
-/// monotonic one (nanoseconds; immune to clock steps), the fixed and sliding
-/// windows on the wall clock (Unix nanoseconds), so that their windows are
-/// UTC minutes, hours and days, the same on every host. A plain `u64` is
-/// both (tests, benchmarks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Now {
-    pub mono_ns: u64,
-    pub wall_ns: u64,
-}
-
-impl From<u64> for Now {
-    #[inline]
-    fn from(ns: u64) -> Now {
-        Now {
-            mono_ns: ns,
-            wall_ns: ns,
-        }
-    }
-}
-
-impl Now {
-    /// The reading `limiter` runs on.
-    #[inline]
-    fn of(self, limiter: &Limiter) -> u64 {
-        match limiter.algorithm() {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.wall_ns,
-            _ => self.mono_ns,
-        }
-    }
-}
-
 /// Admits or refuses one request at `now` against `hits`, in order. A hit
 /// of several `units` (`cost_from`) must go through [`admit_listed`]
 /// (the one-hit path here takes one unit).
@@ -237,7 +207,7 @@ pub fn admit_listed(hits: &[Hit], now: impl Into<Now>, dry_run_all: bool, quota:
 /// list needs for refunds. Inlined into the request path.
 #[inline(always)]
 fn admit_one(hit: &Hit, now: Now, dry_run_all: bool, quota: bool) -> Decision {
-    let now = now.of(hit.limiter);
+    let now = now.for_limiter(hit.limiter);
     let mut d = Decision::pass();
     if !current(hit) {
         return d;
@@ -310,14 +280,6 @@ fn acquire(hit: &Hit, now: u64) -> Acquired {
     }
 }
 
-impl Now {
-    /// The reading `limiter` runs on (for callers outside this file).
-    #[inline]
-    pub fn for_limiter(self, limiter: &Limiter) -> u64 {
-        self.of(limiter)
-    }
-}
-
 #[inline]
 fn current(hit: &Hit) -> bool {
     hit.slot.generation().load(Ordering::Acquire) == hit.generation
@@ -336,7 +298,7 @@ fn admit_in(
             entries[i] = HitState::Stale;
             continue;
         }
-        let now = now_both.of(hit.limiter);
+        let now = now_both.for_limiter(hit.limiter);
         match acquire(hit, now) {
             Acquired::Admitted(r) => entries[i] = HitState::Admitted(r),
             Acquired::Rejected { retry_after_ns } => {
@@ -407,7 +369,9 @@ fn admit_in(
         if !quota {
             continue;
         }
-        let q = hit.limiter.quota(&hit.slot, now_both.of(hit.limiter));
+        let q = hit
+            .limiter
+            .quota(&hit.slot, now_both.for_limiter(hit.limiter));
         match tightest {
             Some((_, t)) if t.remaining <= q.remaining => {}
             _ => tightest = Some((hit.id, q)),

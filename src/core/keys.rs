@@ -21,11 +21,11 @@
 //! ```
 //!
 //! where `tag` is the low 32 bits of `Mix(keys; strategy id, tuple)` and
-//! the high 32 bits choose the probe range. `Mix` ([`hash`]) is a keyed
+//! the high 32 bits choose the probe range. `Mix` (`keys/hash.rs`) is a keyed
 //! multiply-fold hash whose four 64-bit keys SipHash-1-3 derives from the
 //! file header's 16 random secret bytes (once per mapping), so positions
 //! are stable across the processes that map the file and cannot be
-//! predicted from outside (the attack model is argued in [`hash`]). The
+//! predicted from outside (the attack model is argued in `keys/hash.rs`). The
 //! tuple is hashed as 64-bit words, each text value length-prefixed (a
 //! length word, then its bytes zero-padded), so ("ab","c") ≠ ("a","bc");
 //! an `ip` value is a fixed-form part whose first word carries the family
@@ -87,8 +87,10 @@
 //! while holding them are given back ([`KeyTable::give_back`]) while the
 //! entry still holds that key.
 
+mod charge;
 mod decide;
 mod hash;
+mod probe;
 pub mod segment;
 pub mod state;
 
@@ -100,10 +102,8 @@ pub use decide::{KeyHolds, KeyPlan};
 pub use hash::{Mix, MixKeys, Sip13};
 pub use state::{KeyLimiter, Step};
 
-use super::admit::Now;
 use super::region::Region;
 use super::shm::ShmError;
-use super::slot::Slot;
 
 /// Default entries of the key table (`rate-ctl agent --keys`).
 pub const DEFAULT_KEYS: u32 = 1 << 20;
@@ -642,542 +642,6 @@ impl<'a> KeyTable<'a> {
     pub fn scan_occupied(&self) -> u64 {
         (0..self.capacity).filter(|&i| self.load(i).0 != 0).count() as u64
     }
-
-    /// Charges one request of key `key` with `lim` at `now`, with no cap
-    /// on the strategy's entries (tools, tests; the request path uses
-    /// [`charge_capped`](Self::charge_capped)). `force`: a
-    /// dry-run `concurrency` hit takes a unit even over the limit.
-    /// `owner(slot)` gives the limiter of the strategy now in a stat slot
-    /// (to judge whether another strategy's entry is fresh), `slots` the
-    /// file's stat slots (their generations say whether an entry's
-    /// strategy still exists).
-    #[inline(always)]
-    pub fn charge<'l>(
-        &self,
-        key: &KeyId,
-        lim: &KeyLimiter,
-        now: Now,
-        force: bool,
-        slots: &Region<'_>,
-        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
-    ) -> Charge {
-        self.charge_capped(key, lim, NO_CAP, now, force, slots, owner)
-    }
-
-    /// [`charge`](Self::charge) for a strategy whose `max_keys` is
-    /// `max_keys` (0: [`default_cap`](Self::default_cap)): a new key of a
-    /// strategy whose keys hold that many entries gets none
-    /// ([`Charge::Full`]) unless it can reuse a fresh entry of its own.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn charge_capped<'l>(
-        &self,
-        key: &KeyId,
-        lim: &KeyLimiter,
-        max_keys: u32,
-        now: Now,
-        force: bool,
-        slots: &Region<'_>,
-        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
-    ) -> Charge {
-        // The common case inline: the key's entry is there and one CAS
-        // charges it. Anything else (a new key, a race) takes the loop.
-        if let Some(c) = self.charge_found(key, lim, now, force) {
-            return c;
-        }
-        if !self.usable() {
-            return Charge::Full;
-        }
-        self.charge_slow(
-            key,
-            lim,
-            max_keys,
-            now,
-            lim.clock(now),
-            force,
-            slots,
-            owner,
-            1,
-        )
-    }
-
-    /// [`charge`](Self::charge) of `n` units at once (`cost_from`, issue
-    /// 31; see [`KeyLimiter::step_units`]), never forced; `max_keys` as
-    /// in [`charge_capped`](Self::charge_capped).
-    #[allow(clippy::too_many_arguments)]
-    pub fn charge_units<'l>(
-        &self,
-        key: &KeyId,
-        lim: &KeyLimiter,
-        max_keys: u32,
-        now: Now,
-        n: u64,
-        slots: &Region<'_>,
-        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
-    ) -> Charge {
-        if !self.usable() {
-            return Charge::Full;
-        }
-        if let Some((i, e)) = self.find(key) {
-            let st = e[1].load(Ordering::Acquire);
-            if let Some(c) = self.charge_at(i, e, key.ident, st, lim, lim.clock(now), false, n) {
-                return c;
-            }
-        }
-        self.charge_slow(
-            key,
-            lim,
-            max_keys,
-            now,
-            lim.clock(now),
-            false,
-            slots,
-            owner,
-            n,
-        )
-    }
-
-    /// [`charge`](Self::charge) of a key whose entry is in the table:
-    /// `None`, nothing charged, when it is not (a new key: the caller takes
-    /// [`charge`](Self::charge)) or when the entry moved on under us. No
-    /// call in it, so the request path that uses it keeps its registers.
-    #[inline(always)]
-    pub(crate) fn charge_found(
-        &self,
-        key: &KeyId,
-        lim: &KeyLimiter,
-        now: Now,
-        force: bool,
-    ) -> Option<Charge> {
-        if !self.usable() {
-            return None;
-        }
-        let (i, e) = self.find(key)?;
-        let st = e[1].load(Ordering::Acquire);
-        self.charge_at(i, e, key.ident, st, lim, lim.clock(now), force, 1)
-    }
-
-    /// The request path's look: the key's first window only, when it does
-    /// not wrap (one bounds check and a scan, no call, as most keys are
-    /// there); `None` sends the caller to the slow path, which looks at
-    /// every window ([`find_any`](Self::find_any)).
-    #[inline(always)]
-    fn find(&self, key: &KeyId) -> Option<(u64, &'a [AtomicU64; 2])> {
-        let s = key.start as usize;
-        self.pairs
-            .get(s..s.wrapping_add(WINDOW as usize))?
-            .iter()
-            .enumerate()
-            .find(|(_, e)| e[0].load(Ordering::Acquire) == key.ident)
-            .map(|(p, e)| (key.start + p as u64, e))
-    }
-
-    /// The key's entry in any of its windows (the first copy, in order).
-    fn find_any(&self, key: &KeyId) -> Option<(u64, &'a [AtomicU64; 2])> {
-        (0..PROBE)
-            .map(|p| self.at(key, p))
-            .find(|&i| self.entry(i).load(Ordering::Acquire) == key.ident)
-            .map(|i| (i, self.words(i)))
-    }
-
-    /// [`charge`](Self::charge) for a new key or after a race.
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn charge_slow<'l>(
-        &self,
-        key: &KeyId,
-        lim: &KeyLimiter,
-        max_keys: u32,
-        now: Now,
-        t: u64,
-        force: bool,
-        slots: &Region<'_>,
-        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
-        n: u64,
-    ) -> Charge {
-        // Bounded: each round either commits or saw another process commit.
-        for _ in 0..64 {
-            // The key's entry: idents only (the common case, one pass).
-            if let Some((i, e)) = self.find_any(key) {
-                let st = e[1].load(Ordering::Acquire);
-                match self.charge_at(i, e, key.ident, st, lim, t, force, n) {
-                    Some(c) => return c,
-                    None => continue, // the entry moved on: look again
-                }
-            }
-            // A new key: an entry of its windows (see new_entry).
-            let (p, old_ident, old_st) = match self.new_entry(key, max_keys, now, slots, &owner) {
-                Ok(c) => c,
-                Err(capped) => {
-                    if capped {
-                        self.bump(key.slot(), C_CAPPED);
-                    }
-                    return Charge::Full;
-                }
-            };
-            let next = match lim.step_units(0, t, n) {
-                Step::Admit { next, wait_ns } => (next, wait_ns, false),
-                Step::Reject { retry_after_ns } => match force.then(|| lim.force(0)).flatten() {
-                    Some(n) => (n, 0, true),
-                    None => return Charge::Rejected { retry_after_ns },
-                },
-            };
-            let i = self.at(key, p);
-            if self
-                .cas(i, [old_ident, old_st], [key.ident, next.0])
-                .is_err()
-            {
-                continue;
-            }
-            self.claimed(key, old_ident, p);
-            if let Some((j, st)) = self.earlier_copy(key, i, p) {
-                if self.cas(i, [key.ident, next.0], [0, 0]).is_ok() {
-                    self.drop_in_use(key.slot());
-                }
-                let e = self.words(j);
-                if let Some(c) = self.charge_at(j, e, key.ident, st, lim, t, force, n) {
-                    return c;
-                }
-            }
-            return Charge::Admitted {
-                at: KeyRef {
-                    entry: i,
-                    ident: key.ident,
-                },
-                wait_ns: next.1,
-                forced: next.2,
-                token: next.0,
-                prev: 0,
-            };
-        }
-        Charge::Full
-    }
-
-    /// A new key's entry: the first of its windows' entries that is
-    /// empty or reusable, the windows in their order of preference. A key
-    /// of a strategy at its cap (`max_keys`) may only take over a fresh
-    /// entry of its own strategy (same slot and generation: its count of
-    /// entries stays the same). `(position, ident, state)` of the entry,
-    /// or `Err(capped)` when there is none.
-    fn new_entry<'l>(
-        &self,
-        key: &KeyId,
-        max_keys: u32,
-        now: Now,
-        slots: &Region<'_>,
-        owner: &impl Fn(u32) -> Option<&'l KeyLimiter>,
-    ) -> Result<(u64, u64, u64), bool> {
-        let capped = self
-            .counter(key.slot(), C_IN_USE)
-            .is_some_and(|c| c.load(Ordering::Relaxed) >= self.cap(max_keys));
-        self.window_order(key)
-            .into_iter()
-            .find_map(|w| {
-                (w * WINDOW..(w + 1) * WINDOW).find_map(|p| {
-                    let (ident, st) = self.load(self.at(key, p));
-                    (ident != key.ident
-                        && (!capped || ident >> 32 == key.ident >> 32)
-                        && self.reusable(ident, st, now, slots, owner))
-                    .then_some((p, ident, st))
-                })
-            })
-            .ok_or(capped)
-    }
-
-    /// After claiming entry `i` (position `p`) for `key`: an earlier entry
-    /// of its windows that a racing process claimed for the same key after
-    /// our scan, with its state. The first copy wins.
-    fn earlier_copy(&self, key: &KeyId, i: u64, p: u64) -> Option<(u64, u64)> {
-        (0..p)
-            .map(|q| self.at(key, q))
-            .filter(|&j| j != i) // windows that overlap: our own entry
-            .find_map(|j| {
-                let (ident, st) = self.load(j);
-                (ident == key.ident).then_some((j, st))
-            })
-    }
-
-    fn claimed(&self, key: &KeyId, old_ident: u64, p: u64) {
-        self.bump(key.slot(), C_IN_USE);
-        if old_ident == 0 {
-            if let Some(w) = self.header.u64_at(T_OCCUPIED) {
-                w.fetch_add(1, Ordering::Relaxed);
-            }
-        } else {
-            self.bump(key.slot(), C_RECLAIMS);
-            if let Some(old) = ident_slot(old_ident) {
-                self.drop_in_use(old);
-            }
-        }
-        if let Some(w) = self.header.u64_at(T_CLAIMS) {
-            w.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(w) = self.header.u64_at(T_MAX_PROBE) {
-            if w.load(Ordering::Relaxed) < p + 1 {
-                w.fetch_max(p + 1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// May the entry `(ident, st)` go to another key at `now`?
-    fn reusable<'l>(
-        &self,
-        ident: u64,
-        st: u64,
-        now: Now,
-        slots: &Region<'_>,
-        owner: &impl Fn(u32) -> Option<&'l KeyLimiter>,
-    ) -> bool {
-        let Some(slot) = ident_slot(ident) else {
-            return true; // empty
-        };
-        let Some(s) = Slot::at(slots, slot) else {
-            return true; // no such slot: garbage
-        };
-        if s.generation().load(Ordering::Acquire) & 0xFFF != ident_generation(ident) {
-            return true; // its strategy is gone (slot reassigned or freed)
-        }
-        match owner(slot) {
-            Some(l) => l.is_fresh(st, l.clock(now)),
-            None => false, // not in this process's table: keep it
-        }
-    }
-
-    /// One request on the key's entry `i`, whose words are `e` (last seen
-    /// holding `st`); `None` when the entry no longer holds the key.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn charge_at(
-        &self,
-        i: u64,
-        e: &[AtomicU64; 2],
-        ident: u64,
-        mut st: u64,
-        lim: &KeyLimiter,
-        t: u64,
-        force: bool,
-        n: u64,
-    ) -> Option<Charge> {
-        loop {
-            let (next, wait_ns, forced) = match lim.step_units(st, t, n) {
-                Step::Admit { next, wait_ns } => (next, wait_ns, false),
-                Step::Reject { retry_after_ns } => {
-                    let forced = if force { lim.force(st) } else { None };
-                    match forced {
-                        Some(n) => (n, 0, true),
-                        None => {
-                            // A rejection writes nothing: check that the
-                            // word read was this key's.
-                            if e[0].load(Ordering::Acquire) != ident {
-                                return None;
-                            }
-                            return Some(Charge::Rejected { retry_after_ns });
-                        }
-                    }
-                }
-            };
-            match super::limiter::warm_up::cas128(&e[0], [ident, st], [ident, next]) {
-                Ok(()) => {
-                    return Some(Charge::Admitted {
-                        at: KeyRef { entry: i, ident },
-                        wait_ns,
-                        forced,
-                        token: next,
-                        prev: st,
-                    })
-                }
-                Err([cur_ident, cur]) => {
-                    if cur_ident != ident {
-                        return None;
-                    }
-                    st = cur;
-                }
-            }
-        }
-    }
-
-    /// Applies `f` to the key's word while the entry still holds the key.
-    fn update(&self, at: KeyRef, f: impl Fn(u64) -> Option<u64>) {
-        if !self.usable() || at.entry >= self.capacity {
-            return;
-        }
-        let (mut ident, mut st) = self.load(at.entry);
-        for _ in 0..1024 {
-            if ident != at.ident {
-                return; // reclaimed: nothing of ours is left in it
-            }
-            let Some(next) = f(st) else { return };
-            match self.cas(at.entry, [ident, st], [ident, next]) {
-                Ok(()) => return,
-                Err([i, s]) => (ident, st) = (i, s),
-            }
-        }
-    }
-
-    /// Gives back an admission (a later strategy rejected the request).
-    pub fn refund(&self, at: KeyRef, lim: &KeyLimiter, token: u64, prev: u64) {
-        self.update(at, |cur| lim.refund(cur, token, prev));
-    }
-
-    /// [`refund`](Self::refund) of an admission of `n` units.
-    pub fn refund_units(&self, at: KeyRef, lim: &KeyLimiter, token: u64, prev: u64, n: u64) {
-        self.update(at, |cur| lim.refund_units(cur, token, prev, n));
-    }
-
-    /// The charge after the response (issue 31): see
-    /// [`KeyLimiter::charge_after`].
-    pub fn charge_after(&self, at: KeyRef, lim: &KeyLimiter, now: u64, admitted: u64, delta: i64) {
-        self.update(at, |cur| lim.charge_after(cur, now, admitted, delta));
-    }
-
-    /// Would `n` units of key `key` be admitted now? (`count_if`, issue
-    /// 31: checked at admission, charged when the request ends.) The
-    /// limiter's step on the key's word, nothing written; a key with no
-    /// entry is checked as a fresh one (no entry is claimed for a check).
-    /// `Admitted` carries the word the step would write as its `token`.
-    pub fn check_units(&self, key: &KeyId, lim: &KeyLimiter, now: Now, n: u64) -> Charge {
-        if !self.usable() {
-            return Charge::Full;
-        }
-        let (entry, st) = match self.find(key) {
-            Some((i, e)) => {
-                let st = e[1].load(Ordering::Acquire);
-                // Moved on under us: the key has no entry now.
-                if e[0].load(Ordering::Acquire) == key.ident {
-                    (i, st)
-                } else {
-                    (u64::MAX, 0)
-                }
-            }
-            None => (u64::MAX, 0),
-        };
-        match lim.step_units(st, lim.clock(now), n) {
-            Step::Admit { next, wait_ns } => Charge::Admitted {
-                at: KeyRef {
-                    entry,
-                    ident: key.ident,
-                },
-                wait_ns,
-                forced: false,
-                token: next,
-                prev: st,
-            },
-            Step::Reject { retry_after_ns } => Charge::Rejected { retry_after_ns },
-        }
-    }
-
-    /// The charge after the response of a key that was only checked
-    /// (`count_if`): [`KeyLimiter::charge_after`] on its entry, or on an
-    /// entry claimed for it (empty, freed, or its own strategy's stale
-    /// one: a request ending may outlive its table, so other strategies'
-    /// entries are kept). `false`: no entry could be had (the charge is
-    /// lost, as a full table's).
-    #[allow(clippy::too_many_arguments)]
-    pub fn charge_after_key(
-        &self,
-        key: &KeyId,
-        lim: &KeyLimiter,
-        max_keys: u32,
-        now: Now,
-        admitted: u64,
-        delta: i64,
-        slots: &Region<'_>,
-    ) -> bool {
-        if !self.usable() {
-            return false;
-        }
-        let own = key.slot();
-        let owner = |s: u32| (s == own).then_some(lim);
-        let t = lim.clock(now);
-        let charge = |cur| lim.charge_after(cur, t, admitted, delta);
-        for _ in 0..64 {
-            if let Some((i, _)) = self.find_any(key) {
-                self.update(
-                    KeyRef {
-                        entry: i,
-                        ident: key.ident,
-                    },
-                    charge,
-                );
-                return true;
-            }
-            // A new key: as charge_slow places one (new_entry).
-            let (p, old_ident, old_st) = match self.new_entry(key, max_keys, now, slots, &owner) {
-                Ok(c) => c,
-                Err(capped) => {
-                    if capped {
-                        self.bump(key.slot(), C_CAPPED);
-                    }
-                    return false;
-                }
-            };
-            let Some(next) = charge(0) else {
-                return true;
-            };
-            let i = self.at(key, p);
-            if self.cas(i, [old_ident, old_st], [key.ident, next]).is_err() {
-                continue;
-            }
-            self.claimed(key, old_ident, p);
-            if let Some((j, _)) = self.earlier_copy(key, i, p) {
-                if self.cas(i, [key.ident, next], [0, 0]).is_ok() {
-                    self.drop_in_use(key.slot());
-                    self.update(
-                        KeyRef {
-                            entry: j,
-                            ident: key.ident,
-                        },
-                        charge,
-                    );
-                }
-            }
-            return true;
-        }
-        false
-    }
-
-    /// `concurrency`: the request ended.
-    pub fn release(&self, at: KeyRef, lim: &KeyLimiter) {
-        self.update(at, |cur| lim.release(cur));
-    }
-
-    /// Ledger reclaim: gives back `n` `concurrency` units that a process
-    /// which died held on the key at `at`, while the entry still holds that
-    /// key and the key's strategy still has its stat slot (same generation);
-    /// never below 0. Returns the units given back.
-    pub fn give_back(&self, at: KeyRef, n: u64, slots: &Region<'_>) -> u64 {
-        if !self.usable() || at.entry >= self.capacity {
-            return 0;
-        }
-        let current = ident_slot(at.ident)
-            .and_then(|s| Slot::at(slots, s))
-            .is_some_and(|s| {
-                s.generation().load(Ordering::Acquire) & 0xFFF == ident_generation(at.ident)
-            });
-        if !current {
-            return 0; // the strategy is gone: its keys are free anyway
-        }
-        let (mut ident, mut st) = self.load(at.entry);
-        for _ in 0..1024 {
-            if ident != at.ident || st == 0 {
-                return 0; // another key now, or nothing in flight
-            }
-            let k = n.min(st);
-            match self.cas(at.entry, [ident, st], [ident, st - k]) {
-                Ok(()) => return k,
-                Err([i, s]) => (ident, st) = (i, s),
-            }
-        }
-        0
-    }
-
-    /// The key's word (`None`: not in the table), for quotas and tests.
-    pub fn peek(&self, key: &KeyId) -> Option<u64> {
-        (0..PROBE).find_map(|p| {
-            let (ident, st) = self.load(self.at(key, p));
-            (ident == key.ident).then_some(st)
-        })
-    }
 }
 
 /// A 16-byte-aligned sub-slice of [`KeyTable::local_words`].
@@ -1205,24 +669,23 @@ impl IpPrefix {
             },
             a => a,
         };
-        match addr {
+        // The top `p` of an address's `width` bits.
+        let top = |bits: u128, width: u8, p: u8| match p {
+            0 => 0,
+            p => bits & (u128::MAX << (width - p)),
+        };
+        let (addr, prefix) = match addr {
             IpAddr::V4(a) => {
                 let p = v4.min(32);
-                let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
-                IpPrefix {
-                    addr: IpAddr::V4((u32::from(a) & mask).into()),
-                    prefix: p,
-                }
+                let bits = top(u32::from(a).into(), 32, p) as u32;
+                (IpAddr::V4(bits.into()), p)
             }
             IpAddr::V6(a) => {
                 let p = v6.min(128);
-                let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
-                IpPrefix {
-                    addr: IpAddr::V6((u128::from(a) & mask).into()),
-                    prefix: p,
-                }
+                (IpAddr::V6(top(u128::from(a), 128, p).into()), p)
             }
-        }
+        };
+        IpPrefix { addr, prefix }
     }
 
     /// Hashes this prefix as the `ip` part of a key (the words of

@@ -2,8 +2,9 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 
 use super::*;
+use crate::core::limiter::Now;
 use crate::core::model::{Action, Algorithm, Strategy, Unit};
-use crate::core::slot::LocalSlots;
+use crate::core::slot::{LocalSlots, Slot};
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_000 * S;
@@ -17,6 +18,7 @@ fn limiter(algorithm: Algorithm, rate: u64, per: Unit, burst: u32) -> KeyLimiter
 struct Fixture {
     words: Vec<AtomicU64>,
     slots: LocalSlots,
+    capacity: u64,
 }
 
 impl Fixture {
@@ -28,11 +30,12 @@ impl Fixture {
         Fixture {
             words: KeyTable::local_words(8, capacity),
             slots,
+            capacity,
         }
     }
 
-    fn table(&self, capacity: u64) -> KeyTable<'_> {
-        KeyTable::local(aligned(&self.words), 8, capacity, [7; 16])
+    fn table(&self) -> KeyTable<'_> {
+        KeyTable::local(aligned(&self.words), 8, self.capacity, [7; 16])
     }
 }
 
@@ -42,6 +45,16 @@ fn key(t: &KeyTable, slot: u32, parts: &[&[u8]]) -> KeyId {
         h.part(p);
     }
     t.key(h, slot, 1).unwrap()
+}
+
+/// The keys `{prefix}{i}` of stat slot `slot`, `i` in `range`.
+fn named<'t>(
+    t: &'t KeyTable,
+    slot: u32,
+    prefix: &'t str,
+    range: std::ops::Range<u32>,
+) -> impl Iterator<Item = KeyId> + 't {
+    range.map(move |i| key(t, slot, &[format!("{prefix}{i}").as_bytes()]))
 }
 
 fn charge(t: &KeyTable, f: &Fixture, k: &KeyId, l: &KeyLimiter, now: u64) -> Charge {
@@ -75,7 +88,7 @@ fn ip_prefixes_aggregate() {
 #[test]
 fn tuples_are_length_prefixed_and_strategies_separate() {
     let f = Fixture::new(64);
-    let t = f.table(64);
+    let t = f.table();
     assert_ne!(key(&t, 0, &[b"ab", b"c"]), key(&t, 0, &[b"a", b"bc"]));
     assert_eq!(key(&t, 0, &[b"ab", b"c"]), key(&t, 0, &[b"ab", b"c"]));
     assert_ne!(key(&t, 0, &[b"x"]).ident, key(&t, 1, &[b"x"]).ident);
@@ -87,7 +100,7 @@ fn tuples_are_length_prefixed_and_strategies_separate() {
 #[test]
 fn keys_have_separate_exact_buckets() {
     let f = Fixture::new(1024);
-    let t = f.table(1024);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Minute, 3);
     for name in [&b"alice"[..], b"bob", b"carol"] {
         let k = key(&t, 0, &[name]);
@@ -110,7 +123,7 @@ fn keys_have_separate_exact_buckets() {
 fn a_limited_key_survives_a_flood_of_new_keys() {
     let cap = 64;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     // 1 per 10 s, burst 2.
     let l = limiter(Algorithm::TokenBucket, 6, Unit::Minute, 2);
     let a = key(&t, 0, &[b"A"]);
@@ -149,7 +162,7 @@ fn a_limited_key_survives_a_flood_of_new_keys() {
 fn entries_are_reused_only_when_fresh() {
     let cap = 8; // one probe range: every key competes for the same 8 entries
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::FixedWindow, 2, Unit::Minute, 1);
     let start = 60 * 1000 * S;
     let keys: Vec<KeyId> = (0..8)
@@ -178,7 +191,7 @@ fn entries_are_reused_only_when_fresh() {
 fn a_stale_reference_never_touches_another_key() {
     let cap = 8;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::Concurrency, 1, Unit::Second, 1);
     let fl = limiter(Algorithm::FixedWindow, 1, Unit::Minute, 1);
     let start = 60 * 1000 * S;
@@ -221,7 +234,7 @@ fn a_stale_reference_never_touches_another_key() {
 fn a_removed_strategy_frees_its_keys() {
     let cap = 8;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Hour, 1);
     for i in 0..8 {
         let k = key(&t, 2, &[format!("r{i}").as_bytes()]);
@@ -237,7 +250,7 @@ fn a_removed_strategy_frees_its_keys() {
 #[test]
 fn refund_gives_the_admission_back() {
     let f = Fixture::new(64);
-    let t = f.table(64);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Hour, 2);
     let k = key(&t, 0, &[b"x"]);
     let Charge::Admitted {
@@ -257,7 +270,7 @@ fn refund_gives_the_admission_back() {
 fn threads_racing_on_keys_admit_exactly_the_allowance() {
     let cap = 256;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Hour, 5);
     let keys: Vec<KeyId> = (0..40)
         .map(|i| key(&t, 0, &[format!("k{i}").as_bytes()]))
@@ -284,7 +297,7 @@ fn threads_racing_on_keys_admit_exactly_the_allowance() {
 #[test]
 fn the_ip_part_is_the_aggregated_prefix() {
     let f = Fixture::new(64);
-    let t = f.table(64);
+    let t = f.table();
     for (text, v4, v6) in [
         ("203.0.113.7", 24, 64),
         ("::ffff:203.0.113.7", 32, 64),
@@ -319,7 +332,7 @@ fn the_ip_part_is_the_aggregated_prefix() {
 #[test]
 fn a_range_that_wraps_keeps_its_keys() {
     let f = Fixture::new(64);
-    let t = f.table(64);
+    let t = f.table();
     let l = limiter(Algorithm::FixedWindow, 2, Unit::Hour, 0);
     let last: Vec<KeyId> = (0u32..)
         .map(|i| key(&t, 0, &[&i.to_le_bytes()]))
@@ -353,7 +366,7 @@ fn a_range_that_wraps_keeps_its_keys() {
 fn new_keys_find_an_entry_until_90_percent() {
     let cap = 1u64 << 20;
     let f = Fixture::new(cap);
-    let t = f.table(cap);
+    let t = f.table();
     let l = limiter(Algorithm::FixedWindow, 5, Unit::Hour, 0);
     let marks = [cap / 2, cap * 8 / 10, cap * 9 / 10];
     let mut tried = 0u64;
@@ -424,13 +437,12 @@ fn charge_capped(
 #[test]
 fn a_capped_strategy_floods_only_itself() {
     let f = Fixture::new(4096);
-    let t = f.table(4096);
+    let t = f.table();
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1);
     // Strategy A (slot 0, max_keys 100): 1,000 distinct keys, each limited
     // (not fresh), so none can be reused.
     let mut got = 0;
-    for i in 0..1000u32 {
-        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
+    for (i, k) in named(&t, 0, "a", 0..1000).enumerate() {
         match charge_capped(&t, &f, &k, &l, 100, T0) {
             Charge::Admitted { .. } => got += 1,
             Charge::Full => {}
@@ -449,8 +461,7 @@ fn a_capped_strategy_floods_only_itself() {
     ));
     // Strategy B (slot 1, default cap: half of 4,096): its new keys get
     // their own entries while A is at its cap.
-    for i in 0..500u32 {
-        let k = key(&t, 1, &[format!("b{i}").as_bytes()]);
+    for (i, k) in named(&t, 1, "b", 0..500).enumerate() {
         assert!(
             admitted(charge_capped(&t, &f, &k, &l, 0, T0)),
             "B's key b{i} found no entry"
@@ -461,13 +472,9 @@ fn a_capped_strategy_floods_only_itself() {
     assert_eq!(t.counters(0).in_use, 100);
     // Two minutes later A's keys are fresh: a new key of A reuses one of
     // A's own entries (its count stays at the cap), never B's.
-    let mut reused = 0;
-    for i in 1000..1100u32 {
-        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
-        if admitted(charge_capped(&t, &f, &k, &l, 100, T0 + 120 * S)) {
-            reused += 1;
-        }
-    }
+    let reused = named(&t, 0, "a", 1000..1100)
+        .filter(|k| admitted(charge_capped(&t, &f, k, &l, 100, T0 + 120 * S)))
+        .count();
     assert!(reused > 0, "no fresh entry of A reused");
     assert_eq!(t.counters(0).in_use, 100);
     assert_eq!(t.counters(1).in_use, 500);
@@ -476,24 +483,20 @@ fn a_capped_strategy_floods_only_itself() {
 #[test]
 fn the_default_cap_is_half_the_table() {
     let f = Fixture::new(1024);
-    let t = f.table(1024);
+    let t = f.table();
     assert_eq!(t.default_cap(), 512);
     assert_eq!(t.cap(0), 512);
     assert_eq!(t.cap(7), 7);
     let l = limiter(Algorithm::TokenBucket, 1, Unit::Minute, 1);
-    for i in 0..2000u32 {
-        let k = key(&t, 0, &[format!("a{i}").as_bytes()]);
+    for k in named(&t, 0, "a", 0..2000) {
         charge_capped(&t, &f, &k, &l, 0, T0);
     }
     assert_eq!(t.counters(0).in_use, 512);
     assert!(t.counters(0).capped > 0);
     // The other half is there for another strategy's new keys: 400 of
     // them (78 % of the table in use then) all find an entry.
-    let got = (0..400u32)
-        .filter(|i| {
-            let k = key(&t, 1, &[format!("b{i}").as_bytes()]);
-            admitted(charge_capped(&t, &f, &k, &l, 0, T0))
-        })
+    let got = named(&t, 1, "b", 0..400)
+        .filter(|k| admitted(charge_capped(&t, &f, k, &l, 0, T0)))
         .count();
     assert_eq!(got, 400);
 }
@@ -505,16 +508,12 @@ fn the_default_cap_is_half_the_table() {
 #[test]
 fn a_charge_after_the_response_honours_the_cap() {
     let f = Fixture::new(4096);
-    let t = f.table(4096);
+    let t = f.table();
     let l = limiter(Algorithm::FixedWindow, 3, Unit::Hour, 1);
-    let mut charged = 0;
-    for i in 0..10u32 {
-        let k = key(&t, 0, &[format!("c{i}").as_bytes()]);
-        let clock = l.clock(Now::from(T0));
-        if t.charge_after_key(&k, &l, 4, Now::from(T0), clock, 1, &f.slots.region()) {
-            charged += 1;
-        }
-    }
+    let clock = l.clock(Now::from(T0));
+    let charged = named(&t, 0, "c", 0..10)
+        .filter(|k| t.charge_after_key(k, &l, 4, Now::from(T0), clock, 1, &f.slots.region()))
+        .count();
     assert_eq!(charged, 4, "keys with an entry");
     assert_eq!(t.counters(0).in_use, 4);
     assert_eq!(t.counters(0).capped, 6);

@@ -4,49 +4,41 @@
 //! limit, release decrements it and never goes below 0. There is no time in
 //! it, so a rejection advertises [`CONCURRENCY_RETRY_NS`](super::CONCURRENCY_RETRY_NS) as a hint.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use super::{Acquired, Quota, Reservation, CONCURRENCY_RETRY_NS};
+use super::{Quota, Step, CONCURRENCY_RETRY_NS};
 
 /// Upper bound of the in-flight count (dry-run acquisitions may exceed the
 /// limit, never this).
 const INFLIGHT_CAP: u64 = u32::MAX as u64;
 
-#[inline(never)]
-pub(super) fn acquire(w: &AtomicU64, limit: u64) -> Acquired {
-    let mut cur = w.load(Ordering::Acquire);
-    loop {
-        if cur >= limit {
-            return Acquired::Rejected {
-                retry_after_ns: CONCURRENCY_RETRY_NS,
-            };
-        }
-        match w.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Acquired::Admitted(Reservation::default()),
-            Err(actual) => cur = actual,
-        }
+/// The step on `inflight`: one more if below the limit.
+#[inline(always)]
+pub fn step(inflight: u64, limit: u64) -> Step {
+    if inflight >= limit {
+        return Step::Reject {
+            retry_after_ns: CONCURRENCY_RETRY_NS,
+        };
+    }
+    Step::Admit {
+        next: inflight + 1,
+        wait_ns: 0,
     }
 }
 
-pub(super) fn release(w: &AtomicU64) {
-    // Never below 0 (`None` leaves it).
-    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-        cur.checked_sub(1)
-    });
+/// The request ended: one less, never below 0 (`None`: already 0).
+#[inline]
+pub fn release(inflight: u64) -> Option<u64> {
+    inflight.checked_sub(1)
 }
 
-/// Counts one more in flight even over the limit (dry run); `None` at
-/// [`INFLIGHT_CAP`].
-pub(super) fn force_acquire(w: &AtomicU64) -> Option<Reservation> {
-    w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-        (cur < INFLIGHT_CAP).then(|| cur + 1)
-    })
-    .ok()
-    .map(|_| Reservation::default())
+/// A dry run counts one more in flight even over the limit, so that the
+/// release at its end balances; `None` at `INFLIGHT_CAP` (2³² − 1).
+#[inline]
+pub fn force(inflight: u64) -> Option<u64> {
+    (inflight < INFLIGHT_CAP).then(|| inflight + 1)
 }
 
-pub(super) fn quota(w: &AtomicU64, limit: u64) -> Quota {
-    let inflight = w.load(Ordering::Acquire);
+/// Quota at `inflight` (`window_ns` 0: there is no time in it).
+pub fn quota(inflight: u64, limit: u64) -> Quota {
     let remaining = limit.saturating_sub(inflight);
     let reset = if remaining == 0 {
         CONCURRENCY_RETRY_NS

@@ -7,84 +7,47 @@
 //! never resets a window and never admits extra. `retry_after` is the end of
 //! the counted window minus `now`, exact and at least 1 ns.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use super::window::{current, pack, unpack, window_of, window_start};
+use super::{Quota, Step};
 
-use super::window::{pack, unpack, window_of, window_start};
-use super::{Acquired, Quota, Reservation};
-
-#[inline(never)]
-pub(super) fn acquire(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Acquired {
-    acquire_n(w, now, period, limit, 1)
-}
-
-/// `n` units at once (`cost_from`, issue 31): admitted only if all fit.
-#[inline(never)]
-pub(super) fn acquire_units(w: &AtomicU64, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
-    acquire_n(w, now, period, limit, n)
-}
-
-/// The step of both, on the word `cur`: `count + n ≤ limit` admits and
-/// counts `n` (`Ok(next word)`); else `Err(retry_after_ns)`. With `n` = 1
-/// (a constant in [`acquire`]) it is the one-request step.
+/// The step on the word `word` for `n` units: `count + n ≤ limit` admits
+/// and counts `n`; else the retry is the end of the counted window (never,
+/// `u64::MAX`, when `n > limit`). `n` = 1 is the one-request step.
 #[inline(always)]
-fn step(cur: u64, w_now: u64, now: u64, period: u64, limit: u64, n: u64) -> Result<u64, u64> {
-    let (sw, sc) = unpack(cur);
-    // Older → a fresh window; equal or newer → count against it.
-    let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
+pub fn step(word: u64, now: u64, period: u64, limit: u64, n: u64) -> Step {
+    let (win, count) = current(word, now, period);
     if count.saturating_add(n) > limit {
         let end = window_start(win.saturating_add(1), period);
-        return Err(if n > limit {
-            u64::MAX
-        } else {
-            end.saturating_sub(now).max(1)
-        });
+        return Step::Reject {
+            retry_after_ns: if n > limit {
+                u64::MAX
+            } else {
+                end.saturating_sub(now).max(1)
+            },
+        };
     }
     // count + n ≤ limit ≤ u32::MAX − 1: the sum fits in 32 bits.
-    Ok(pack(win, count + n))
-}
-
-#[inline(always)]
-fn acquire_n(w: &AtomicU64, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
-    let w_now = window_of(now, period);
-    let mut cur = w.load(Ordering::Acquire);
-    loop {
-        let next = match step(cur, w_now, now, period, limit, n) {
-            Ok(next) => next,
-            Err(retry_after_ns) => return Acquired::Rejected { retry_after_ns },
-        };
-        match w.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                return Acquired::Admitted(Reservation {
-                    wait_ns: 0,
-                    token: next,
-                    prev: cur,
-                })
-            }
-            Err(actual) => cur = actual,
-        }
+    Step::Admit {
+        next: pack(win, count + n),
+        wait_ns: 0,
     }
 }
 
-/// Would `n` units be admitted now (`count_if`, issue 31)? The step on
-/// the current word, nothing written (the request is charged later).
-pub(super) fn check_units(w: &AtomicU64, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
-    let cur = w.load(Ordering::Acquire);
-    match step(cur, window_of(now, period), now, period, limit, n) {
-        Ok(next) => Acquired::Admitted(Reservation {
-            wait_ns: 0,
-            token: next,
-            prev: cur,
-        }),
-        Err(retry_after_ns) => Acquired::Rejected { retry_after_ns },
-    }
+/// Is the word at `now` a new key's (count 0 or its window over)?
+#[inline]
+pub fn is_fresh(word: u64, now: u64, period: u64) -> bool {
+    let (sw, sc) = unpack(word);
+    sc == 0 || sw < window_of(now, period)
 }
 
-pub(super) fn quota(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Quota {
-    let w_now = window_of(now, period);
-    let (sw, sc) = unpack(w.load(Ordering::Acquire));
-    let (w, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
-    let end = window_start(w.saturating_add(1), period);
-    Quota::new(limit, limit.saturating_sub(count), end.saturating_sub(now))
+/// Quota of the word at `now` (`window_ns`: the period).
+pub fn quota(word: u64, now: u64, period: u64, limit: u64) -> Quota {
+    let (win, count) = current(word, now, period);
+    let end = window_start(win.saturating_add(1), period);
+    Quota {
+        window_ns: period,
+        ..Quota::new(limit, limit.saturating_sub(count), end.saturating_sub(now))
+    }
 }
 
 #[cfg(test)]

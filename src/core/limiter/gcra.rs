@@ -10,93 +10,102 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Acquired, Quota, Reservation, MAX_STALENESS_NS};
+use super::{Quota, Step, MAX_STALENESS_NS};
 
-#[inline(always)]
-pub(super) fn acquire(
-    w: &AtomicU64,
-    now: u64,
-    interval: u64,
-    tau: u64,
-    max_delay: u64,
-) -> Acquired {
-    let mut tat = w.load(Ordering::Acquire);
-    loop {
-        let (new_tat, wait_ns) = match step(tat, now, interval, tau, max_delay) {
-            Ok(s) => s,
-            Err(retry_after_ns) => return Acquired::Rejected { retry_after_ns },
-        };
-        match w.compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                return Acquired::Admitted(Reservation {
-                    wait_ns,
-                    token: new_tat,
-                    prev: tat,
-                })
-            }
-            Err(actual) => tat = actual,
+/// The compiled parameters: `interval` = T (for `n` units: `n × T`, see
+/// [`Gcra::cost`]); `tau` = T × burst; `max_delay` in ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    pub interval: u64,
+    pub tau: u64,
+    pub max_delay: u64,
+}
+
+impl Gcra {
+    /// From a strategy's interval (ns), burst and longest delay (ns):
+    /// leaky bucket is burst 1. Clamped so that no sum overflows.
+    pub fn new(interval_ns: u64, burst: u64, max_delay_ns: u64) -> Gcra {
+        let interval = interval_ns.clamp(1, u64::MAX / 4);
+        Gcra {
+            interval,
+            tau: interval.saturating_mul(burst.max(1)).min(u64::MAX / 4),
+            max_delay: max_delay_ns.min(u64::MAX / 4),
         }
     }
-}
 
-/// The GCRA step on the TAT `tat`: `Ok((new TAT, wait))` when an
-/// `interval` fits within the horizon, else `Err(retry_after_ns)`.
-#[inline(always)]
-fn step(tat: u64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Result<(u64, u64), u64> {
-    let horizon = tau.saturating_add(max_delay);
-    let Some(new_tat) = tat.max(now).checked_add(interval) else {
-        return Err(u64::MAX);
-    };
-    let ahead = new_tat - now; // new_tat > max(tat, now) ≥ now
-    if ahead > horizon {
-        return Err(ahead - horizon);
+    /// What `n` units cost: `n × T`, clamped as `T` is.
+    #[inline(always)]
+    pub fn cost(&self, n: u64) -> u64 {
+        self.interval.saturating_mul(n).min(u64::MAX / 4)
     }
-    Ok((new_tat, ahead.saturating_sub(tau)))
-}
 
-/// Would `interval` (n units' worth) be admitted now (`count_if`, issue
-/// 31)? The step on the current TAT, nothing written.
-pub(super) fn check(w: &AtomicU64, now: u64, interval: u64, tau: u64, max_delay: u64) -> Acquired {
-    let tat = w.load(Ordering::Acquire);
-    match step(tat, now, interval, tau, max_delay) {
-        Ok((new_tat, wait_ns)) => Acquired::Admitted(Reservation {
-            wait_ns,
-            token: new_tat,
-            prev: tat,
-        }),
-        Err(retry_after_ns) => Acquired::Rejected { retry_after_ns },
+    /// The step on the TAT `tat` for a request costing `cost` (T, or
+    /// [`cost`](Self::cost) of n units): admitted (new TAT, wait) when it
+    /// fits within the horizon `tau + max_delay`.
+    #[inline(always)]
+    pub fn step(&self, tat: u64, now: u64, cost: u64) -> Step {
+        let horizon = self.tau.saturating_add(self.max_delay);
+        let Some(next) = tat.max(now).checked_add(cost) else {
+            return Step::Reject {
+                retry_after_ns: u64::MAX,
+            };
+        };
+        let ahead = next - now; // next > max(tat, now) ≥ now
+        if ahead > horizon {
+            return Step::Reject {
+                retry_after_ns: ahead - horizon,
+            };
+        }
+        Step::Admit {
+            next,
+            wait_ns: ahead.saturating_sub(self.tau),
+        }
     }
-}
 
-pub(super) fn refund(w: &AtomicU64, r: Reservation, interval: u64) {
-    // `fetch_update` is the compare-and-swap loop; the closure always
-    // answers, so it cannot fail.
-    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-        Some(if cur == r.token {
-            r.prev
+    /// The TAT after giving back an admission of `cost` that turned `prev`
+    /// into `token`, the TAT being `cur` now: `prev` if nothing came in
+    /// between, else `cur − cost` (saturating).
+    #[inline]
+    pub fn refund(&self, cur: u64, token: u64, prev: u64, cost: u64) -> u64 {
+        if cur == token {
+            prev
         } else {
-            cur.saturating_sub(interval)
-        })
-    });
-}
+            cur.saturating_sub(cost)
+        }
+    }
 
-/// Charges `delta` units of `interval` after the response (issue 31): a
-/// positive `delta` moves the TAT on even past the horizon (debt: later
-/// requests wait until it is paid), at most [`MAX_DEBT_NS`] beyond it so
-/// that the agent's repair never takes a debt for foreign state; a
-/// negative one gives units back (as a refund does).
-pub(super) fn charge_after(w: &AtomicU64, now: u64, interval: u64, horizon: u64, delta: i64) {
-    let units = delta.unsigned_abs();
-    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-        Some(if delta >= 0 {
+    /// The charge after the response (issue 31): a positive `delta` moves
+    /// the TAT on by `delta × T` even past the horizon (debt: later
+    /// requests wait until it is paid), at most [`MAX_DEBT_NS`] beyond it
+    /// so that the agent's repair never takes a debt for foreign state; a
+    /// negative one gives units back (as a refund does).
+    pub fn charge_after(&self, tat: u64, now: u64, delta: i64) -> u64 {
+        let units = self.interval.saturating_mul(delta.unsigned_abs());
+        if delta >= 0 {
+            let horizon = self.tau.saturating_add(self.max_delay);
             let cap = now.saturating_add(horizon).saturating_add(MAX_DEBT_NS);
-            cur.max(now)
-                .saturating_add(interval.saturating_mul(units))
-                .min(cap.max(cur))
+            tat.max(now).saturating_add(units).min(cap.max(tat))
         } else {
-            cur.saturating_sub(interval.saturating_mul(units))
-        })
-    });
+            tat.saturating_sub(units)
+        }
+    }
+
+    /// A TAT not ahead of `now` is a full bucket, as a new one.
+    #[inline]
+    pub fn is_fresh(&self, tat: u64, now: u64) -> bool {
+        tat <= now
+    }
+
+    /// Quota of the TAT `tat` at `now` (`window_ns`: tau).
+    pub fn quota(&self, tat: u64, now: u64) -> Quota {
+        let burst = self.tau / self.interval;
+        let used = tat.max(now) - now; // max(tat, now) ≥ now
+        let remaining = self.tau.saturating_sub(used) / self.interval;
+        Quota {
+            window_ns: self.tau,
+            ..Quota::new(burst, remaining, tat.saturating_sub(now))
+        }
+    }
 }
 
 /// Longest debt a bucket takes beyond its horizon ([`charge_after`]):
@@ -106,29 +115,16 @@ pub const MAX_DEBT_NS: u64 = MAX_STALENESS_NS / 2;
 /// See [`super::Limiter::repair_foreign`]: a TAT beyond the horizon of a
 /// fresh clock by more than [`MAX_STALENESS_NS`] becomes an empty bucket
 /// with a full delay queue.
-pub(super) fn repair_foreign(
-    w: &AtomicU64,
-    tau: u64,
-    max_delay: u64,
-    clock: impl FnOnce() -> u64,
-) -> bool {
+pub(super) fn repair_foreign(g: &Gcra, w: &AtomicU64, clock: impl FnOnce() -> u64) -> bool {
     let tat = w.load(Ordering::SeqCst);
     let now = clock();
-    let horizon = tau.saturating_add(max_delay);
+    let horizon = g.tau.saturating_add(g.max_delay);
     if tat <= now.saturating_add(horizon).saturating_add(MAX_STALENESS_NS) {
         return false;
     }
     let repaired = now.saturating_add(horizon);
     w.compare_exchange(tat, repaired, Ordering::SeqCst, Ordering::SeqCst)
         .is_ok()
-}
-
-pub(super) fn quota(w: &AtomicU64, now: u64, interval: u64, tau: u64) -> Quota {
-    let tat = w.load(Ordering::Acquire);
-    let burst = tau / interval;
-    let used = tat.max(now) - now; // max(tat, now) ≥ now
-    let remaining = tau.saturating_sub(used) / interval;
-    Quota::new(burst, remaining, tat.saturating_sub(now))
 }
 
 #[cfg(test)]

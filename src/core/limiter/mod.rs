@@ -22,7 +22,7 @@
 //! | `concurrency` | requests in flight | — | nothing in flight |
 //!
 //! `window` is `now / period`, saturated at `u32::MAX`. Admission
-//! ([`super::admit::Now`]) gives the windows wall-clock time (Unix
+//! ([`Now`]) gives the windows wall-clock time (Unix
 //! nanoseconds), so windows are UTC minutes, hours and days on every host;
 //! with a period of one second the index saturates in 2106, after which
 //! every request falls in the last window, which can only reject more,
@@ -30,10 +30,22 @@
 //!
 //! Each algorithm is in its own file: [`gcra`] (`token_bucket` and
 //! `leaky_bucket`: the GCRA), [`fixed_window`] and [`sliding_window`] (over the
-//! packed window words of [`window`]), [`concurrency`], [`warm_up`]. This
-//! file holds what they share: the compiled [`Limiter`] and its dispatch,
-//! the [`Acquired`] of an acquire, the [`Reservation`] a refund needs and the
-//! [`Quota`] for the `RateLimit-*` headers.
+//! packed window words of [`window`]), [`concurrency`], [`warm_up`]. Each
+//! file holds the algorithm's arithmetic once, as pure functions over its
+//! state word(s): the step (a [`Step`]: the next word and the wait, or the
+//! retry time), the refund, the charge after the response, freshness and
+//! the quota. Two compare-and-swap loops run the same steps: this file's
+//! over a shared slot's words ([`Limiter`]), and the key table's over a
+//! key's word (`super::keys::KeyTable::charge_at`, dispatching through
+//! `super::keys::KeyLimiter`). `strategy.rs` compiles a strategy into both
+//! (the only file here that names the model). This file holds the rest of
+//! what they share: the compiled [`Limiter`] and its dispatch, the clocks
+//! ([`Now`]), the [`Acquired`] of an acquire, the [`Reservation`] a refund
+//! needs and the [`Quota`] for the `RateLimit-*` headers.
+//!
+//! `warm_up` is the exception: its state is two words changed by one
+//! 16-byte compare-and-swap, so it has its own loop and no per-key form
+//! (see `KeyLimiter::from_strategy` in `strategy.rs`).
 //!
 //! # Stale and backward time, foreign state
 //!
@@ -78,14 +90,17 @@
 //! bucket full (then the refunded token had already drained and one extra
 //! request may pass). Concurrency: release (a decrement, exact).
 
-use crate::core::model::{Algorithm, Strategy, MAX_WINDOW_COUNT};
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::core::slot::Slot;
+use gcra::Gcra;
 use warm_up::WarmUpParams;
 
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_window;
+mod strategy;
 pub mod warm_up;
 pub mod window;
 
@@ -98,24 +113,70 @@ pub const MAX_STALENESS_NS: u64 = 60 * 1_000_000_000;
 /// in its state; one second is a polling hint).
 pub const CONCURRENCY_RETRY_NS: u64 = 1_000_000_000;
 
-/// A limiter compiled from a validated [`Strategy`]. Plain data: the state
-/// lives in the [`Slot`] passed to each call.
+/// A transition of one state word, as each algorithm's step computes it
+/// (pure: the caller's compare-and-swap commits it, on a shared slot's
+/// word here or on a key's word in `super::keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Admitted: store `next`; the request waits `wait_ns` (delay action).
+    Admit { next: u64, wait_ns: u64 },
+    /// Rejected; the same request would pass `retry_after_ns` from now.
+    Reject { retry_after_ns: u64 },
+}
+
+/// The time of a request, from both clocks: the buckets run on the
+/// monotonic one (nanoseconds; immune to clock steps), the fixed and sliding
+/// windows on the wall clock (Unix nanoseconds), so that their windows are
+/// UTC minutes, hours and days, the same on every host. A plain `u64` is
+/// both (tests, benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    pub mono_ns: u64,
+    pub wall_ns: u64,
+}
+
+impl From<u64> for Now {
+    #[inline]
+    fn from(ns: u64) -> Now {
+        Now {
+            mono_ns: ns,
+            wall_ns: ns,
+        }
+    }
+}
+
+impl Now {
+    /// The reading `limiter` runs on: wall time for the windows,
+    /// monotonic for the rest.
+    #[inline]
+    pub fn for_limiter(self, limiter: &Limiter) -> u64 {
+        match limiter.params {
+            Params::Fixed { .. } | Params::Sliding { .. } => self.wall_ns,
+            _ => self.mono_ns,
+        }
+    }
+}
+
+/// A limiter compiled from a validated strategy (`strategy.rs`, the one
+/// file of `limiter/` that names the model). Plain data: the state lives
+/// in the [`Slot`] passed to each call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limiter {
-    algorithm: Algorithm,
     params: Params,
 }
 
+/// One variant per algorithm (the variant is the algorithm: no separate
+/// tag, so a compiled limiter is 32 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Params {
-    /// `interval` = T; `tau` = T × burst; `max_delay` in ns.
-    Gcra {
-        interval: u64,
-        tau: u64,
-        max_delay: u64,
+    TokenBucket(Gcra),
+    /// A GCRA of burst 1.
+    LeakyBucket(Gcra),
+    Fixed {
+        period: u64,
+        limit: u64,
     },
-    /// Fixed and sliding windows.
-    Window {
+    Sliding {
         period: u64,
         limit: u64,
     },
@@ -205,51 +266,57 @@ impl Reservation {
     }
 }
 
-impl Limiter {
-    /// Compiles a strategy. Meant for validated strategies; for any other
-    /// input it still never panics and errs on the side of rejecting
-    /// (e.g. rate 0 admits nothing).
-    pub fn from_strategy(s: &Strategy) -> Limiter {
-        let params = match s.algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let burst = if s.algorithm == Algorithm::LeakyBucket {
-                    1
-                } else {
-                    s.burst.max(1) as u64
-                };
-                let interval = s.interval_ns().clamp(1, u64::MAX / 4);
-                let tau = interval.saturating_mul(burst).min(u64::MAX / 4);
-                let max_delay = s.action.max_delay_ns();
-                Params::Gcra {
-                    interval,
-                    tau,
-                    max_delay: max_delay.min(u64::MAX / 4),
-                }
-            }
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => Params::Window {
-                period: s.per.period_ns().max(1),
-                limit: s.rate.min(MAX_WINDOW_COUNT),
-            },
-            Algorithm::Concurrency => Params::Concurrency {
-                limit: s.rate.min(MAX_WINDOW_COUNT),
-            },
-            Algorithm::WarmUp => Params::WarmUp(WarmUpParams::new(
-                s.interval_ns(),
-                s.warm_up.cold_factor,
-                s.warm_up.period_ms,
-                s.action.max_delay_ns(),
-            )),
+/// The shared slot's compare-and-swap loop around a one-word step (the
+/// per-key table's is `KeyTable::charge_at`, around the same steps):
+/// `write: false` only checks (`count_if`, issue 31), answering as an
+/// acquire would now with nothing written.
+#[inline(always)]
+fn acquire_word(w: &AtomicU64, write: bool, step: impl Fn(u64) -> Step) -> Acquired {
+    let mut cur = w.load(Ordering::Acquire);
+    loop {
+        let (next, wait_ns) = match step(cur) {
+            Step::Admit { next, wait_ns } => (next, wait_ns),
+            Step::Reject { retry_after_ns } => return Acquired::Rejected { retry_after_ns },
         };
-        Limiter {
-            algorithm: s.algorithm,
-            params,
+        let r = Reservation {
+            wait_ns,
+            token: next,
+            prev: cur,
+        };
+        if !write {
+            return Acquired::Admitted(r);
+        }
+        match w.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Acquired::Admitted(r),
+            Err(actual) => cur = actual,
         }
     }
+}
 
-    pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
-    }
+/// [`acquire_word`] as a call, for the algorithms off the inlined path.
+#[inline(never)]
+fn acquire_word_call(w: &AtomicU64, write: bool, step: impl Fn(u64) -> Step) -> Acquired {
+    acquire_word(w, write, step)
+}
 
+/// One request on a `fixed_window` word (a call: off the inlined path).
+#[inline(never)]
+fn acquire_fixed(w: &AtomicU64, now: u64, period: u64, limit: u64) -> Acquired {
+    acquire_word(w, true, |c| fixed_window::step(c, now, period, limit, 1))
+}
+
+/// One request on a `concurrency` word (a call: off the inlined path).
+#[inline(never)]
+fn acquire_concurrency(w: &AtomicU64, limit: u64) -> Acquired {
+    acquire_word(w, true, |c| concurrency::step(c, limit))
+}
+
+/// Applies `f` to the word until it sticks or `f` answers `None`.
+fn update_word(w: &AtomicU64, f: impl Fn(u64) -> Option<u64>) {
+    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, f);
+}
+
+impl Limiter {
     /// Tries to admit one request at `now_ns`. Inlined into the request
     /// path with the token bucket (the common algorithm); the others are
     /// calls (`inline(always)`: with the sixth algorithm the compiler
@@ -257,19 +324,14 @@ impl Limiter {
     #[inline(always)]
     pub fn acquire(&self, slot: &Slot, now_ns: u64) -> Acquired {
         match self.params {
-            Params::Gcra {
-                interval,
-                tau,
-                max_delay,
-            } => gcra::acquire(slot.state0(), now_ns, interval, tau, max_delay),
-            Params::Window { period, limit } => {
-                if self.algorithm == Algorithm::SlidingWindow {
-                    sliding_window::acquire(slot, now_ns, period, limit)
-                } else {
-                    fixed_window::acquire(slot.state0(), now_ns, period, limit)
-                }
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => {
+                acquire_word(slot.state0(), true, |tat| g.step(tat, now_ns, g.interval))
             }
-            Params::Concurrency { limit } => concurrency::acquire(slot.state0(), limit),
+            Params::Sliding { period, limit } => {
+                sliding_window::acquire(slot, now_ns, period, limit)
+            }
+            Params::Fixed { period, limit } => acquire_fixed(slot.state0(), now_ns, period, limit),
+            Params::Concurrency { limit } => acquire_concurrency(slot.state0(), limit),
             Params::WarmUp(p) => warm_up::acquire(&p, slot, now_ns),
         }
     }
@@ -280,27 +342,7 @@ impl Limiter {
     /// `count + n ≤ limit`); nothing is charged otherwise. `concurrency`
     /// and `warm_up` (which refuse `cost_from`) take one.
     pub fn acquire_units(&self, slot: &Slot, now_ns: u64, n: u64) -> Acquired {
-        match self.params {
-            Params::Gcra {
-                interval,
-                tau,
-                max_delay,
-            } => gcra::acquire(
-                slot.state0(),
-                now_ns,
-                interval.saturating_mul(n).min(u64::MAX / 4),
-                tau,
-                max_delay,
-            ),
-            Params::Window { period, limit } => {
-                if self.algorithm == Algorithm::SlidingWindow {
-                    sliding_window::acquire_units(slot, now_ns, period, limit, n)
-                } else {
-                    fixed_window::acquire_units(slot.state0(), now_ns, period, limit, n)
-                }
-            }
-            _ => self.acquire(slot, now_ns),
-        }
+        self.units(slot, now_ns, n, true)
     }
 
     /// Would `n` units be admitted now? (`count_if`, issue 31: the request
@@ -310,53 +352,53 @@ impl Limiter {
     /// [`acquire_units`](Self::acquire_units) would answer now.
     /// `concurrency` and `warm_up` (which refuse `count_if`) admit.
     pub fn check_units(&self, slot: &Slot, now_ns: u64, n: u64) -> Acquired {
+        self.units(slot, now_ns, n, false)
+    }
+
+    /// The steps of [`acquire_units`](Self::acquire_units) (`write`) and
+    /// [`check_units`](Self::check_units).
+    fn units(&self, slot: &Slot, now_ns: u64, n: u64, write: bool) -> Acquired {
         match self.params {
-            Params::Gcra {
-                interval,
-                tau,
-                max_delay,
-            } => gcra::check(
-                slot.state0(),
-                now_ns,
-                interval.saturating_mul(n).min(u64::MAX / 4),
-                tau,
-                max_delay,
-            ),
-            Params::Window { period, limit } => {
-                if self.algorithm == Algorithm::SlidingWindow {
-                    sliding_window::check_units(slot, now_ns, period, limit, n)
-                } else {
-                    fixed_window::check_units(slot.state0(), now_ns, period, limit, n)
-                }
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => {
+                acquire_word_call(slot.state0(), write, |tat| g.step(tat, now_ns, g.cost(n)))
             }
-            _ => Acquired::Admitted(Reservation {
-                wait_ns: 0,
-                token: 0,
-                prev: 0,
+            Params::Sliding { period, limit } => {
+                sliding_window::units(slot, now_ns, period, limit, n, write)
+            }
+            Params::Fixed { period, limit } => acquire_word_call(slot.state0(), write, |w| {
+                fixed_window::step(w, now_ns, period, limit, n)
             }),
+            Params::Concurrency { limit } if write => acquire_concurrency(slot.state0(), limit),
+            Params::WarmUp(p) if write => warm_up::acquire(&p, slot, now_ns),
+            _ => Acquired::Admitted(Reservation::default()),
+        }
+    }
+
+    /// The word of a window limiter that counts window `window` (sliding:
+    /// even windows in `state0`, odd ones in `state1`).
+    fn window_word<'s>(&self, slot: &'s Slot, window: u64) -> &'s AtomicU64 {
+        if matches!(self.params, Params::Sliding { .. }) && window & 1 == 1 {
+            slot.state1()
+        } else {
+            slot.state0()
         }
     }
 
     /// [`refund`](Self::refund) of an [`acquire_units`](Self::acquire_units)
     /// of `n` units.
     pub fn refund_units(&self, slot: &Slot, r: Reservation, n: u64) {
-        if n <= 1 {
-            return self.refund(slot, r);
-        }
+        let n = n.max(1);
         match self.params {
-            Params::Gcra { interval, .. } => {
-                gcra::refund(slot.state0(), r, interval.saturating_mul(n))
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => update_word(slot.state0(), |cur| {
+                Some(g.refund(cur, r.token, r.prev, g.interval.saturating_mul(n)))
+            }),
+            Params::Fixed { .. } | Params::Sliding { .. } => {
+                window::update(self.window_word(slot, r.token >> 32), |cur| {
+                    window::refund(cur, r.token, r.prev, n)
+                })
             }
-            Params::Window { .. } => {
-                let window = r.token >> 32;
-                let word = if self.algorithm == Algorithm::SlidingWindow && window & 1 == 1 {
-                    slot.state1()
-                } else {
-                    slot.state0()
-                };
-                window::refund_n(word, r, n);
-            }
-            _ => self.refund(slot, r),
+            Params::Concurrency { .. } => update_word(slot.state0(), concurrency::release),
+            Params::WarmUp(p) => warm_up::refund(&p, slot, r),
         }
     }
 
@@ -371,30 +413,19 @@ impl Limiter {
             return;
         }
         match self.params {
-            Params::Gcra {
-                interval,
-                tau,
-                max_delay,
-            } => gcra::charge_after(
-                slot.state0(),
-                now_ns,
-                interval,
-                tau.saturating_add(max_delay),
-                delta,
-            ),
-            Params::Window { period, .. } => {
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => update_word(slot.state0(), |cur| {
+                Some(g.charge_after(cur, now_ns, delta))
+            }),
+            Params::Fixed { period, .. } | Params::Sliding { period, .. } => {
                 let charged = window::window_of(admitted_ns, period);
                 let at = if delta >= 0 {
                     window::window_of(now_ns, period)
                 } else {
                     charged
                 };
-                let word = if self.algorithm == Algorithm::SlidingWindow && at & 1 == 1 {
-                    slot.state1()
-                } else {
-                    slot.state0()
-                };
-                window::charge_after(word, now_ns, period, charged, delta);
+                window::update(self.window_word(slot, at), |cur| {
+                    window::charge_after(cur, now_ns, period, charged, delta)
+                });
             }
             _ => {}
         }
@@ -404,26 +435,13 @@ impl Limiter {
     /// this limiter and slot (see the module documentation for how exact
     /// that is under contention).
     pub fn refund(&self, slot: &Slot, r: Reservation) {
-        match self.params {
-            Params::Gcra { interval, .. } => gcra::refund(slot.state0(), r, interval),
-            Params::Window { .. } => {
-                let window = r.token >> 32;
-                let word = if self.algorithm == Algorithm::SlidingWindow && window & 1 == 1 {
-                    slot.state1()
-                } else {
-                    slot.state0()
-                };
-                window::refund(word, r);
-            }
-            Params::Concurrency { .. } => concurrency::release(slot.state0()),
-            Params::WarmUp(p) => warm_up::refund(&p, slot, r),
-        }
+        self.refund_units(slot, r, 1)
     }
 
     /// `concurrency`: the request ended. A no-op for other algorithms.
     pub fn release(&self, slot: &Slot) {
         if let Params::Concurrency { .. } = self.params {
-            concurrency::release(slot.state0());
+            update_word(slot.state0(), concurrency::release);
         }
     }
 
@@ -431,17 +449,19 @@ impl Limiter {
     /// [`MAX_STALENESS_NS`] beyond the horizon) with the most restrictive
     /// legitimate state; `true` when a word was replaced. For the agent,
     /// never the request path: `clock` (this limiter's clock, see
-    /// [`super::admit::Now`]) must be fresh, and it is read only after the
+    /// [`Now`]) must be fresh, and it is read only after the
     /// words are loaded, so a legitimate word is never taken for foreign
     /// (module documentation).
     pub fn repair_foreign(&self, slot: &Slot, clock: impl FnOnce() -> u64) -> bool {
         match self.params {
-            Params::Gcra { tau, max_delay, .. } => {
-                gcra::repair_foreign(slot.state0(), tau, max_delay, clock)
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => {
+                gcra::repair_foreign(&g, slot.state0(), clock)
             }
-            Params::Window { period, limit } => {
-                let sliding = self.algorithm == Algorithm::SlidingWindow;
-                window::repair_foreign(slot, sliding, period, limit, clock)
+            Params::Fixed { period, limit } => {
+                window::repair_foreign(slot, false, period, limit, clock)
+            }
+            Params::Sliding { period, limit } => {
+                window::repair_foreign(slot, true, period, limit, clock)
             }
             Params::WarmUp(p) => warm_up::repair_foreign(&p, slot, clock),
             Params::Concurrency { .. } => false,
@@ -456,26 +476,25 @@ impl Limiter {
         let Params::Concurrency { .. } = self.params else {
             return None;
         };
-        concurrency::force_acquire(slot.state0())
+        slot.state0()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, concurrency::force)
+            .ok()
+            .map(|_| Reservation::default())
     }
 
     /// Quota as seen at `now_ns` (for `RateLimit-*` headers). Read-only.
     pub fn quota(&self, slot: &Slot, now_ns: u64) -> Quota {
-        let (q, window_ns) = match self.params {
-            Params::Gcra { interval, tau, .. } => {
-                (gcra::quota(slot.state0(), now_ns, interval, tau), tau)
-            }
-            Params::Window { period, limit } if self.algorithm == Algorithm::SlidingWindow => {
-                (sliding_window::quota(slot, now_ns, period, limit), period)
-            }
-            Params::Window { period, limit } => (
-                fixed_window::quota(slot.state0(), now_ns, period, limit),
-                period,
-            ),
-            Params::Concurrency { limit } => (concurrency::quota(slot.state0(), limit), 0),
-            Params::WarmUp(p) => (warm_up::quota(&p, slot, now_ns), p.stable),
-        };
-        Quota { window_ns, ..q }
+        let w0 = slot.state0().load(Ordering::Acquire);
+        match self.params {
+            Params::TokenBucket(g) | Params::LeakyBucket(g) => g.quota(w0, now_ns),
+            Params::Sliding { period, limit } => sliding_window::quota(slot, now_ns, period, limit),
+            Params::Fixed { period, limit } => fixed_window::quota(w0, now_ns, period, limit),
+            Params::Concurrency { limit } => concurrency::quota(w0, limit),
+            Params::WarmUp(p) => Quota {
+                window_ns: p.stable,
+                ..warm_up::quota(&p, slot, now_ns)
+            },
+        }
     }
 }
 
@@ -648,6 +667,13 @@ mod tests {
                 });
             }
         }
+    }
+
+    /// Compiled table entries hold a limiter: the variant is the
+    /// algorithm (no separate tag), the largest parameters 24 bytes.
+    #[test]
+    fn a_compiled_limiter_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Limiter>(), 32);
     }
 
     #[test]

@@ -22,7 +22,7 @@
 use std::sync::atomic::Ordering;
 
 use super::window::{pack, unpack, window_of, window_start};
-use super::{Acquired, Quota, Reservation};
+use super::{Acquired, Quota, Reservation, Step};
 use crate::core::slot::Slot;
 
 /// `floor(prev × (period − elapsed) / period) + cur`.
@@ -51,51 +51,37 @@ fn sliding_min_elapsed(prev: u64, k: u64, period: u64) -> u64 {
     period.saturating_sub(bound.min(period as u128) as u64)
 }
 
-/// What a sliding-window request sees, after stale-time adjustment.
+/// What a sliding-window request sees, after stale-time adjustment,
+/// whatever the packing of the words it was read from (the shared
+/// slot's two words, [`SlotView::read`]; a key's one, [`KeyView::read`]).
+/// All of the algorithm's arithmetic is here.
 #[derive(Debug, Clone, Copy)]
-struct SlidingView {
+struct View {
     /// The window the request counts in.
     window: u64,
     /// Elapsed time in it (0 if the window is newer than `now`'s).
     elapsed: u64,
     cur: u64,
     prev: u64,
-    /// The raw word of the current window's position.
-    cur_word: u64,
 }
 
-impl SlidingView {
-    fn read(words: [u64; 2], now: u64, period: u64) -> SlidingView {
-        let w_now = window_of(now, period);
-        let newest = unpack(words[0]).0.max(unpack(words[1]).0);
-        let (window, elapsed) = if newest > w_now {
-            (newest, 0)
-        } else {
-            let e = now.saturating_sub(window_start(w_now, period));
-            (w_now, e.min(period))
-        };
-        let cur_word = words[(window & 1) as usize];
-        let prev_word = words[((window & 1) ^ 1) as usize];
-        let (cw, cc) = unpack(cur_word);
-        let (pw, pc) = unpack(prev_word);
-        SlidingView {
-            window,
-            elapsed,
-            cur: if cw == window { cc } else { 0 },
-            prev: if window >= 1 && pw == window - 1 {
-                pc
-            } else {
-                0
-            },
-            cur_word,
-        }
-    }
-
+impl View {
     fn estimate(&self, period: u64) -> u64 {
         sliding_estimate(self.prev, self.cur, self.elapsed, period)
     }
 
-    /// Exact time from `now` until `estimate + 1 ≤ limit`, with no other
+    /// The step for `n` units: `estimate + n ≤ limit` admits, with the
+    /// window's count after it; else `Err(retry_after_ns)`.
+    #[inline(always)]
+    fn step(&self, now: u64, period: u64, limit: u64, n: u64) -> Result<u64, u64> {
+        if self.estimate(period).saturating_add(n) > limit {
+            return Err(self.retry_after(now, period, limit, n));
+        }
+        // estimate + n ≤ limit ≤ u32::MAX − 1 and cur ≤ estimate: fits.
+        Ok(self.cur + n)
+    }
+
+    /// Exact time from `now` until `estimate + n ≤ limit`, with no other
     /// traffic.
     fn retry_after(&self, now: u64, period: u64, limit: u64, n: u64) -> u64 {
         if limit == 0 || n > limit {
@@ -112,36 +98,112 @@ impl SlidingView {
         };
         at.saturating_sub(now).max(1)
     }
+
+    /// Quota at `now` (`window_ns`: the period).
+    fn quota(&self, now: u64, period: u64, limit: u64) -> Quota {
+        let next = window_start(self.window.saturating_add(1), period);
+        let reset = if self.cur > 0 {
+            next.saturating_add(period).saturating_sub(now)
+        } else if self.prev > 0 {
+            next.saturating_sub(now)
+        } else {
+            0
+        };
+        Quota {
+            window_ns: period,
+            ..Quota::new(limit, limit.saturating_sub(self.estimate(period)), reset)
+        }
+    }
 }
 
+/// The shared slot's two words (even and odd windows) as a [`View`].
+#[derive(Debug, Clone, Copy)]
+struct SlotView {
+    v: View,
+    /// The raw word of the current window's position.
+    cur_word: u64,
+}
+
+impl SlotView {
+    fn read(words: [u64; 2], now: u64, period: u64) -> SlotView {
+        let w_now = window_of(now, period);
+        let newest = unpack(words[0]).0.max(unpack(words[1]).0);
+        let (window, elapsed) = if newest > w_now {
+            (newest, 0)
+        } else {
+            let e = now.saturating_sub(window_start(w_now, period));
+            (w_now, e.min(period))
+        };
+        let cur_word = words[(window & 1) as usize];
+        let prev_word = words[((window & 1) ^ 1) as usize];
+        let (cw, cc) = unpack(cur_word);
+        let (pw, pc) = unpack(prev_word);
+        SlotView {
+            v: View {
+                window,
+                elapsed,
+                cur: if cw == window { cc } else { 0 },
+                prev: if window >= 1 && pw == window - 1 {
+                    pc
+                } else {
+                    0
+                },
+            },
+            cur_word,
+        }
+    }
+
+    fn load(slot: &Slot, now: u64, period: u64) -> SlotView {
+        let vals = [
+            slot.state0().load(Ordering::SeqCst),
+            slot.state1().load(Ordering::SeqCst),
+        ];
+        SlotView::read(vals, now, period)
+    }
+}
+
+/// One request on the shared slot (a call: off the inlined path).
 #[inline(never)]
 pub(super) fn acquire(slot: &Slot, now: u64, period: u64, limit: u64) -> Acquired {
-    acquire_n(slot, now, period, limit, 1)
+    run(slot, now, period, limit, 1, true)
 }
 
-/// `n` units at once (`cost_from`, issue 31): admitted only if all fit.
+/// `n` units (`cost_from`), or only their check (`count_if`, issue 31).
 #[inline(never)]
-pub(super) fn acquire_units(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
-    acquire_n(slot, now, period, limit, n)
+pub(super) fn units(
+    slot: &Slot,
+    now: u64,
+    period: u64,
+    limit: u64,
+    n: u64,
+    write: bool,
+) -> Acquired {
+    run(slot, now, period, limit, n, write)
 }
 
-/// The step of both: `estimate + n ≤ limit` admits and counts `n` in the
-/// current window (`n` = 1, a constant, in [`acquire`]).
+/// The shared slot's compare-and-swap loop around [`View::step`] for `n`
+/// units; `write: false` only checks, nothing written.
 #[inline(always)]
-fn acquire_n(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
+fn run(slot: &Slot, now: u64, period: u64, limit: u64, n: u64, write: bool) -> Acquired {
     let words = [slot.state0(), slot.state1()];
     loop {
-        let vals = [
-            words[0].load(Ordering::SeqCst),
-            words[1].load(Ordering::SeqCst),
-        ];
-        let (v, next) = match step(vals, now, period, limit, n) {
-            Ok(s) => s,
+        let sv = SlotView::load(slot, now, period);
+        let v = sv.v;
+        let next = match v.step(now, period, limit, n) {
+            Ok(count) => pack(v.window, count),
             Err(retry_after_ns) => return Acquired::Rejected { retry_after_ns },
         };
+        let r = Reservation {
+            wait_ns: 0,
+            token: next,
+            prev: sv.cur_word,
+        };
+        if !write {
+            return Acquired::Admitted(r);
+        }
         let pos = (v.window & 1) as usize;
         if words[pos]
-            .compare_exchange(v.cur_word, next, Ordering::SeqCst, Ordering::SeqCst)
+            .compare_exchange(sv.cur_word, next, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
             continue;
@@ -153,68 +215,138 @@ fn acquire_n(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired
                 && ow == v.window - 1
                 && oc > v.prev
                 && sliding_estimate(oc, v.cur + n, v.elapsed, period) > limit);
-        let r = Reservation {
-            wait_ns: 0,
-            token: next,
-            prev: v.cur_word,
-        };
         if !stale {
             return Acquired::Admitted(r);
         }
-        super::window::refund_n(words[pos], r, n);
-    }
-}
-
-/// The step on the two words `vals`: `estimate + n ≤ limit` admits, with
-/// the view and the current window's next word; else `Err(retry_after_ns)`.
-#[inline(always)]
-fn step(
-    vals: [u64; 2],
-    now: u64,
-    period: u64,
-    limit: u64,
-    n: u64,
-) -> Result<(SlidingView, u64), u64> {
-    let v = SlidingView::read(vals, now, period);
-    if v.estimate(period).saturating_add(n) > limit {
-        return Err(v.retry_after(now, period, limit, n));
-    }
-    // estimate + n ≤ limit ≤ u32::MAX − 1 and cur ≤ estimate: fits.
-    Ok((v, pack(v.window, v.cur + n)))
-}
-
-/// Would `n` units be admitted now (`count_if`, issue 31)? The step on
-/// the current words, nothing written.
-pub(super) fn check_units(slot: &Slot, now: u64, period: u64, limit: u64, n: u64) -> Acquired {
-    let vals = [
-        slot.state0().load(Ordering::SeqCst),
-        slot.state1().load(Ordering::SeqCst),
-    ];
-    match step(vals, now, period, limit, n) {
-        Ok((v, next)) => Acquired::Admitted(Reservation {
-            wait_ns: 0,
-            token: next,
-            prev: v.cur_word,
-        }),
-        Err(retry_after_ns) => Acquired::Rejected { retry_after_ns },
+        super::window::update(words[pos], |cur| {
+            super::window::refund(cur, next, sv.cur_word, n)
+        });
     }
 }
 
 pub(super) fn quota(slot: &Slot, now: u64, period: u64, limit: u64) -> Quota {
-    let words = [
-        slot.state0().load(Ordering::SeqCst),
-        slot.state1().load(Ordering::SeqCst),
-    ];
-    let v = SlidingView::read(words, now, period);
-    let next = window_start(v.window.saturating_add(1), period);
-    let reset = if v.cur > 0 {
-        next.saturating_add(period).saturating_sub(now)
-    } else if v.prev > 0 {
-        next.saturating_sub(now)
-    } else {
-        0
-    };
-    Quota::new(limit, limit.saturating_sub(v.estimate(period)), reset)
+    SlotView::load(slot, now, period)
+        .v
+        .quota(now, period, limit)
+}
+
+/// Largest `rate` of a per-key `sliding_window` (20-bit counts).
+pub const MAX_SLIDING_COUNT: u64 = (1 << 20) - 1;
+/// How many windows ahead of `now` a key's stored window may be and still
+/// be read as newer (a worker's stale clock reading).
+pub const AHEAD_WINDOWS: u64 = 16;
+const W_MASK: u64 = (1 << 24) - 1;
+const C_MASK: u64 = (1 << 20) - 1;
+
+/// A key's one word (`src/core/keys/state.rs`): `window mod 2²⁴ << 40 |
+/// previous count << 20 | count`, as a [`View`]. The word 0 is a new
+/// key's. It stores only the low 24 bits of the window index, so a stored
+/// window up to [`AHEAD_WINDOWS`] windows ahead of `now` is read as newer
+/// (a stale clock), any other as older.
+#[derive(Debug, Clone, Copy)]
+struct KeyView {
+    v: View,
+    /// The stored window is newer than `now`'s (stale clock).
+    ahead: bool,
+}
+
+impl KeyView {
+    fn read(w: u64, now: u64, period: u64) -> KeyView {
+        let w_now = now / period;
+        let elapsed = now - w_now * period;
+        let fresh = View {
+            window: w_now,
+            elapsed,
+            prev: 0,
+            cur: 0,
+        };
+        let v = |v: View, ahead: bool| KeyView { v, ahead };
+        if w == 0 {
+            return v(fresh, false);
+        }
+        let (sw, prev, cur) = (w >> 40, (w >> 20) & C_MASK, w & C_MASK);
+        let d = w_now.wrapping_sub(sw) & W_MASK;
+        match d {
+            0 => v(View { prev, cur, ..fresh }, false),
+            1 => v(
+                View {
+                    prev: cur,
+                    cur: 0,
+                    ..fresh
+                },
+                false,
+            ),
+            d if d > W_MASK - AHEAD_WINDOWS => v(
+                View {
+                    window: w_now + (W_MASK + 1 - d),
+                    elapsed: 0,
+                    prev,
+                    cur,
+                },
+                true,
+            ),
+            _ => v(fresh, false),
+        }
+    }
+
+    fn pack(v: &View, cur: u64) -> u64 {
+        ((v.window & W_MASK) << 40) | (v.prev.min(C_MASK) << 20) | cur.min(C_MASK)
+    }
+}
+
+/// [`View::step`] on a key's word.
+#[inline(always)]
+pub fn key_step(w: u64, now: u64, period: u64, limit: u64, n: u64) -> Step {
+    let kv = KeyView::read(w, now, period);
+    match kv.v.step(now, period, limit, n) {
+        Ok(count) => Step::Admit {
+            next: KeyView::pack(&kv.v, count),
+            wait_ns: 0,
+        },
+        Err(retry_after_ns) => Step::Reject { retry_after_ns },
+    }
+}
+
+/// The charge after the response (issue 31) on a key's word: `delta`
+/// more in `now`'s window, even over the limit; a negative `delta` given
+/// back to the admission's window (`admitted`) if the word still counts
+/// in it (moved on: nothing, the weighted previous count keeps it,
+/// conservatively).
+pub fn key_charge_after(w: u64, now: u64, admitted: u64, period: u64, delta: i64) -> Option<u64> {
+    let d = delta.unsigned_abs();
+    if delta > 0 {
+        let v = KeyView::read(w, now, period).v;
+        return Some(KeyView::pack(&v, v.cur.saturating_add(d)));
+    }
+    let kv = KeyView::read(w, admitted, period);
+    if w == 0 {
+        return None;
+    }
+    (kv.v.cur > 0 && !kv.ahead).then(|| KeyView::pack(&kv.v, kv.v.cur.saturating_sub(d)))
+}
+
+/// The key's word after giving back an admission of `n` units that
+/// turned `prev` into `token`, the word being `cur` now: `prev` if nothing
+/// came in between, else the count less `n` if the word still holds
+/// `token`'s window.
+pub fn key_refund(cur: u64, token: u64, prev: u64, n: u64) -> Option<u64> {
+    if cur == token {
+        return Some(prev);
+    }
+    (cur >> 40 == token >> 40 && cur & C_MASK > 0)
+        .then(|| (cur & !C_MASK) | (cur & C_MASK).saturating_sub(n))
+}
+
+/// Is the key's word at `now` a new key's (nothing counted that still
+/// weighs)?
+pub fn key_is_fresh(w: u64, now: u64, period: u64) -> bool {
+    let kv = KeyView::read(w, now, period);
+    !kv.ahead && kv.v.prev == 0 && kv.v.cur == 0
+}
+
+/// Quota of a key's word at `now`.
+pub fn key_quota(w: u64, now: u64, period: u64, limit: u64) -> Quota {
+    KeyView::read(w, now, period).v.quota(now, period, limit)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Reservation, MAX_STALENESS_NS};
+use super::MAX_STALENESS_NS;
 use crate::core::slot::Slot;
 
 #[inline]
@@ -18,7 +18,7 @@ pub(super) fn unpack(word: u64) -> (u64, u64) {
 }
 
 #[inline]
-pub(super) fn window_of(now: u64, period: u64) -> u64 {
+pub fn window_of(now: u64, period: u64) -> u64 {
     (now / period).min(u32::MAX as u64)
 }
 
@@ -27,58 +27,63 @@ pub(super) fn window_start(w: u64, period: u64) -> u64 {
     w.saturating_mul(period)
 }
 
-/// Puts back the word `r` replaced if `w` still holds the one it wrote;
-/// else decrements the count of `r`'s window, if `w` still holds it.
-pub(super) fn refund(w: &AtomicU64, r: Reservation) {
-    let window = r.token >> 32;
-    // `None`: the word no longer holds the request's window, nothing to do.
-    let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
-        let (sw, sc) = unpack(cur);
-        if cur == r.token {
-            Some(r.prev)
-        } else if sw == window && sc > 0 {
-            Some(pack(sw, sc - 1))
-        } else {
-            None
-        }
-    });
-}
-
-/// [`refund`] of an admission of `n` units.
-pub(super) fn refund_n(w: &AtomicU64, r: Reservation, n: u64) {
-    let window = r.token >> 32;
-    let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
-        let (sw, sc) = unpack(cur);
-        if cur == r.token {
-            Some(r.prev)
-        } else if sw == window && sc > 0 {
-            Some(pack(sw, sc.saturating_sub(n)))
-        } else {
-            None
-        }
-    });
-}
-
-/// Charges `delta` units after the response (issue 31): more than the
-/// limit is allowed (the window stays full until it ends); a negative
-/// `delta` gives units back to window `charged` only (`now`'s window for
-/// a positive one, as a request of `now` would count).
-pub(super) fn charge_after(w: &AtomicU64, now: u64, period: u64, charged: u64, delta: i64) {
+/// `window` and count as a request at `now` sees the word: a stored
+/// window older than `now`'s is over (a fresh window, count 0); an equal
+/// or newer one (a stale clock) counts.
+#[inline(always)]
+pub(super) fn current(word: u64, now: u64, period: u64) -> (u64, u64) {
+    let (sw, sc) = unpack(word);
     let w_now = window_of(now, period);
-    let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
-        let (sw, sc) = unpack(cur);
-        if delta >= 0 {
-            let (win, count) = if sw < w_now { (w_now, 0) } else { (sw, sc) };
-            Some(pack(
-                win,
-                count.saturating_add(delta as u64).min(u32::MAX as u64 - 1),
-            ))
-        } else if sw == charged && sc > 0 {
-            Some(pack(sw, sc.saturating_sub(delta.unsigned_abs())))
-        } else {
-            None
-        }
-    });
+    if sw < w_now {
+        (w_now, 0)
+    } else {
+        (sw, sc)
+    }
+}
+
+/// `n` units off the count of the word, if it still holds window
+/// `window` and counts something; `None`: nothing to change (a window
+/// that has been replaced no longer counts).
+#[inline]
+pub(super) fn take_back(word: u64, window: u64, n: u64) -> Option<u64> {
+    let (sw, sc) = unpack(word);
+    (sw == window && sc > 0).then(|| pack(sw, sc.saturating_sub(n)))
+}
+
+/// The word after giving back an admission of `n` units that turned
+/// `prev` into `token`, the word being `cur` now: `prev` if nothing came
+/// in between, else the count of `token`'s window less `n`.
+#[inline]
+pub fn refund(cur: u64, token: u64, prev: u64, n: u64) -> Option<u64> {
+    if cur == token {
+        Some(prev)
+    } else {
+        take_back(cur, token >> 32, n)
+    }
+}
+
+/// The charge after the response (issue 31) on a window word: `delta`
+/// units more even over the limit (the window stays full until it
+/// ends), counted as a request at `now` would be; a negative `delta`
+/// gives units back to window `charged` only (the admission's). `None`:
+/// nothing to change.
+pub fn charge_after(word: u64, now: u64, period: u64, charged: u64, delta: i64) -> Option<u64> {
+    if delta >= 0 {
+        let (win, count) = current(word, now, period);
+        Some(pack(
+            win,
+            count.saturating_add(delta as u64).min(u32::MAX as u64 - 1),
+        ))
+    } else {
+        take_back(word, charged, delta.unsigned_abs())
+    }
+}
+
+/// Applies `f` to the word until it sticks or `f` answers `None` (the
+/// shared slot's refunds and charges, `SeqCst` for the sliding window's
+/// two-word check).
+pub(super) fn update(w: &AtomicU64, f: impl Fn(u64) -> Option<u64>) {
+    let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, f);
 }
 
 /// See [`super::Limiter::repair_foreign`]: a window word beyond a fresh
