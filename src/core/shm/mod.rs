@@ -12,6 +12,15 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
+pub mod ledger;
+pub mod loader;
+pub mod reader;
+pub mod region;
+pub mod segment;
+pub mod sigbus;
+pub mod slot;
+pub mod writer;
+
 use super::region::Region;
 use super::slot::SLOT_SIZE;
 

@@ -21,15 +21,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::blacklist::{self, Blacklist, BlacklistEntry};
-use super::clock::MonotonicClock;
-use super::limiter::Limiter;
-use super::model::{Algorithm, Strategy, ValidStrategy};
-use super::segment::{self, Published, MAX_TABLE_DIMENSIONS};
-use super::shm::{
+use crate::core::blacklist::{self, Blacklist, BlacklistEntry};
+use crate::core::clock::MonotonicClock;
+use crate::core::limiter::Limiter;
+use crate::core::model::{Algorithm, Strategy, ValidStrategy};
+use crate::core::segment::{self, Published, MAX_TABLE_DIMENSIONS};
+use crate::core::shm::{
     self, Capacities, Geometry, Mapping, ShmError, H_CONFIG_VERSION, H_HEARTBEAT, H_SEQ,
 };
-use super::slot::Slot;
+use crate::core::slot::Slot;
 
 /// How long a freed slot waits before it may be given to another strategy.
 pub const SLOT_QUARANTINE_MS: u64 = 2_000;
@@ -224,7 +224,7 @@ pub fn mode_refusal(mode: u32) -> Option<String> {
 
 /// A name no one can guess for a file made in `dir` beside `name`.
 fn temp_name(dir: &Path, name: &str) -> PathBuf {
-    let r = super::keys::new_secret();
+    let r = crate::core::keys::new_secret();
     let hex: String = r[..8].iter().map(|b| format!("{b:02x}")).collect();
     dir.join(format!(".{name}.tmp.{}.{hex}", std::process::id()))
 }
@@ -510,7 +510,8 @@ impl Writer {
             // SAFETY: fresh private files of these sizes, mapped shared;
             // nobody else has them open yet; accessed only through Region
             // atomics.
-            let whole = unsafe { super::region::Region::from_raw(raw.as_mut_ptr(), raw.len()) };
+            let whole =
+                unsafe { crate::core::region::Region::from_raw(raw.as_mut_ptr(), raw.len()) };
             Mapping::format_header(&whole, g, shm::boot_id(), shm::unix_ms());
             let bl = whole.sub(g.bl_off, g.bl_len).expect("file sized above");
             blacklist::init(bl, g.bl_capacity).map_err(|e| fail(e.into()))?;
@@ -598,7 +599,7 @@ impl Writer {
             map.keys().clear();
             // Pids of another boot mean nothing; the counts were zeroed above.
             let ledger = map.ledger();
-            for row in 0..super::ledger::ROWS as usize {
+            for row in 0..crate::core::ledger::ROWS as usize {
                 ledger.free_any(row);
             }
         }
@@ -942,7 +943,7 @@ impl Writer {
         let mut derived: Vec<String> = Vec::new();
         for s in &list {
             for c in &s.conditions {
-                if let Some(p) = super::pattern::matcher_dimension(c) {
+                if let Some(p) = crate::core::pattern::matcher_dimension(c) {
                     if !derived.contains(&p) {
                         derived.push(p);
                     }
@@ -951,7 +952,7 @@ impl Writer {
                     dims.push(&c.dimension);
                 }
                 if c.dimension == "ip" {
-                    match super::ipnet::parse_ip_net(&c.value) {
+                    match crate::core::ipnet::parse_ip_net(&c.value) {
                         Ok(n) if !n.is_host() && !prefixes.contains(&n.len) => prefixes.push(n.len),
                         _ => {}
                     }

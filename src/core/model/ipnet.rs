@@ -2,7 +2,7 @@
 //!
 //! A value is an address (`10.1.2.3`, `2001:db8::1`) or a network
 //! (`10.0.0.0/8`, `2001:db8::/32`). Everything is kept in the IPv6 form
-//! the matcher keys on ([`IpKey`](super::table::IpKey)): IPv4 as
+//! the matcher keys on ([`IpKey`](crate::core::table::IpKey)): IPv4 as
 //! v4-mapped IPv6, so an IPv4 `/n` is the IPv6 prefix `/96+n` and
 //! IPv4-mapped IPv6 *is* IPv4 (`::ffff:10.0.0.0/104` = `10.0.0.0/8`). An
 //! exact address is the `/32` (`/128`) case of the same thing and is

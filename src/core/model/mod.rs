@@ -9,6 +9,10 @@
 use std::net::IpAddr;
 use std::str::FromStr;
 
+pub mod each;
+pub mod ipnet;
+pub mod keyword;
+
 pub use super::ipnet::{parse_ip_net, IpNet, IpNetError};
 use super::keyword::keyword_enum;
 pub use super::pattern::Op;
