@@ -22,12 +22,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::core::blacklist::{self, Blacklist, BlacklistEntry};
-use crate::core::clock::MonotonicClock;
+use crate::core::clock::{self, MonotonicClock};
 use crate::core::limiter::Limiter;
 use crate::core::model::{Algorithm, Strategy, ValidStrategy};
 use crate::core::segment::{self, Published, MAX_TABLE_DIMENSIONS};
 use crate::core::shm::{
-    self, Capacities, Geometry, Mapping, ShmError, H_CONFIG_VERSION, H_HEARTBEAT, H_SEQ,
+    self, user_name, Capacities, Geometry, Mapping, ShmError, H_CONFIG_VERSION, H_HEARTBEAT, H_SEQ,
 };
 use crate::core::slot::Slot;
 
@@ -79,14 +79,6 @@ pub enum Opened {
 enum Retry {
     Fail(ShmError),
     Again(ShmError),
-}
-
-/// The wall clock in Unix nanoseconds, the windows' clock.
-fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// Whether the path still names the open `file`.
@@ -285,23 +277,6 @@ fn foreign_owner(file: &File, path: &Path) -> Result<Option<u32>, ShmError> {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     Ok((uid != me && uid != 0).then_some(uid))
-}
-
-/// A user name for log lines: `name (uid N)`, or `uid N`.
-pub fn user_name(uid: u32) -> String {
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: a zeroed passwd is a valid out-parameter; buf outlives the call.
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut out: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: all pointers are valid for the call; buf.len() is its size.
-    let rc =
-        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
-    if rc == 0 && !out.is_null() && !pw.pw_name.is_null() {
-        // SAFETY: getpwuid_r filled pw_name with a NUL-terminated string in buf.
-        let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
-        return format!("{} (uid {uid})", name.to_string_lossy());
-    }
-    format!("uid {uid}")
 }
 
 impl Writer {
@@ -512,7 +487,7 @@ impl Writer {
             // atomics.
             let whole =
                 unsafe { crate::core::region::Region::from_raw(raw.as_mut_ptr(), raw.len()) };
-            Mapping::format_header(&whole, g, shm::boot_id(), shm::unix_ms());
+            Mapping::format_header(&whole, g, clock::boot_id(), clock::unix_ms());
             let bl = whole.sub(g.bl_off, g.bl_len).expect("file sized above");
             blacklist::init(bl, g.bl_capacity).map_err(|e| fail(e.into()))?;
         }
@@ -584,7 +559,7 @@ impl Writer {
         let header = map.header();
         let mut file_boot = [0u8; 16];
         header.read_bytes(shm::H_BOOT_ID, &mut file_boot);
-        let boot = shm::boot_id();
+        let boot = clock::boot_id();
         let boot_changed = file_boot != boot;
         if boot_changed {
             let slots = map.slots();
@@ -626,7 +601,7 @@ impl Writer {
         let owned: std::collections::HashSet<u32> =
             self.assigned.values().map(|a| a.slot).collect();
         let slots = self.map.slots();
-        let now_ms = shm::unix_ms().max(1);
+        let now_ms = clock::unix_ms().max(1);
         for slot in 0..self.map.geometry.slot_count {
             let used = self.slot_in_use(slot);
             let owns = owned.contains(&slot);
@@ -808,7 +783,7 @@ impl Writer {
             };
             let fixed = match a.algorithm {
                 Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                    a.limiter.repair_foreign(&slot, unix_ns)
+                    a.limiter.repair_foreign(&slot, clock::unix_ns)
                 }
                 _ => a.limiter.repair_foreign(&slot, MonotonicClock::now),
             };
@@ -921,7 +896,7 @@ impl Writer {
         blacklist: &[BlacklistEntry],
     ) -> Result<Plan, ShmError> {
         let g = self.map.geometry;
-        let now_ms = shm::unix_ms();
+        let now_ms = clock::unix_ms();
         let mut list: Vec<Strategy> = strategies.iter().map(|s| (**s).clone()).collect();
         list.sort_by_key(|s| s.id);
         if let Some(w) = list.windows(2).find(|w| w[0].id == w[1].id) {
