@@ -5,9 +5,8 @@
 
 use std::str::FromStr;
 
-use crate::core::keys::state::MAX_SLIDING_COUNT;
-use crate::core::keyword::keyword_enum;
-use crate::core::model::{valid_dimension_name, Algorithm, MAX_DIMENSION_LEN};
+use super::keyword::keyword_enum;
+use super::{valid_dimension_name, Algorithm, MAX_DIMENSION_LEN, MAX_SLIDING_COUNT};
 
 /// Most dimensions in `each`.
 pub const MAX_EACH: usize = 4;

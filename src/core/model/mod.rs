@@ -10,6 +10,7 @@ pub mod each;
 pub mod ipnet;
 pub mod keyword;
 mod records;
+pub mod response;
 mod validate;
 
 pub use ipnet::{canonical_ip, canonical_ip_addr, is_canonical_ip, parse_canonical_ipv4, parse_ip};
@@ -44,6 +45,9 @@ pub const CLOCK_TICK_NS: u64 = 1_000_000;
 /// Largest count per window for `fixed_window` and `sliding_window`, and the
 /// largest in-flight limit of `concurrency` (counts are 32-bit in the slot).
 pub const MAX_WINDOW_COUNT: u64 = u32::MAX as u64 - 1;
+/// Largest `rate` of a per-key `sliding_window` (its state keeps 20-bit
+/// counts; the key table's word layout is why, the model checks it).
+pub const MAX_SLIDING_COUNT: u64 = (1 << 20) - 1;
 /// Warm-up period bounds of `warm_up`, in milliseconds (1 s … 1 h).
 pub const MIN_WARM_UP_MS: u32 = 1_000;
 pub const MAX_WARM_UP_MS: u32 = 3_600_000;
@@ -130,9 +134,9 @@ pub enum ModelError {
     #[error("action: delay needs token_bucket, leaky_bucket or warm_up, not {0}")]
     DelayNeedsBucket(Algorithm),
     #[error(transparent)]
-    Each(#[from] super::each::EachError),
+    Each(#[from] each::EachError),
     #[error(transparent)]
-    Response(#[from] crate::core::response::ResponseError),
+    Response(#[from] response::ResponseError),
     #[error("{field}: unknown value {value:?} (expected one of {expected})")]
     UnknownKeyword {
         field: &'static str,

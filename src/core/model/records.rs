@@ -227,5 +227,5 @@ pub struct Strategy {
     /// [`MAX_NAME_LEN`] bytes of any text: it is escaped where written.
     pub name: String,
     /// `count_if`, `cost_from`, `cost_after` (issue 31; all empty: plain).
-    pub response: crate::core::response::Response,
+    pub response: super::response::Response,
 }

@@ -349,3 +349,13 @@ fn rate_0_only_for_a_leased_window() {
         assert_eq!(ValidStrategy::leased(s.clone()), Err(ModelError::ZeroRate));
     }
 }
+
+#[test]
+fn the_per_key_sliding_bound_is_the_key_state_s() {
+    // i27-merge: one constant once keys/state (or limiter/sliding_window)
+    // takes the model's.
+    assert_eq!(
+        MAX_SLIDING_COUNT,
+        crate::core::keys::state::MAX_SLIDING_COUNT
+    );
+}
