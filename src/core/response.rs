@@ -1,6 +1,7 @@
 //! Limits that look at the response and at cost (issue 31): a strategy's
-//! `count_if`, `cost_from` and `cost_after`, their validation, and the
-//! charge a request still owes when it ends (the LOG phase).
+//! `count_if`, `cost_from` and `cost_after` (the options, their validation and the
+//! arithmetic of [`Owed`] are in `model/response.rs`), and the charge a
+//! request still owes when it ends (the LOG phase).
 //!
 //! * `count_if status=LIST` (LIST: codes `401` and classes `4xx`, comma
 //!   separated): at PREACCESS the limiter is only checked — would the
@@ -26,79 +27,8 @@
 
 // i27-merge: old path (the options moved into model/response.rs)
 pub use super::model::response::{
-    parse_cost, Response, ResponseError, StatusSet, MAX_COST, MAX_COUNT_IF_LEN,
+    parse_cost, Owed, Response, ResponseError, Settled, StatusSet, MAX_COST, MAX_COUNT_IF_LEN,
 };
-
-/// What a request owes when it ends, on one strategy it was admitted by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Owed {
-    /// Units charged up front (0 with `count_if`: only checked then).
-    pub charged: u64,
-    /// The request's cost up front (`cost_from`, else 1): what a matching
-    /// status charges when `cost_after` gives no final cost.
-    pub units: u64,
-    /// Statuses that count (empty: all).
-    pub count_if: StatusSet,
-    /// `cost_after` is set: read the final cost.
-    pub after: bool,
-}
-
-impl Owed {
-    /// The units to add (positive) or give back (negative) when the
-    /// request ends with `status` and final cost `after_cost` (`None`:
-    /// absent or invalid, keep what was charged).
-    ///
-    /// With `count_if` nothing was charged up front: a status in the list
-    /// charges the cost (`cost_after`'s, else `units`), unconditionally;
-    /// any other status charges nothing.
-    pub fn delta(&self, status: u16, after_cost: Option<u64>) -> i64 {
-        let charged = self.charged.min(MAX_COST) as i64;
-        if !self.count_if.is_empty() && !self.count_if.contains(status) {
-            return -charged;
-        }
-        let cost = match (self.after, after_cost) {
-            (true, Some(c)) => c,
-            _ => self.units,
-        };
-        cost.min(MAX_COST) as i64 - charged
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_owed_delta_follows_status_and_final_cost() {
-        let count_if = StatusSet::parse("401").unwrap();
-        // count_if: checked up front, charged only when the status counts.
-        let o = Owed {
-            charged: 0,
-            units: 1,
-            count_if,
-            after: false,
-        };
-        assert_eq!(o.delta(401, None), 1);
-        assert_eq!(o.delta(200, None), 0);
-        let o = Owed {
-            charged: 4,
-            units: 4,
-            count_if: StatusSet::default(),
-            after: true,
-        };
-        assert_eq!(o.delta(200, Some(6)), 2);
-        assert_eq!(o.delta(200, Some(1)), -3);
-        assert_eq!(o.delta(500, None), 0);
-        let o = Owed {
-            charged: 0,
-            count_if,
-            ..o
-        };
-        assert_eq!(o.delta(200, Some(6)), 0);
-        assert_eq!(o.delta(401, Some(6)), 6);
-        assert_eq!(o.delta(401, None), 4);
-    }
-}
 
 /// A strategy's response options as a table compiles them: the `count_if`
 /// set and the table's dimension indexes of `cost_from` and `cost_after`.
@@ -174,17 +104,6 @@ pub struct OwedCharge {
 pub struct Owing {
     pub map: std::sync::Arc<super::shm::Mapping>,
     pub items: smallvec::SmallVec<[OwedCharge; 1]>,
-}
-
-/// What settling did (per-strategy counters and tests).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Settled {
-    /// Units charged after the response (sum of positive deltas).
-    pub charged_after: u64,
-    /// Units given back (sum of negative deltas).
-    pub given_back: u64,
-    /// Requests not counted: `count_if` set and the status not in it.
-    pub not_counted: u64,
 }
 
 impl Owing {
