@@ -1,23 +1,13 @@
 use super::*;
 
 fn base() -> Strategy {
+    let conditions = vec![
+        Condition::new("ip", "::ffff:1.2.3.4"),
+        Condition::new("userid", "u1024"),
+    ];
     Strategy {
-        id: 7,
-        conditions: vec![
-            Condition::new("ip", "::ffff:1.2.3.4"),
-            Condition::new("userid", "u1024"),
-        ],
-        algorithm: Algorithm::TokenBucket,
-        rate: 100,
-        per: Unit::Second,
         burst: 20,
-        action: Action::Reject { status: None },
-        enabled: true,
-        warm_up: WarmUp::NONE,
-        priority: 0,
-        each: Default::default(),
-        name: String::new(),
-        response: Default::default(),
+        ..Strategy::plain(7, conditions, Algorithm::TokenBucket, 100, Unit::Second)
     }
 }
 

@@ -552,30 +552,26 @@ impl Mapping {
         if self.faulted() {
             return Err(self.fault_error());
         }
-        let size = self
-            .file
-            .metadata()
-            .map_err(|e| ShmError::io(&self.path, e))?
-            .len();
-        if size < self.geometry.config_len() {
-            return Err(ShmError::Truncated {
-                path: self.path.clone(),
-                size,
-                expected: self.geometry.config_len(),
-            });
-        }
-        let size = self
-            .state
-            .metadata()
-            .map_err(|e| ShmError::io(&self.path, e))?
-            .len();
-        if size < self.geometry.state_len() {
-            return Err(ShmError::Truncated {
-                path: state_path(&self.path),
-                size,
-                expected: self.geometry.state_len(),
-            });
-        }
+        let whole = |file: &File, path: PathBuf, expected: u64| {
+            let size = file
+                .metadata()
+                .map_err(|e| ShmError::io(&self.path, e))?
+                .len();
+            if size < expected {
+                return Err(ShmError::Truncated {
+                    path,
+                    size,
+                    expected,
+                });
+            }
+            Ok(())
+        };
+        whole(&self.file, self.path.clone(), self.geometry.config_len())?;
+        whole(
+            &self.state,
+            state_path(&self.path),
+            self.geometry.state_len(),
+        )?;
         match std::fs::symlink_metadata(&self.path) {
             Ok(m) => Ok((m.dev(), m.ino()) == self.dev_ino),
             Err(_) => Ok(false),
