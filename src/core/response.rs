@@ -139,7 +139,7 @@ impl Owing {
                     generation,
                     limiter,
                 } => {
-                    let Some(s) = super::slot::Slot::at(&slots, slot) else {
+                    let Some(s) = super::shm::slot::Slot::at(&slots, slot) else {
                         continue;
                     };
                     if s.generation().load(std::sync::atomic::Ordering::Acquire) != generation {

@@ -5,8 +5,8 @@
 
 use std::fmt::Write as _;
 
-use super::reader::Reader;
-use super::slot::Slot;
+use super::shm::reader::Reader;
+use super::shm::slot::Slot;
 
 /// One strategy's counters.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -101,7 +101,7 @@
 //!
 //! # Address ranges
 //!
-//! A network entry (`203.0.113.0/24`, see [`ipnet`](crate::core::ipnet))
+//! A network entry (`203.0.113.0/24`, see [`ipnet`](crate::core::model::ipnet))
 //! is stored once under its masked address and its prefix length (in the
 //! tag). The header lists the prefix lengths in use; a lookup of a client
 //! address probes once per listed length with the address masked to it —
@@ -125,9 +125,9 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::core::ipnet::{parse_ip_net, prefix_mask};
+use crate::core::model::ipnet::{parse_ip_net, prefix_mask};
 use crate::core::model::{parse_ip, valid_dimension_name, MAX_VALUE_LEN};
-use crate::core::region::Region;
+use crate::core::shm::region::Region;
 
 // The writer side (`Blacklist::rebuild`), apart from the request path
 // (`open`, `contains*`) here.

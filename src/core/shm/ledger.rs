@@ -58,8 +58,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::core::keys::{KeyRef, KeyTable};
-use crate::core::region::Region;
-use crate::core::slot::Slot;
+use crate::core::shm::region::Region;
+use crate::core::shm::slot::Slot;
 
 /// Rows (processes holding units at once: workers, old workers during a
 /// reload).
@@ -417,7 +417,7 @@ pub fn release_units(slot: &Slot<'_>, n: u64) {
 mod tests {
     use super::*;
     use crate::core::keys::{Charge, KeyId, KeyLimiter};
-    use crate::core::slot::LocalSlots;
+    use crate::core::shm::slot::LocalSlots;
 
     /// Zeroed words for `n` ledger rows.
     fn rows(n: u64) -> Vec<AtomicU64> {

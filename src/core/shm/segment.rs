@@ -10,7 +10,7 @@ use std::sync::atomic::{fence, Ordering};
 use smallvec::SmallVec;
 
 use crate::core::model::{Action, Algorithm, Condition, Op, Strategy, Unit, WarmUp};
-use crate::core::region::Region;
+use crate::core::shm::region::Region;
 
 /// `"RCSG"` little-endian.
 pub const SEG_MAGIC: u32 = u32::from_le_bytes(*b"RCSG");
@@ -142,7 +142,7 @@ const RESPONSE_TAG: u8 = b'R';
 /// `count_if` as canonical text, `cost_from`, `cost_after` (each a `u8`
 /// length and bytes; empty: not set). See docs/SHM-LAYOUT.md.
 fn encode_response(
-    each: &crate::core::each::Each,
+    each: &crate::core::model::each::Each,
     r: &crate::core::response::Response,
     out: &mut Vec<u8>,
 ) {
@@ -626,11 +626,11 @@ mod tests {
             priority: id as i32 - 5,
             name: format!("rule \"{id}\" \\ \n"),
             each: if id % 2 == 0 {
-                crate::core::each::Each {
+                crate::core::model::each::Each {
                     ipv6_prefix: 56,
-                    on_full: crate::core::each::OnFull::Reject,
+                    on_full: crate::core::model::each::OnFull::Reject,
                     max_keys: 100,
-                    ..crate::core::each::Each::of(&["ip", "userid"])
+                    ..crate::core::model::each::Each::of(&["ip", "userid"])
                 }
             } else {
                 Default::default()

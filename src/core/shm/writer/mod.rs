@@ -25,11 +25,11 @@ use crate::core::blacklist::{self, Blacklist, BlacklistEntry};
 use crate::core::clock::{self, MonotonicClock};
 use crate::core::limiter::Limiter;
 use crate::core::model::{Algorithm, Strategy, ValidStrategy};
-use crate::core::segment::{self, Published, MAX_TABLE_DIMENSIONS};
+use crate::core::shm::segment::{self, Published, MAX_TABLE_DIMENSIONS};
+use crate::core::shm::slot::Slot;
 use crate::core::shm::{
     self, user_name, Capacities, Geometry, Mapping, ShmError, H_CONFIG_VERSION, H_HEARTBEAT, H_SEQ,
 };
-use crate::core::slot::Slot;
 
 mod access;
 mod publish;
@@ -322,7 +322,7 @@ impl Writer {
             // nobody else has them open yet; accessed only through Region
             // atomics.
             let whole =
-                unsafe { crate::core::region::Region::from_raw(raw.as_mut_ptr(), raw.len()) };
+                unsafe { crate::core::shm::region::Region::from_raw(raw.as_mut_ptr(), raw.len()) };
             Mapping::format_header(&whole, g, clock::boot_id(), clock::unix_ms());
             let bl = whole.sub(g.bl_off, g.bl_len).expect("file sized above");
             blacklist::init(bl, g.bl_capacity).map_err(|e| fail(e.into()))?;
@@ -410,7 +410,7 @@ impl Writer {
             map.keys().clear();
             // Pids of another boot mean nothing; the counts were zeroed above.
             let ledger = map.ledger();
-            for row in 0..crate::core::ledger::ROWS as usize {
+            for row in 0..crate::core::shm::ledger::ROWS as usize {
                 ledger.free_any(row);
             }
         }

@@ -151,7 +151,7 @@ impl Writer {
                     dims.push(&c.dimension);
                 }
                 if c.dimension == "ip" {
-                    match crate::core::ipnet::parse_ip_net(&c.value) {
+                    match crate::core::model::ipnet::parse_ip_net(&c.value) {
                         Ok(n) if !n.is_host() && !prefixes.contains(&n.len) => prefixes.push(n.len),
                         _ => {}
                     }
