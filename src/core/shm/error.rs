@@ -4,7 +4,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::header::LAYOUT_VERSION;
+use super::LAYOUT_VERSION;
 
 /// Why the file cannot be used.
 #[derive(Debug, thiserror::Error)]
