@@ -1,3 +1,8 @@
+//! Time, in one place: monotonic nanoseconds (the limiters), the wall
+//! clock (windows, heartbeats, expiries) and the kernel's boot id (when
+//! monotonic time restarted). nginx's cached clocks are read in
+//! `src/module/time.rs`; everything else reads time here.
+//!
 //! Monotonic time in integer nanoseconds.
 //!
 //! The limiters never read a clock themselves: every call takes `now_ns`, so
@@ -87,6 +92,38 @@ impl Clock for FakeClock {
     fn now_ns(&self) -> u64 {
         self.ns.load(Ordering::SeqCst)
     }
+}
+
+/// Time since the Unix epoch by the wall clock (zero if the clock is set
+/// before 1970).
+fn since_epoch() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// Wall-clock unix milliseconds (heartbeats, expiries, the store's times).
+pub fn unix_ms() -> u64 {
+    since_epoch().as_millis() as u64
+}
+
+/// The wall clock in Unix nanoseconds, the windows' clock.
+pub fn unix_ns() -> u64 {
+    u64::try_from(since_epoch().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The kernel's boot id (random per boot), to notice that monotonic time
+/// restarted and limiter state words are meaningless.
+pub fn boot_id() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = s.bytes().filter(|c| c.is_ascii_hexdigit()).collect();
+        for (i, pair) in hex.chunks(2).take(16).enumerate() {
+            let txt = std::str::from_utf8(pair).unwrap_or("0");
+            out[i] = u8::from_str_radix(txt, 16).unwrap_or(0);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use super::region::Region;
-use super::segment::{decode_payload, read_segment, Decoded};
+use super::shm::region::Region;
+use super::shm::segment::{decode_payload, read_segment, Decoded};
 use super::shm::{Geometry, HEADER_SIZE, H_SEQ};
 use super::table::Table;
 
@@ -97,7 +97,7 @@ impl Crafted {
     /// The payload and the header's strategy and blacklist dimension counts.
     pub fn payload(self) -> (Vec<u8>, u32, u32) {
         use super::model::{Algorithm, Condition, Strategy, Unit};
-        use super::segment::{encode_payload, Published};
+        use super::shm::segment::{encode_payload, Published};
         let s = Strategy::plain(
             1,
             vec![Condition::new("api", b"/crafted")],
@@ -130,7 +130,7 @@ impl Crafted {
         let next = map.seq() + 1;
         let seg = map.segment((next & 1) as usize);
         let (payload, count, bl_dims) = self.payload();
-        super::segment::write_segment(&seg, &payload, count, bl_dims, next, 999, 0);
+        super::shm::segment::write_segment(&seg, &payload, count, bl_dims, next, 999, 0);
         if let Some(w) = map.header().u64_at(H_SEQ) {
             w.store(next, std::sync::atomic::Ordering::Release);
         }
@@ -141,12 +141,12 @@ impl Crafted {
 /// Fuzzing entry point (fuzz/fuzz_targets/segment.rs): `data` as one
 /// segment, header included, its magic, version and seqlock word made
 /// right so that the fuzzer gets to the counts and records (the checksum
-/// is skipped in fuzz builds, see [`read_raw`](super::segment::read_raw)).
+/// is skipped in fuzz builds, see [`read_raw`](super::shm::segment::read_raw)).
 /// The worker's decoder and builder and the agent's decoder both run;
 /// returns what the worker's made of it (the number of strategies
 /// published), never panics or allocates by what the bytes announce.
-pub fn fuzz_segment(data: &[u8]) -> Result<usize, super::segment::SegmentError> {
-    use super::segment::{SEG_HEADER, SEG_MAGIC, SEG_VERSION};
+pub fn fuzz_segment(data: &[u8]) -> Result<usize, super::shm::segment::SegmentError> {
+    use super::shm::segment::{SEG_HEADER, SEG_MAGIC, SEG_VERSION};
     let mut image = data.to_vec();
     image.resize(image.len().max(SEG_HEADER), 0);
     image[0..8].copy_from_slice(&(SEG_MAGIC as u64 | (SEG_VERSION as u64) << 32).to_le_bytes());
@@ -168,12 +168,12 @@ pub fn fuzz_segment(data: &[u8]) -> Result<usize, super::segment::SegmentError> 
 /// (the regression test of the pre-fix crash).
 pub fn crafted_image(c: Crafted, publish_seq: u64) -> Vec<u8> {
     let (payload, count, bl_dims) = c.payload();
-    let len = (super::segment::SEG_HEADER + payload.len()).next_multiple_of(4096);
+    let len = (super::shm::segment::SEG_HEADER + payload.len()).next_multiple_of(4096);
     let words: Vec<std::sync::atomic::AtomicU64> = (0..len / 8)
         .map(|_| std::sync::atomic::AtomicU64::new(0))
         .collect();
     let seg = Region::from_atomics(&words);
-    super::segment::write_segment(&seg, &payload, count, bl_dims, publish_seq, 1, 0);
+    super::shm::segment::write_segment(&seg, &payload, count, bl_dims, publish_seq, 1, 0);
     let mut out = vec![0u8; len];
     seg.read_bytes(0, &mut out);
     out
@@ -219,7 +219,7 @@ const FUZZ_VALUES: [&str; 8] = [
 
 /// One strategy drawn from the bytes (the model may refuse it).
 fn fuzz_strategy(b: &mut Bytes<'_>, id: u32) -> super::model::Strategy {
-    use super::each::OnFull;
+    use super::model::each::OnFull;
     use super::model::{Action, Algorithm, Condition, Strategy, Unit};
     let algorithm = Algorithm::ALL[b.u8() as usize % Algorithm::ALL.len()];
     let per = Unit::ALL[b.u8() as usize % Unit::ALL.len()];
@@ -262,7 +262,7 @@ fn fuzz_strategy(b: &mut Bytes<'_>, id: u32) -> super::model::Strategy {
 /// the requests decided (0 when the model refused the table).
 pub fn fuzz_decide(data: &[u8]) -> usize {
     use std::sync::{Mutex, OnceLock};
-    static FILE: OnceLock<Mutex<(super::writer::Writer, super::reader::Reader, u64)>> =
+    static FILE: OnceLock<Mutex<(super::shm::writer::Writer, super::shm::reader::Reader, u64)>> =
         OnceLock::new();
     static PATH: OnceLock<std::path::PathBuf> = OnceLock::new();
     /// Removes the file when the process exits (test harness, libFuzzer).
@@ -286,8 +286,8 @@ pub fn fuzz_decide(data: &[u8]) -> usize {
             blacklist_entries: 16,
             keys: 64,
         };
-        let w = super::writer::Writer::create_or_adopt(&path, caps, 0o600).expect("fuzz file");
-        Mutex::new((w, super::reader::Reader::new(&path), 0))
+        let w = super::shm::writer::Writer::create_or_adopt(&path, caps, 0o600).expect("fuzz file");
+        Mutex::new((w, super::shm::reader::Reader::new(&path), 0))
     });
     let mut guard = file.lock().unwrap_or_else(|e| e.into_inner());
     let (w, r, version) = &mut *guard;

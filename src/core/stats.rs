@@ -5,8 +5,8 @@
 
 use std::fmt::Write as _;
 
-use super::reader::Reader;
-use super::slot::Slot;
+use super::shm::reader::Reader;
+use super::shm::slot::Slot;
 
 /// One strategy's counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,11 +193,7 @@ pub fn render_prometheus(s: &Stats, now_unix_ms: u64) -> String {
             |x| x.delayed,
         ),
     ] {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-        for st in &s.strategies {
-            series(&mut o, name, st);
-            let _ = writeln!(o, " {}", get(st));
-        }
+        family(&mut o, s, name, "counter", help, |st| Some(get(st)));
     }
     render_keys_prometheus(&mut o, s);
     render_response_prometheus(&mut o, s);
@@ -225,13 +221,7 @@ fn render_response_prometheus(o: &mut String, s: &Stats) {
             |r| r.not_counted,
         ),
     ] {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-        for st in &s.strategies {
-            if let Some(r) = &st.response {
-                series(o, name, st);
-                let _ = writeln!(o, " {}", get(r));
-            }
-        }
+        family(o, s, name, "counter", help, |st| st.response.as_ref().map(get));
     }
 }
 
@@ -270,13 +260,7 @@ fn render_keys_prometheus(o: &mut String, s: &Stats) {
             |k| k.capped,
         ),
     ] {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for st in &s.strategies {
-            if let Some(k) = &st.keys {
-                series(o, name, st);
-                let _ = writeln!(o, " {}", get(k));
-            }
-        }
+        family(o, s, name, kind, help, |st| st.keys.as_ref().map(get));
     }
     let kt = &s.key_table;
     for (name, help, v) in [
@@ -297,6 +281,25 @@ fn render_keys_prometheus(o: &mut String, s: &Stats) {
         ),
     ] {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+}
+
+/// One metric family: its HELP and TYPE lines, then a series for each
+/// strategy `get` has a value for.
+fn family(
+    o: &mut String,
+    s: &Stats,
+    name: &str,
+    kind: &str,
+    help: &str,
+    get: impl Fn(&StrategyStats) -> Option<u64>,
+) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for st in &s.strategies {
+        if let Some(v) = get(st) {
+            series(o, name, st);
+            let _ = writeln!(o, " {v}");
+        }
     }
 }
 

@@ -26,11 +26,10 @@ use ngx::ngx_log_error;
 
 use super::conf::MainConf;
 use super::parse::LogLevel;
-use super::time::{monotonic_ns, unix_ms};
+use super::time::{self, unix_ms};
 use super::variables;
 use super::worker::ValueSource;
 use super::RateCtlModule;
-use crate::core::admit::Now;
 use crate::core::response::{parse_cost, Owing};
 
 /// The module's context index (set by nginx before any request).
@@ -71,10 +70,7 @@ fn settle_late(r: *mut ngx_http_request_t, owing: Owing) {
         // whose cleanups run before any of its memory is freed
         // (ngx_destroy_pool), so `r` and its status fields are live.
         let status = final_status(unsafe { &*r });
-        let now = Now {
-            mono_ns: monotonic_ns(),
-            wall_ns: unix_ms().saturating_mul(1_000_000),
-        };
+        let now = time::now();
         owing.settle(status, now, |_| None);
     }));
     if settle.is_err() {
@@ -203,10 +199,7 @@ fn settle(r: &Request, owing: Owing) {
     let Some(mc) = RateCtlModule::main_conf(r) else {
         return;
     };
-    let now = Now {
-        mono_ns: monotonic_ns(),
-        wall_ns: unix_ms().saturating_mul(1_000_000),
-    };
+    let now = time::now();
     let bad = Cell::new(None);
     owing.settle(status, now, |item| {
         let d = mc.dimensions.get(item.after_dim?)?;

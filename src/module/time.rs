@@ -1,9 +1,11 @@
 //! nginx's cached clocks, as the handler, the worker and the stats
-//! endpoint read them.
+//! endpoint read them (FFI only: every other clock is `core::clock`).
 
 use std::ptr;
 
 use ngx::ffi::ngx_timeofday;
+
+use crate::core::admit::Now;
 
 /// nginx's cached monotonic clock, in nanoseconds: `ngx_current_msec`
 /// (`CLOCK_MONOTONIC` in whole milliseconds, the same in every worker),
@@ -25,4 +27,14 @@ pub fn monotonic_ns() -> u64 {
 pub fn unix_ms() -> u64 {
     let tp = ngx_timeofday();
     (tp.sec as u64) * 1000 + tp.msec as u64
+}
+
+/// Both cached clocks as the core's [`Now`]: what the LOG phase settles a
+/// request's charges at.
+#[inline]
+pub fn now() -> Now {
+    Now {
+        mono_ns: monotonic_ns(),
+        wall_ns: unix_ms().saturating_mul(1_000_000),
+    }
 }

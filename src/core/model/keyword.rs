@@ -29,7 +29,7 @@ macro_rules! keyword_enum {
             /// Every value, in the order of their bytes.
             pub const ALL: [$name; [$($byte),+].len()] = [$($name::$variant),+];
             /// The words, comma-separated (error messages).
-            pub const EXPECTED: &'static str = $crate::core::keyword::keyword_enum!(@join $($word),+);
+            pub const EXPECTED: &'static str = $crate::core::model::keyword::keyword_enum!(@join $($word),+);
 
             /// The value's word, as written in the store, the API and the CLI.
             pub fn as_str(self) -> &'static str {

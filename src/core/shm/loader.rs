@@ -5,7 +5,7 @@
 //! table it replaces some more: tens of milliseconds for 65,536
 //! strategies, during which an nginx worker that did it on its event loop
 //! would answer nobody. So a worker
-//! ([`Reader::set_background`](super::reader::Reader::set_background))
+//! ([`Reader::set_background`](crate::core::shm::reader::Reader::set_background))
 //! hands a segment of at least [`BACKGROUND_MIN`] strategies to a helper
 //! thread, which reads, decodes and builds the [`Table`]; the worker goes
 //! on deciding with the table it has and installs the new one at the first
@@ -16,15 +16,15 @@
 //! start with every asynchronous signal blocked: nginx's signals (reload,
 //! stop, reopen) keep reaching the worker's own thread. Synchronous
 //! faults stay deliverable, so a SIGBUS while reading a truncated file is
-//! absorbed by [`sigbus`](super::sigbus) as on the worker's thread.
+//! absorbed by [`sigbus`](crate::core::shm::sigbus) as on the worker's thread.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::segment::SegmentError;
-use super::shm::Mapping;
-use super::table::Table;
+use crate::core::shm::segment::SegmentError;
+use crate::core::shm::Mapping;
+use crate::core::table::Table;
 
 /// Segments of at least this many strategies are loaded by a helper
 /// thread (when the engine allows it): smaller ones load in well under a
@@ -90,7 +90,7 @@ pub fn start(map: Arc<Mapping>, seq: u64) -> Option<Pending> {
 }
 
 /// Builder threads of this process not finished yet (every reader
-/// together): a [`Reader`](super::reader::Reader) keeps at most one.
+/// together): a [`Reader`](crate::core::shm::reader::Reader) keeps at most one.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts a builder thread out when it ends, however it ends.
@@ -119,7 +119,7 @@ pub fn drop_later<T: Send + 'static>(value: T) {
 /// The strategy count segment `seq` of `map` announces (racy: a hint for
 /// choosing where to load it, validated by the read itself).
 pub fn announced_strategies(map: &Mapping, seq: u64) -> u32 {
-    super::segment::announced_count(&map.segment((seq & 1) as usize))
+    crate::core::shm::segment::announced_count(&map.segment((seq & 1) as usize))
 }
 
 fn build(map: &Arc<Mapping>, seq: u64) -> Built {

@@ -10,7 +10,7 @@
 //! reader fails open: [`Reader::table`] is `None` and requests pass.
 //!
 //! A truncation inside that second raises SIGBUS; where the
-//! [`sigbus`](super::sigbus) guard is installed (nginx workers, the agent)
+//! [`sigbus`](crate::core::shm::sigbus) guard is installed (nginx workers, the agent)
 //! the mapping then reads as zeros, so the sequence appears to change and
 //! the next refresh drops the mapping and fails open until the file is
 //! whole again.
@@ -21,10 +21,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::loader::{self, Built, Pending};
-use super::segment::SegmentError;
-use super::shm::{Mapping, ShmError};
-use super::table::Table;
+use crate::core::shm::loader::{self, Built, Pending};
+use crate::core::shm::segment::SegmentError;
+use crate::core::shm::{Mapping, ShmError};
+use crate::core::table::Table;
 
 /// How often a missing, replaced or truncated file is looked for.
 pub const RECHECK_NS: u64 = 1_000_000_000;
@@ -225,7 +225,7 @@ impl Reader {
     }
 
     /// Gives back the concurrency units of processes that died holding
-    /// them (see [`super::ledger`]); at most once a second, with the file
+    /// them (see [`crate::core::shm::ledger`]); at most once a second, with the file
     /// check.
     fn reclaim(&mut self) -> Option<StateChange> {
         let n = self.map.as_ref()?.reclaim_dead();

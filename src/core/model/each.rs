@@ -1,13 +1,12 @@
 //! The per-key part of a strategy: `each` (1–4 dimensions; one limiter
 //! state per distinct value tuple), the client-address aggregation
 //! (`ipv4_prefix`, `ipv6_prefix`) and `on_full`. The state lives in the key
-//! table ([`super::keys`]).
+//! table ([`crate::core::keys`]).
 
 use std::str::FromStr;
 
-use super::keys::state::MAX_SLIDING_COUNT;
 use super::keyword::keyword_enum;
-use super::model::{valid_dimension_name, Algorithm, MAX_DIMENSION_LEN};
+use super::{valid_dimension_name, Algorithm, MAX_DIMENSION_LEN, MAX_SLIDING_COUNT};
 
 /// Most dimensions in `each`.
 pub const MAX_EACH: usize = 4;
@@ -15,7 +14,7 @@ pub const DEFAULT_IPV4_PREFIX: u8 = 32;
 pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// Largest `max_keys` (a sanity bound: the key table of `rate-ctl agent
 /// --keys` has at most 2^32 entries; 0 means the default share,
-/// [`super::keys::KeyTable::default_cap`]).
+/// [`crate::core::keys::KeyTable::default_cap`]).
 pub const MAX_MAX_KEYS: u32 = 1 << 31;
 
 keyword_enum! {
@@ -78,7 +77,7 @@ pub struct Each {
     pub ipv6_prefix: u8,
     pub on_full: OnFull,
     /// Most key-table entries the strategy's keys may hold (`--max-keys`);
-    /// 0: the default share of the table ([`super::keys::KeyTable::default_cap`]).
+    /// 0: the default share of the table ([`crate::core::keys::KeyTable::default_cap`]).
     pub max_keys: u32,
 }
 

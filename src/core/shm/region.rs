@@ -85,25 +85,32 @@ impl<'a> Region<'a> {
     /// The 64-bit word at `off`, if it lies inside and is aligned.
     #[inline]
     pub fn u64_at(&self, off: usize) -> Option<&'a AtomicU64> {
-        if off % 8 != 0 || off.checked_add(8)? > self.len {
+        self.atomic_at(off)
+    }
+
+    /// The atomic word (or array of words) `T` at `off`, if it lies inside
+    /// and is aligned for `T`. Only for `T` made of atomics (`AtomicU64`,
+    /// `AtomicU32`, arrays of them): the memory is shared with other
+    /// processes and only ever accessed atomically.
+    #[inline(always)]
+    fn atomic_at<T>(&self, off: usize) -> Option<&'a T> {
+        if off % std::mem::align_of::<T>() != 0
+            || off.checked_add(std::mem::size_of::<T>())? > self.len
+        {
             return None;
         }
-        // SAFETY: in bounds and aligned (checked above); the memory is valid
+        // SAFETY: in bounds and aligned for T (checked above); T is made of
+        // atomics (see above), so it has their layout; the memory is valid
         // for 'a and only accessed atomically (contract of `from_raw`).
-        Some(unsafe { &*(self.ptr.add(off) as *const AtomicU64) })
+        Some(unsafe { &*(self.ptr.add(off) as *const T) })
     }
 
     /// `N` consecutive 64-bit words at `off`, if they lie inside and are
     /// aligned: one bounds check for a whole record.
     #[inline]
     pub fn words_at<const N: usize>(&self, off: usize) -> Option<&'a [AtomicU64; N]> {
-        if off % 8 != 0 || off.checked_add(N * 8)? > self.len {
-            return None;
-        }
-        // SAFETY: in bounds and aligned (checked above); AtomicU64 arrays
-        // have the layout of N consecutive words; the memory is valid for 'a
-        // and only accessed atomically (contract of `from_raw`).
-        Some(unsafe { &*(self.ptr.add(off) as *const [AtomicU64; N]) })
+        // AtomicU64 arrays have the layout of N consecutive words.
+        self.atomic_at(off)
     }
 
     /// The region as consecutive records of `N` 64-bit words (a tail
@@ -124,11 +131,7 @@ impl<'a> Region<'a> {
     /// The 32-bit word at `off`, if it lies inside and is aligned.
     #[inline]
     pub fn u32_at(&self, off: usize) -> Option<&'a AtomicU32> {
-        if off % 4 != 0 || off.checked_add(4)? > self.len {
-            return None;
-        }
-        // SAFETY: as in `u64_at`.
-        Some(unsafe { &*(self.ptr.add(off) as *const AtomicU32) })
+        self.atomic_at(off)
     }
 
     /// Relaxed load of the word at `off`; 0 when out of range.

@@ -9,8 +9,8 @@ use std::sync::atomic::{fence, Ordering};
 
 use smallvec::SmallVec;
 
-use super::model::{Action, Algorithm, Condition, Op, Strategy, Unit, WarmUp};
-use super::region::Region;
+use crate::core::model::{Action, Algorithm, Condition, Op, Strategy, Unit, WarmUp};
+use crate::core::shm::region::Region;
 
 /// `"RCSG"` little-endian.
 pub const SEG_MAGIC: u32 = u32::from_le_bytes(*b"RCSG");
@@ -115,7 +115,7 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
             out.extend_from_slice(&(c.value.len() as u16).to_le_bytes());
             out.extend_from_slice(&c.value);
         }
-        super::keys::segment::encode(&s.each, &mut out);
+        crate::core::keys::segment::encode(&s.each, &mut out);
         encode_response(&s.each, &s.response, &mut out);
         while out.len() % 8 != 0 {
             out.push(0);
@@ -141,7 +141,11 @@ const RESPONSE_TAG: u8 = b'R';
 /// without `each` first writes the `each` count 0, then: the tag `R`,
 /// `count_if` as canonical text, `cost_from`, `cost_after` (each a `u8`
 /// length and bytes; empty: not set). See docs/SHM-LAYOUT.md.
-fn encode_response(each: &super::each::Each, r: &super::response::Response, out: &mut Vec<u8>) {
+fn encode_response(
+    each: &crate::core::model::each::Each,
+    r: &crate::core::response::Response,
+    out: &mut Vec<u8>,
+) {
     if r.is_plain() {
         return;
     }
@@ -163,7 +167,7 @@ fn encode_response(each: &super::each::Each, r: &super::response::Response, out:
 
 /// Reads the response fields from the rest of a record (after the
 /// conditions; zero padding included). The model checks them afterwards.
-fn decode_response(rest: &[u8]) -> Result<super::response::Response, &'static str> {
+fn decode_response(rest: &[u8]) -> Result<crate::core::response::Response, &'static str> {
     // Skip the `each` fields: count, 3 bytes, the names, then `max_keys`
     // (4 bytes, written for every per-key strategy; issue 28).
     let mut at = match rest.first() {
@@ -192,8 +196,8 @@ fn decode_response(rest: &[u8]) -> Result<super::response::Response, &'static st
         at += 1 + len;
     }
     let count_if =
-        super::response::StatusSet::parse(fields[0]).map_err(|_| "response: bad count_if")?;
-    Ok(super::response::Response {
+        crate::core::response::StatusSet::parse(fields[0]).map_err(|_| "response: bad count_if")?;
+    Ok(crate::core::response::Response {
         count_if,
         cost_from: fields[1].to_string(),
         cost_after: fields[2].to_string(),
@@ -494,7 +498,7 @@ pub fn decode_records<'a>(
         let priority = r.u32().ok_or_else(trunc)? as i32;
         let name_len = r.u16().ok_or_else(trunc)? as usize;
         let _reserved = r.u16().ok_or_else(trunc)?;
-        if name_len > super::model::MAX_NAME_LEN {
+        if name_len > crate::core::model::MAX_NAME_LEN {
             return Err(bad("name too long"));
         }
         let name = r.take(name_len).ok_or_else(trunc)?;
@@ -511,10 +515,10 @@ pub fn decode_records<'a>(
             4 => Action::Allow,
             _ => return Err(bad("unknown action")),
         };
-        if n > super::model::MAX_CONDITIONS {
+        if n > crate::core::model::MAX_CONDITIONS {
             return Err(bad(&format!(
                 "strategy {id}: {}",
-                super::model::ModelError::TooManyConditions(n)
+                crate::core::model::ModelError::TooManyConditions(n)
             )));
         }
         let mut conditions = SmallVec::new();
@@ -528,7 +532,7 @@ pub fn decode_records<'a>(
             conditions.push((dim, op, value));
         }
         let rest = &r.b[r.pos..];
-        let each_key = super::keys::segment::decode(rest).map_err(bad)?;
+        let each_key = crate::core::keys::segment::decode(rest).map_err(bad)?;
         let response = decode_response(rest).map_err(bad)?;
         let strategy = Strategy {
             id,
@@ -592,7 +596,7 @@ pub fn decode_blacklist_dimensions(
         let dl = c.u8().ok_or_else(bad)? as usize;
         let d = c.take(dl).ok_or_else(bad)?;
         let d = std::str::from_utf8(d).map_err(|_| bad())?;
-        if !super::model::valid_dimension_name(d) {
+        if !crate::core::model::valid_dimension_name(d) {
             return Err(bad());
         }
         dims.push(d.to_string());
@@ -622,11 +626,11 @@ mod tests {
             priority: id as i32 - 5,
             name: format!("rule \"{id}\" \\ \n"),
             each: if id % 2 == 0 {
-                crate::core::each::Each {
+                crate::core::model::each::Each {
                     ipv6_prefix: 56,
-                    on_full: crate::core::each::OnFull::Reject,
+                    on_full: crate::core::model::each::OnFull::Reject,
                     max_keys: 100,
-                    ..crate::core::each::Each::of(&["ip", "userid"])
+                    ..crate::core::model::each::Each::of(&["ip", "userid"])
                 }
             } else {
                 Default::default()

@@ -19,7 +19,7 @@
 //! | 64 | 24 × [`ENTRIES`] | entries: slot index + 1 (0 = empty), slot generation, units held |
 //! | 4096 | 16 × [`KEY_ENTRIES`] | per-key entries: `(key table entry + 1) << 20 \| units held` (0 = never used), the key's ident |
 //!
-//! Per-key `concurrency` units (see [`super::keys`]) are recorded by the
+//! Per-key `concurrency` units (see [`crate::core::keys`]) are recorded by the
 //! key's position in the key table and its identity: a row's per-key
 //! entries are an open-addressed table (the position's hash picks where a
 //! probe of [`KEY_PROBE`] entries starts; a probe stops at a never-used
@@ -57,9 +57,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::keys::{KeyRef, KeyTable};
-use super::region::Region;
-use super::slot::Slot;
+use crate::core::keys::{KeyRef, KeyTable};
+use crate::core::shm::region::Region;
+use crate::core::shm::slot::Slot;
 
 /// Rows (processes holding units at once: workers, old workers during a
 /// reload).
@@ -417,7 +417,7 @@ pub fn release_units(slot: &Slot<'_>, n: u64) {
 mod tests {
     use super::*;
     use crate::core::keys::{Charge, KeyId, KeyLimiter};
-    use crate::core::slot::LocalSlots;
+    use crate::core::shm::slot::LocalSlots;
 
     /// Zeroed words for `n` ledger rows.
     fn rows(n: u64) -> Vec<AtomicU64> {

@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::region::Region;
+use crate::core::shm::region::Region;
 
 pub const SLOT_SIZE: usize = 64;
 pub const OFF_STATE0: usize = 0;

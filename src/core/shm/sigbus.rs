@@ -9,7 +9,7 @@
 //! * [`install`] adds a SIGBUS handler once per process (the nginx module
 //!   at worker start, the agent at start), remembering the handler that was
 //!   there before.
-//! * Every [`Mapping`](super::shm::Mapping) registers its address range
+//! * Every [`Mapping`](crate::core::shm::Mapping) registers its address range
 //!   ([`register`]); dropping the returned [`Guard`] unregisters it (before
 //!   the range is unmapped).
 //! * On a SIGBUS the kernel raised (`si_code > 0`; one sent with `kill`

@@ -2,7 +2,7 @@
 //!
 //! A value is an address (`10.1.2.3`, `2001:db8::1`) or a network
 //! (`10.0.0.0/8`, `2001:db8::/32`). Everything is kept in the IPv6 form
-//! the matcher keys on ([`IpKey`](super::table::IpKey)): IPv4 as
+//! the matcher keys on ([`IpKey`](crate::core::table::IpKey)): IPv4 as
 //! v4-mapped IPv6, so an IPv4 `/n` is the IPv6 prefix `/96+n` and
 //! IPv4-mapped IPv6 *is* IPv4 (`::ffff:10.0.0.0/104` = `10.0.0.0/8`). An
 //! exact address is the `/32` (`/128`) case of the same thing and is
@@ -158,6 +158,93 @@ pub fn parse_ip_net(value: &[u8]) -> Result<IpNet, IpNetError> {
         });
     }
     Ok(net)
+}
+
+/// An IP address written as text (surrounding spaces ignored): what the
+/// model, the blacklist and the matcher read `ip` values with.
+pub fn parse_ip(value: &[u8]) -> Option<IpAddr> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// The canonical text of an IP address value: IPv4 dotted quad, IPv6 in
+/// RFC 5952 form, IPv4-mapped IPv6 as IPv4, so that one address is stored
+/// one way.
+pub fn canonical_ip(value: &[u8]) -> Option<String> {
+    Some(canonical_ip_addr(parse_ip(value)?))
+}
+
+/// Is `value` an IP address in the form [`canonical_ip`] gives? No
+/// allocation: the reader checks every published `ip` value with it.
+pub fn is_canonical_ip(value: &[u8]) -> bool {
+    use std::io::Write;
+    // A dotted quad is canonical if it parses: the whole check.
+    if parse_canonical_ipv4(value).is_some() {
+        return true;
+    }
+    let Ok(s) = std::str::from_utf8(value) else {
+        return false;
+    };
+    let Ok(ip) = s.parse::<IpAddr>() else {
+        return false;
+    };
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    let mut buf = [0u8; 64];
+    let mut w = &mut buf[..];
+    if write!(w, "{ip}").is_err() {
+        return false;
+    }
+    let n = 64 - w.len();
+    buf[..n] == *value
+}
+
+/// An IPv4 address in canonical text (what std's `Ipv4Addr` parser
+/// accepts: four decimal octets of 1 to 3 digits, none above 255, no
+/// leading zero, nothing around them), as its 32-bit value. No UTF-8 pass,
+/// no allocation: the reader's path for the `ip` values of a table (most
+/// are IPv4 addresses); anything else goes through the general parsers.
+pub fn parse_canonical_ipv4(b: &[u8]) -> Option<u32> {
+    let mut addr = 0u32;
+    let mut i = 0;
+    for octet in 0..4 {
+        if octet > 0 {
+            if b.get(i) != Some(&b'.') {
+                return None;
+            }
+            i += 1;
+        }
+        let start = i;
+        let mut v = 0u32;
+        while let Some(&c) = b.get(i) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            if i - start == 3 {
+                return None;
+            }
+            v = v * 10 + u32::from(c - b'0');
+            i += 1;
+        }
+        let n = i - start;
+        if n == 0 || v > 255 || (n > 1 && b[start] == b'0') {
+            return None;
+        }
+        addr = addr << 8 | v;
+    }
+    (i == b.len()).then_some(addr)
+}
+
+/// See [`canonical_ip`].
+pub fn canonical_ip_addr(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => v6.to_string(),
+        },
+        IpAddr::V4(v4) => v4.to_string(),
+    }
 }
 
 #[cfg(test)]

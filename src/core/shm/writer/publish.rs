@@ -1,0 +1,350 @@
+//! Publishing a table: plan (check capacities, assign slots, encode),
+//! then apply (blacklist, slots, the inactive segment, the sequence).
+
+use super::*;
+
+/// What a publish did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishReport {
+    pub seq: u64,
+    pub strategies: usize,
+    pub new_slots: usize,
+    pub freed_slots: usize,
+    pub blacklist_entries: usize,
+    pub payload_bytes: usize,
+    /// Strategies left out of this publish by [`Writer::publish_staged`]
+    /// until the slots it freed may be reused; 0 for a complete publish.
+    pub deferred: usize,
+}
+
+/// What a publish will write, decided before anything is written.
+struct Plan {
+    /// The strategies with their slots, by id.
+    published: Vec<Published>,
+    /// Indexes into `published` of the strategies that get a new slot.
+    fresh: Vec<usize>,
+    /// The blacklist's dimensions, in table order.
+    bl_dims: Vec<String>,
+    /// The encoded segment payload.
+    payload: Vec<u8>,
+    /// The wall clock the plan was made at (slot quarantine, timestamps).
+    now_ms: u64,
+}
+
+impl Writer {
+    /// [`publish_valid`](Self::publish_valid), and when the table fits the capacity
+    /// but not the slots free right now (the slots of the strategies it
+    /// replaces are still in use or in their 2 s quarantine — e.g. a
+    /// replace-import of a full table), publish it in stages: now the
+    /// strategies that keep their slots plus as many new ones as slots are
+    /// free (which frees the replaced ones), the rest once the freed slots
+    /// may be reused. The report's `deferred` counts what is left for a
+    /// later call with the same table (2 s on); 0 when complete.
+    pub fn publish_staged(
+        &mut self,
+        strategies: &[ValidStrategy],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let free = match self.publish_valid(strategies, blacklist, config_version) {
+            Err(ShmError::SlotsBusy { free, .. }) => free as usize,
+            other => return other,
+        };
+        let mut first: Vec<ValidStrategy> = Vec::with_capacity(strategies.len());
+        let mut new = 0;
+        let mut by_id: Vec<&ValidStrategy> = strategies.iter().collect();
+        by_id.sort_by_key(|s| s.id);
+        for s in by_id {
+            let keeps = self
+                .assigned
+                .get(&s.id)
+                .is_some_and(|a| a.algorithm == s.algorithm);
+            if keeps || new < free {
+                new += usize::from(!keeps);
+                first.push(s.clone());
+            }
+        }
+        // The first stage is not all of `config_version`: it goes out under
+        // the version already in the file, so that a reader (workers' stats,
+        // the agent's applied version, host lag) sees the new version only
+        // once the whole table is in.
+        let previous = self.map.header().load(H_CONFIG_VERSION);
+        let mut report = self.publish_valid(&first, blacklist, previous)?;
+        report.deferred = strategies.len() - first.len();
+        Ok(report)
+    }
+
+    /// Publishes `strategies` (rates already local to this host) and the
+    /// full blacklist. Nothing in the file changes unless the whole publish
+    /// fits: invalid strategies, duplicate ids and exceeded capacities are
+    /// errors and the previous table stays active.
+    ///
+    /// For callers holding strategies no one validated yet (a table file,
+    /// tests): validates each once, then [`publish_valid`](Self::publish_valid).
+    pub fn publish(
+        &mut self,
+        strategies: &[Strategy],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let valid = strategies
+            .iter()
+            .map(|s| {
+                s.clone()
+                    .into_valid()
+                    .map_err(|source| ShmError::InvalidStrategy { id: s.id, source })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.publish_valid(&valid, blacklist, config_version)
+    }
+
+    /// [`publish`](Self::publish) for strategies already validated (the
+    /// agent's): they are not checked again.
+    pub fn publish_valid(
+        &mut self,
+        strategies: &[ValidStrategy],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        self.ensure_whole()?;
+        let plan = self.plan(strategies, blacklist)?;
+        self.apply(plan, blacklist, config_version)
+    }
+
+    /// Step 1 of a publish: checks every capacity (the strategies carry
+    /// their validation), assigns slots and encodes the payload. No side
+    /// effects.
+    fn plan(
+        &self,
+        strategies: &[ValidStrategy],
+        blacklist: &[BlacklistEntry],
+    ) -> Result<Plan, ShmError> {
+        let g = self.map.geometry;
+        let now_ms = clock::unix_ms();
+        let mut list: Vec<Strategy> = strategies.iter().map(|s| (**s).clone()).collect();
+        list.sort_by_key(|s| s.id);
+        if let Some(w) = list.windows(2).find(|w| w[0].id == w[1].id) {
+            return Err(ShmError::DuplicateId(w[0].id));
+        }
+        if list.len() > g.slot_count as usize {
+            return Err(ShmError::Capacity {
+                what: "max strategies",
+                limit: g.slot_count as u64,
+                needed: list.len() as u64,
+            });
+        }
+        let mut dims: Vec<&str> = Vec::new();
+        let mut bl_dims: Vec<String> = Vec::new();
+        // Each prefix length of an `ip` network is one more dimension to
+        // the matcher (see core::ipnet).
+        let mut prefixes: Vec<u8> = Vec::new();
+        // So is each prefix length and template shape (see core::pattern).
+        let mut derived: Vec<String> = Vec::new();
+        for s in &list {
+            for c in &s.conditions {
+                if let Some(p) = crate::core::pattern::matcher_dimension(c) {
+                    if !derived.contains(&p) {
+                        derived.push(p);
+                    }
+                }
+                if !dims.contains(&c.dimension.as_str()) {
+                    dims.push(&c.dimension);
+                }
+                if c.dimension == "ip" {
+                    match crate::core::model::ipnet::parse_ip_net(&c.value) {
+                        Ok(n) if !n.is_host() && !prefixes.contains(&n.len) => prefixes.push(n.len),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        for e in blacklist {
+            if !bl_dims.contains(&e.dimension) {
+                bl_dims.push(e.dimension.clone());
+            }
+        }
+        let all_dims = dims.len()
+            + prefixes.len()
+            + derived.len()
+            + bl_dims
+                .iter()
+                .filter(|d| !dims.contains(&d.as_str()))
+                .count();
+        if all_dims > MAX_TABLE_DIMENSIONS {
+            return Err(ShmError::Capacity {
+                what: "dimensions per table",
+                limit: MAX_TABLE_DIMENSIONS as u64,
+                needed: all_dims as u64,
+            });
+        }
+        // Slot plan.
+        let slots = self.map.slots();
+        let mut plan: Vec<Published> = Vec::with_capacity(list.len());
+        let mut fresh: Vec<usize> = Vec::new(); // indexes into plan needing a new slot
+        for s in list {
+            match self.assigned.get(&s.id) {
+                Some(a) if a.algorithm == s.algorithm => plan.push(Published {
+                    slot: a.slot,
+                    generation: a.generation,
+                    strategy: s,
+                }),
+                _ => {
+                    fresh.push(plan.len());
+                    plan.push(Published {
+                        slot: u32::MAX,
+                        generation: 0,
+                        strategy: s,
+                    });
+                }
+            }
+        }
+        let keep: std::collections::HashSet<u32> = plan
+            .iter()
+            .filter(|p| p.slot != u32::MAX)
+            .map(|p| p.slot)
+            .collect();
+        let mut free = Vec::with_capacity(fresh.len());
+        let mut candidate = 0u32;
+        while free.len() < fresh.len() && candidate < g.slot_count {
+            let usable = !self.slot_in_use(candidate)
+                && Slot::at(&slots, candidate).is_some_and(|s| {
+                    let freed = s.freed_at().load(Ordering::Relaxed);
+                    freed == 0 || now_ms.saturating_sub(freed) >= SLOT_QUARANTINE_MS
+                });
+            if usable && !keep.contains(&candidate) {
+                free.push(candidate);
+            }
+            candidate += 1;
+        }
+        if free.len() < fresh.len() {
+            // Count every free slot (not just the ones needed) and the ones
+            // that will be: freed by this publish or in quarantine.
+            let free_now = (0..g.slot_count)
+                .filter(|&c| {
+                    !keep.contains(&c)
+                        && !self.slot_in_use(c)
+                        && Slot::at(&slots, c).is_some_and(|s| {
+                            let freed = s.freed_at().load(Ordering::Relaxed);
+                            freed == 0 || now_ms.saturating_sub(freed) >= SLOT_QUARANTINE_MS
+                        })
+                })
+                .count() as u64;
+            // Every other slot is kept by this table, or in use by a
+            // strategy it drops, or in quarantine.
+            let waiting = (g.slot_count as u64)
+                .saturating_sub(free_now)
+                .saturating_sub(keep.len() as u64);
+            return Err(ShmError::SlotsBusy {
+                needed: fresh.len() as u64,
+                free: free_now,
+                waiting,
+                limit: g.slot_count as u64,
+            });
+        }
+        for (&i, &slot) in fresh.iter().zip(&free) {
+            let gen = Slot::at(&slots, slot)
+                .map(|s| s.generation().load(Ordering::Relaxed))
+                .unwrap_or(0)
+                .wrapping_add(1)
+                .max(1);
+            plan[i].slot = slot;
+            plan[i].generation = gen;
+        }
+        let payload = segment::encode_payload(&plan, &bl_dims);
+        if payload.len() as u64 > segment::capacity_bytes(g.seg_len) {
+            return Err(ShmError::Capacity {
+                what: "segment bytes",
+                limit: segment::capacity_bytes(g.seg_len),
+                needed: payload.len() as u64,
+            });
+        }
+        Ok(Plan {
+            published: plan,
+            fresh,
+            bl_dims,
+            payload,
+            now_ms,
+        })
+    }
+
+    /// Steps 2 to 4 of a publish: writes what `plan` decided (blacklist,
+    /// slots, the inactive segment) and flips the sequence.
+    fn apply(
+        &mut self,
+        plan: Plan,
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+    ) -> Result<PublishReport, ShmError> {
+        let Plan {
+            published: plan,
+            fresh,
+            bl_dims,
+            payload,
+            now_ms,
+        } = plan;
+        let slots = self.map.slots();
+        // 2. Blacklist: on error the previous list stays whole. A header
+        // that no longer opens (written by someone else) is rebuilt: a
+        // damaged header must not fail every later publish.
+        let bl = match Blacklist::open(self.map.blacklist()) {
+            Ok(bl) => bl,
+            Err(_) => {
+                blacklist::init(self.map.blacklist(), self.map.geometry.bl_capacity)?;
+                Blacklist::open(self.map.blacklist())?
+            }
+        };
+        let bl_report = bl.rebuild(blacklist)?;
+        // 3. Slots: reset the new ones, free the ones no longer used.
+        let keys = self.map.keys();
+        for &i in &fresh {
+            let p = &plan[i];
+            if let Some(s) = Slot::at(&slots, p.slot) {
+                s.reset(p.strategy.id, p.generation);
+            }
+            keys.reset_counters(p.slot);
+            self.set_slot_bit(p.slot, true);
+        }
+        let mut freed = 0;
+        let in_plan: HashMap<u32, u32> = plan.iter().map(|p| (p.strategy.id, p.slot)).collect();
+        for (id, a) in &self.assigned {
+            if in_plan.get(id) != Some(&a.slot) {
+                if let Some(s) = Slot::at(&slots, a.slot) {
+                    s.freed_at().store(now_ms.max(1), Ordering::Relaxed);
+                }
+                self.set_slot_bit(a.slot, false);
+                freed += 1;
+            }
+        }
+        // 4. Write the inactive segment, then publish (Release).
+        let next = self.seq.wrapping_add(1).max(1);
+        segment::write_segment(
+            &self.map.segment((next & 1) as usize),
+            &payload,
+            plan.len() as u32,
+            bl_dims.len() as u32,
+            next,
+            config_version,
+            now_ms,
+        );
+        let header = self.map.header();
+        header.store(H_CONFIG_VERSION, config_version);
+        if let Some(w) = header.u64_at(H_SEQ) {
+            w.store(next, Ordering::Release);
+        }
+        self.seq = next;
+        self.assigned = plan
+            .iter()
+            .map(|p| (p.strategy.id, Assigned::of(p)))
+            .collect();
+        self.live = Live::of(&self.map);
+        Ok(PublishReport {
+            seq: next,
+            strategies: plan.len(),
+            new_slots: fresh.len(),
+            freed_slots: freed,
+            blacklist_entries: bl_report.entries,
+            payload_bytes: payload.len(),
+            deferred: 0,
+        })
+    }
+}
