@@ -126,6 +126,27 @@ pub fn boot_id() -> [u8; 16] {
     out
 }
 
+/// The time of a request, from both clocks: the buckets run on the
+/// monotonic one (nanoseconds; immune to clock steps), the fixed and sliding
+/// windows on the wall clock (Unix nanoseconds), so that their windows are
+/// UTC minutes, hours and days, the same on every host. A plain `u64` is
+/// both (tests, benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    pub mono_ns: u64,
+    pub wall_ns: u64,
+}
+
+impl From<u64> for Now {
+    #[inline]
+    fn from(ns: u64) -> Now {
+        Now {
+            mono_ns: ns,
+            wall_ns: ns,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,7 +103,7 @@ pub use hash::{Mix, MixKeys, Sip13};
 pub use state::{KeyLimiter, Step};
 
 use super::region::Region;
-use super::shm::ShmError;
+use super::shm::error::ShmError;
 
 /// Default entries of the key table (`rate-ctl agent --keys`).
 pub const DEFAULT_KEYS: u32 = 1 << 20;
@@ -181,8 +181,8 @@ pub fn new_secret() -> [u8; 16] {
     let n = unsafe { libc::getrandom(out.as_mut_ptr().cast(), out.len(), 0) };
     if n != out.len() as isize {
         // No getrandom: still unpredictable enough from outside the host.
-        let mut h = Sip13::new([std::process::id() as u64, super::shm::unix_ms()]);
-        h.write(&super::shm::boot_id());
+        let mut h = Sip13::new([std::process::id() as u64, super::clock::unix_ms()]);
+        h.write(&super::clock::boot_id());
         let t = std::time::Instant::now();
         h.write(format!("{t:?}").as_bytes());
         let a = h.finish();
@@ -602,7 +602,7 @@ impl<'a> KeyTable<'a> {
 
     /// Adds what settling a request did to strategy `slot`'s response
     /// counters (issue 31).
-    pub fn count_settled(&self, slot: u32, s: &super::response::Settled) {
+    pub fn count_settled(&self, slot: u32, s: &super::model::response::Settled) {
         for (off, n) in [
             (C_CHARGED_AFTER, s.charged_after),
             (C_GIVEN_BACK, s.given_back),
@@ -617,12 +617,12 @@ impl<'a> KeyTable<'a> {
     }
 
     /// Strategy `slot`'s response counters (issue 31).
-    pub fn settled(&self, slot: u32) -> super::response::Settled {
+    pub fn settled(&self, slot: u32) -> super::model::response::Settled {
         let get = |off| {
             self.counter(slot, off)
                 .map_or(0, |c| c.load(Ordering::Relaxed))
         };
-        super::response::Settled {
+        super::model::response::Settled {
             charged_after: get(C_CHARGED_AFTER),
             given_back: get(C_GIVEN_BACK),
             not_counted: get(C_NOT_COUNTED),
