@@ -4,6 +4,7 @@
 mod agent;
 mod cli;
 mod client;
+mod fleet;
 mod serve;
 mod store;
 

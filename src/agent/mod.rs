@@ -4,7 +4,7 @@
 //! every heartbeat interval (default 1 s) it records its heartbeat and
 //! applied version in the hosts table and re-reads the hosts. When the
 //! version or this host's share of the fleet changes, it loads the full set
-//! in one read transaction, computes local rates ([`super::rates`]) and
+//! in one read transaction, computes local rates ([`crate::fleet::rates`]) and
 //! publishes through the core writer ([`Sink`]).
 //!
 //! The store is reached through a [`ConfigSource`]: the database itself or
@@ -14,7 +14,7 @@
 //! the last one (for `GET /api/v1/stats`, and the fleet leader's demand).
 //!
 //! `split: demand` strategies: each heartbeat also brings this host's
-//! leases ([`fleet`], [`lease`]); a valid lease replaces the static share
+//! leases ([`fleet`], [`crate::fleet::lease`]); a valid lease replaces the static share
 //! as the local rate, a change is published and acknowledged at once, and
 //! while the host holds leases it reports every [`fleet::PERIOD`]. An
 //! expired lease falls back to the static split, also while the store is
@@ -33,10 +33,7 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
-pub mod fleet;
-pub mod lease;
 pub mod publish;
-pub mod rates;
 pub mod source;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -47,11 +44,12 @@ use rate_ctl::core::model::ValidStrategy;
 use rate_ctl::core::shm::ShmError;
 use tracing::{debug, error, info, warn};
 
+use crate::fleet::leader as fleet;
+use crate::fleet::rates::{local_strategy, share, Share};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::valid::Valid;
 use crate::store::{redact_url, BadRow, CounterSample, Snapshot, StoreError};
 use rate_ctl::core::shm::unix_ms;
-use rates::{local_strategy, share, Share};
 pub use source::ConfigSource;
 
 /// Where published tables go: the core writer in production, a recorder in

@@ -314,12 +314,12 @@ fn spawn_version_poller(state: &Shared) {
 fn spawn_fleet_leader(state: &Shared, me: String) {
     let weak = Arc::downgrade(state);
     tokio::spawn(async move {
-        let mut c = crate::agent::fleet::Coordinator::new(me);
+        let mut c = crate::fleet::leader::Coordinator::new(me);
         let mut failing = false;
         // The strategies, read again only when the version moves.
         let mut known: Option<(u64, Vec<crate::store::record::StrategyRecord>)> = None;
         loop {
-            tokio::time::sleep(crate::agent::fleet::LEADER_PERIOD).await;
+            tokio::time::sleep(crate::fleet::leader::LEADER_PERIOD).await;
             let Some(st) = weak.upgrade() else { return };
             let r = async {
                 let v = st.store.version().await?;
