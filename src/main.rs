@@ -6,6 +6,7 @@ mod cli;
 mod client;
 mod fleet;
 mod serve;
+mod signal;
 mod store;
 
 fn main() -> std::process::ExitCode {

@@ -54,10 +54,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
 /// Rule breaches present when this check was written, as `file:line`
 /// prefixes of their reports; the same subset logic as the cycles.
 const ALLOWED_BREACHES: &[&str] = &[
-    // i27bin: removed when fleet/ leaves agent/
-    "src/serve/mod.rs:317:",
-    "src/serve/mod.rs:322:",
-    "src/serve/mod.rs:418:",
     // i27bin: removed when the records' JSON moves into store/
     "src/store/blacklist.rs:10:",
     "src/store/strategies.rs:14:",

@@ -822,7 +822,7 @@ fn hostname() -> String {
 
 async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult {
     // Before anything slow, so that SIGTERM during start-up exits cleanly too.
-    let shutdown = agent::shutdown_signal()
+    let shutdown = crate::signal::shutdown_signal()
         .map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
     let host_id = a.host_id.unwrap_or_else(hostname);
     if host_id.is_empty() || host_id.len() > 255 || host_id.chars().any(char::is_control) {

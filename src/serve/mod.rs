@@ -415,7 +415,7 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
         let _ = o.flush();
     }
     info!(%addr, store = %redact_url(store_url), version = v, max_connections, "serving");
-    let shutdown = crate::agent::shutdown_signal().map_err(ServeError::Signals)?;
+    let shutdown = crate::signal::shutdown_signal().map_err(ServeError::Signals)?;
     // Long-polls would hold a graceful shutdown for up to 30 s: stop at once
     // instead (nothing is lost: every change is one committed transaction).
     let store = state.clone();
