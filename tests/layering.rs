@@ -42,21 +42,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
     ],
     // i27-merge: remove
     &["module/conf.rs", "module/guard.rs", "module/worker.rs"],
-    // i27bin: removed when the records' JSON moves into store/
-    &[
-        "client/wire.rs",
-        "store/blacklist.rs",
-        "store/mod.rs",
-        "store/strategies.rs",
-    ],
-];
-
-/// Rule breaches present when this check was written, as `file:line`
-/// prefixes of their reports; the same subset logic as the cycles.
-const ALLOWED_BREACHES: &[&str] = &[
-    // i27bin: removed when the records' JSON moves into store/
-    "src/store/blacklist.rs:10:",
-    "src/store/strategies.rs:14:",
 ];
 
 /// Module paths of the core writer (before and after core's regrouping).
@@ -781,8 +766,7 @@ fn no_import_cycles_between_files() {
 
 #[test]
 fn layering_rules_hold() {
-    let mut reports = rule_reports(&src_tree(), RULES);
-    reports.retain(|r| !ALLOWED_BREACHES.iter().any(|a| r.starts_with(a)));
+    let reports = rule_reports(&src_tree(), RULES);
     assert!(reports.is_empty(), "\n{}", reports.join("\n"));
 }
 
@@ -797,17 +781,6 @@ fn allowed_cycles_are_not_stale() {
                 .iter()
                 .any(|c| c.iter().all(|f| allowed.contains(&f.as_str()))),
             "ALLOWED_CYCLES has {allowed:?}, which is no longer a cycle: remove it"
-        );
-    }
-}
-
-#[test]
-fn allowed_breaches_are_not_stale() {
-    let reports = rule_reports(&src_tree(), RULES);
-    for allowed in ALLOWED_BREACHES {
-        assert!(
-            reports.iter().any(|r| r.starts_with(allowed)),
-            "ALLOWED_BREACHES has {allowed}, which is no longer reported: remove it"
         );
     }
 }

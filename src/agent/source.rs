@@ -18,8 +18,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::client::http::{percent_encode, Answer, Client};
-use crate::client::wire::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
 use crate::client::{Backend, Target};
+use crate::store::json::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::{BadRow, CounterSample, Invalid, LeaseRow, Snapshot, Store, StoreError};
 use rate_ctl::core::shm::unix_ms;

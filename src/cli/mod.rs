@@ -13,9 +13,9 @@ use clap::{CommandFactory, FromArgMatches};
 use serde_json::json;
 
 use crate::agent::{self, publish};
-use crate::client::wire::parse_strategy_lines;
 use crate::client::{Backend, Target};
 use crate::serve;
+use crate::store::json::parse_strategy_lines;
 use crate::store::record::{ActionKind, BlacklistRecord, StrategyRecord};
 use crate::store::{self, Invalid, StoreError, DEFAULT_STORE};
 use args::{

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::client::wire::api_name;
+use crate::store::json::api_name;
 use crate::store::record::StrategyRecord;
 use crate::store::{Invalid, StoreError};
 

@@ -22,7 +22,7 @@ use super::body::query_param;
 use super::error::ApiError;
 use super::hosts::hosts_json;
 use super::{Routes, Shared};
-use crate::client::wire::{blacklist_api_json, strategy_api_json};
+use crate::store::json::{blacklist_api_json, strategy_api_json};
 
 pub fn router() -> Routes {
     Routes::default().add("/api/v1/snapshot", &["GET"], get(snapshot))

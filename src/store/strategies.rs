@@ -7,11 +7,11 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::audit::audit;
+use super::json::strategy_api_json;
 use super::record::{Split, StrategyRecord};
 use super::schema::Dialect;
 use super::valid::{Valid, ValidImport};
 use super::{BadRow, Field, Invalid, Result, Store, StoreError};
-use crate::client::wire::strategy_api_json;
 use rate_ctl::core::model::ModelError;
 use rate_ctl::core::shm::unix_ms;
 
