@@ -10,7 +10,7 @@ use super::auth::{AdminToken, AgentToken, ReadToken, Token};
 use super::body::{object, ok, Fields};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
-use crate::store::record::HostRecord;
+use crate::store::json::host_api_json;
 use crate::store::{CounterSample, LeaseRow};
 use rate_ctl::core::shm::unix_ms;
 
@@ -19,20 +19,6 @@ pub fn router() -> Routes {
         .add("/api/v1/hosts", &["GET"], get(list_hosts))
         .add("/api/v1/hosts/{host_id}", &["PUT"], put(set_host_weight))
         .add("/api/v1/hosts/{host_id}/report", &["POST"], post(report))
-}
-
-fn host_json(h: &HostRecord, version: u64, now: u64, freshness_ms: u64) -> Value {
-    json!({
-        "host_id": h.host_id,
-        "weight": h.weight,
-        "last_heartbeat": h.last_heartbeat_ms,
-        "applied_version": h.applied_version,
-        "applied_at": h.applied_ms,
-        "lag": h.applied_version.map(|a| version.saturating_sub(a)),
-        "fresh": h.last_heartbeat_ms.is_some_and(|hb| hb.saturating_add(freshness_ms) >= now),
-        "publish_error": h.publish_error,
-        "publish_error_at": h.publish_error_ms,
-    })
 }
 
 pub async fn hosts_json(st: &Shared) -> Result<(u64, Vec<Value>), ApiError> {
@@ -45,7 +31,7 @@ pub async fn hosts_json(st: &Shared) -> Result<(u64, Vec<Value>), ApiError> {
         .await?
         .iter()
         .map(|h| {
-            let mut v = host_json(h, version, now, st.freshness_ms);
+            let mut v = host_api_json(h, version, now, st.freshness_ms);
             v["leases"] = leases_json(&leases, &h.host_id, now);
             v
         })
