@@ -116,6 +116,13 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
+/// A report that is not what docs/API.md describes: 422 naming the field.
+impl From<crate::client::protocol::BadField> for ApiError {
+    fn from(e: crate::client::protocol::BadField) -> ApiError {
+        ApiError::invalid(&e.field, e.problem)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

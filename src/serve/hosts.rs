@@ -10,8 +10,9 @@ use super::auth::{AdminToken, AgentToken, ReadToken, Token};
 use super::body::{object, ok, Fields};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
+use crate::client::protocol::{acks_from, counters_from, granted_leases_json};
 use crate::store::json::host_api_json;
-use crate::store::{CounterSample, LeaseRow};
+use crate::store::LeaseRow;
 use rate_ctl::core::shm::unix_ms;
 
 pub fn router() -> Routes {
@@ -147,35 +148,8 @@ pub async fn report(
             ))
         }
     };
-    let mut counters = Vec::new();
-    match f.present("counters") {
-        None => {}
-        Some(Value::Array(a)) => {
-            for (i, c) in a.iter().enumerate() {
-                let field = |k: &str| format!("counters[{i}].{k}");
-                let n = |k: &str| -> Result<u64, ApiError> {
-                    match &c[k] {
-                        Value::Null if k != "id" => Ok(0),
-                        v => v
-                            .as_u64()
-                            .ok_or_else(|| ApiError::invalid(&field(k), "must be a whole number")),
-                    }
-                };
-                let id = u32::try_from(n("id")?)
-                    .ok()
-                    .filter(|i| *i > 0)
-                    .ok_or_else(|| ApiError::invalid(&field("id"), "must be a strategy id"))?;
-                counters.push(CounterSample {
-                    id,
-                    passed: n("passed")?,
-                    limited: n("limited")?,
-                    delayed: n("delayed")?,
-                });
-            }
-        }
-        Some(_) => return Err(ApiError::invalid("counters", "must be a list")),
-    }
-    let acks = lease_acks(f.present("leases"))?;
+    let counters = counters_from(f.present("counters"))?;
+    let acks = acks_from(f.present("leases"))?;
     st.store
         .report(&host_id, weight, applied, &counters, who.name())
         .await?;
@@ -186,41 +160,6 @@ pub async fn report(
             .await?;
     }
     let (version, hosts) = hosts_json(&st).await?;
-    let leases: Vec<Value> = st
-        .store
-        .leases(Some(&host_id))
-        .await?
-        .iter()
-        .map(|l| {
-            json!({"strategy": l.strategy_id, "value": l.value, "epoch": l.epoch,
-                   "expires": l.expires_ms, "granted": l.granted_ms})
-        })
-        .collect();
+    let leases = granted_leases_json(&st.store.leases(Some(&host_id)).await?);
     ok(json!({"ok": true, "version": version, "hosts": hosts, "leases": leases}))
-}
-
-/// A report's `leases`: what the host enforces for each `split: demand`
-/// strategy, `[{"strategy", "epoch", "value"}]`.
-fn lease_acks(v: Option<&Value>) -> Result<Vec<(u32, u64, u64)>, ApiError> {
-    let mut out = Vec::new();
-    match v {
-        None => {}
-        Some(Value::Array(a)) => {
-            for (i, l) in a.iter().enumerate() {
-                let n = |k: &str| -> Result<u64, ApiError> {
-                    l[k].as_u64()
-                        .filter(|v| *v <= i64::MAX as u64)
-                        .ok_or_else(|| {
-                            ApiError::invalid(&format!("leases[{i}].{k}"), "must be a whole number")
-                        })
-                };
-                let strategy = u32::try_from(n("strategy")?).map_err(|_| {
-                    ApiError::invalid(&format!("leases[{i}].strategy"), "must be a strategy id")
-                })?;
-                out.push((strategy, n("epoch")?, n("value")?));
-            }
-        }
-        Some(_) => return Err(ApiError::invalid("leases", "must be a list")),
-    }
-    Ok(out)
 }

@@ -22,6 +22,7 @@ use super::body::query_param;
 use super::error::ApiError;
 use super::hosts::hosts_json;
 use super::{Routes, Shared};
+use crate::client::protocol::snapshot_json;
 use crate::store::json::{blacklist_api_json, strategy_api_json};
 
 pub fn router() -> Routes {
@@ -109,13 +110,12 @@ pub async fn snapshot(
     let (_, hosts) = hosts_json(&st).await?;
     let hosts = Value::from(hosts).to_string();
     // The cached parts are serialised JSON arrays: spliced in as they are.
-    let body = format!(
-        "{{\"version\":{},\"changed\":{},\"strategies\":{},\"blacklist\":{},\"hosts\":{}}}",
+    let body = snapshot_json(
         snap.version,
         snap.version > after,
-        snap.strategies,
-        snap.blacklist,
-        hosts
+        &snap.strategies,
+        &snap.blacklist,
+        &hosts,
     );
     Ok((
         StatusCode::OK,
