@@ -71,7 +71,7 @@ pub trait Sink {
     }
     /// Replaces a file truncated or rewritten under the agent; `Ok(Some)`
     /// (the reason) when it did, and the table must be published again.
-    fn check_file(&mut self) -> Result<Option<String>, String> {
+    fn check_file(&mut self) -> Result<Option<String>, ShmError> {
         Ok(None)
     }
     /// Strategies the last publish left for a later stage (slots still in
@@ -79,6 +79,15 @@ pub trait Sink {
     fn deferred(&self) -> usize {
         0
     }
+}
+
+/// Why the agent stopped (it otherwise runs until its shutdown signal).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The store refused the agent's credentials at first contact: a
+    /// configuration error, not retried.
+    #[error("--store {store}: {message}")]
+    Refused { store: String, message: String },
 }
 
 /// How long after a staged publish the rest is published: the writer's
@@ -229,7 +238,7 @@ impl<S: Sink> Agent<S> {
     /// configuration error: `Err` (the agent exits non-zero) instead of
     /// retrying forever with no table. Refused later (a token revoked),
     /// the agent keeps its table and retries, logging at error level.
-    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
         tokio::pin!(shutdown);
         let mut delay = Duration::ZERO;
         loop {
@@ -260,7 +269,10 @@ impl<S: Sink> Agent<S> {
                     error!(store = %redact_url(&self.opts.store_url), error = %m,
                            "the store refused the agent's credentials: a configuration error; exiting");
                     self.source.disconnect();
-                    return Err(format!("--store {}: {m}", redact_url(&self.opts.store_url)));
+                    return Err(AgentError::Refused {
+                        store: redact_url(&self.opts.store_url),
+                        message: m,
+                    });
                 }
                 Err(e) => {
                     if let StoreError::Auth(m) = &e {

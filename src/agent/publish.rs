@@ -25,8 +25,8 @@ pub struct ShmSink {
 }
 
 impl Sink for ShmSink {
-    fn check_file(&mut self) -> Result<Option<String>, String> {
-        self.writer.check_live().map_err(|e| e.to_string())
+    fn check_file(&mut self) -> Result<Option<String>, ShmError> {
+        self.writer.check_live()
     }
 
     fn publish(

@@ -228,10 +228,10 @@ pub fn parse_mode(s: &str) -> Result<u32, BadValue> {
 
 /// An agent's `--mode`: a mode, and not one that lets other users in
 /// (see `crate::agent::publish::mode_refusal`).
-pub fn parse_agent_mode(s: &str) -> Result<u32, String> {
-    let mode = parse_mode(s).map_err(|e| e.to_string())?;
+pub fn parse_agent_mode(s: &str) -> Result<u32, BadValue> {
+    let mode = parse_mode(s)?;
     match crate::agent::publish::mode_refusal(mode) {
-        Some(why) => Err(why),
+        Some(why) => Err(BadValue::RefusedMode(why)),
         None => Ok(mode),
     }
 }

@@ -868,5 +868,5 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
     agent::Agent::new(opts, sink, source)
         .run(shutdown)
         .await
-        .map_err(Failure::other)
+        .map_err(|e| Failure::other(e.to_string()))
 }

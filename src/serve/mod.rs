@@ -101,7 +101,7 @@ pub struct AppState {
     /// Connection counters of the accept loop.
     pub conns: Arc<conn::ConnStats>,
     /// When this instance last wrote each named token's `last_used`.
-    pub token_touched: parking_lot::Mutex<std::collections::HashMap<String, u64>>,
+    pub token_touched: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl AppState {
