@@ -142,15 +142,6 @@ unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a mut [ngx_str_t] {
     }
 }
 
-fn bytes(s: &ngx_str_t) -> &[u8] {
-    if s.len == 0 || s.data.is_null() {
-        &[]
-    } else {
-        // SAFETY: nginx's conf parser gives ngx_str_t with `len` readable bytes at `data`.
-        unsafe { std::slice::from_raw_parts(s.data, s.len) }
-    }
-}
-
 /// Logs `e` once as an `[emerg]` with the file and line, and fails the directive.
 pub(super) fn fail(cf: *mut ngx_conf_t, e: ParseError) -> *mut c_char {
     ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{e}");
@@ -175,7 +166,7 @@ unsafe fn set_loc<T>(
     if slot.is_some() {
         return fail(cf, ParseError::Duplicate { directive });
     }
-    match parse(bytes(&a[1])) {
+    match parse(a[1].as_bytes()) {
         Ok(v) => {
             *slot = Some(v);
             NGX_CONF_OK
@@ -281,7 +272,7 @@ fn set_shm_body(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void
             },
         );
     }
-    match parse::parse_shm_path(bytes(&a[1])) {
+    match parse::parse_shm_path(a[1].as_bytes()) {
         Ok(p) => {
             mc.shm_path = Some(p);
             NGX_CONF_OK
@@ -306,7 +297,7 @@ pub(super) extern "C" fn set_shm_owner(
             },
         );
     }
-    match parse::parse_shm_owner(bytes(&a[1])) {
+    match parse::parse_shm_owner(a[1].as_bytes()) {
         Ok(uid) => {
             mc.shm_owner = Some(uid);
             NGX_CONF_OK
@@ -332,21 +323,22 @@ fn set_dimension_body(
     // cf is the parser state nginx passes to every directive handler.
     let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
     let name = match parse::parse_dimension_name(
-        bytes(&a[1]),
+        a[1].as_bytes(),
         mc.dimensions.iter().map(|d| d.name.as_str()),
     ) {
         Ok(n) => n.to_string(),
         Err(e) => return fail(cf, e),
     };
-    if let Err(e) = parse::check_dimension_value(&name, bytes(&a[2])) {
+    if let Err(e) = parse::check_dimension_value(&name, a[2].as_bytes()) {
         return fail(cf, e);
     }
-    let single = parse::single_variable(bytes(&a[2]));
+    let single = parse::single_variable(a[2].as_bytes());
     let is_arg = single.is_some_and(|v| v.len() > 4 && v.starts_with(b"arg_"));
-    let (norm, last) = match parse::parse_dimension_flags(&name, a[3..].iter().map(bytes), is_arg) {
-        Ok((n, last)) => ((!n.is_none()).then_some(n), last),
-        Err(e) => return fail(cf, e),
-    };
+    let (norm, last) =
+        match parse::parse_dimension_flags(&name, a[3..].iter().map(ngx_str_t::as_bytes), is_arg) {
+            Ok((n, last)) => ((!n.is_none()).then_some(n), last),
+            Err(e) => return fail(cf, e),
+        };
     if let Some(var) = single {
         let mut var_str = ngx_str_t {
             len: var.len(),
