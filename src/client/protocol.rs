@@ -40,36 +40,66 @@ pub fn counters_json(counters: &[CounterSample]) -> Value {
         .collect()
 }
 
-/// The inverse of [`counters_json`]; absent is none, a missing or null
-/// count is 0.
-pub fn counters_from(v: Option<&Value>) -> Result<Vec<CounterSample>, BadField> {
+/// One object of a report's list (`counters`, `leases`), read field by
+/// field; errors name `list[i].field`.
+struct Item<'a> {
+    list: &'static str,
+    i: usize,
+    v: &'a Value,
+}
+
+impl Item<'_> {
+    fn bad(&self, k: &str, problem: &'static str) -> BadField {
+        bad(format!("{}[{}].{k}", self.list, self.i), problem)
+    }
+
+    /// A whole number up to `max`; null or absent is 0 if `null_is_zero`.
+    fn number(&self, k: &str, max: u64, null_is_zero: bool) -> Result<u64, BadField> {
+        match &self.v[k] {
+            Value::Null if null_is_zero => Ok(0),
+            v => v
+                .as_u64()
+                .filter(|n| *n <= max)
+                .ok_or_else(|| self.bad(k, "must be a whole number")),
+        }
+    }
+
+    /// A strategy id (0 refused unless `zero_ok`).
+    fn strategy(&self, k: &str, max: u64, zero_ok: bool) -> Result<u32, BadField> {
+        u32::try_from(self.number(k, max, false)?)
+            .ok()
+            .filter(|id| zero_ok || *id > 0)
+            .ok_or_else(|| self.bad(k, "must be a strategy id"))
+    }
+}
+
+/// A report's list `list` item by item; absent is empty.
+fn items<T>(
+    v: Option<&Value>,
+    list: &'static str,
+    item: impl Fn(Item) -> Result<T, BadField>,
+) -> Result<Vec<T>, BadField> {
     let Some(v) = v else { return Ok(Vec::new()) };
     let a = v
         .as_array()
-        .ok_or_else(|| bad("counters".into(), "must be a list"))?;
+        .ok_or_else(|| bad(list.into(), "must be a list"))?;
     a.iter()
         .enumerate()
-        .map(|(i, c)| {
-            let n = |k: &str| -> Result<u64, BadField> {
-                match &c[k] {
-                    Value::Null if k != "id" => Ok(0),
-                    v => v
-                        .as_u64()
-                        .ok_or_else(|| bad(format!("counters[{i}].{k}"), "must be a whole number")),
-                }
-            };
-            let id = u32::try_from(n("id")?)
-                .ok()
-                .filter(|i| *i > 0)
-                .ok_or_else(|| bad(format!("counters[{i}].id"), "must be a strategy id"))?;
-            Ok(CounterSample {
-                id,
-                passed: n("passed")?,
-                limited: n("limited")?,
-                delayed: n("delayed")?,
-            })
-        })
+        .map(|(i, v)| item(Item { list, i, v }))
         .collect()
+}
+
+/// The inverse of [`counters_json`]; absent is none, a missing or null
+/// count is 0.
+pub fn counters_from(v: Option<&Value>) -> Result<Vec<CounterSample>, BadField> {
+    items(v, "counters", |c| {
+        Ok(CounterSample {
+            id: c.strategy("id", u64::MAX, false)?,
+            passed: c.number("passed", u64::MAX, true)?,
+            limited: c.number("limited", u64::MAX, true)?,
+            delayed: c.number("delayed", u64::MAX, true)?,
+        })
+    })
 }
 
 /// A report's `leases`: what the host enforces for each `split: demand`
@@ -82,23 +112,14 @@ pub fn acks_json(acks: &[LeaseAck]) -> Value {
 
 /// The inverse of [`acks_json`]; absent is none.
 pub fn acks_from(v: Option<&Value>) -> Result<Vec<LeaseAck>, BadField> {
-    let Some(v) = v else { return Ok(Vec::new()) };
-    let a = v
-        .as_array()
-        .ok_or_else(|| bad("leases".into(), "must be a list"))?;
-    a.iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let n = |k: &str| -> Result<u64, BadField> {
-                l[k].as_u64()
-                    .filter(|v| *v <= i64::MAX as u64)
-                    .ok_or_else(|| bad(format!("leases[{i}].{k}"), "must be a whole number"))
-            };
-            let strategy = u32::try_from(n("strategy")?)
-                .map_err(|_| bad(format!("leases[{i}].strategy"), "must be a strategy id"))?;
-            Ok((strategy, n("epoch")?, n("value")?))
-        })
-        .collect()
+    const MAX: u64 = i64::MAX as u64;
+    items(v, "leases", |l| {
+        Ok((
+            l.strategy("strategy", MAX, true)?,
+            l.number("epoch", MAX, false)?,
+            l.number("value", MAX, false)?,
+        ))
+    })
 }
 
 /// A report answer's `leases`: the host's leases as the leader granted

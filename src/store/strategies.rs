@@ -608,11 +608,9 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         s.parse()
             .map_err(|e: rate_ctl::core::each::EachError| bad(ModelError::from(e).into()))
     };
-    // A small optional column (the per-key prefixes).
-    let opt_u8 = |col: &'static str| -> Result<Option<u8>, BadRow> {
-        get_oi(col)?
-            .map(|v| in_range(col, v, u8::MAX as u64).map(|v| v as u8))
-            .transpose()
+    // An optional (NULL-able) number column, at most `max`.
+    let opt_in = |col: &'static str, max: u64| -> Result<Option<u64>, BadRow> {
+        get_oi(col)?.map(|v| in_range(col, v, max)).transpose()
     };
     let id_u32 = u32::try_from(id).ok().filter(|i| *i > 0).ok_or_else(|| {
         bad(Invalid::new(
@@ -651,14 +649,8 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             .map_err(|e: ModelError| bad(e.into()))?,
         burst: in_range("burst", get_i("burst")?, u32::MAX as u64)? as u32,
         action: get_s("action")?.parse().map_err(bad)?,
-        status: match get_oi("status")? {
-            Some(s) => Some(in_range("status", s, u16::MAX as u64)? as u16),
-            None => None,
-        },
-        max_delay_ms: match get_oi("max_delay_ms")? {
-            Some(s) => Some(in_range("max_delay_ms", s, u32::MAX as u64)? as u32),
-            None => None,
-        },
+        status: opt_in("status", u16::MAX as u64)?.map(|v| v as u16),
+        max_delay_ms: opt_in("max_delay_ms", u32::MAX as u64)?.map(|v| v as u32),
         enabled: match get_i("enabled")? {
             0 => false,
             1 => true,
@@ -671,14 +663,8 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             }
         },
         scope: get_s("scope")?.parse().map_err(bad)?,
-        warm_up_ms: match get_oi("warm_up_ms")? {
-            Some(s) => Some(in_range("warm_up_ms", s, u32::MAX as u64)? as u32),
-            None => None,
-        },
-        cold_factor: match get_oi("cold_factor")? {
-            Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
-            None => None,
-        },
+        warm_up_ms: opt_in("warm_up_ms", u32::MAX as u64)?.map(|v| v as u32),
+        cold_factor: opt_in("cold_factor", u8::MAX as u64)?.map(|v| v as u8),
         priority: {
             let p = get_i("priority")?;
             i32::try_from(p).map_err(|_| {
@@ -693,8 +679,8 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             Some(s) if !s.is_empty() => s.split(',').map(str::to_string).collect(),
             _ => Vec::new(),
         },
-        ipv4_prefix: opt_u8("ipv4_prefix")?,
-        ipv6_prefix: opt_u8("ipv6_prefix")?,
+        ipv4_prefix: opt_in("ipv4_prefix", u8::MAX as u64)?.map(|v| v as u8),
+        ipv6_prefix: opt_in("ipv6_prefix", u8::MAX as u64)?.map(|v| v as u8),
         on_full: get_os("on_full")?.map(on_full_of).transpose()?,
         // NULL: a row from before migration 7, written with the static
         // split (the only one then): it keeps it.
@@ -714,10 +700,7 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         cost_from: get_os("cost_from")?.filter(|s| !s.is_empty()),
         cost_after: get_os("cost_after")?.filter(|s| !s.is_empty()),
         // NULL: no cap given (or a row from before migration 128).
-        max_keys: get_oi("max_keys")?
-            .map(|v| in_range("max_keys", v, rate_ctl::core::each::MAX_MAX_KEYS as u64))
-            .transpose()?
-            .map(|v| v as u32),
+        max_keys: opt_in("max_keys", rate_ctl::core::each::MAX_MAX_KEYS as u64)?.map(|v| v as u32),
     };
     rec.into_valid().map_err(bad)
 }
