@@ -170,6 +170,11 @@ pub fn hosts_from(v: &Value) -> Vec<HostRecord> {
         .collect()
 }
 
+/// A list as a serialised JSON array (a part of [`snapshot_json`]).
+pub fn json_array<T>(items: &[T], json: impl Fn(&T) -> Value) -> String {
+    Value::from(items.iter().map(json).collect::<Vec<_>>()).to_string()
+}
+
 /// A snapshot answer from its parts, each already serialised JSON (the
 /// strategies and blacklist as arrays of the store's JSON, shared by every
 /// long-poll of one version; the hosts as an array): spliced in as they are.
@@ -316,13 +321,12 @@ mod tests {
             publish_error: None,
             publish_error_ms: None,
         };
-        let array = |v: Vec<Value>| Value::from(v).to_string();
         let body = snapshot_json(
             7,
             true,
-            &array(vec![strategy_api_json(&s), strategy_api_json(&bad)]),
-            &array(vec![blacklist_api_json(&b)]),
-            &array(vec![host_api_json(&h, 7, 10, 1_000)]),
+            &json_array(&[s, bad], strategy_api_json),
+            &json_array(&[b], blacklist_api_json),
+            &json_array(&[h.clone()], |h| host_api_json(h, 7, 10, 1_000)),
         );
         let v: Value = serde_json::from_str(&body).unwrap();
         assert!(snapshot_changed(&v));

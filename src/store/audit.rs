@@ -3,7 +3,7 @@
 
 use sqlx::{Any, Row, Transaction};
 
-use super::schema::Dialect;
+use super::schema::{value_rows, Dialect};
 use super::{AuditEntry, Result, Store};
 use rate_ctl::core::shm::unix_ms;
 
@@ -80,7 +80,7 @@ pub(super) async fn audit_many(
     for chunk in entries.chunks(200) {
         let sql = format!(
             "INSERT INTO audit_log (at_ms, token, action, target, before_json, after_json, role, client) VALUES {}",
-            vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
+            value_rows(8, chunk.len())
         );
         let sql = d.sql(&sql).into_owned();
         let mut q = sqlx::query(&sql);

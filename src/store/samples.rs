@@ -2,6 +2,7 @@
 
 use sqlx::Row;
 
+use super::schema::value_rows;
 use super::{CounterSample, Result, Store, StoredSample, SAMPLE_RETENTION_MS};
 
 impl Store {
@@ -12,7 +13,7 @@ impl Store {
         for chunk in c.chunks(200) {
             let sql = format!(
                 "INSERT INTO counter_samples (host_id, strategy_id, at_ms, passed_count, limited_count, delayed_count) VALUES {}",
-                vec!["(?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
+                value_rows(6, chunk.len())
             );
             let sql = self.sql(&sql).into_owned();
             let mut q = sqlx::query(&sql);

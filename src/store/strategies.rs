@@ -9,7 +9,7 @@ use sqlx::{Any, Row, Transaction};
 use super::audit::audit;
 use super::json::strategy_api_json;
 use super::record::{Split, StrategyRecord};
-use super::schema::Dialect;
+use super::schema::{placeholders, value_rows, Dialect};
 use super::valid::{Valid, ValidImport};
 use super::{BadRow, Field, Invalid, Result, Store, StoreError};
 use rate_ctl::core::model::ModelError;
@@ -328,13 +328,12 @@ impl Store {
         const ROWS: usize = 300;
         // Rows that keep their id bind it first; the others get a new one.
         for (keep_id, rows) in [(true, &with_id), (false, &without_id)] {
-            let (id_column, id_mark) = if keep_id { ("id, ", "?, ") } else { ("", "") };
+            let id_column = if keep_id { "id, " } else { "" };
             for chunk in rows.chunks(ROWS) {
                 let sql = format!(
                     "INSERT INTO strategies ({id_column}{}) VALUES {}",
                     INSERT_COLUMNS,
-                    vec![format!("({id_mark}{})", placeholders(INSERT_COUNT)); chunk.len()]
-                        .join(", ")
+                    value_rows(INSERT_COUNT + usize::from(keep_id), chunk.len())
                 );
                 let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
@@ -500,10 +499,6 @@ pub(super) const INSERT_COLUMNS: &str =
 
 /// Columns in [`INSERT_COLUMNS`].
 const INSERT_COUNT: usize = 23;
-
-pub(super) fn placeholders(n: usize) -> String {
-    vec!["?"; n].join(", ")
-}
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
