@@ -326,7 +326,7 @@ mod tests {
             true,
             &json_array(&[s, bad], strategy_api_json),
             &json_array(&[b], blacklist_api_json),
-            &json_array(&[h.clone()], |h| host_api_json(h, 7, 10, 1_000)),
+            &json_array(std::slice::from_ref(&h), |h| host_api_json(h, 7, 10, 1_000)),
         );
         let v: Value = serde_json::from_str(&body).unwrap();
         assert!(snapshot_changed(&v));
