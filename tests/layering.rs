@@ -40,8 +40,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
         "core/table.rs",
         "core/writer.rs",
     ],
-    // i27-merge: remove
-    &["module/conf.rs", "module/guard.rs", "module/worker.rs"],
 ];
 
 /// Module paths of the core writer (before and after core's regrouping).
