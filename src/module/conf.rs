@@ -261,20 +261,34 @@ pub(super) extern "C" fn set_shm(
 }
 
 fn set_shm_body(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    set_main_once(
+        cf,
+        conf,
+        "rate_ctl_shm",
+        |mc| &mut mc.shm_path,
+        parse::parse_shm_path,
+    )
+}
+
+/// A main-level directive that may be given once: its one argument parsed
+/// into `slot` of the [`MainConf`].
+fn set_main_once<T>(
+    cf: *mut ngx_conf_t,
+    conf: *mut c_void,
+    directive: &'static str,
+    slot: fn(&mut MainConf) -> &mut Option<T>,
+    parse: fn(&[u8]) -> Result<T, ParseError>,
+) -> *mut c_char {
     // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
     // cf is the parser state nginx passes to every directive handler.
     let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
-    if mc.shm_path.is_some() {
-        return fail(
-            cf,
-            ParseError::Duplicate {
-                directive: "rate_ctl_shm",
-            },
-        );
+    let slot = slot(mc);
+    if slot.is_some() {
+        return fail(cf, ParseError::Duplicate { directive });
     }
-    match parse::parse_shm_path(a[1].as_bytes()) {
-        Ok(p) => {
-            mc.shm_path = Some(p);
+    match parse(a[1].as_bytes()) {
+        Ok(v) => {
+            *slot = Some(v);
             NGX_CONF_OK
         }
         Err(e) => fail(cf, e),
@@ -286,24 +300,13 @@ pub(super) extern "C" fn set_shm_owner(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
-    // cf is the parser state nginx passes to every directive handler.
-    let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
-    if mc.shm_owner.is_some() {
-        return fail(
-            cf,
-            ParseError::Duplicate {
-                directive: "rate_ctl_shm_owner",
-            },
-        );
-    }
-    match parse::parse_shm_owner(a[1].as_bytes()) {
-        Ok(uid) => {
-            mc.shm_owner = Some(uid);
-            NGX_CONF_OK
-        }
-        Err(e) => fail(cf, e),
-    }
+    set_main_once(
+        cf,
+        conf,
+        "rate_ctl_shm_owner",
+        |mc| &mut mc.shm_owner,
+        parse::parse_shm_owner,
+    )
 }
 
 pub(super) extern "C" fn set_dimension(
