@@ -173,7 +173,7 @@ pub struct Agent<S: Sink> {
     /// series has a point where they went flat).
     sent: HashMap<u32, CounterSample>,
     moving: HashSet<u32>,
-    /// This host's leases as last read (src/agent/fleet.rs writes them).
+    /// This host's leases as last read (src/fleet/leader.rs writes them).
     leases: Vec<crate::store::LeaseRow>,
     /// What this host enforces for each `split: demand` strategy:
     /// (strategy, lease epoch or 0 for the static share, local rate),

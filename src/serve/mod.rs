@@ -308,7 +308,7 @@ fn spawn_version_poller(state: &Shared) {
     });
 }
 
-/// The fleet leader candidate of this instance (src/agent/fleet.rs): every
+/// The fleet leader candidate of this instance (src/fleet/leader.rs): every
 /// period, if any strategy has `split: demand`, lead if possible and
 /// allocate the leases.
 fn spawn_fleet_leader(state: &Shared, me: String) {
