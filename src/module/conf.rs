@@ -148,21 +148,23 @@ pub(super) fn fail(cf: *mut ngx_conf_t, e: ParseError) -> *mut c_char {
     NGX_CONF_ERROR
 }
 
-/// Runs a location-conf setter: parses `args[1]` and stores it unless already set.
+/// Runs a once-only setter: parses `args[1]` into `field` of the conf
+/// (`C`: our `LocConf` or `MainConf`) unless already set.
 ///
 /// # Safety
-/// `cf` and `conf` as nginx passes them to a directive handler with
-/// `NGX_HTTP_LOC_CONF_OFFSET` (so `conf` is our `LocConf`).
-unsafe fn set_loc<T>(
+/// `cf` and `conf` as nginx passes them to a directive handler registered
+/// with the offset of a `C` (`NGX_HTTP_LOC_CONF_OFFSET` for `LocConf`,
+/// `NGX_HTTP_MAIN_CONF_OFFSET` for `MainConf`).
+unsafe fn set_once<C, T>(
     cf: *mut ngx_conf_t,
     conf: *mut c_void,
     directive: &'static str,
-    field: fn(&mut LocConf) -> &mut Option<T>,
+    field: fn(&mut C) -> &mut Option<T>,
     parse: impl FnOnce(&[u8]) -> Result<T, ParseError>,
 ) -> *mut c_char {
     // SAFETY: see the function's contract.
-    let (lc, a) = unsafe { (&mut *conf.cast::<LocConf>(), args(cf)) };
-    let slot = field(lc);
+    let (c, a) = unsafe { (&mut *conf.cast::<C>(), args(cf)) };
+    let slot = field(c);
     if slot.is_some() {
         return fail(cf, ParseError::Duplicate { directive });
     }
@@ -188,7 +190,7 @@ pub(super) fn guard_directive(
 }
 
 /// One `extern "C"` handler per location-level directive, all through
-/// [`set_loc`]: `name => handler: field, parser`.
+/// [`set_once`]: `name => handler: field, parser`.
 macro_rules! loc_setters {
     ($($directive:literal => $fn:ident: $field:ident, $parse:expr;)*) => {$(
         pub(super) extern "C" fn $fn(
@@ -198,7 +200,7 @@ macro_rules! loc_setters {
         ) -> *mut c_char {
             guard_directive(cf, || {
                 // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-                unsafe { set_loc(cf, conf, $directive, |c| &mut c.$field, $parse) }
+                unsafe { set_once(cf, conf, $directive, |c: &mut LocConf| &mut c.$field, $parse) }
             })
         }
     )*};
@@ -228,11 +230,11 @@ fn set_enable_body(
 ) -> *mut c_char {
     // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
     let rc = unsafe {
-        set_loc(
+        set_once(
             cf,
             conf,
             "rate_ctl",
-            |c| &mut c.enable,
+            |c: &mut LocConf| &mut c.enable,
             |v| parse::parse_flag("rate_ctl", v),
         )
     };
@@ -261,37 +263,16 @@ pub(super) extern "C" fn set_shm(
 }
 
 fn set_shm_body(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
-    set_main_once(
-        cf,
-        conf,
-        "rate_ctl_shm",
-        |mc| &mut mc.shm_path,
-        parse::parse_shm_path,
-    )
-}
-
-/// A main-level directive that may be given once: its one argument parsed
-/// into `slot` of the [`MainConf`].
-fn set_main_once<T>(
-    cf: *mut ngx_conf_t,
-    conf: *mut c_void,
-    directive: &'static str,
-    slot: fn(&mut MainConf) -> &mut Option<T>,
-    parse: fn(&[u8]) -> Result<T, ParseError>,
-) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
-    // cf is the parser state nginx passes to every directive handler.
-    let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
-    let slot = slot(mc);
-    if slot.is_some() {
-        return fail(cf, ParseError::Duplicate { directive });
-    }
-    match parse(a[1].as_bytes()) {
-        Ok(v) => {
-            *slot = Some(v);
-            NGX_CONF_OK
-        }
-        Err(e) => fail(cf, e),
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our
+    // MainConf; cf is the parser state nginx passes to every directive handler.
+    unsafe {
+        set_once(
+            cf,
+            conf,
+            "rate_ctl_shm",
+            |mc: &mut MainConf| &mut mc.shm_path,
+            parse::parse_shm_path,
+        )
     }
 }
 
@@ -300,13 +281,17 @@ pub(super) extern "C" fn set_shm_owner(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    set_main_once(
-        cf,
-        conf,
-        "rate_ctl_shm_owner",
-        |mc| &mut mc.shm_owner,
-        parse::parse_shm_owner,
-    )
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our
+    // MainConf; cf is the parser state nginx passes to every directive handler.
+    unsafe {
+        set_once(
+            cf,
+            conf,
+            "rate_ctl_shm_owner",
+            |mc: &mut MainConf| &mut mc.shm_owner,
+            parse::parse_shm_owner,
+        )
+    }
 }
 
 pub(super) extern "C" fn set_dimension(
