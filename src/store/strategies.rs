@@ -61,15 +61,30 @@ impl Store {
         let id = u32::try_from(id)
             .map_err(|_| Invalid::new(Field::Id, "id", format!("{id} exceeds {}", u32::MAX)))?;
         rec.id = id;
+        self.finish_write(tx, who, "strategy.create", None, rec)
+            .await
+    }
+
+    /// The end of a strategy's insert or update: its response columns, the
+    /// audit entry (`before`, and the API's JSON of `rec` after) and the
+    /// commit.
+    async fn finish_write(
+        &self,
+        mut tx: Transaction<'static, Any>,
+        who: &str,
+        action: &str,
+        before: Option<serde_json::Value>,
+        rec: StrategyRecord,
+    ) -> Result<StrategyRecord> {
         bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
             .execute(&mut *tx)
             .await?;
         audit(
             &mut tx,
             who,
-            "strategy.create",
-            &format!("strategy/{id}"),
-            None,
+            action,
+            &format!("strategy/{}", rec.id),
+            before,
             Some(strategy_api_json(&rec)),
         )
         .await?;
@@ -141,20 +156,7 @@ impl Store {
                 rec.id
             )));
         }
-        bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
-            .execute(&mut *tx)
-            .await?;
-        audit(
-            &mut tx,
-            who,
-            action,
-            &format!("strategy/{}", rec.id),
-            before,
-            Some(strategy_api_json(&rec)),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(rec)
+        self.finish_write(tx, who, action, before, rec).await
     }
 
     /// Deletes a strategy; returns the new version.
