@@ -274,23 +274,40 @@ mod tests {
 
     #[test]
     fn granted_leases_round_trip() {
-        let l = LeaseRow {
+        // A lease row as the leader stores it: the answer carries what the
+        // host enforces, not the leader's bookkeeping.
+        let row = LeaseRow {
             strategy_id: 5,
             host_id: "web-2".into(),
             value: 120,
             epoch: 4,
             expires_ms: 9_000,
             granted_ms: 8_000,
-            demand_milli: 0,
-            window_start_ms: 0,
-            window_admitted: 0,
-            applied_epoch: None,
-            applied_value: None,
-            applied_ms: None,
+            demand_milli: 1_500,
+            window_start_ms: 7_000,
+            window_admitted: 33,
+            applied_epoch: Some(3),
+            applied_value: Some(100),
+            applied_ms: Some(8_500),
         };
-        let mut v = granted_leases_json(std::slice::from_ref(&l));
+        let mut v = granted_leases_json(std::slice::from_ref(&row));
         v.as_array_mut().unwrap().push(json!({"strategy": "x"}));
-        assert_eq!(granted_leases_from(&v, "web-2"), [l]);
+        let back = granted_leases_from(&v, "web-2");
+        let carried = |l: &LeaseRow| {
+            (
+                l.strategy_id,
+                l.host_id.clone(),
+                l.value,
+                l.epoch,
+                l.expires_ms,
+                l.granted_ms,
+            )
+        };
+        assert_eq!(
+            back.iter().map(carried).collect::<Vec<_>>(),
+            [carried(&row)]
+        );
+        assert_eq!((back[0].demand_milli, back[0].applied_epoch), (0, None));
     }
 
     #[test]
