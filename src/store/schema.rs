@@ -351,6 +351,38 @@ pub(super) fn value_rows(columns: usize, rows: usize) -> String {
     vec![format!("({})", placeholders(columns)); rows].join(", ")
 }
 
+/// Rows per statement of [`insert_rows`] (well under every backend's
+/// parameter limit).
+const INSERT_ROWS: usize = 200;
+
+/// Inserts `rows` into `into` (`table (column, …)`, `columns` of them) a
+/// few hundred rows a statement, `bind` binding one row's values in order.
+pub(super) async fn insert_rows<T>(
+    conn: &mut sqlx::AnyConnection,
+    into: &str,
+    columns: usize,
+    rows: &[T],
+    bind: impl for<'q> Fn(
+        sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+        &'q T,
+    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+) -> Result<(), sqlx::Error> {
+    let d = Dialect::of(conn);
+    for chunk in rows.chunks(INSERT_ROWS) {
+        let sql = format!(
+            "INSERT INTO {into} VALUES {}",
+            value_rows(columns, chunk.len())
+        );
+        let sql = d.sql(&sql).into_owned();
+        let mut q = sqlx::query(&sql);
+        for r in chunk {
+            q = bind(q, r);
+        }
+        q.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
