@@ -436,6 +436,8 @@ async fn images_in_tx(
     Ok(out)
 }
 
+/// A strategy row's audit image: its API JSON, or, for a row that is not a
+/// valid strategy, its id, the reason, version and creation time.
 fn image_of(id: u32, row: &AnyRow) -> serde_json::Value {
     match decode_strategy(row) {
         Ok(r) => strategy_api_json(&r),
@@ -460,15 +462,7 @@ pub(super) async fn strategy_in_tx(
     .bind(id as i64)
     .fetch_optional(&mut **tx)
     .await?;
-    Ok(row.map(|row| match decode_strategy(&row) {
-        Ok(r) => strategy_api_json(&r),
-        Err(b) => serde_json::json!({
-            "id": id,
-            "invalid": b.reason.to_string(),
-            "version": row.try_get::<i64, _>("version").unwrap_or(0),
-            "created_at": row.try_get::<i64, _>("created_ms").unwrap_or(0),
-        }),
-    }))
+    Ok(row.map(|row| image_of(id, &row)))
 }
 
 async fn ensure_name_free(
