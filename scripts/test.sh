@@ -3,7 +3,8 @@
 #   1. Debian packages (scripts/deps.sh --with-test), Rust from the machine's rustup
 #   2. cargo fmt --check, unused dependencies, shellcheck, cargo clippy -D warnings
 #      (core + binary, and the module), cargo deny check bans licenses sources
-#      (scripts/cargo-deny.sh)
+#      (scripts/cargo-deny.sh), the layering of src/ (tests/layering.rs: no
+#      import cycle between files, which part may name which)
 #   3. cargo test: core unit/property/multi-process tests, CLI/store/agent tests
 #      against SQLite and throw-away MariaDB and PostgreSQL servers on loopback ports
 #   4. the nginx module built for vendored nginx 1.28 and Debian's nginx 1.22,
@@ -29,6 +30,8 @@ scripts/unused-deps.sh
 shellcheck -x scripts/*.sh scripts/lib/*.sh t-nginx/*.sh
 cargo clippy --all-targets -- -D warnings
 scripts/cargo-deny.sh
+# Also part of `cargo test` below; first here so a layering breach fails fast.
+cargo test --test layering
 
 step "cargo test (SQLite, and MariaDB and PostgreSQL on private loopback servers)"
 mariadb_dir="$(mktemp -d /tmp/rate-ctl-mariadb-XXXXXX)"

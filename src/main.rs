@@ -4,7 +4,9 @@
 mod agent;
 mod cli;
 mod client;
+mod fleet;
 mod serve;
+mod signal;
 mod store;
 
 fn main() -> std::process::ExitCode {

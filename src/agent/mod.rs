@@ -4,7 +4,7 @@
 //! every heartbeat interval (default 1 s) it records its heartbeat and
 //! applied version in the hosts table and re-reads the hosts. When the
 //! version or this host's share of the fleet changes, it loads the full set
-//! in one read transaction, computes local rates ([`super::rates`]) and
+//! in one read transaction, computes local rates ([`crate::fleet::rates`]) and
 //! publishes through the core writer ([`Sink`]).
 //!
 //! The store is reached through a [`ConfigSource`]: the database itself or
@@ -14,7 +14,7 @@
 //! the last one (for `GET /api/v1/stats`, and the fleet leader's demand).
 //!
 //! `split: demand` strategies: each heartbeat also brings this host's
-//! leases ([`fleet`], [`lease`]); a valid lease replaces the static share
+//! leases ([`fleet`], [`crate::fleet::lease`]); a valid lease replaces the static share
 //! as the local rate, a change is published and acknowledged at once, and
 //! while the host holds leases it reports every [`fleet::PERIOD`]. An
 //! expired lease falls back to the static split, also while the store is
@@ -33,10 +33,7 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
-pub mod fleet;
-pub mod lease;
 pub mod publish;
-pub mod rates;
 pub mod source;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -47,11 +44,12 @@ use rate_ctl::core::model::ValidStrategy;
 use rate_ctl::core::shm::ShmError;
 use tracing::{debug, error, info, warn};
 
+use crate::fleet::leader as fleet;
+use crate::fleet::rates::{local_strategy, share, Share};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::valid::Valid;
 use crate::store::{redact_url, BadRow, CounterSample, Snapshot, StoreError};
 use rate_ctl::core::shm::unix_ms;
-use rates::{local_strategy, share, Share};
 pub use source::ConfigSource;
 
 /// Where published tables go: the core writer in production, a recorder in
@@ -73,7 +71,7 @@ pub trait Sink {
     }
     /// Replaces a file truncated or rewritten under the agent; `Ok(Some)`
     /// (the reason) when it did, and the table must be published again.
-    fn check_file(&mut self) -> Result<Option<String>, String> {
+    fn check_file(&mut self) -> Result<Option<String>, ShmError> {
         Ok(None)
     }
     /// Strategies the last publish left for a later stage (slots still in
@@ -81,6 +79,15 @@ pub trait Sink {
     fn deferred(&self) -> usize {
         0
     }
+}
+
+/// Why the agent stopped (it otherwise runs until its shutdown signal).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The store refused the agent's credentials at first contact: a
+    /// configuration error, not retried.
+    #[error("--store {store}: {message}")]
+    Refused { store: String, message: String },
 }
 
 /// How long after a staged publish the rest is published: the writer's
@@ -166,7 +173,7 @@ pub struct Agent<S: Sink> {
     /// series has a point where they went flat).
     sent: HashMap<u32, CounterSample>,
     moving: HashSet<u32>,
-    /// This host's leases as last read (src/agent/fleet.rs writes them).
+    /// This host's leases as last read (src/fleet/leader.rs writes them).
     leases: Vec<crate::store::LeaseRow>,
     /// What this host enforces for each `split: demand` strategy:
     /// (strategy, lease epoch or 0 for the static share, local rate),
@@ -231,7 +238,7 @@ impl<S: Sink> Agent<S> {
     /// configuration error: `Err` (the agent exits non-zero) instead of
     /// retrying forever with no table. Refused later (a token revoked),
     /// the agent keeps its table and retries, logging at error level.
-    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
         tokio::pin!(shutdown);
         let mut delay = Duration::ZERO;
         loop {
@@ -262,7 +269,10 @@ impl<S: Sink> Agent<S> {
                     error!(store = %redact_url(&self.opts.store_url), error = %m,
                            "the store refused the agent's credentials: a configuration error; exiting");
                     self.source.disconnect();
-                    return Err(format!("--store {}: {m}", redact_url(&self.opts.store_url)));
+                    return Err(AgentError::Refused {
+                        store: redact_url(&self.opts.store_url),
+                        message: m,
+                    });
                 }
                 Err(e) => {
                     if let StoreError::Auth(m) = &e {
@@ -567,22 +577,6 @@ fn log_bad_rows(logged: &mut HashSet<(i64, String)>, bad: &[BadRow]) {
         }
     }
     *logged = now;
-}
-
-/// Installs SIGTERM and SIGINT handlers now (so a signal that arrives
-/// during start-up is not fatal) and returns a future that resolves on the
-/// first of them, logging which.
-pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        let name = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
-        info!("{name} received; exiting after the publish in progress");
-    })
 }
 
 #[cfg(test)]

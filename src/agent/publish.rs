@@ -12,6 +12,9 @@ use rate_ctl::core::model::ValidStrategy;
 use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
 use rate_ctl::core::shm::{Capacities, Mapping, ShmError};
 use rate_ctl::core::slot::Slot;
+/// Why the file may not be created with a mode (the command line checks
+/// `--mode` with it before the agent starts).
+pub use rate_ctl::core::writer::mode_refusal;
 use rate_ctl::core::writer::{FileAccess, Opened, Writer};
 
 /// The core writer as the agent's [`Sink`].
@@ -22,8 +25,8 @@ pub struct ShmSink {
 }
 
 impl Sink for ShmSink {
-    fn check_file(&mut self) -> Result<Option<String>, String> {
-        self.writer.check_live().map_err(|e| e.to_string())
+    fn check_file(&mut self) -> Result<Option<String>, ShmError> {
+        self.writer.check_live()
     }
 
     fn publish(

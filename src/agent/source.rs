@@ -12,22 +12,31 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use serde_json::{json, Value};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::client::http::{percent_encode, Answer, Client};
-use crate::client::wire::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
+use crate::client::protocol::{
+    acks_json, counters_json, granted_leases_from, hosts_from, snapshot_changed, snapshot_from,
+    LeaseAck,
+};
 use crate::client::{Backend, Target};
-use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
-use crate::store::{BadRow, CounterSample, Invalid, LeaseRow, Snapshot, Store, StoreError};
+use crate::store::record::HostRecord;
+use crate::store::{CounterSample, LeaseRow, Snapshot, Store, StoreError};
 use rate_ctl::core::shm::unix_ms;
 
 /// Longest a long-poll may take before the client gives up on it (the
 /// server answers within 30 s).
 const LONG_POLL_TIMEOUT: Duration = Duration::from_secs(40);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A lock on the long-poll's results; a task that panicked holding it
+/// left whole values (each is replaced in one assignment).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The long-poll's results, shared with its task.
 #[derive(Default)]
@@ -94,7 +103,7 @@ impl ConfigSource {
                     body["weight"] = json!(w);
                 }
                 let answer = report(client, host_id, body).await?;
-                let w = hosts_from(&answer)
+                let w = hosts_from(&answer["hosts"])
                     .iter()
                     .find(|h| h.host_id == host_id)
                     .map(|h| h.weight.max(1))
@@ -105,8 +114,8 @@ impl ConfigSource {
                     .map_err(|e| StoreError::Http(e.to_string()))?;
                 let snap = snapshot_from(&ok_body(first, "snapshot")?)?;
                 let after = snap.version;
-                *self.latest.snapshot.lock() = Some(snap);
-                *self.latest.error.lock() = None;
+                *lock(&self.latest.snapshot) = Some(snap);
+                *lock(&self.latest.error) = None;
                 self.poller = Some(tokio::spawn(long_poll(
                     client.clone(),
                     self.latest.clone(),
@@ -140,7 +149,7 @@ impl ConfigSource {
         applied: Option<(u64, u64)>,
         counters: &[CounterSample],
         publish_error: Option<&(String, u64)>,
-        acks: &[(u32, u64, u64)],
+        acks: &[LeaseAck],
     ) -> Result<(Vec<HostRecord>, Vec<LeaseRow>), StoreError> {
         match self.backend()? {
             Backend::Store(store) => {
@@ -155,23 +164,18 @@ impl ConfigSource {
                 Ok((store.hosts().await?, store.leases(Some(host_id)).await?))
             }
             Backend::Api(api) => {
-                let counters: Vec<Value> = counters
-                    .iter()
-                    .map(|c| json!({"id": c.id, "passed": c.passed, "limited": c.limited, "delayed": c.delayed}))
-                    .collect();
-                let leases: Vec<Value> = acks
-                    .iter()
-                    .map(|a| json!({"strategy": a.0, "epoch": a.1, "value": a.2}))
-                    .collect();
                 let body = json!({
                     "applied_version": applied.map(|a| a.0),
-                    "counters": counters,
+                    "counters": counters_json(counters),
                     "publish_error": publish_error.map(|e| &e.0),
                     "publish_error_at": publish_error.map(|e| e.1),
-                    "leases": leases,
+                    "leases": acks_json(acks),
                 });
                 let answer = report(api.client(), host_id, body).await?;
-                Ok((hosts_from(&answer), leases_from(&answer, host_id)))
+                Ok((
+                    hosts_from(&answer["hosts"]),
+                    granted_leases_from(&answer["leases"], host_id),
+                ))
             }
         }
     }
@@ -205,12 +209,10 @@ impl ConfigSource {
         match self.backend()? {
             Backend::Store(store) => store.version().await,
             Backend::Api(_) => {
-                if let Some(e) = self.latest.error.lock().clone() {
+                if let Some(e) = lock(&self.latest.error).clone() {
                     return Err(StoreError::Http(e));
                 }
-                self.latest
-                    .snapshot
-                    .lock()
+                lock(&self.latest.snapshot)
                     .as_ref()
                     .map(|s| s.version)
                     .ok_or_else(|| StoreError::Http("no snapshot yet".into()))
@@ -222,10 +224,7 @@ impl ConfigSource {
     pub async fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
         match self.backend()? {
             Backend::Store(store) => store.snapshot().await,
-            Backend::Api(_) => self
-                .latest
-                .snapshot
-                .lock()
+            Backend::Api(_) => lock(&self.latest.snapshot)
                 .clone()
                 .ok_or_else(|| StoreError::Http("no snapshot yet".into())),
         }
@@ -305,8 +304,7 @@ async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
             .map_err(|e| StoreError::Http(e.to_string()))
             .and_then(|a| ok_body(a, "snapshot"))
             .and_then(|v| {
-                let changed = v["changed"].as_bool().unwrap_or(true);
-                Ok(if changed {
+                Ok(if snapshot_changed(&v) {
                     Some(snapshot_from(&v)?)
                 } else {
                     None
@@ -314,15 +312,15 @@ async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
             });
         match r {
             Ok(s) => {
-                *latest.error.lock() = None;
+                *lock(&latest.error) = None;
                 if let Some(s) = s {
                     after = s.version;
-                    *latest.snapshot.lock() = Some(s);
+                    *lock(&latest.snapshot) = Some(s);
                     latest.notify.notify_one();
                 }
             }
             Err(e) => {
-                *latest.error.lock() = Some(e.to_string());
+                *lock(&latest.error) = Some(e.to_string());
                 latest.notify.notify_one();
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -346,71 +344,4 @@ fn ok_body(a: Answer, what: &str) -> Result<Value, StoreError> {
             a.error_message()
         )))
     }
-}
-
-/// This host's leases in a report answer (`leases`: docs/API.md); an
-/// entry that is not a lease is skipped.
-fn leases_from(v: &Value, host_id: &str) -> Vec<LeaseRow> {
-    v["leases"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|l| {
-            Some(LeaseRow {
-                strategy_id: u32::try_from(l["strategy"].as_u64()?).ok()?,
-                host_id: host_id.to_string(),
-                value: l["value"].as_u64()?,
-                epoch: l["epoch"].as_u64()?,
-                expires_ms: l["expires"].as_u64()?,
-                granted_ms: l["granted"].as_u64().unwrap_or(0),
-                demand_milli: 0,
-                window_start_ms: 0,
-                window_admitted: 0,
-                applied_epoch: None,
-                applied_value: None,
-                applied_ms: None,
-            })
-        })
-        .collect()
-}
-
-/// The hosts of a report answer; an entry that is not a host is skipped.
-fn hosts_from(v: &Value) -> Vec<HostRecord> {
-    v["hosts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|h| host_from_api_json(h).ok())
-        .collect()
-}
-
-/// A snapshot answer → the store's [`Snapshot`]; strategies and blacklist
-/// entries are validated here, once (what an HTTP store sends is read like
-/// a row: one implementation, [`crate::store::record::StrategyRecord::validate`]).
-fn snapshot_from(v: &Value) -> Result<Snapshot, StoreError> {
-    let version = v["version"]
-        .as_u64()
-        .ok_or_else(|| StoreError::Http("snapshot: no version".into()))?;
-    let mut strategies = Vec::new();
-    let mut bad_rows = Vec::new();
-    for s in v["strategies"].as_array().into_iter().flatten() {
-        let id = s["id"].as_i64().unwrap_or(-1);
-        let rec = strategy_from_api_json(s).map_err(|e| Invalid::whole(None, e.to_string()));
-        match rec.and_then(StrategyRecord::into_valid) {
-            Ok(r) => strategies.push(r),
-            Err(reason) => bad_rows.push(BadRow { id, reason }),
-        }
-    }
-    let mut blacklist = Vec::new();
-    for b in v["blacklist"].as_array().into_iter().flatten() {
-        if let Ok(Ok(r)) = blacklist_from_api_json(b).map(BlacklistRecord::into_valid) {
-            blacklist.push(r);
-        }
-    }
-    Ok(Snapshot {
-        version,
-        strategies,
-        bad_rows,
-        blacklist,
-    })
 }

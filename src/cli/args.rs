@@ -227,11 +227,11 @@ pub fn parse_mode(s: &str) -> Result<u32, BadValue> {
 }
 
 /// An agent's `--mode`: a mode, and not one that lets other users in
-/// (see `rate_ctl::core::writer::mode_refusal`).
-pub fn parse_agent_mode(s: &str) -> Result<u32, String> {
-    let mode = parse_mode(s).map_err(|e| e.to_string())?;
-    match rate_ctl::core::writer::mode_refusal(mode) {
-        Some(why) => Err(why),
+/// (see `crate::agent::publish::mode_refusal`).
+pub fn parse_agent_mode(s: &str) -> Result<u32, BadValue> {
+    let mode = parse_mode(s)?;
+    match crate::agent::publish::mode_refusal(mode) {
+        Some(why) => Err(BadValue::RefusedMode(why)),
         None => Ok(mode),
     }
 }

@@ -83,6 +83,9 @@ pub enum BadValue {
     TooLong(String),
     #[error("warm_up_ms: {0} ms is more than 1 hour")]
     WarmUpTooLong(u64),
+    /// A mode the agent refuses for its file (the writer's reason).
+    #[error("{0}")]
+    RefusedMode(String),
 }
 
 /// Parses a duration such as `30s`, `10m`, `2h`, `1d` or `500ms`.

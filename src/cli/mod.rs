@@ -13,9 +13,9 @@ use clap::{CommandFactory, FromArgMatches};
 use serde_json::json;
 
 use crate::agent::{self, publish};
-use crate::client::wire::parse_strategy_lines;
 use crate::client::{Backend, Target};
 use crate::serve;
+use crate::store::json::parse_strategy_lines;
 use crate::store::record::{ActionKind, BlacklistRecord, StrategyRecord};
 use crate::store::{self, Invalid, StoreError, DEFAULT_STORE};
 use args::{
@@ -822,7 +822,7 @@ fn hostname() -> String {
 
 async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult {
     // Before anything slow, so that SIGTERM during start-up exits cleanly too.
-    let shutdown = agent::shutdown_signal()
+    let shutdown = crate::signal::shutdown_signal()
         .map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
     let host_id = a.host_id.unwrap_or_else(hostname);
     if host_id.is_empty() || host_id.len() > 255 || host_id.chars().any(char::is_control) {
@@ -868,5 +868,5 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
     agent::Agent::new(opts, sink, source)
         .run(shutdown)
         .await
-        .map_err(Failure::other)
+        .map_err(|e| Failure::other(e.to_string()))
 }

@@ -4,24 +4,25 @@
 //! --token T`, or the agent's `--store http://…`). Each command is written
 //! once against [`Backend`]; both variants answer with the store's types
 //! and errors, so output, messages and exit codes are the same either way.
-//! [`http`] is the HTTP client, [`wire`] the API's JSON shared with `serve`.
+//! [`http`] is the HTTP client; the API's JSON of the records is the
+//! store's ([`crate::store::json`]), shared with `serve`.
 
 pub mod http;
-pub mod wire;
+pub mod protocol;
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::store::json::{
+    blacklist_api_json, blacklist_from_api_json, field_of_api_name, host_from_api_json,
+    strategy_api_json, strategy_from_api_json,
+};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::valid::{valid_import, Valid};
 use crate::store::Invalid;
 use crate::store::{BadRow, LeaseRow, Store, StoreError};
 use http::{percent_encode, Answer, Client, HttpError};
-use wire::{
-    blacklist_api_json, blacklist_from_api_json, field_of_api_name, host_from_api_json,
-    strategy_api_json, strategy_from_api_json,
-};
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
 

@@ -142,40 +142,33 @@ unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a mut [ngx_str_t] {
     }
 }
 
-fn bytes(s: &ngx_str_t) -> &[u8] {
-    if s.len == 0 || s.data.is_null() {
-        &[]
-    } else {
-        // SAFETY: nginx's conf parser gives ngx_str_t with `len` readable bytes at `data`.
-        unsafe { std::slice::from_raw_parts(s.data, s.len) }
-    }
-}
-
 /// Logs `e` once as an `[emerg]` with the file and line, and fails the directive.
 pub(super) fn fail(cf: *mut ngx_conf_t, e: ParseError) -> *mut c_char {
     ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{e}");
     NGX_CONF_ERROR
 }
 
-/// Runs a location-conf setter: parses `args[1]` and stores it unless already set.
+/// Runs a once-only setter: parses `args[1]` into `field` of the conf
+/// (`C`: our `LocConf` or `MainConf`) unless already set.
 ///
 /// # Safety
-/// `cf` and `conf` as nginx passes them to a directive handler with
-/// `NGX_HTTP_LOC_CONF_OFFSET` (so `conf` is our `LocConf`).
-unsafe fn set_loc<T>(
+/// `cf` and `conf` as nginx passes them to a directive handler registered
+/// with the offset of a `C` (`NGX_HTTP_LOC_CONF_OFFSET` for `LocConf`,
+/// `NGX_HTTP_MAIN_CONF_OFFSET` for `MainConf`).
+unsafe fn set_once<C, T>(
     cf: *mut ngx_conf_t,
     conf: *mut c_void,
     directive: &'static str,
-    field: fn(&mut LocConf) -> &mut Option<T>,
+    field: fn(&mut C) -> &mut Option<T>,
     parse: impl FnOnce(&[u8]) -> Result<T, ParseError>,
 ) -> *mut c_char {
     // SAFETY: see the function's contract.
-    let (lc, a) = unsafe { (&mut *conf.cast::<LocConf>(), args(cf)) };
-    let slot = field(lc);
+    let (c, a) = unsafe { (&mut *conf.cast::<C>(), args(cf)) };
+    let slot = field(c);
     if slot.is_some() {
         return fail(cf, ParseError::Duplicate { directive });
     }
-    match parse(bytes(&a[1])) {
+    match parse(a[1].as_bytes()) {
         Ok(v) => {
             *slot = Some(v);
             NGX_CONF_OK
@@ -197,7 +190,7 @@ pub(super) fn guard_directive(
 }
 
 /// One `extern "C"` handler per location-level directive, all through
-/// [`set_loc`]: `name => handler: field, parser`.
+/// [`set_once`]: `name => handler: field, parser`.
 macro_rules! loc_setters {
     ($($directive:literal => $fn:ident: $field:ident, $parse:expr;)*) => {$(
         pub(super) extern "C" fn $fn(
@@ -207,7 +200,7 @@ macro_rules! loc_setters {
         ) -> *mut c_char {
             guard_directive(cf, || {
                 // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
-                unsafe { set_loc(cf, conf, $directive, |c| &mut c.$field, $parse) }
+                unsafe { set_once(cf, conf, $directive, |c: &mut LocConf| &mut c.$field, $parse) }
             })
         }
     )*};
@@ -237,11 +230,11 @@ fn set_enable_body(
 ) -> *mut c_char {
     // SAFETY: registered with NGX_HTTP_LOC_CONF_OFFSET; nginx passes valid cf/conf.
     let rc = unsafe {
-        set_loc(
+        set_once(
             cf,
             conf,
             "rate_ctl",
-            |c| &mut c.enable,
+            |c: &mut LocConf| &mut c.enable,
             |v| parse::parse_flag("rate_ctl", v),
         )
     };
@@ -270,23 +263,16 @@ pub(super) extern "C" fn set_shm(
 }
 
 fn set_shm_body(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
-    // cf is the parser state nginx passes to every directive handler.
-    let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
-    if mc.shm_path.is_some() {
-        return fail(
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our
+    // MainConf; cf is the parser state nginx passes to every directive handler.
+    unsafe {
+        set_once(
             cf,
-            ParseError::Duplicate {
-                directive: "rate_ctl_shm",
-            },
-        );
-    }
-    match parse::parse_shm_path(bytes(&a[1])) {
-        Ok(p) => {
-            mc.shm_path = Some(p);
-            NGX_CONF_OK
-        }
-        Err(e) => fail(cf, e),
+            conf,
+            "rate_ctl_shm",
+            |mc: &mut MainConf| &mut mc.shm_path,
+            parse::parse_shm_path,
+        )
     }
 }
 
@@ -295,23 +281,16 @@ pub(super) extern "C" fn set_shm_owner(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our MainConf;
-    // cf is the parser state nginx passes to every directive handler.
-    let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
-    if mc.shm_owner.is_some() {
-        return fail(
+    // SAFETY: registered with NGX_HTTP_MAIN_CONF_OFFSET, so conf is our
+    // MainConf; cf is the parser state nginx passes to every directive handler.
+    unsafe {
+        set_once(
             cf,
-            ParseError::Duplicate {
-                directive: "rate_ctl_shm_owner",
-            },
-        );
-    }
-    match parse::parse_shm_owner(bytes(&a[1])) {
-        Ok(uid) => {
-            mc.shm_owner = Some(uid);
-            NGX_CONF_OK
-        }
-        Err(e) => fail(cf, e),
+            conf,
+            "rate_ctl_shm_owner",
+            |mc: &mut MainConf| &mut mc.shm_owner,
+            parse::parse_shm_owner,
+        )
     }
 }
 
@@ -332,21 +311,22 @@ fn set_dimension_body(
     // cf is the parser state nginx passes to every directive handler.
     let (mc, a) = unsafe { (&mut *conf.cast::<MainConf>(), args(cf)) };
     let name = match parse::parse_dimension_name(
-        bytes(&a[1]),
+        a[1].as_bytes(),
         mc.dimensions.iter().map(|d| d.name.as_str()),
     ) {
         Ok(n) => n.to_string(),
         Err(e) => return fail(cf, e),
     };
-    if let Err(e) = parse::check_dimension_value(&name, bytes(&a[2])) {
+    if let Err(e) = parse::check_dimension_value(&name, a[2].as_bytes()) {
         return fail(cf, e);
     }
-    let single = parse::single_variable(bytes(&a[2]));
+    let single = parse::single_variable(a[2].as_bytes());
     let is_arg = single.is_some_and(|v| v.len() > 4 && v.starts_with(b"arg_"));
-    let (norm, last) = match parse::parse_dimension_flags(&name, a[3..].iter().map(bytes), is_arg) {
-        Ok((n, last)) => ((!n.is_none()).then_some(n), last),
-        Err(e) => return fail(cf, e),
-    };
+    let (norm, last) =
+        match parse::parse_dimension_flags(&name, a[3..].iter().map(ngx_str_t::as_bytes), is_arg) {
+            Ok((n, last)) => ((!n.is_none()).then_some(n), last),
+            Err(e) => return fail(cf, e),
+        };
     if let Some(var) = single {
         let mut var_str = ngx_str_t {
             len: var.len(),

@@ -1,10 +1,10 @@
-//! Small helpers over nginx's request API that more than one part of the
-//! module uses.
+//! Small helpers over nginx's API (the request pool, the cycle's log)
+//! that more than one part of the module uses.
 
 use std::io::Write as _;
 use std::ptr;
 
-use ngx::ffi::ngx_pnalloc;
+use ngx::ffi::{ngx_cycle, ngx_log_t, ngx_pnalloc};
 use ngx::http::Request;
 
 /// `n` in decimal, copied into the request pool (formatted on the stack:
@@ -64,4 +64,18 @@ fn normalised_in_pool<'r>(
     let out = unsafe { std::slice::from_raw_parts_mut(data, len) };
     let used = n.apply(v, out)?;
     Some(&out[..used])
+}
+
+/// The worker's log, without any request's context.
+pub(super) fn cycle_log() -> *mut ngx_log_t {
+    // SAFETY: ngx_cycle is set before any worker code runs and points to
+    // the live cycle for the worker's life; only its log pointer is read.
+    unsafe {
+        let cycle = ptr::addr_of!(ngx_cycle).read();
+        if cycle.is_null() {
+            ptr::null_mut()
+        } else {
+            (*cycle).log
+        }
+    }
 }

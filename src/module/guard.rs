@@ -159,7 +159,7 @@ fn caught(entry: &'static str, log: *mut ngx_log_t) {
     LAST_ALERT_MS.store(now.max(1), Ordering::Relaxed);
     let more = SUPPRESSED.swap(0, Ordering::Relaxed);
     let log = if log.is_null() {
-        super::worker::cycle_log()
+        super::ext::cycle_log()
     } else {
         log
     };

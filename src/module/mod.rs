@@ -127,17 +127,7 @@ pub static mut COMMANDS: [ngx_command_t; 11] = [
         stats::set_stats,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
-    ngx_command_t {
-        name: ngx_str_t {
-            len: 0,
-            data: ptr::null_mut(),
-        },
-        type_: 0,
-        set: None,
-        conf: 0,
-        offset: 0,
-        post: ptr::null_mut(),
-    },
+    ngx_command_t::empty(),
 ];
 
 #[used]

@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_void};
 
 use ngx::core::{Buffer, Status, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
-    ngx_chain_t, ngx_command_t, ngx_conf_t, ngx_http_request_t, ngx_int_t, ngx_str_t, NGX_HTTP_GET,
+    ngx_chain_t, ngx_command_t, ngx_conf_t, ngx_http_request_t, ngx_int_t, NGX_HTTP_GET,
     NGX_HTTP_HEAD, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_HTTP_NOT_ALLOWED,
 };
 use ngx::http::{
@@ -62,21 +62,12 @@ extern "C" fn stats_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     )
 }
 
-fn bytes(s: &ngx_str_t) -> &[u8] {
-    if s.len == 0 || s.data.is_null() {
-        &[]
-    } else {
-        // SAFETY: request strings point to `len` readable bytes.
-        unsafe { std::slice::from_raw_parts(s.data, s.len) }
-    }
-}
-
 fn serve(r: &mut Request) -> Status {
     let raw: &ngx_http_request_t = r.as_ref();
     if raw.method & (NGX_HTTP_GET | NGX_HTTP_HEAD) as usize == 0 {
         return HTTPStatus(NGX_HTTP_NOT_ALLOWED as usize).into();
     }
-    let prometheus = wants_prometheus(bytes(&raw.args));
+    let prometheus = wants_prometheus(raw.args.as_bytes());
     let Some(mc) = RateCtlModule::main_conf(r) else {
         return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
     };

@@ -9,10 +9,11 @@ use std::cell::{Cell, UnsafeCell};
 use std::path::PathBuf;
 use std::ptr;
 
-use ngx::ffi::{ngx_add_timer, ngx_cycle, ngx_event_t, ngx_log_t, ngx_msec_t};
+use ngx::ffi::{ngx_add_timer, ngx_event_t, ngx_log_t, ngx_msec_t};
 use ngx::ngx_log_error;
 
 use super::conf::MainConf;
+use super::ext::cycle_log;
 use super::parse::LogLevel;
 use crate::core::reader::{self, Reader};
 use crate::core::slot::Slot;
@@ -115,20 +116,6 @@ impl EventLog {
                 e.event.past(),
                 e.suppressed
             );
-        }
-    }
-}
-
-/// The worker's log, without any request's context.
-pub fn cycle_log() -> *mut ngx_log_t {
-    // SAFETY: ngx_cycle is set before any worker code runs and points to
-    // the live cycle for the worker's life; only its log pointer is read.
-    unsafe {
-        let cycle = ptr::addr_of!(ngx_cycle).read();
-        if cycle.is_null() {
-            ptr::null_mut()
-        } else {
-            (*cycle).log
         }
     }
 }

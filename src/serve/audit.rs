@@ -7,7 +7,7 @@ use axum::routing::get;
 use serde_json::{json, Value};
 
 use super::auth::ReadToken;
-use super::body::{ok, query_param};
+use super::body::{ok, query_in, query_param};
 use super::error::ApiResult;
 use super::{Routes, Shared};
 
@@ -20,13 +20,7 @@ pub async fn audit(
     _: ReadToken,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    let limit = query_param(
-        &q,
-        "limit",
-        |l| (1..=1000).contains(l),
-        "limit: must be 1 to 1000",
-    )?
-    .unwrap_or(100);
+    let limit = query_in(&q, "limit", 1..=1000, 100)?;
     let before = query_param(
         &q,
         "before_id",

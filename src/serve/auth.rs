@@ -106,7 +106,11 @@ pub async fn identify(st: &Shared, headers: &HeaderMap) -> Result<Identity, ApiE
     };
     let now = rate_ctl::core::shm::unix_ms();
     let due = {
-        let mut touched = st.token_touched.lock();
+        // Each insert is whole: a panic elsewhere leaves the map usable.
+        let mut touched = st
+            .token_touched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let last = touched.get(&t.name).copied().unwrap_or(0);
         let due = now.saturating_sub(last) >= TOUCH_EVERY_MS;
         if due {

@@ -11,7 +11,7 @@ use super::auth::{AdminToken, ReadToken, Token};
 use super::body::{json_response, object, ok, parse_id, Fields};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
-use crate::client::wire::blacklist_api_json;
+use crate::store::json::blacklist_api_json;
 use crate::store::record::BlacklistRecord;
 use rate_ctl::core::shm::unix_ms;
 

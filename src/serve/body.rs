@@ -251,6 +251,18 @@ pub fn parse_id(s: &str, what: &str) -> Result<u64, ApiError> {
 /// Query parameter `name` as a `T` that `valid` accepts; `None` when it is
 /// absent, 400 naming it with `problem` ("limit: must be 1 to 1000") when
 /// it is not such a value.
+/// A number query parameter within `range` (`default` when absent); 400
+/// `name: must be LO to HI` otherwise.
+pub fn query_in<T: FromStr + PartialOrd + std::fmt::Display>(
+    q: &HashMap<String, String>,
+    name: &str,
+    range: std::ops::RangeInclusive<T>,
+    default: T,
+) -> Result<T, ApiError> {
+    let problem = format!("{name}: must be {} to {}", range.start(), range.end());
+    Ok(query_param(q, name, |n| range.contains(n), &problem)?.unwrap_or(default))
+}
+
 pub fn query_param<T: FromStr>(
     q: &HashMap<String, String>,
     name: &str,

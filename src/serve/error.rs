@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::client::wire::api_name;
+use crate::store::json::api_name;
 use crate::store::record::StrategyRecord;
 use crate::store::{Invalid, StoreError};
 
@@ -114,6 +114,13 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
         None,
         format!("method {method} is not allowed on {}", uri.path()),
     )
+}
+
+/// A report that is not what docs/API.md describes: 422 naming the field.
+impl From<crate::client::protocol::BadField> for ApiError {
+    fn from(e: crate::client::protocol::BadField) -> ApiError {
+        ApiError::invalid(&e.field, e.problem)
+    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,9 @@ use super::auth::{AdminToken, AgentToken, ReadToken, Token};
 use super::body::{object, ok, Fields};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
-use crate::store::record::HostRecord;
-use crate::store::{CounterSample, LeaseRow};
+use crate::client::protocol::{acks_from, counters_from, granted_leases_json};
+use crate::store::json::host_api_json;
+use crate::store::LeaseRow;
 use rate_ctl::core::shm::unix_ms;
 
 pub fn router() -> Routes {
@@ -19,20 +20,6 @@ pub fn router() -> Routes {
         .add("/api/v1/hosts", &["GET"], get(list_hosts))
         .add("/api/v1/hosts/{host_id}", &["PUT"], put(set_host_weight))
         .add("/api/v1/hosts/{host_id}/report", &["POST"], post(report))
-}
-
-fn host_json(h: &HostRecord, version: u64, now: u64, freshness_ms: u64) -> Value {
-    json!({
-        "host_id": h.host_id,
-        "weight": h.weight,
-        "last_heartbeat": h.last_heartbeat_ms,
-        "applied_version": h.applied_version,
-        "applied_at": h.applied_ms,
-        "lag": h.applied_version.map(|a| version.saturating_sub(a)),
-        "fresh": h.last_heartbeat_ms.is_some_and(|hb| hb.saturating_add(freshness_ms) >= now),
-        "publish_error": h.publish_error,
-        "publish_error_at": h.publish_error_ms,
-    })
 }
 
 pub async fn hosts_json(st: &Shared) -> Result<(u64, Vec<Value>), ApiError> {
@@ -45,7 +32,7 @@ pub async fn hosts_json(st: &Shared) -> Result<(u64, Vec<Value>), ApiError> {
         .await?
         .iter()
         .map(|h| {
-            let mut v = host_json(h, version, now, st.freshness_ms);
+            let mut v = host_api_json(h, version, now, st.freshness_ms);
             v["leases"] = leases_json(&leases, &h.host_id, now);
             v
         })
@@ -161,35 +148,8 @@ pub async fn report(
             ))
         }
     };
-    let mut counters = Vec::new();
-    match f.present("counters") {
-        None => {}
-        Some(Value::Array(a)) => {
-            for (i, c) in a.iter().enumerate() {
-                let field = |k: &str| format!("counters[{i}].{k}");
-                let n = |k: &str| -> Result<u64, ApiError> {
-                    match &c[k] {
-                        Value::Null if k != "id" => Ok(0),
-                        v => v
-                            .as_u64()
-                            .ok_or_else(|| ApiError::invalid(&field(k), "must be a whole number")),
-                    }
-                };
-                let id = u32::try_from(n("id")?)
-                    .ok()
-                    .filter(|i| *i > 0)
-                    .ok_or_else(|| ApiError::invalid(&field("id"), "must be a strategy id"))?;
-                counters.push(CounterSample {
-                    id,
-                    passed: n("passed")?,
-                    limited: n("limited")?,
-                    delayed: n("delayed")?,
-                });
-            }
-        }
-        Some(_) => return Err(ApiError::invalid("counters", "must be a list")),
-    }
-    let acks = lease_acks(f.present("leases"))?;
+    let counters = counters_from(f.present("counters"))?;
+    let acks = acks_from(f.present("leases"))?;
     st.store
         .report(&host_id, weight, applied, &counters, who.name())
         .await?;
@@ -200,41 +160,6 @@ pub async fn report(
             .await?;
     }
     let (version, hosts) = hosts_json(&st).await?;
-    let leases: Vec<Value> = st
-        .store
-        .leases(Some(&host_id))
-        .await?
-        .iter()
-        .map(|l| {
-            json!({"strategy": l.strategy_id, "value": l.value, "epoch": l.epoch,
-                   "expires": l.expires_ms, "granted": l.granted_ms})
-        })
-        .collect();
+    let leases = granted_leases_json(&st.store.leases(Some(&host_id)).await?);
     ok(json!({"ok": true, "version": version, "hosts": hosts, "leases": leases}))
-}
-
-/// A report's `leases`: what the host enforces for each `split: demand`
-/// strategy, `[{"strategy", "epoch", "value"}]`.
-fn lease_acks(v: Option<&Value>) -> Result<Vec<(u32, u64, u64)>, ApiError> {
-    let mut out = Vec::new();
-    match v {
-        None => {}
-        Some(Value::Array(a)) => {
-            for (i, l) in a.iter().enumerate() {
-                let n = |k: &str| -> Result<u64, ApiError> {
-                    l[k].as_u64()
-                        .filter(|v| *v <= i64::MAX as u64)
-                        .ok_or_else(|| {
-                            ApiError::invalid(&format!("leases[{i}].{k}"), "must be a whole number")
-                        })
-                };
-                let strategy = u32::try_from(n("strategy")?).map_err(|_| {
-                    ApiError::invalid(&format!("leases[{i}].strategy"), "must be a strategy id")
-                })?;
-                out.push((strategy, n("epoch")?, n("value")?));
-            }
-        }
-        Some(_) => return Err(ApiError::invalid("leases", "must be a list")),
-    }
-    Ok(out)
 }

@@ -177,97 +177,62 @@ pub fn render(
         }
     }
 
-    head(
-        &mut o,
-        "rate_ctl_host_weight",
-        "gauge",
-        "Weight of the host for cluster-scope rates.",
+    // Per-host gauges: name, help, the value (none: no line for the host).
+    type Gauge<'h> = (
+        &'static str,
+        &'static str,
+        &'h dyn Fn(&HostRecord) -> Option<String>,
     );
-    for h in hosts {
-        let _ = writeln!(
-            o,
-            "rate_ctl_host_weight{{host=\"{}\"}} {}",
-            label(&h.host_id),
-            h.weight
-        );
-    }
-    head(
-        &mut o,
-        "rate_ctl_host_fresh",
-        "gauge",
-        "1 while the host's heartbeat is fresh (it counts for cluster-scope rates).",
-    );
-    for h in hosts {
-        let fresh = h
-            .last_heartbeat_ms
-            .is_some_and(|hb| hb.saturating_add(freshness_ms) >= now);
-        let _ = writeln!(
-            o,
-            "rate_ctl_host_fresh{{host=\"{}\"}} {}",
-            label(&h.host_id),
-            u8::from(fresh)
-        );
-    }
-    head(
-        &mut o,
-        "rate_ctl_host_applied_version",
-        "gauge",
-        "Config version the host's agent last published into its table.",
-    );
-    for h in hosts {
-        if let Some(a) = h.applied_version {
-            let _ = writeln!(
-                o,
-                "rate_ctl_host_applied_version{{host=\"{}\"}} {a}",
-                label(&h.host_id)
-            );
+    let gauges: [Gauge; 6] = [
+        (
+            "rate_ctl_host_weight",
+            "Weight of the host for cluster-scope rates.",
+            &|h| Some(h.weight.to_string()),
+        ),
+        (
+            "rate_ctl_host_fresh",
+            "1 while the host's heartbeat is fresh (it counts for cluster-scope rates).",
+            &|h| {
+                let fresh = h
+                    .last_heartbeat_ms
+                    .is_some_and(|hb| hb.saturating_add(freshness_ms) >= now);
+                Some(u8::from(fresh).to_string())
+            },
+        ),
+        (
+            "rate_ctl_host_applied_version",
+            "Config version the host's agent last published into its table.",
+            &|h| h.applied_version.map(|a| a.to_string()),
+        ),
+        (
+            "rate_ctl_host_lag_versions",
+            "Store config version minus the host's applied version.",
+            &|h| {
+                h.applied_version
+                    .map(|a| version.saturating_sub(a).to_string())
+            },
+        ),
+        (
+            "rate_ctl_host_report_age_seconds",
+            "Seconds since the host's agent last reported (heartbeat).",
+            &|h| {
+                h.last_heartbeat_ms
+                    .map(|hb| format!("{:.3}", now.saturating_sub(hb) as f64 / 1000.0))
+            },
+        ),
+        (
+            "rate_ctl_host_publish_error",
+            "1 while the host's agent reports its last publish refused (see GET /api/v1/hosts).",
+            &|h| Some(u8::from(h.publish_error.is_some()).to_string()),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        head(&mut o, name, "gauge", help);
+        for h in hosts {
+            if let Some(v) = value(h) {
+                let _ = writeln!(o, "{name}{{host=\"{}\"}} {v}", label(&h.host_id));
+            }
         }
-    }
-    head(
-        &mut o,
-        "rate_ctl_host_lag_versions",
-        "gauge",
-        "Store config version minus the host's applied version.",
-    );
-    for h in hosts {
-        if let Some(a) = h.applied_version {
-            let _ = writeln!(
-                o,
-                "rate_ctl_host_lag_versions{{host=\"{}\"}} {}",
-                label(&h.host_id),
-                version.saturating_sub(a)
-            );
-        }
-    }
-    head(
-        &mut o,
-        "rate_ctl_host_report_age_seconds",
-        "gauge",
-        "Seconds since the host's agent last reported (heartbeat).",
-    );
-    for h in hosts {
-        if let Some(hb) = h.last_heartbeat_ms {
-            let _ = writeln!(
-                o,
-                "rate_ctl_host_report_age_seconds{{host=\"{}\"}} {:.3}",
-                label(&h.host_id),
-                now.saturating_sub(hb) as f64 / 1000.0
-            );
-        }
-    }
-    head(
-        &mut o,
-        "rate_ctl_host_publish_error",
-        "gauge",
-        "1 while the host's agent reports its last publish refused (see GET /api/v1/hosts).",
-    );
-    for h in hosts {
-        let _ = writeln!(
-            o,
-            "rate_ctl_host_publish_error{{host=\"{}\"}} {}",
-            label(&h.host_id),
-            u8::from(h.publish_error.is_some())
-        );
     }
     o
 }

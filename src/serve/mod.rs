@@ -101,7 +101,7 @@ pub struct AppState {
     /// Connection counters of the accept loop.
     pub conns: Arc<conn::ConnStats>,
     /// When this instance last wrote each named token's `last_used`.
-    pub token_touched: parking_lot::Mutex<std::collections::HashMap<String, u64>>,
+    pub token_touched: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl AppState {
@@ -308,18 +308,18 @@ fn spawn_version_poller(state: &Shared) {
     });
 }
 
-/// The fleet leader candidate of this instance (src/agent/fleet.rs): every
+/// The fleet leader candidate of this instance (src/fleet/leader.rs): every
 /// period, if any strategy has `split: demand`, lead if possible and
 /// allocate the leases.
 fn spawn_fleet_leader(state: &Shared, me: String) {
     let weak = Arc::downgrade(state);
     tokio::spawn(async move {
-        let mut c = crate::agent::fleet::Coordinator::new(me);
+        let mut c = crate::fleet::leader::Coordinator::new(me);
         let mut failing = false;
         // The strategies, read again only when the version moves.
         let mut known: Option<(u64, Vec<crate::store::record::StrategyRecord>)> = None;
         loop {
-            tokio::time::sleep(crate::agent::fleet::LEADER_PERIOD).await;
+            tokio::time::sleep(crate::fleet::leader::LEADER_PERIOD).await;
             let Some(st) = weak.upgrade() else { return };
             let r = async {
                 let v = st.store.version().await?;
@@ -415,7 +415,7 @@ pub async fn run(store_url: &str, a: ServeOptions) -> Result<(), ServeError> {
         let _ = o.flush();
     }
     info!(%addr, store = %redact_url(store_url), version = v, max_connections, "serving");
-    let shutdown = crate::agent::shutdown_signal().map_err(ServeError::Signals)?;
+    let shutdown = crate::signal::shutdown_signal().map_err(ServeError::Signals)?;
     // Long-polls would hold a graceful shutdown for up to 30 s: stop at once
     // instead (nothing is lost: every change is one committed transaction).
     let store = state.clone();

@@ -22,7 +22,8 @@ use super::body::query_param;
 use super::error::ApiError;
 use super::hosts::hosts_json;
 use super::{Routes, Shared};
-use crate::client::wire::{blacklist_api_json, strategy_api_json};
+use crate::client::protocol::{json_array, snapshot_json};
+use crate::store::json::{blacklist_api_json, strategy_api_json};
 
 pub fn router() -> Routes {
     Routes::default().add("/api/v1/snapshot", &["GET"], get(snapshot))
@@ -53,20 +54,8 @@ impl SnapshotCache {
             return Ok(b.clone());
         }
         let snap = st.store.snapshot().await?;
-        let strategies = Value::from(
-            snap.strategies
-                .iter()
-                .map(|r| strategy_api_json(r))
-                .collect::<Vec<_>>(),
-        )
-        .to_string();
-        let blacklist = Value::from(
-            snap.blacklist
-                .iter()
-                .map(|b| blacklist_api_json(b))
-                .collect::<Vec<_>>(),
-        )
-        .to_string();
+        let strategies = json_array(&snap.strategies, |r| strategy_api_json(r));
+        let blacklist = json_array(&snap.blacklist, |b| blacklist_api_json(b));
         let n = self.builds.fetch_add(1, Ordering::Relaxed) + 1;
         debug!(
             version = snap.version,
@@ -109,13 +98,12 @@ pub async fn snapshot(
     let (_, hosts) = hosts_json(&st).await?;
     let hosts = Value::from(hosts).to_string();
     // The cached parts are serialised JSON arrays: spliced in as they are.
-    let body = format!(
-        "{{\"version\":{},\"changed\":{},\"strategies\":{},\"blacklist\":{},\"hosts\":{}}}",
+    let body = snapshot_json(
         snap.version,
         snap.version > after,
-        snap.strategies,
-        snap.blacklist,
-        hosts
+        &snap.strategies,
+        &snap.blacklist,
+        &hosts,
     );
     Ok((
         StatusCode::OK,

@@ -8,7 +8,7 @@ use axum::routing::get;
 use serde_json::{json, Value};
 
 use super::auth::ReadToken;
-use super::body::{ok, query_param};
+use super::body::{ok, query_in, query_param};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
 use crate::store::StoredSample;
@@ -74,13 +74,7 @@ pub async fn stats(
     const NO_ID: &str = "strategy: required, a strategy id";
     let id = query_param(&q, "strategy", |i: &u32| *i > 0, NO_ID)?
         .ok_or_else(|| ApiError::bad_request(Some("strategy"), NO_ID))?;
-    let seconds = query_param(
-        &q,
-        "seconds",
-        |s| (1..=300).contains(s),
-        "seconds: must be 1 to 300",
-    )?
-    .unwrap_or(120);
+    let seconds = query_in(&q, "seconds", 1..=300, 120)?;
     let now = unix_ms();
     // The last complete second is the newest point.
     let to = now.saturating_sub(1000);

@@ -15,7 +15,7 @@ use super::auth::{AdminToken, ReadToken, Token};
 use super::body::{duplicate_key, json_response, object, ok, parse_id, Fields};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared, IMPORT_BODY_LIMIT};
-use crate::client::wire::{parse_strategy_lines, strategy_api_json};
+use crate::store::json::{parse_strategy_lines, strategy_api_json};
 use crate::store::record::{ActionKind, Scope, StrategyRecord};
 use crate::store::valid::{valid_import, Valid};
 use rate_ctl::core::model::{parse_ip_net, Algorithm, Unit};

@@ -3,7 +3,7 @@
 
 use sqlx::{Any, Row, Transaction};
 
-use super::schema::Dialect;
+use super::schema::{insert_rows, Dialect};
 use super::{AuditEntry, Result, Store};
 use rate_ctl::core::shm::unix_ms;
 
@@ -75,28 +75,24 @@ pub(super) async fn audit_many(
     entries: Vec<Entry>,
 ) -> Result<()> {
     let now = unix_ms() as i64;
-    let d = Dialect::of(tx);
     let (name, role, client) = split_actor(who);
-    for chunk in entries.chunks(200) {
-        let sql = format!(
-            "INSERT INTO audit_log (at_ms, token, action, target, before_json, after_json, role, client) VALUES {}",
-            vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
-        );
-        let sql = d.sql(&sql).into_owned();
-        let mut q = sqlx::query(&sql);
-        for (action, target, before, after) in chunk {
-            q = q
-                .bind(now)
+    insert_rows(
+        tx,
+        "audit_log (at_ms, token, action, target, before_json, after_json, role, client)",
+        8,
+        &entries,
+        |q, (action, target, before, after)| {
+            q.bind(now)
                 .bind(name.clone())
                 .bind(action.to_string())
                 .bind(target.clone())
                 .bind(encode(before.clone()))
                 .bind(encode(after.clone()))
                 .bind(role.clone())
-                .bind(client.clone());
-        }
-        q.execute(&mut **tx).await?;
-    }
+                .bind(client.clone())
+        },
+    )
+    .await?;
     Ok(())
 }
 

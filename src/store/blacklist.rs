@@ -4,10 +4,10 @@ use sqlx::any::AnyRow;
 use sqlx::Row;
 
 use super::audit::audit;
+use super::json::blacklist_api_json;
 use super::record::BlacklistRecord;
 use super::valid::Valid;
 use super::{Result, Store, StoreError};
-use crate::client::wire::blacklist_api_json;
 use rate_ctl::core::shm::unix_ms;
 
 impl Store {

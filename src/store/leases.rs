@@ -1,7 +1,7 @@
 //! Fleet leases (migration 7): the one leader row and the leases the
 //! leader publishes per (strategy, host), with what each host acknowledged
-//! applying. The allocation itself is src/agent/lease.rs; the loop that
-//! drives it is src/agent/fleet.rs.
+//! applying. The allocation itself is src/fleet/lease.rs; the loop that
+//! drives it is src/fleet/leader.rs.
 //!
 //! Leadership is a row with a holder and an expiry: a candidate takes it
 //! when it is free or expired, the holder renews it; every write of leases

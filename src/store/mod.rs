@@ -11,6 +11,7 @@ pub use audit::actor;
 mod blacklist;
 pub mod error;
 mod hosts;
+pub mod json;
 mod leases;
 pub mod record;
 mod samples;

@@ -73,7 +73,7 @@ impl FromStr for Scope {
 pub enum Split {
     /// `rate × weight / Σ weights` of the fresh hosts.
     Static,
-    /// Leases from the fleet leader, by demand (src/agent/lease.rs); the
+    /// Leases from the fleet leader, by demand (src/fleet/lease.rs); the
     /// static split while a host has no valid lease.
     Demand,
 }

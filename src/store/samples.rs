@@ -2,6 +2,7 @@
 
 use sqlx::Row;
 
+use super::schema::insert_rows;
 use super::{CounterSample, Result, Store, StoredSample, SAMPLE_RETENTION_MS};
 
 impl Store {
@@ -9,24 +10,21 @@ impl Store {
     /// [`SAMPLE_RETENTION_MS`].
     pub async fn add_samples(&self, host_id: &str, at_ms: u64, c: &[CounterSample]) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        for chunk in c.chunks(200) {
-            let sql = format!(
-                "INSERT INTO counter_samples (host_id, strategy_id, at_ms, passed_count, limited_count, delayed_count) VALUES {}",
-                vec!["(?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
-            );
-            let sql = self.sql(&sql).into_owned();
-            let mut q = sqlx::query(&sql);
-            for s in chunk {
-                q = q
-                    .bind(host_id.to_string())
+        insert_rows(
+            &mut tx,
+            "counter_samples (host_id, strategy_id, at_ms, passed_count, limited_count, delayed_count)",
+            6,
+            c,
+            |q, s| {
+                q.bind(host_id.to_string())
                     .bind(s.id as i64)
                     .bind(at_ms as i64)
                     .bind(s.passed.min(i64::MAX as u64) as i64)
                     .bind(s.limited.min(i64::MAX as u64) as i64)
-                    .bind(s.delayed.min(i64::MAX as u64) as i64);
-            }
-            q.execute(&mut *tx).await?;
-        }
+                    .bind(s.delayed.min(i64::MAX as u64) as i64)
+            },
+        )
+        .await?;
         sqlx::query(&self.sql("DELETE FROM counter_samples WHERE at_ms < ?"))
             .bind(at_ms.saturating_sub(SAMPLE_RETENTION_MS) as i64)
             .execute(&mut *tx)

@@ -7,11 +7,11 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::audit::audit;
+use super::json::strategy_api_json;
 use super::record::{Split, StrategyRecord};
-use super::schema::Dialect;
+use super::schema::{placeholders, value_rows, Dialect};
 use super::valid::{Valid, ValidImport};
 use super::{BadRow, Field, Invalid, Result, Store, StoreError};
-use crate::client::wire::strategy_api_json;
 use rate_ctl::core::model::ModelError;
 use rate_ctl::core::shm::unix_ms;
 
@@ -61,15 +61,30 @@ impl Store {
         let id = u32::try_from(id)
             .map_err(|_| Invalid::new(Field::Id, "id", format!("{id} exceeds {}", u32::MAX)))?;
         rec.id = id;
+        self.finish_write(tx, who, "strategy.create", None, rec)
+            .await
+    }
+
+    /// The end of a strategy's insert or update: its response columns, the
+    /// audit entry (`before`, and the API's JSON of `rec` after) and the
+    /// commit.
+    async fn finish_write(
+        &self,
+        mut tx: Transaction<'static, Any>,
+        who: &str,
+        action: &str,
+        before: Option<serde_json::Value>,
+        rec: StrategyRecord,
+    ) -> Result<StrategyRecord> {
         bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
             .execute(&mut *tx)
             .await?;
         audit(
             &mut tx,
             who,
-            "strategy.create",
-            &format!("strategy/{id}"),
-            None,
+            action,
+            &format!("strategy/{}", rec.id),
+            before,
             Some(strategy_api_json(&rec)),
         )
         .await?;
@@ -141,20 +156,7 @@ impl Store {
                 rec.id
             )));
         }
-        bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
-            .execute(&mut *tx)
-            .await?;
-        audit(
-            &mut tx,
-            who,
-            action,
-            &format!("strategy/{}", rec.id),
-            before,
-            Some(strategy_api_json(&rec)),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(rec)
+        self.finish_write(tx, who, action, before, rec).await
     }
 
     /// Deletes a strategy; returns the new version.
@@ -328,13 +330,12 @@ impl Store {
         const ROWS: usize = 300;
         // Rows that keep their id bind it first; the others get a new one.
         for (keep_id, rows) in [(true, &with_id), (false, &without_id)] {
-            let (id_column, id_mark) = if keep_id { ("id, ", "?, ") } else { ("", "") };
+            let id_column = if keep_id { "id, " } else { "" };
             for chunk in rows.chunks(ROWS) {
                 let sql = format!(
                     "INSERT INTO strategies ({id_column}{}) VALUES {}",
                     INSERT_COLUMNS,
-                    vec![format!("({id_mark}{})", placeholders(INSERT_COUNT)); chunk.len()]
-                        .join(", ")
+                    value_rows(INSERT_COUNT + usize::from(keep_id), chunk.len())
                 );
                 let sql = self.sql(&sql).into_owned();
                 let mut q = sqlx::query(&sql);
@@ -435,6 +436,8 @@ async fn images_in_tx(
     Ok(out)
 }
 
+/// A strategy row's audit image: its API JSON, or, for a row that is not a
+/// valid strategy, its id, the reason, version and creation time.
 fn image_of(id: u32, row: &AnyRow) -> serde_json::Value {
     match decode_strategy(row) {
         Ok(r) => strategy_api_json(&r),
@@ -459,15 +462,7 @@ pub(super) async fn strategy_in_tx(
     .bind(id as i64)
     .fetch_optional(&mut **tx)
     .await?;
-    Ok(row.map(|row| match decode_strategy(&row) {
-        Ok(r) => strategy_api_json(&r),
-        Err(b) => serde_json::json!({
-            "id": id,
-            "invalid": b.reason.to_string(),
-            "version": row.try_get::<i64, _>("version").unwrap_or(0),
-            "created_at": row.try_get::<i64, _>("created_ms").unwrap_or(0),
-        }),
-    }))
+    Ok(row.map(|row| image_of(id, &row)))
 }
 
 async fn ensure_name_free(
@@ -500,10 +495,6 @@ pub(super) const INSERT_COLUMNS: &str =
 
 /// Columns in [`INSERT_COLUMNS`].
 const INSERT_COUNT: usize = 23;
-
-pub(super) fn placeholders(n: usize) -> String {
-    vec!["?"; n].join(", ")
-}
 
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
 
@@ -608,11 +599,9 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         s.parse()
             .map_err(|e: rate_ctl::core::each::EachError| bad(ModelError::from(e).into()))
     };
-    // A small optional column (the per-key prefixes).
-    let opt_u8 = |col: &'static str| -> Result<Option<u8>, BadRow> {
-        get_oi(col)?
-            .map(|v| in_range(col, v, u8::MAX as u64).map(|v| v as u8))
-            .transpose()
+    // An optional (NULL-able) number column, at most `max`.
+    let opt_in = |col: &'static str, max: u64| -> Result<Option<u64>, BadRow> {
+        get_oi(col)?.map(|v| in_range(col, v, max)).transpose()
     };
     let id_u32 = u32::try_from(id).ok().filter(|i| *i > 0).ok_or_else(|| {
         bad(Invalid::new(
@@ -651,14 +640,8 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             .map_err(|e: ModelError| bad(e.into()))?,
         burst: in_range("burst", get_i("burst")?, u32::MAX as u64)? as u32,
         action: get_s("action")?.parse().map_err(bad)?,
-        status: match get_oi("status")? {
-            Some(s) => Some(in_range("status", s, u16::MAX as u64)? as u16),
-            None => None,
-        },
-        max_delay_ms: match get_oi("max_delay_ms")? {
-            Some(s) => Some(in_range("max_delay_ms", s, u32::MAX as u64)? as u32),
-            None => None,
-        },
+        status: opt_in("status", u16::MAX as u64)?.map(|v| v as u16),
+        max_delay_ms: opt_in("max_delay_ms", u32::MAX as u64)?.map(|v| v as u32),
         enabled: match get_i("enabled")? {
             0 => false,
             1 => true,
@@ -671,14 +654,8 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             }
         },
         scope: get_s("scope")?.parse().map_err(bad)?,
-        warm_up_ms: match get_oi("warm_up_ms")? {
-            Some(s) => Some(in_range("warm_up_ms", s, u32::MAX as u64)? as u32),
-            None => None,
-        },
-        cold_factor: match get_oi("cold_factor")? {
-            Some(s) => Some(in_range("cold_factor", s, u8::MAX as u64)? as u8),
-            None => None,
-        },
+        warm_up_ms: opt_in("warm_up_ms", u32::MAX as u64)?.map(|v| v as u32),
+        cold_factor: opt_in("cold_factor", u8::MAX as u64)?.map(|v| v as u8),
         priority: {
             let p = get_i("priority")?;
             i32::try_from(p).map_err(|_| {
@@ -693,8 +670,8 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             Some(s) if !s.is_empty() => s.split(',').map(str::to_string).collect(),
             _ => Vec::new(),
         },
-        ipv4_prefix: opt_u8("ipv4_prefix")?,
-        ipv6_prefix: opt_u8("ipv6_prefix")?,
+        ipv4_prefix: opt_in("ipv4_prefix", u8::MAX as u64)?.map(|v| v as u8),
+        ipv6_prefix: opt_in("ipv6_prefix", u8::MAX as u64)?.map(|v| v as u8),
         on_full: get_os("on_full")?.map(on_full_of).transpose()?,
         // NULL: a row from before migration 7, written with the static
         // split (the only one then): it keeps it.
@@ -714,10 +691,7 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         cost_from: get_os("cost_from")?.filter(|s| !s.is_empty()),
         cost_after: get_os("cost_after")?.filter(|s| !s.is_empty()),
         // NULL: no cap given (or a row from before migration 128).
-        max_keys: get_oi("max_keys")?
-            .map(|v| in_range("max_keys", v, rate_ctl::core::each::MAX_MAX_KEYS as u64))
-            .transpose()?
-            .map(|v| v as u32),
+        max_keys: opt_in("max_keys", rate_ctl::core::each::MAX_MAX_KEYS as u64)?.map(|v| v as u32),
     };
     rec.into_valid().map_err(bad)
 }

@@ -11,7 +11,7 @@
 //! stored and nothing validated is validated again there; the agent turns
 //! a `Valid` strategy record into the core's
 //! [`ValidStrategy`](rate_ctl::core::model::ValidStrategy) without the full
-//! check (see `agent/rates.rs`).
+//! check (see `fleet/rates.rs`).
 
 use std::collections::HashMap;
 use std::ops::Deref;

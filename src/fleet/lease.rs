@@ -8,7 +8,7 @@
 //!
 //! Pure computation: no store, no clock, no nginx — the caller passes the
 //! time, so the unit tests drive hours of simulated traffic in
-//! milliseconds. It lives in the binary's agent module (not `core`) because
+//! milliseconds. It lives in the binary's fleet module (not `core`) because
 //! only the `rate-ctl` binary runs it (serve or agent as leader) and the
 //! nginx module must not carry it.
 //!

@@ -141,6 +141,31 @@ pub fn blacklist_from_api_json(v: &serde_json::Value) -> Result<BlacklistRecord,
     })
 }
 
+/// The REST API's JSON for a host (without its leases) at config `version`
+/// and time `now`: fresh when its last heartbeat is at most
+/// `freshness_ms` old.
+pub fn host_api_json(
+    h: &HostRecord,
+    version: u64,
+    now: u64,
+    freshness_ms: u64,
+) -> serde_json::Value {
+    serde_json::json!({
+        "host_id": h.host_id,
+        "weight": h.weight,
+        "last_heartbeat": h.last_heartbeat_ms,
+        "applied_version": h.applied_version,
+        "applied_at": h.applied_ms,
+        "lag": h.applied_version.map(|a| version.saturating_sub(a)),
+        "fresh": h.last_heartbeat_ms.is_some_and(|hb| hb.saturating_add(freshness_ms) >= now),
+        "publish_error": h.publish_error,
+        "publish_error_at": h.publish_error_ms,
+    })
+}
+
+/// The inverse of [`host_api_json`] (not validated): a host of
+/// `GET /api/v1/hosts`, of a report's answer or of a snapshot.
+///
 /// A host of the REST API's host JSON (`GET /api/v1/hosts`, the answer of
 /// a host report): the fields a [`HostRecord`] holds (not validated).
 pub fn host_from_api_json(v: &serde_json::Value) -> Result<HostRecord, WireError> {
@@ -255,6 +280,67 @@ mod tests {
         assert_eq!(lines, [(1, "a"), (4, "b")]);
         let (line, e) = parse_strategy_lines(&format!("{good}\n\n{{\"name\":1}}\n")).unwrap_err();
         assert_eq!(line, 3, "{e}");
+    }
+
+    /// Every field set (none at its default), so a field one side forgets
+    /// fails the round trip.
+    fn full_strategy() -> StrategyRecord {
+        serde_json::from_value(serde_json::json!({
+            "id": 7, "name": "api", "match": {"path": "/api/*", "method": "POST"},
+            "algorithm": "token_bucket", "rate": 100, "per": "minute", "burst": 20,
+            "action": "reject", "status": 503, "max_delay_ms": 250, "enabled": false,
+            "scope": "cluster", "warm_up_ms": 5000, "cold_factor": 4, "priority": -3,
+            "each": ["ip"], "ipv4_prefix": 24, "ipv6_prefix": 56, "on_full": "reject",
+            "split": "demand", "created_ms": 11, "updated_ms": 12, "version": 13,
+            "count_if": "4xx", "cost_from": "arg:n", "cost_after": "header:x-cost",
+            "max_keys": 1000
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn strategy_api_json_round_trips() {
+        let r = full_strategy();
+        assert_eq!(strategy_from_api_json(&strategy_api_json(&r)).unwrap(), r);
+        // An import line in either format gives the same record.
+        let export = serde_json::to_string(&r).unwrap();
+        let api = strategy_api_json(&r).to_string();
+        assert_eq!(parse_strategy_line(&export).unwrap(), r);
+        assert_eq!(parse_strategy_line(&api).unwrap(), r);
+    }
+
+    #[test]
+    fn blacklist_api_json_round_trips() {
+        for expires_ms in [Some(99), None] {
+            let b = BlacklistRecord {
+                id: 3,
+                dimension: "ip".into(),
+                value: "192.0.2.0/24".into(),
+                expires_ms,
+                reason: "scraper".into(),
+                created_ms: 42,
+            };
+            assert_eq!(blacklist_from_api_json(&blacklist_api_json(&b)).unwrap(), b);
+        }
+    }
+
+    #[test]
+    fn host_api_json_round_trips() {
+        let h = HostRecord {
+            host_id: "web-1".into(),
+            weight: 3,
+            last_heartbeat_ms: Some(1_000),
+            applied_version: Some(7),
+            applied_ms: Some(900),
+            publish_error: Some("capacity".into()),
+            publish_error_ms: Some(950),
+        };
+        let v = host_api_json(&h, 9, 1_500, 1_000);
+        assert_eq!(
+            (v["lag"].as_u64(), v["fresh"].as_bool()),
+            (Some(2), Some(true))
+        );
+        assert_eq!(host_from_api_json(&v).unwrap(), h);
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub fn share(
 ///   delay it goes back to, but published without it.
 ///
 /// `lease`: this host's valid lease for a `split: demand` strategy
-/// (src/agent/lease.rs), which replaces the static share (the token-bucket
+/// (src/fleet/lease.rs), which replaces the static share (the token-bucket
 /// burst in proportion, at least 1; a lease of 0 enforces 1, the smallest
 /// rate a bucket takes). A window (`fixed_window`, `sliding_window`: the
 /// lease is a count of the window's allowance) leased 0 publishes limit 0,
