@@ -27,8 +27,8 @@ use std::process::ExitCode;
 
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::{Action, Condition, Strategy};
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::{unix_ms, Capacities, Mapping, H_SEQ};
-use rate_ctl::core::writer::Writer;
 
 /// The file's capacities: 16,384 strategies in 4 MiB segments, or what
 /// `RATE_CTL_TOOL_MAX_STRATEGIES` and `RATE_CTL_TOOL_SEGMENT_MB` say (the
@@ -95,8 +95,8 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             "ipv6_prefix" => s.each.ipv6_prefix = num()? as u8,
             "on_full" => s.each.on_full = v.parse().map_err(|e| format!("{e}"))?,
             "count_if" => {
-                s.response.count_if =
-                    rate_ctl::core::response::StatusSet::parse(v).map_err(|e| format!("{e}"))?
+                s.response.count_if = rate_ctl::core::model::response::StatusSet::parse(v)
+                    .map_err(|e| format!("{e}"))?
             }
             "cost_from" => s.response.cost_from = v.to_string(),
             "cost_after" => s.response.cost_after = v.to_string(),
@@ -199,7 +199,7 @@ fn run(args: &[String]) -> Result<(), String> {
             // per-key strategies they match (the instruction benchmark's
             // occupied key table).
             let n: u32 = n.parse().map_err(|e| format!("N: {e}"))?;
-            let mut e = rate_ctl::core::reader::Reader::new(Path::new(path));
+            let mut e = rate_ctl::core::shm::reader::Reader::new(Path::new(path));
             e.refresh(rate_ctl::core::clock::MonotonicClock::now());
             let t = e.table().ok_or("no table in the file")?.clone();
             let pairs: Vec<(&str, &[u8])> = pairs

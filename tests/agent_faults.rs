@@ -404,7 +404,7 @@ fn first_host(store: &str) -> serde_json::Value {
 
 /// Whether a worker opening `shm` now enforces `n` strategies.
 fn enforcing(shm: &std::path::Path, n: usize) -> bool {
-    let mut r = rate_ctl::core::reader::Reader::new(shm.to_path_buf());
+    let mut r = rate_ctl::core::shm::reader::Reader::new(shm.to_path_buf());
     r.refresh(rate_ctl::core::clock::MonotonicClock::now());
     r.table().is_some_and(|t| t.published_strategies() == n)
 }
@@ -513,9 +513,12 @@ fn changes_to_the_live_files_are_repaired_within_a_poll_and_reported() {
         let m = rate_ctl::core::shm::Mapping::open(&shm).ok()?;
         let seq = m.seq();
         let mut buf = Vec::new();
-        let good =
-            rate_ctl::core::segment::read_segment(&m.segment((seq & 1) as usize), seq, &mut buf)
-                .is_ok();
+        let good = rate_ctl::core::shm::segment::read_segment(
+            &m.segment((seq & 1) as usize),
+            seq,
+            &mut buf,
+        )
+        .is_ok();
         (good && enforcing(&shm, 1)).then_some(())
     });
     assert!(

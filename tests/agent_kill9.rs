@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use agent::{AgentProc, Reader};
 use cli::{ok, stores, TestStore};
-use rate_ctl::core::slot::Slot;
+use rate_ctl::core::shm::slot::Slot;
 use rate_ctl::core::table::Table;
 
 const CHANGING: u32 = 300;

@@ -67,7 +67,7 @@ fn hundred_cli_changes_each_visible_within_100ms() {
         assert!(applied.is_some(), "{}: applied version recorded", st.label);
         // And the heartbeat goes into the file header.
         let map = rate_ctl::core::shm::Mapping::open(&shm).unwrap();
-        let age = rate_ctl::core::shm::unix_ms().saturating_sub(map.heartbeat_unix_ms());
+        let age = rate_ctl::core::clock::unix_ms().saturating_sub(map.heartbeat_unix_ms());
         assert!(age < 2_000, "{}: file heartbeat {age} ms old", st.label);
         let status = a.stop_with(libc::SIGTERM, Duration::from_secs(10));
         assert!(

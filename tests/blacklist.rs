@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use rate_ctl::core::blacklist::{
     init, region_bytes, Blacklist, BlacklistEntry, BlacklistError, HEADER_BYTES, MAGIC, SLOT_BYTES,
 };
-use rate_ctl::core::region::Region;
+use rate_ctl::core::shm::region::Region;
 
 fn words(bytes: u64) -> Vec<AtomicU64> {
     (0..bytes.div_ceil(8)).map(|_| AtomicU64::new(0)).collect()

@@ -8,7 +8,7 @@ mod tables;
 
 use proptest::prelude::*;
 use rate_ctl::core::model::{Condition, Op};
-use rate_ctl::core::segment::{decode_payload, encode_payload, Published};
+use rate_ctl::core::shm::segment::{decode_payload, encode_payload, Published};
 use rate_ctl::core::table::Table;
 use tables::{ids, table_of, token_bucket};
 

@@ -10,10 +10,10 @@ use std::path::Path;
 use proptest::prelude::*;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::{Algorithm, Unit};
-use rate_ctl::core::reader::{Reader, RECHECK_NS};
+use rate_ctl::core::shm::reader::{Reader, RECHECK_NS};
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::{Mapping, ShmError};
 use rate_ctl::core::table::Request;
-use rate_ctl::core::writer::Writer;
 use shm::{api_bucket, fresh_writer, small_caps, strategy};
 
 /// A valid file with strategies and a blacklist, as bytes.

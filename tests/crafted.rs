@@ -12,14 +12,14 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use rate_ctl::core::fuzz::Crafted;
-use rate_ctl::core::loader;
-use rate_ctl::core::reader::{Reader, Severity, RECHECK_NS};
-use rate_ctl::core::segment::{
+use rate_ctl::core::shm::loader;
+use rate_ctl::core::shm::reader::{Reader, Severity, RECHECK_NS};
+use rate_ctl::core::shm::segment::{
     encode_payload, read_segment, write_segment, Published, SegmentError,
 };
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::{Capacities, Mapping, H_SEQ};
 use rate_ctl::core::table::Table;
-use rate_ctl::core::writer::Writer;
 use shm::{api_bucket, fresh_writer};
 
 /// The builder-thread count is per process: the tests that load in the

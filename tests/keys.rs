@@ -10,14 +10,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rate_ctl::core::admit::{Now, Verdict};
-use rate_ctl::core::each::{Each, OnFull};
 use rate_ctl::core::keys::{Charge, KeyId, KeyLimiter, KeyTable};
+use rate_ctl::core::model::each::{Each, OnFull};
 use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit};
-use rate_ctl::core::reader::Reader;
+use rate_ctl::core::shm::reader::Reader;
+use rate_ctl::core::shm::slot::Slot;
+use rate_ctl::core::shm::writer::{Opened, Writer};
 use rate_ctl::core::shm::{Capacities, Mapping, ShmError, H_VERSION_INIT, LAYOUT_VERSION};
-use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Request, RequestOutcome, Scratch, Table};
-use rate_ctl::core::writer::{Opened, Writer};
 use shm::{role, small_caps, spawn_role, strategy};
 
 const S: u64 = 1_000_000_000;
@@ -68,7 +68,7 @@ fn race(path: &Path, start_unix_ms: u64, out: &Path) {
     let t = map.keys();
     let l = limiter();
     let keys: Vec<KeyId> = (0..KEYS).map(|i| key(t, &map, &format!("k{i}"))).collect();
-    while rate_ctl::core::shm::unix_ms() < start_unix_ms {
+    while rate_ctl::core::clock::unix_ms() < start_unix_ms {
         std::hint::spin_loop();
     }
     let mut admitted = vec![0u64; keys.len()];
@@ -99,7 +99,7 @@ fn processes_racing_on_keys_admit_exactly_the_allowance() {
     let path = dir.path().join("rc");
     // 64 keys in 1024 entries: no range ever fills; every key races.
     let _w = Writer::create_or_adopt(&path, caps(1024), 0o600).unwrap();
-    let start = rate_ctl::core::shm::unix_ms() + 500;
+    let start = rate_ctl::core::clock::unix_ms() + 500;
     let mut children = Vec::new();
     let outs: Vec<_> = (0..PROCS)
         .map(|i| dir.path().join(format!("out{i}")))
@@ -645,7 +645,7 @@ fn delay_dry_run_and_sliding_window_per_key() {
         );
     }
     let map = t.mapping().unwrap();
-    let slot = rate_ctl::core::slot::Slot::at(&map.slots(), t.strategies()[1].slot).unwrap();
+    let slot = rate_ctl::core::shm::slot::Slot::at(&map.slots(), t.strategies()[1].slot).unwrap();
     let c = slot.counters();
     assert_eq!(
         (c.passed, c.limited),

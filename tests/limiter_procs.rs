@@ -16,8 +16,8 @@ use rate_ctl::core::admit::{admit, release, Hit, Verdict};
 use rate_ctl::core::clock::MonotonicClock;
 use rate_ctl::core::limiter::Limiter;
 use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit};
-use rate_ctl::core::region::Region;
-use rate_ctl::core::slot::Slot;
+use rate_ctl::core::shm::region::Region;
+use rate_ctl::core::shm::slot::Slot;
 
 const S: u64 = 1_000_000_000;
 const CHILDREN: usize = 4;

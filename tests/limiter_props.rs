@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use rate_ctl::core::admit::{admit, admit_listed, admit_with, release, Hit, Verdict};
 use rate_ctl::core::limiter::{Acquired, Limiter};
 use rate_ctl::core::model::{self, Action, Algorithm, Unit};
-use rate_ctl::core::slot::{LocalSlots, Slot};
+use rate_ctl::core::shm::slot::{LocalSlots, Slot};
 
 use limiter::{strategy, with_slot, S};
 

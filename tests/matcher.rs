@@ -8,7 +8,7 @@ mod tables;
 
 use proptest::prelude::*;
 use rate_ctl::core::model::Condition;
-use rate_ctl::core::segment::Published;
+use rate_ctl::core::shm::segment::Published;
 use rate_ctl::core::table::Table;
 use tables::{ids, table_of, token_bucket};
 

@@ -100,7 +100,7 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
             assert_eq!(code, 201, "{label}: the API accepts entry {n}: {e}");
             entries.push(e["id"].as_u64().unwrap());
         }
-        let before = rate_ctl::core::shm::unix_ms();
+        let before = rate_ctl::core::clock::unix_ms();
         let shown = wait_for(Duration::from_secs(10), || {
             let hs: Vec<Value> = ids.iter().map(|id| host(&s, id)).collect();
             hs.iter()
@@ -124,7 +124,7 @@ fn a_blacklist_beyond_the_agents_capacity_is_shown_as_an_error_then_cleared() {
             );
             let at = h["publish_error_at"].as_u64().expect("publish_error_at");
             assert!(
-                at + 2_000 >= before && at <= rate_ctl::core::shm::unix_ms(),
+                at + 2_000 >= before && at <= rate_ctl::core::clock::unix_ms(),
                 "{label}: {h}"
             );
         }

@@ -24,9 +24,9 @@ use std::net::IpAddr;
 use proptest::prelude::*;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::{parse_ip_net, Action, Algorithm, Strategy, Unit};
-use rate_ctl::core::reader::Reader;
-use rate_ctl::core::segment::Published;
-use rate_ctl::core::slot::Slot;
+use rate_ctl::core::shm::reader::Reader;
+use rate_ctl::core::shm::segment::Published;
+use rate_ctl::core::shm::slot::Slot;
 use rate_ctl::core::table::{IpKey, Request, RequestOutcome, Scratch, Table};
 use shm::{fresh_writer, strategy, table_at};
 use tables::ids;
@@ -349,7 +349,7 @@ fn tables_without_conditions_rank_limit_per_key_and_blacklist() {
     let (_dir, path, mut w) = fresh_writer();
     let mut e = Reader::new(&path);
     let mut per_ip = with(1, &[], 2, 0, REJECT);
-    per_ip.each = rate_ctl::core::each::Each::of(&["ip"]);
+    per_ip.each = rate_ctl::core::model::each::Each::of(&["ip"]);
     // Per client: 2 an hour.
     w.publish(
         std::slice::from_ref(&per_ip),
@@ -471,7 +471,7 @@ proptest! {
                     _ => REJECT,
                 });
                 if kind == 2 {
-                    s.each = rate_ctl::core::each::Each::of(&["ip"]);
+                    s.each = rate_ctl::core::model::each::Each::of(&["ip"]);
                 }
                 (s, addr)
             })

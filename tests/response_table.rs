@@ -10,11 +10,11 @@ mod support;
 
 use rate_ctl::core::admit::{Now, Verdict};
 use rate_ctl::core::model::{Algorithm, Strategy, Unit};
-use rate_ctl::core::reader::Reader;
 use rate_ctl::core::response::{Owing, StatusSet};
+use rate_ctl::core::shm::reader::Reader;
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::table::{Request, RequestOutcome, Scratch, Table};
-use rate_ctl::core::writer::Writer;
 use support::{small_caps, strategy};
 
 /// Mid-minute, mid-day of a fixed date (windows are wall-clock).
@@ -88,7 +88,7 @@ fn login(id: u32, api: &str, keyed: bool) -> Strategy {
     let mut s = strategy(id, &[("api", api)], Algorithm::FixedWindow, 3, Unit::Day);
     s.response.count_if = StatusSet::parse("401").unwrap();
     if keyed {
-        s.each = rate_ctl::core::each::Each::of(&["ip"]);
+        s.each = rate_ctl::core::model::each::Each::of(&["ip"]);
     }
     s
 }
@@ -160,7 +160,7 @@ fn count_if_checks_at_admission_and_charges_when_the_request_ends() {
             }
             st.response.count_if = StatusSet::parse("4xx").unwrap();
             if keyed {
-                st.each = rate_ctl::core::each::Each::of(&["ip"]);
+                st.each = rate_ctl::core::model::each::Each::of(&["ip"]);
             }
             let (_d, _w, t) = table_of(&[st]);
             let mut s = Scratch::default();
@@ -249,7 +249,7 @@ fn a_refused_request_owes_nothing_and_a_later_refusal_refunds_every_unit() {
     let map = t.mapping().unwrap();
     let slots = map.slots();
     let c = &t.strategies()[0];
-    let slot = rate_ctl::core::slot::Slot::at(&slots, c.slot).unwrap();
+    let slot = rate_ctl::core::shm::slot::Slot::at(&slots, c.slot).unwrap();
     assert_eq!(
         c.limiter.quota(&slot, now().mono_ns).remaining,
         6,

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use rate_ctl::core::admit::Verdict;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit, ValidStrategy};
-use rate_ctl::core::reader::{Reader, Severity, RECHECK_NS};
+use rate_ctl::core::shm::reader::{Reader, Severity, RECHECK_NS};
+use rate_ctl::core::shm::slot::Slot;
+use rate_ctl::core::shm::writer::{Opened, Writer};
 use rate_ctl::core::shm::{Mapping, ShmError, H_SEQ};
-use rate_ctl::core::slot::Slot;
 use rate_ctl::core::table::{Request, RequestOutcome, Table};
-use rate_ctl::core::writer::{Opened, Writer};
 use shm::{
     adopt, adopt_published, api_bucket, capped_writer, fresh_writer, small_caps, strategy, table_at,
 };
@@ -557,7 +557,7 @@ fn a_zero_capacity_is_refused_with_its_name() {
 /// loads at once, and a bad large segment is refused as before.
 #[test]
 fn a_large_table_is_built_off_the_request_path_and_installed_when_ready() {
-    use rate_ctl::core::loader::BACKGROUND_MIN;
+    use rate_ctl::core::shm::loader::BACKGROUND_MIN;
     use rate_ctl::core::shm::Capacities;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");
@@ -654,7 +654,7 @@ fn a_file_of_another_layout_version_fails_open_and_the_agent_replaces_it() {
 /// way: the finished build of the older table was installed first).
 #[test]
 fn a_build_of_a_table_since_replaced_is_never_installed() {
-    use rate_ctl::core::loader::BACKGROUND_MIN;
+    use rate_ctl::core::shm::loader::BACKGROUND_MIN;
     use rate_ctl::core::shm::Capacities;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rc");

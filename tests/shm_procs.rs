@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rate_ctl::core::model::{Algorithm, Strategy, Unit};
-use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
+use rate_ctl::core::shm::segment::{read_segment, Decoded, SegmentError};
+use rate_ctl::core::shm::slot::Slot;
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::Mapping;
-use rate_ctl::core::slot::Slot;
-use rate_ctl::core::writer::Writer;
 use shm::{role, small_caps, spawn_role, strategy};
 
 /// Table number `n`: strategy 1 never changes; strategies 2..=40 have

@@ -17,7 +17,7 @@ use std::time::Duration;
 use agent::{wait_for, AgentProc, Reader};
 use cli::{add_strategy, sqlite_store, version};
 use rate_ctl::core::clock::MonotonicClock;
-use rate_ctl::core::slot::Slot;
+use rate_ctl::core::shm::slot::Slot;
 
 const S: u64 = 1_000_000_000;
 
@@ -60,7 +60,7 @@ fn the_agent_replaces_foreign_state_and_leaves_plausible_state_alone() {
     let repaired = wait_for(Duration::from_secs(3), || {
         let now = MonotonicClock::now();
         let tat = bucket.state0().load(Ordering::SeqCst);
-        let unix_s = rate_ctl::core::shm::unix_ms() / 1000;
+        let unix_s = rate_ctl::core::clock::unix_ms() / 1000;
         let w = window.state0().load(Ordering::SeqCst);
         (tat <= now + 2 * S && (w >> 32) <= unix_s + 1).then_some((tat, w, now))
     });

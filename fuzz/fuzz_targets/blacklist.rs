@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use libfuzzer_sys::fuzz_target;
 use rate_ctl::core::blacklist::{init, region_bytes, Blacklist, BlacklistEntry};
-use rate_ctl::core::region::Region;
+use rate_ctl::core::shm::region::Region;
 
 fn entries(seed: u8) -> Vec<BlacklistEntry> {
     (0..(seed % 24) as u32)

@@ -49,7 +49,7 @@ use crate::fleet::rates::{local_strategy, share, Share};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
 use crate::store::valid::Valid;
 use crate::store::{redact_url, BadRow, CounterSample, Snapshot, StoreError};
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 pub use source::ConfigSource;
 
 /// Where published tables go: the core writer in production, a recorder in

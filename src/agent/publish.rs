@@ -9,13 +9,13 @@ use crate::store::record::BlacklistRecord;
 use crate::store::CounterSample;
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::ValidStrategy;
-use rate_ctl::core::segment::{read_segment, Decoded, SegmentError};
-use rate_ctl::core::shm::{Capacities, Mapping, ShmError};
-use rate_ctl::core::slot::Slot;
+use rate_ctl::core::shm::segment::{read_segment, Decoded, SegmentError};
+use rate_ctl::core::shm::slot::Slot;
 /// Why the file may not be created with a mode (the command line checks
 /// `--mode` with it before the agent starts).
-pub use rate_ctl::core::writer::mode_refusal;
-use rate_ctl::core::writer::{FileAccess, Opened, Writer};
+pub use rate_ctl::core::shm::writer::mode_refusal;
+use rate_ctl::core::shm::writer::{FileAccess, Opened, Writer};
+use rate_ctl::core::shm::{Capacities, Mapping, ShmError};
 
 /// The core writer as the agent's [`Sink`].
 pub struct ShmSink {
@@ -50,7 +50,9 @@ impl Sink for ShmSink {
         // A full key table lifts these strategies' limit for new keys.
         let allow: Vec<u32> = strategies
             .iter()
-            .filter(|s| s.each.is_keyed() && s.each.on_full == rate_ctl::core::each::OnFull::Allow)
+            .filter(|s| {
+                s.each.is_keyed() && s.each.on_full == rate_ctl::core::model::each::OnFull::Allow
+            })
             .map(|s| s.id)
             .collect();
         if !allow.is_empty() {
@@ -112,7 +114,7 @@ pub fn open(
 ) -> Result<ShmSink, ShmError> {
     // The SIGBUS guard before the first mapping: a file truncated under
     // the agent becomes an error, not a crash.
-    if let Err(e) = rate_ctl::core::sigbus::install() {
+    if let Err(e) = rate_ctl::core::shm::sigbus::install() {
         warn!(error = %e, "cannot install the SIGBUS guard");
     }
     // Workers (nginx's user, not the agent's) write the stat slots.

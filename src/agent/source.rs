@@ -25,7 +25,7 @@ use crate::client::protocol::{
 use crate::client::{Backend, Target};
 use crate::store::record::HostRecord;
 use crate::store::{CounterSample, LeaseRow, Snapshot, Store, StoreError};
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 
 /// Longest a long-poll may take before the client gives up on it (the
 /// server answers within 30 s).

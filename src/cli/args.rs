@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use super::flags::{parse_duration_ms, BadValue};
 use crate::store::record::{ActionKind, Scope, Split};
 use crate::store::Invalid;
-use rate_ctl::core::each::OnFull;
+use rate_ctl::core::model::each::OnFull;
 use rate_ctl::core::model::{Algorithm, ModelError, Unit};
 
 #[derive(Parser, Debug)]
@@ -431,7 +431,7 @@ pub struct PerKeyArgs {
     /// 2147483648; default half of the agent's --keys); past it a new key
     /// of this strategy gets its on_full while other strategies' new keys
     /// still get entries.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=rate_ctl::core::each::MAX_MAX_KEYS as i64))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=rate_ctl::core::model::each::MAX_MAX_KEYS as i64))]
     pub max_keys: Option<u32>,
 }
 
@@ -452,7 +452,7 @@ pub fn parse_action(s: &str) -> Result<ActionKind, Invalid> {
 }
 pub fn parse_on_full(s: &str) -> Result<OnFull, Invalid> {
     s.parse()
-        .map_err(|e: rate_ctl::core::each::EachError| Invalid::from(ModelError::from(e)))
+        .map_err(|e: rate_ctl::core::model::each::EachError| Invalid::from(ModelError::from(e)))
 }
 
 pub fn parse_scope(s: &str) -> Result<Scope, Invalid> {

@@ -22,8 +22,8 @@ use args::{
     AgentArgs, BlacklistCmd, Cli, Command, HostCmd, ShmCmd, StrategyAdd, StrategyCmd, TokenCmd,
 };
 use flags::{conditions_from_args, flag};
+use rate_ctl::core::clock::unix_ms;
 use rate_ctl::core::model::Algorithm;
-use rate_ctl::core::shm::unix_ms;
 
 /// A failed command: message and exit code (2 = bad arguments, 1 = other).
 #[derive(Debug)]
@@ -469,8 +469,8 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
 /// `--on-full allow` lifts the limit for every new key once the key table
 /// is full (a flood of minted keys fills it): said once, on stderr, when a
 /// per-key strategy is stored with it.
-fn warn_on_full_allow(each: &[String], on_full: Option<rate_ctl::core::each::OnFull>) {
-    if !each.is_empty() && on_full == Some(rate_ctl::core::each::OnFull::Allow) {
+fn warn_on_full_allow(each: &[String], on_full: Option<rate_ctl::core::model::each::OnFull>) {
+    if !each.is_empty() && on_full == Some(rate_ctl::core::model::each::OnFull::Allow) {
         eprintln!(
             "rate-ctl: warning: --on-full allow: once the key table is full, every new key of \
              this strategy passes unlimited (a client minting keys fills it); overflow (the \
@@ -536,7 +536,7 @@ fn print_strategies(recs: &[StrategyRecord]) {
         if !r.each.is_empty() {
             // Per-key: the key, and the options that differ from the defaults.
             cond.push(format!("each={}", r.each.join(",")));
-            let d = rate_ctl::core::each::Each::default();
+            let d = rate_ctl::core::model::each::Each::default();
             if let Some(p) = r.ipv4_prefix.filter(|p| *p != d.ipv4_prefix) {
                 cond.push(format!("ipv4_prefix={p}"));
             }

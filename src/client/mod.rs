@@ -279,7 +279,7 @@ impl Backend {
                             value: n("rate").unwrap_or(0),
                             epoch: n("epoch").unwrap_or(0),
                             expires_ms: n("expires").unwrap_or(0),
-                            granted_ms: rate_ctl::core::shm::unix_ms().saturating_sub(age),
+                            granted_ms: rate_ctl::core::clock::unix_ms().saturating_sub(age),
                             demand_milli: (l["demand"].as_f64().unwrap_or(0.0) * 1000.0) as u64,
                             window_start_ms: 0,
                             window_admitted: 0,

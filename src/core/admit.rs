@@ -53,7 +53,7 @@ use std::sync::atomic::Ordering;
 pub use super::limiter::Now;
 use super::limiter::{Acquired, Limiter, Quota, Reservation};
 use super::model::{Action, Algorithm};
-use super::slot::Slot;
+use super::shm::slot::Slot;
 
 /// Largest number of hits admitted without a heap allocation.
 pub const STACK_HITS: usize = 64;
@@ -390,7 +390,7 @@ fn admit_in(
 mod tests {
     use super::*;
     use crate::core::model::{Strategy, Unit};
-    use crate::core::slot::{Counters, LocalSlots};
+    use crate::core::shm::slot::{Counters, LocalSlots};
 
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;
@@ -407,7 +407,7 @@ mod tests {
     }
 
     fn hits<'a>(
-        region: &crate::core::region::Region<'a>,
+        region: &crate::core::shm::region::Region<'a>,
         specs: &'a [(Limiter, Action)],
     ) -> Vec<Hit<'a>> {
         specs

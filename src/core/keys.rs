@@ -83,7 +83,7 @@
 //! by at most the number of processes claiming at that moment.
 //!
 //! Per-key `concurrency` units are in the concurrency ledger
-//! ([`super::ledger`]) by entry and ident: the units of a worker killed
+//! ([`super::shm::ledger`]) by entry and ident: the units of a worker killed
 //! while holding them are given back ([`KeyTable::give_back`]) while the
 //! entry still holds that key.
 
@@ -102,8 +102,8 @@ pub use decide::{KeyHolds, KeyPlan};
 pub use hash::{Mix, MixKeys, Sip13};
 pub use state::{KeyLimiter, Step};
 
-use super::region::Region;
 use super::shm::error::ShmError;
+use super::shm::region::Region;
 
 /// Default entries of the key table (`rate-ctl agent --keys`).
 pub const DEFAULT_KEYS: u32 = 1 << 20;
@@ -124,7 +124,7 @@ const HEADER_BYTES: u64 = 4096;
 /// layout version 4 the response counters (issue 31).
 const COUNTER_BYTES: u64 = 64;
 /// `max_keys` of [`KeyTable::charge`]: no cap (larger than any table;
-/// the model allows at most [`crate::core::each::MAX_MAX_KEYS`]).
+/// the model allows at most [`crate::core::model::each::MAX_MAX_KEYS`]).
 pub const NO_CAP: u32 = u32::MAX;
 /// Stat slots a per-key strategy may use (20 bits of the ident).
 pub const MAX_SLOT: u32 = (1 << 20) - 2;

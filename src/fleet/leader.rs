@@ -14,8 +14,8 @@
 
 use std::collections::HashMap;
 
+use rate_ctl::core::clock::unix_ms;
 use rate_ctl::core::model::Algorithm;
-use rate_ctl::core::shm::unix_ms;
 
 use super::lease::{Allocator, Applied, Config, Grant, Kind, Report, Stored};
 use super::rates::share;

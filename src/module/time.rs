@@ -5,7 +5,7 @@ use std::ptr;
 
 use ngx::ffi::ngx_timeofday;
 
-use crate::core::admit::Now;
+use crate::core::clock::Now;
 
 /// nginx's cached monotonic clock, in nanoseconds: `ngx_current_msec`
 /// (`CLOCK_MONOTONIC` in whole milliseconds, the same in every worker),

@@ -15,8 +15,8 @@ use ngx::ngx_log_error;
 use super::conf::MainConf;
 use super::ext::cycle_log;
 use super::parse::LogLevel;
-use crate::core::reader::{self, Reader};
-use crate::core::slot::Slot;
+use crate::core::shm::reader::{self, Reader};
+use crate::core::shm::slot::Slot;
 use crate::core::table::{Scratch, Table};
 
 /// What a rejection log line is about.
@@ -339,8 +339,8 @@ fn source_for(name: &str, mc: &MainConf) -> ValueSource {
 /// Worker start: load the table now (and log its state once).
 pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
     // Before the file is first mapped: a truncation under a worker then
-    // fails open instead of killing it (see core::sigbus).
-    if let Err(e) = crate::core::sigbus::install() {
+    // fails open instead of killing it (see core::shm::sigbus).
+    if let Err(e) = crate::core::shm::sigbus::install() {
         ngx_log_error!(
             LogLevel::Error.ngx_level(),
             log,
@@ -351,7 +351,7 @@ pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
     with_worker(mc, |w| {
         w.refresh(mc, now_ns, log);
         // From now on requests are served: a large table published later
-        // is built by a helper thread (core::loader), not on the event loop.
+        // is built by a helper thread (core::shm::loader), not on the event loop.
         w.reader.set_background(true);
         // The test knob's PREACCESS panic is raised where the handler
         // finds the table due for a check: make it due for every request.

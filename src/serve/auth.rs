@@ -104,7 +104,7 @@ pub async fn identify(st: &Shared, headers: &HeaderMap) -> Result<Identity, ApiE
     let Some(t) = st.store.token_by_secret(token).await? else {
         return Err(ApiError::unauthorized("unknown token"));
     };
-    let now = rate_ctl::core::shm::unix_ms();
+    let now = rate_ctl::core::clock::unix_ms();
     let due = {
         // Each insert is whole: a panic elsewhere leaves the map usable.
         let mut touched = st

@@ -13,7 +13,7 @@ use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
 use crate::store::json::blacklist_api_json;
 use crate::store::record::BlacklistRecord;
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 
 pub fn router() -> Routes {
     Routes::default()

@@ -13,7 +13,7 @@ use super::{Routes, Shared};
 use crate::client::protocol::{acks_from, counters_from, granted_leases_json};
 use crate::store::json::host_api_json;
 use crate::store::LeaseRow;
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 
 pub fn router() -> Routes {
     Routes::default()

@@ -27,7 +27,7 @@ use super::error::ApiError;
 use super::Shared;
 use crate::store::record::HostRecord;
 use crate::store::StoredSample;
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 use rate_ctl::core::stats::label;
 
 /// The content type Prometheus expects for the text format.

@@ -12,7 +12,7 @@ use super::body::{ok, query_in, query_param};
 use super::error::{ApiError, ApiResult};
 use super::{Routes, Shared};
 use crate::store::StoredSample;
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 
 pub fn router() -> Routes {
     Routes::default().add("/api/v1/stats", &["GET"], get(stats))

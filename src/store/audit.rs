@@ -5,7 +5,7 @@ use sqlx::{Any, Row, Transaction};
 
 use super::schema::{insert_rows, Dialect};
 use super::{AuditEntry, Result, Store};
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 
 /// Longest before/after JSON kept in an audit entry (column width).
 const AUDIT_JSON_MAX: usize = 7_000;

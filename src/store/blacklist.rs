@@ -8,7 +8,7 @@ use super::json::blacklist_api_json;
 use super::record::BlacklistRecord;
 use super::valid::Valid;
 use super::{Result, Store, StoreError};
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 
 impl Store {
     /// Adds (or replaces, for the same dimension and value) an entry;

@@ -162,8 +162,8 @@ impl From<ModelError> for Invalid {
 }
 
 /// The field (and its name in the message) of a per-key error.
-fn each_field(e: &rate_ctl::core::each::EachError) -> (Field, String) {
-    use rate_ctl::core::each::EachError as E;
+fn each_field(e: &rate_ctl::core::model::each::EachError) -> (Field, String) {
+    use rate_ctl::core::model::each::EachError as E;
     match e {
         E::BadDimension { index, .. } | E::Duplicate { index, .. } => {
             (Field::Each, format!("each[{index}]"))
@@ -178,8 +178,8 @@ fn each_field(e: &rate_ctl::core::each::EachError) -> (Field, String) {
 }
 
 /// The field (and its name in the message) of a response/cost error.
-fn response_field(e: &rate_ctl::core::response::ResponseError) -> (Field, String) {
-    use rate_ctl::core::response::ResponseError as E;
+fn response_field(e: &rate_ctl::core::model::response::ResponseError) -> (Field, String) {
+    use rate_ctl::core::model::response::ResponseError as E;
     let field = match e {
         E::BadCountIf(_) => "count_if",
         E::BadDimension { field, .. } | E::Algorithm { field, .. } | E::Allow { field } => field,

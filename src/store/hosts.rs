@@ -6,7 +6,7 @@ use sqlx::Row;
 use super::audit::audit;
 use super::record::HostRecord;
 use super::{CounterSample, Field, Invalid, Result, Store};
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 
 /// The longest publish error kept (the column is VARCHAR(1000)).
 pub const MAX_PUBLISH_ERROR: usize = 1000;

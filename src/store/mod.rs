@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 
 use sqlx::any::AnyPoolOptions;
 use sqlx::{Any, AnyPool, Row, Transaction};

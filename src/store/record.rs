@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{Field, Invalid};
 
-use rate_ctl::core::each::OnFull;
+use rate_ctl::core::model::each::OnFull;
 use rate_ctl::core::model::{
     parse_ip_net, valid_dimension_name, Action, Algorithm, Condition, ModelError, Strategy, Unit,
     WarmUp, DEFAULT_COLD_FACTOR, MAX_VALUE_LEN,
@@ -430,13 +430,13 @@ impl StrategyRecord {
     }
 
     /// The core response and cost fields (issue 31).
-    fn core_response(&self) -> Result<rate_ctl::core::response::Response, Invalid> {
+    fn core_response(&self) -> Result<rate_ctl::core::model::response::Response, Invalid> {
         let count_if = match self.count_if.as_deref() {
-            Some(t) => rate_ctl::core::response::StatusSet::parse(t)
+            Some(t) => rate_ctl::core::model::response::StatusSet::parse(t)
                 .map_err(|e| Invalid::from(ModelError::from(e)))?,
             None => Default::default(),
         };
-        Ok(rate_ctl::core::response::Response {
+        Ok(rate_ctl::core::model::response::Response {
             count_if,
             cost_from: self.cost_from.clone().unwrap_or_default(),
             cost_after: self.cost_after.clone().unwrap_or_default(),
@@ -444,9 +444,9 @@ impl StrategyRecord {
     }
 
     /// The core per-key fields (defaults for what is not given).
-    fn core_each(&self) -> rate_ctl::core::each::Each {
-        let d = rate_ctl::core::each::Each::default();
-        rate_ctl::core::each::Each {
+    fn core_each(&self) -> rate_ctl::core::model::each::Each {
+        let d = rate_ctl::core::model::each::Each::default();
+        rate_ctl::core::model::each::Each {
             dims: self.each.clone(),
             ipv4_prefix: self.ipv4_prefix.unwrap_or(d.ipv4_prefix),
             ipv6_prefix: self.ipv6_prefix.unwrap_or(d.ipv6_prefix),
@@ -520,7 +520,9 @@ impl StrategyRecord {
         }
         if self.max_keys == Some(0) {
             // 0 is the model's "default share": not a cap anyone asks for.
-            return Err(ModelError::from(rate_ctl::core::each::EachError::MaxKeys(0)).into());
+            return Err(
+                ModelError::from(rate_ctl::core::model::each::EachError::MaxKeys(0)).into(),
+            );
         }
         let mut core = self.to_core(self.rate, self.burst)?;
         if !self.each.is_empty() {

@@ -12,8 +12,8 @@ use super::record::{Split, StrategyRecord};
 use super::schema::{placeholders, value_rows, Dialect};
 use super::valid::{Valid, ValidImport};
 use super::{BadRow, Field, Invalid, Result, Store, StoreError};
+use rate_ctl::core::clock::unix_ms;
 use rate_ctl::core::model::ModelError;
-use rate_ctl::core::shm::unix_ms;
 
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
@@ -595,9 +595,9 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             Ok(v as u64)
         }
     };
-    let on_full_of = |s: String| -> Result<rate_ctl::core::each::OnFull, BadRow> {
+    let on_full_of = |s: String| -> Result<rate_ctl::core::model::each::OnFull, BadRow> {
         s.parse()
-            .map_err(|e: rate_ctl::core::each::EachError| bad(ModelError::from(e).into()))
+            .map_err(|e: rate_ctl::core::model::each::EachError| bad(ModelError::from(e).into()))
     };
     // An optional (NULL-able) number column, at most `max`.
     let opt_in = |col: &'static str, max: u64| -> Result<Option<u64>, BadRow> {
@@ -691,7 +691,8 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         cost_from: get_os("cost_from")?.filter(|s| !s.is_empty()),
         cost_after: get_os("cost_after")?.filter(|s| !s.is_empty()),
         // NULL: no cap given (or a row from before migration 128).
-        max_keys: opt_in("max_keys", rate_ctl::core::each::MAX_MAX_KEYS as u64)?.map(|v| v as u32),
+        max_keys: opt_in("max_keys", rate_ctl::core::model::each::MAX_MAX_KEYS as u64)?
+            .map(|v| v as u32),
     };
     rec.into_valid().map_err(bad)
 }

@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use super::audit::audit;
 use super::{Field, Invalid, Result, Store, StoreError};
-use rate_ctl::core::shm::unix_ms;
+use rate_ctl::core::clock::unix_ms;
 use sha2::Digest as _;
 
 /// A token's role.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rate_ctl::core::clock::MonotonicClock;
-use rate_ctl::core::reader;
+use rate_ctl::core::shm::reader;
 use rate_ctl::core::table::Table;
 
 /// Small file capacities so that tests stay light.
@@ -200,7 +200,7 @@ pub fn decide_one(t: &Table, dim: &str, value: &[u8]) -> bool {
         values: &values,
         ip: None,
         now_ns: MonotonicClock::now(),
-        now_unix_ms: rate_ctl::core::shm::unix_ms(),
+        now_unix_ms: rate_ctl::core::clock::unix_ms(),
         dry_run: false,
         quota: true,
     });

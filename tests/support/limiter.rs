@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use rate_ctl::core::model::{self, Action, Algorithm, Unit};
-use rate_ctl::core::slot::{LocalSlots, Slot};
+use rate_ctl::core::shm::slot::{LocalSlots, Slot};
 
 pub const S: u64 = 1_000_000_000;
 

@@ -6,10 +6,10 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 
 use rate_ctl::core::model::{Algorithm, Condition, Strategy, Unit};
-use rate_ctl::core::reader::Reader;
+use rate_ctl::core::shm::reader::Reader;
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::table::Table;
-use rate_ctl::core::writer::Writer;
 
 /// Small capacities so tests are fast.
 pub fn small_caps() -> Capacities {

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use rate_ctl::core::model::{Action, Algorithm, Condition, Strategy, Unit};
-use rate_ctl::core::segment::{Decoded, Published};
+use rate_ctl::core::shm::segment::{Decoded, Published};
 use rate_ctl::core::table::Table;
 
 /// Strategy `id` in slot `id - 1`: a token bucket of 10 a second (burst 1,

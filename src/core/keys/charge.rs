@@ -9,8 +9,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::super::limiter::Now;
-use super::super::region::Region;
-use super::super::slot::Slot;
+use super::super::shm::region::Region;
+use super::super::shm::slot::Slot;
 use super::{
     ident_generation, ident_slot, Charge, KeyId, KeyLimiter, KeyRef, KeyTable, Step, C_CAPPED,
     NO_CAP,

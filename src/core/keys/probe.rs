@@ -6,8 +6,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::super::limiter::Now;
-use super::super::region::Region;
-use super::super::slot::Slot;
+use super::super::shm::region::Region;
+use super::super::shm::slot::Slot;
 use super::{
     ident_generation, ident_slot, KeyId, KeyLimiter, KeyTable, C_IN_USE, C_RECLAIMS, PROBE,
     T_CLAIMS, T_MAX_PROBE, T_OCCUPIED, WINDOW,

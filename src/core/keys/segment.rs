@@ -11,7 +11,7 @@
 //! | … | each name: `u8` length, bytes |
 //! | 4 | `max_keys` (`u32` LE; 0 or past the record's end: the default share of the table) |
 
-use crate::core::each::{Each, OnFull};
+use crate::core::model::each::{Each, OnFull};
 
 pub fn encode(e: &Each, out: &mut Vec<u8>) {
     if !e.is_keyed() {
@@ -39,7 +39,7 @@ pub fn decode(rest: &[u8]) -> Result<Each, &'static str> {
         return Err("each: truncated");
     };
     let on_full = OnFull::from_u8(on_full).ok_or("each: unknown on_full")?;
-    let mut dims = Vec::with_capacity(n.min(crate::core::each::MAX_EACH + 1));
+    let mut dims = Vec::with_capacity(n.min(crate::core::model::each::MAX_EACH + 1));
     let mut at = names;
     for _ in 0..n {
         let (&len, tail) = at.split_first().ok_or("each: truncated")?;

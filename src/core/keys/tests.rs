@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use super::*;
 use crate::core::limiter::Now;
 use crate::core::model::{Action, Algorithm, Strategy, Unit};
-use crate::core::slot::{LocalSlots, Slot};
+use crate::core::shm::slot::{LocalSlots, Slot};
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_000 * S;

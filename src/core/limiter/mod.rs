@@ -92,7 +92,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::core::slot::Slot;
+use crate::core::shm::slot::Slot;
 use gcra::Gcra;
 use warm_up::WarmUpParams;
 
@@ -496,7 +496,7 @@ mod test_util {
     pub(super) use super::{Acquired, Limiter, Quota};
     pub(super) use crate::core::clock::{Clock, FakeClock};
     pub(super) use crate::core::model::{Action, Algorithm, Strategy, Unit};
-    pub(super) use crate::core::slot::{LocalSlots, Slot};
+    pub(super) use crate::core::shm::slot::{LocalSlots, Slot};
     pub(super) use std::sync::atomic::Ordering;
 
     pub(super) const S: u64 = 1_000_000_000;

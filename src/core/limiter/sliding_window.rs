@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 
 use super::window::{pack, unpack, window_of, window_start};
 use super::{Acquired, Quota, Reservation, Step};
-use crate::core::slot::Slot;
+use crate::core::shm::slot::Slot;
 
 /// `floor(prev × (period − elapsed) / period) + cur`.
 #[inline]
@@ -443,7 +443,7 @@ mod race_tests {
     use crate::core::limiter::Limiter;
     use crate::core::model::Unit;
     use crate::core::model::{Action, Algorithm, Strategy};
-    use crate::core::slot::LocalSlots;
+    use crate::core::shm::slot::LocalSlots;
     use std::sync::atomic::{AtomicBool, AtomicU64};
     use std::sync::Barrier;
 

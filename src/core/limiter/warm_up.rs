@@ -71,7 +71,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Acquired, Quota, Reservation, MAX_STALENESS_NS};
-use crate::core::slot::Slot;
+use crate::core::shm::slot::Slot;
 
 /// Compiled `warm_up` parameters. 24 bytes, like the GCRA parameters, so
 /// that the limiter enum (and every compiled table entry) does not grow.
@@ -390,7 +390,7 @@ mod tests {
     use super::*;
     use crate::core::limiter::Limiter;
     use crate::core::model::{Action, Algorithm, Strategy, Unit, WarmUp};
-    use crate::core::slot::LocalSlots;
+    use crate::core::shm::slot::LocalSlots;
 
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::MAX_STALENESS_NS;
-use crate::core::slot::Slot;
+use crate::core::shm::slot::Slot;
 
 #[inline]
 pub(super) fn pack(window: u64, count: u64) -> u64 {

@@ -472,7 +472,7 @@ mod tests {
 
     /// Charges one unit of `key` and returns where it lives.
     fn take(kt: &KeyTable, slots: &Region, key: &KeyId, lim: &KeyLimiter) -> Option<KeyRef> {
-        let now = crate::core::admit::Now::from(1_000_000_000);
+        let now = crate::core::clock::Now::from(1_000_000_000);
         match kt.charge(key, lim, now, false, slots, |_| Some(lim)) {
             Charge::Admitted { at, .. } => Some(at),
             _ => None,

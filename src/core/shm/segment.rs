@@ -143,7 +143,7 @@ const RESPONSE_TAG: u8 = b'R';
 /// length and bytes; empty: not set). See docs/SHM-LAYOUT.md.
 fn encode_response(
     each: &crate::core::model::each::Each,
-    r: &crate::core::response::Response,
+    r: &crate::core::model::response::Response,
     out: &mut Vec<u8>,
 ) {
     if r.is_plain() {
@@ -167,7 +167,7 @@ fn encode_response(
 
 /// Reads the response fields from the rest of a record (after the
 /// conditions; zero padding included). The model checks them afterwards.
-fn decode_response(rest: &[u8]) -> Result<crate::core::response::Response, &'static str> {
+fn decode_response(rest: &[u8]) -> Result<crate::core::model::response::Response, &'static str> {
     // Skip the `each` fields: count, 3 bytes, the names, then `max_keys`
     // (4 bytes, written for every per-key strategy; issue 28).
     let mut at = match rest.first() {
@@ -195,9 +195,9 @@ fn decode_response(rest: &[u8]) -> Result<crate::core::response::Response, &'sta
         *f = std::str::from_utf8(bytes).map_err(|_| "response: not UTF-8")?;
         at += 1 + len;
     }
-    let count_if =
-        crate::core::response::StatusSet::parse(fields[0]).map_err(|_| "response: bad count_if")?;
-    Ok(crate::core::response::Response {
+    let count_if = crate::core::model::response::StatusSet::parse(fields[0])
+        .map_err(|_| "response: bad count_if")?;
+    Ok(crate::core::model::response::Response {
         count_if,
         cost_from: fields[1].to_string(),
         cost_after: fields[2].to_string(),
@@ -637,12 +637,12 @@ mod tests {
             },
             // Response fields with and without `each` (issue 31).
             response: match id % 3 {
-                1 => crate::core::response::Response {
-                    count_if: crate::core::response::StatusSet::parse("401,5xx").unwrap(),
+                1 => crate::core::model::response::Response {
+                    count_if: crate::core::model::response::StatusSet::parse("401,5xx").unwrap(),
                     cost_after: "upcost".into(),
                     ..Default::default()
                 },
-                2 => crate::core::response::Response {
+                2 => crate::core::model::response::Response {
                     cost_from: "cost".into(),
                     ..Default::default()
                 },

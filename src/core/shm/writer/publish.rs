@@ -136,7 +136,7 @@ impl Writer {
         let mut dims: Vec<&str> = Vec::new();
         let mut bl_dims: Vec<String> = Vec::new();
         // Each prefix length of an `ip` network is one more dimension to
-        // the matcher (see core::ipnet).
+        // the matcher (see core::model::ipnet).
         let mut prefixes: Vec<u8> = Vec::new();
         // So is each prefix length and template shape (see core::pattern).
         let mut derived: Vec<String> = Vec::new();
