@@ -76,12 +76,7 @@ fn settle_late(r: *mut ngx_http_request_t, owing: Owing) {
     if settle.is_err() {
         // SAFETY: ngx_http_free_request destroys the request pool before
         // ngx_http_close_connection: the connection and its log are live.
-        let log = unsafe { (*(*r).connection).log };
-        ngx_log_error!(
-            LogLevel::Error.ngx_level(),
-            log,
-            "rate_ctl: internal error settling a request's charge (count_if, cost_after); nothing settled"
-        );
+        unsafe { log_settle_failure(r) };
     }
 }
 
@@ -173,14 +168,23 @@ fn settle_request(r: *mut ngx_http_request_t, data: *mut c_void) {
         }
     }));
     if settle.is_err() {
-        // SAFETY: the request and its connection's log are live.
-        let log = unsafe { (*(*r).connection).log };
-        ngx_log_error!(
-            LogLevel::Error.ngx_level(),
-            log,
-            "rate_ctl: internal error settling a request's charge (count_if, cost_after); nothing settled"
-        );
+        // SAFETY: the request and its connection are live (LOG phase).
+        unsafe { log_settle_failure(r) };
     }
+}
+
+/// One error line for a settle that panicked (the guard caught it).
+///
+/// # Safety
+/// `r` is a live request whose connection (and its log) is live.
+unsafe fn log_settle_failure(r: *mut ngx_http_request_t) {
+    // SAFETY: the caller guarantees `r` and its connection are live.
+    let log = unsafe { (*(*r).connection).log };
+    ngx_log_error!(
+        LogLevel::Error.ngx_level(),
+        log,
+        "rate_ctl: internal error settling a request's charge (count_if, cost_after); nothing settled"
+    );
 }
 
 /// The request's final status as `$status` gives it.
