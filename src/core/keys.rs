@@ -87,7 +87,6 @@
 //! while holding them are given back ([`KeyTable::give_back`]) while the
 //! entry still holds that key.
 
-mod decide;
 mod hash;
 pub mod segment;
 pub mod state;
@@ -95,8 +94,6 @@ pub mod state;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub(crate) use decide::decide;
-pub use decide::{KeyHolds, KeyPlan};
 pub use hash::{Mix, MixKeys, Sip13};
 pub use state::{KeyLimiter, Step};
 

@@ -266,7 +266,7 @@ impl Table {
         let mut flat: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
         let mut fspans: Vec<(u32, u32)> = Vec::with_capacity(pending.len());
         // Per-key plans, by index in `pending` (ascending).
-        let mut plans: Vec<(usize, Box<crate::core::keys::KeyPlan>)> = Vec::new();
+        let mut plans: Vec<(usize, Box<super::keyed::KeyPlan>)> = Vec::new();
         let mut response_plans: Vec<(usize, Box<crate::core::response::ResponsePlan>)> = Vec::new();
         let mut responsive = false;
         'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
@@ -453,7 +453,7 @@ impl Table {
                 key_owners.push((s.slot, limiter));
                 plans.push((
                     si,
-                    Box::new(crate::core::keys::KeyPlan {
+                    Box::new(super::keyed::KeyPlan {
                         dims: kd,
                         ipv4_prefix: e.ipv4_prefix,
                         ipv6_prefix: e.ipv6_prefix,

@@ -79,7 +79,7 @@ impl Table {
         {
             scratch.key_holds.clear();
             scratch.key_full = None;
-            *out = crate::core::keys::decide(
+            *out = super::keyed::decide(
                 self,
                 matched,
                 map,

@@ -103,7 +103,7 @@ pub struct Scratch {
     /// Matched strategy indexes.
     matches: Vec<u32>,
     /// Per-key concurrency units the last request took ([`Table::units_with_keys`]).
-    key_holds: super::keys::KeyHolds,
+    key_holds: keyed::KeyHolds,
     /// The first per-key strategy whose key found the table full in the
     /// last request, with its `on_full` (for the worker's log).
     key_full: Option<(u32, super::each::OnFull)>,
@@ -206,7 +206,7 @@ pub struct Compiled {
     /// the matcher found it, or on every request when it has no other).
     negs: (u32, u32),
     /// Per-key strategies (`each`): how the key is built, its limiter.
-    pub key: Option<Box<super::keys::KeyPlan>>,
+    pub key: Option<Box<keyed::KeyPlan>>,
     /// `count_if`, `cost_from`, `cost_after` (issue 31; `None`: plain).
     pub response: Option<Box<super::response::ResponsePlan>>,
 }
@@ -619,12 +619,14 @@ fn base_dimension(name: &str) -> (&str, Op) {
 
 mod build;
 mod decide;
+mod keyed;
 mod layout;
 mod matcher;
 mod request;
 mod units;
 
 pub(crate) use decide::owe_hits;
+pub use keyed::{KeyHolds, KeyPlan};
 use layout::*;
 pub use request::{IpKey, Request, RequestOutcome, TableDecision, Values};
 pub use units::Units;

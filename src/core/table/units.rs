@@ -79,7 +79,7 @@ pub struct Units {
     map: Arc<Mapping>,
     units: SmallVec<[(u32, u64); 2]>,
     /// Per-key units: the key's entry and its limiter.
-    keys: crate::core::keys::KeyHolds,
+    keys: super::keyed::KeyHolds,
 }
 
 impl Units {

@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 
 use super::super::admit::{self, Decision, Hit, Verdict};
 use super::super::each::OnFull;
+use super::super::keys::{Charge, IpPrefix, KeyLimiter, KeyRef, KeyTable};
 use super::super::limiter::Quota;
 use super::super::model::{Action, Algorithm};
 use super::super::region::Region;
@@ -34,7 +35,6 @@ use super::super::shm::Mapping;
 use super::super::slot::Slot;
 use super::super::table::ResponseOut;
 use super::super::table::{IpKey, Request, Table, Values};
-use super::{Charge, IpPrefix, KeyLimiter, KeyRef, KeyTable};
 
 /// How a compiled per-key strategy builds its key.
 #[derive(Debug, Clone)]
@@ -48,7 +48,7 @@ pub struct KeyPlan {
     pub limiter: KeyLimiter,
     /// The hash state after the strategy id, with the secret of the file
     /// the table was built on (`None`: no file): computed once per table.
-    pub seed: Option<super::KeyHasher>,
+    pub seed: Option<super::super::keys::KeyHasher>,
     /// The strategy's `max_keys` (0: the table's default share).
     pub max_keys: u32,
 }
@@ -74,7 +74,11 @@ impl KeyPlan {
     /// (the strategy does not count the request). The one-address key
     /// (`each ip`, the common per-client limit) without the loop.
     #[inline(always)]
-    fn hash<V: Values + ?Sized>(&self, r: &Request<'_, V>, h: &mut super::KeyHasher) -> bool {
+    fn hash<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+        h: &mut super::super::keys::KeyHasher,
+    ) -> bool {
         if let [(d, true)] = self.dims[..] {
             return self.hash_ip(r, d, h);
         }
@@ -100,7 +104,7 @@ impl KeyPlan {
         &self,
         r: &Request<'_, V>,
         d: usize,
-        h: &mut super::KeyHasher,
+        h: &mut super::super::keys::KeyHasher,
     ) -> bool {
         let k = match r.ip {
             Some(ip) => ip,
@@ -148,7 +152,7 @@ struct Taken {
     units: u64,
     /// `count_if` (issue 31): the key was only checked (nothing to give
     /// back); charged when the request ends.
-    checked: Option<super::KeyId>,
+    checked: Option<super::super::keys::KeyId>,
 }
 
 fn refund_all(kt: &KeyTable, table: &Table, taken: &[Taken]) {
