@@ -78,18 +78,7 @@ impl Table {
             }
         }
         let mut found = |d: usize, e: Option<&ValueEntry>| {
-            let Some(e) = e else {
-                req[d] = NONE;
-                return;
-            };
-            req[d] = e.id;
-            if e.only != NONE {
-                out.push(e.only);
-                sources += 1;
-            } else if e.len > 0 {
-                spans[ns] = (e.start, e.len);
-                ns += 1;
-            }
+            sources += found_entry(d, e, req, spans, &mut ns, out);
         };
         if let Some(d) = self.ip_dim {
             // No exact address anchors strategies (none in the table, or
@@ -209,19 +198,7 @@ impl Table {
     ) -> u32 {
         let mut sources = 0;
         let mut found = |d: usize, e: Option<&ValueEntry>| {
-            // What `found` does in `match_into`.
-            let Some(e) = e else {
-                req[d] = NONE;
-                return;
-            };
-            req[d] = e.id;
-            if e.only != NONE {
-                out.push(e.only);
-                sources += 1;
-            } else if e.len > 0 {
-                spans[*ns] = (e.start, e.len);
-                *ns += 1;
-            }
+            sources += found_entry(d, e, req, spans, ns, out);
         };
         // Prefixes, by base then length: a length longer than the value,
         // or whose last byte ends no prefix of that length, is no probe.
@@ -404,4 +381,34 @@ impl Table {
         }
         sources
     }
+}
+
+/// What a lookup of dimension `d` found (`e`): its interned id written to
+/// `req[d]` (or [`NONE`]); a strategy alone under the value pushed to
+/// `out` (returns 1: one more list to merge), else its anchored list (or
+/// groups) noted in `spans[*ns]` to check. Shared by every lookup of
+/// [`Table::match_into`] and [`Table::derived_lookups`].
+#[inline(always)]
+fn found_entry(
+    d: usize,
+    e: Option<&ValueEntry>,
+    req: &mut [u32],
+    spans: &mut [(u32, u32)],
+    ns: &mut usize,
+    out: &mut Vec<u32>,
+) -> u32 {
+    let Some(e) = e else {
+        req[d] = NONE;
+        return 0;
+    };
+    req[d] = e.id;
+    if e.only != NONE {
+        out.push(e.only);
+        return 1;
+    }
+    if e.len > 0 {
+        spans[*ns] = (e.start, e.len);
+        *ns += 1;
+    }
+    0
 }
