@@ -78,7 +78,7 @@ impl Table {
             }
         }
         let mut found = |d: usize, e: Option<&ValueEntry>| {
-            sources += found_entry(d, e, req, spans, &mut ns, out);
+            found_entry(d, e, req, spans, &mut ns, out, &mut sources);
         };
         if let Some(d) = self.ip_dim {
             // No exact address anchors strategies (none in the table, or
@@ -198,7 +198,7 @@ impl Table {
     ) -> u32 {
         let mut sources = 0;
         let mut found = |d: usize, e: Option<&ValueEntry>| {
-            sources += found_entry(d, e, req, spans, ns, out);
+            found_entry(d, e, req, spans, ns, out, &mut sources);
         };
         // Prefixes, by base then length: a length longer than the value,
         // or whose last byte ends no prefix of that length, is no probe.
@@ -385,7 +385,7 @@ impl Table {
 
 /// What a lookup of dimension `d` found (`e`): its interned id written to
 /// `req[d]` (or [`NONE`]); a strategy alone under the value pushed to
-/// `out` (returns 1: one more list to merge), else its anchored list (or
+/// `out` (one more list to merge: `sources`), else its anchored list (or
 /// groups) noted in `spans[*ns]` to check. Shared by every lookup of
 /// [`Table::match_into`] and [`Table::derived_lookups`].
 #[inline(always)]
@@ -396,19 +396,18 @@ fn found_entry(
     spans: &mut [(u32, u32)],
     ns: &mut usize,
     out: &mut Vec<u32>,
-) -> u32 {
+    sources: &mut u32,
+) {
     let Some(e) = e else {
         req[d] = NONE;
-        return 0;
+        return;
     };
     req[d] = e.id;
     if e.only != NONE {
         out.push(e.only);
-        return 1;
-    }
-    if e.len > 0 {
+        *sources += 1;
+    } else if e.len > 0 {
         spans[*ns] = (e.start, e.len);
         *ns += 1;
     }
-    0
 }
