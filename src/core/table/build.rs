@@ -188,19 +188,8 @@ impl Table {
         blacklist_dimensions: &[String],
         map: Option<Arc<Mapping>>,
     ) -> Table {
-        let mut dims: Vec<String> = Vec::new();
-        let dim_of = |dims: &mut Vec<String>, name: &str| -> Option<usize> {
-            if let Some(i) = dims.iter().position(|d| d == name) {
-                return Some(i);
-            }
-            if dims.len() >= MAX_TABLE_DIMENSIONS {
-                return None;
-            }
-            dims.push(name.to_string());
-            Some(dims.len() - 1)
-        };
         let Builder {
-            strategies: mut pending,
+            strategies: pending,
             spans: cond_spans,
             pool,
             neg_pool,
@@ -209,313 +198,25 @@ impl Table {
             ranked,
             published,
         } = b;
-        // Prefix lengths and template shapes in use (see `derived`).
-        let mut derived: Vec<Derived> = Vec::new();
-        // Per dimension: value → its entry (interned id, anchored list);
-        // the `ip` dimension's values by address (see `ip_index`).
-        let mut index: Vec<DimIndex> = Vec::new();
-        let mut ip_index: ValueMap<u128, ValueEntry> = ValueMap::default();
-        let mut ip_ranges: Vec<IpRanges> = Vec::new();
-        // Strategies per interned value id.
-        let mut counts: Vec<u32> = Vec::with_capacity(pool.len());
-        // Per interned value id: which map holds it and its entry there
-        // (see `conditions`).
-        let mut value_keys: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
-        // Conditions per dimension name: room made in each map at once.
-        let room = |name: &str| names.iter().find(|n| n.0 == name).map_or(0, |n| n.1);
-        ip_index.reserve(room("ip"));
-        // An `ip` value as a network (an address: the /128), parsed once.
-        let any_ip = names.iter().any(|n| n.0 == "ip") || names.len() >= MAX_NAMES;
-        let nets: Vec<Option<IpNet>> = match any_ip {
-            true => pool
-                .iter()
-                .map(|c| {
-                    bytes_eq(c.dim.as_bytes(), b"ip")
-                        .then(|| ip_net(c.value))
-                        .flatten()
-                })
-                .collect(),
-            false => Vec::new(),
-        };
-        let net_of = |i: usize| nets.get(i).copied().flatten();
-        // The prefix lengths of the networks in use become dimensions
-        // first, longest first, so that their indexes are contiguous
-        // (`range_dims`: one fill clears them for a request outside).
-        let mut lens: Vec<u8> = nets
-            .iter()
-            .flatten()
-            .filter(|n| !n.is_host())
-            .map(|n| n.len)
-            .collect();
-        lens.sort_unstable_by(|a, b| b.cmp(a));
-        lens.dedup();
-        if !lens.is_empty() {
-            dim_of(&mut dims, "ip");
-        }
-        let len_dims: Vec<(u8, Option<usize>)> = lens
-            .iter()
-            .map(|&l| (l, dim_of(&mut dims, &format!("ip/{l}"))))
-            .collect();
-        // Each name's dimension index, found once.
-        let mut name_dims: Vec<Option<Option<usize>>> = vec![None; names.len()];
-        let mut dropped: Vec<usize> = Vec::new();
-        // Stat slot → per-key limiter (see `Table::key_owners`).
-        let mut key_owners: Vec<(u32, crate::core::keys::KeyLimiter)> = Vec::new();
-        // Every strategy's `(dimension, value id)`, `flat[fspans[si]]`:
-        // compact, for the passes below (anchors), then boxed per strategy.
-        let mut flat: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
-        let mut fspans: Vec<(u32, u32)> = Vec::with_capacity(pending.len());
-        // Per-key plans, by index in `pending` (ascending).
-        let mut plans: Vec<(usize, Box<super::keyed::KeyPlan>)> = Vec::new();
-        let mut response_plans: Vec<(usize, Box<crate::core::response::ResponsePlan>)> = Vec::new();
-        let mut responsive = false;
-        'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
-            // `flat[i]` is `pool[i]` ([`Compiled::conds`] was set so): a
-            // dropped strategy's conditions are left as padding.
-            flat.resize(from as usize, (0, NONE));
-            let start = flat.len();
-            for (i, c) in pool
-                .iter()
-                .enumerate()
-                .take(to as usize)
-                .skip(from as usize)
-            {
-                // The slot a later condition will probe, asked for now:
-                // most values are new to their map (a cache miss each).
-                let ahead = i + PREFETCH_AHEAD;
-                match (pool.get(ahead), net_of(ahead)) {
-                    (_, Some(n)) if n.is_host() => ip_index.prefetch(n.addr.hash()),
-                    (Some(p), None) => {
-                        let dim = name_dims.get(p.name as usize).copied().flatten().flatten();
-                        if let Some(x) = dim.and_then(|d| index.get(d)) {
-                            x.values.prefetch(p.hash);
-                        }
-                    }
-                    _ => {}
-                }
-                let net = net_of(i);
-                // A network is matched as the pseudo-dimension `ip/<len>`
-                // (`len` over the IPv6 form), one per prefix length: a
-                // strategy names it at most once, like any dimension, so
-                // anchoring and tuple-space groups need nothing more.
-                let d = match (net, c.op) {
-                    // A prefix or template: a pseudo-dimension of its base
-                    // (looked up by every request, see `pattern`), the base
-                    // itself a dimension the request supplies.
-                    (_, Op::Prefix | Op::Template) => {
-                        let (name, kind) = match c.op {
-                            Op::Prefix => (
-                                pattern::prefix_dimension(c.dim, c.value.len()),
-                                DeriveKind::Prefix(c.value.len(), [0; 4]),
-                            ),
-                            _ => match pattern::parse_template(c.value) {
-                                Ok(shape) => (shape.dimension(c.dim), DeriveKind::Template(shape)),
-                                Err(_) => (String::new(), DeriveKind::Prefix(0, [0; 4])),
-                            },
-                        };
-                        let base = dim_of(&mut dims, c.dim);
-                        let d = match (name.is_empty(), base) {
-                            (false, Some(_)) => dim_of(&mut dims, &name),
-                            _ => None,
-                        };
-                        if let (Some(d), Some(base)) = (d, base) {
-                            let at = match derived.iter().position(|x| x.dim == d) {
-                                Some(at) => at,
-                                None => {
-                                    derived.push(Derived { dim: d, base, kind });
-                                    derived.len() - 1
-                                }
-                            };
-                            if let (DeriveKind::Prefix(_, last), Some(&b)) =
-                                (&mut derived[at].kind, c.value.last())
-                            {
-                                last[usize::from(b >> 6)] |= 1 << (b & 63);
-                            }
-                        }
-                        d
-                    }
-                    (Some(n), _) if !n.is_host() => {
-                        // The text form of a request's address is read
-                        // through `ip` (callers without a binary address).
-                        if dim_of(&mut dims, "ip").is_none() {
-                            flat.truncate(start);
-                            dropped.push(si);
-                            continue 'next;
-                        }
-                        len_dims.iter().find(|x| x.0 == n.len).and_then(|x| x.1)
-                    }
-                    (_, _) => match name_dims.get_mut(c.name as usize) {
-                        Some(Some(d)) => *d,
-                        Some(slot) => *slot.insert(dim_of(&mut dims, c.dim)),
-                        None => dim_of(&mut dims, c.dim),
-                    },
-                };
-                let Some(d) = d else {
-                    flat.truncate(start);
-                    dropped.push(si);
-                    continue 'next; // over the dimension limit: the writer refuses this
-                };
-                if index.len() <= d {
-                    let at = index.len();
-                    index.resize_with(d + 1, DimIndex::default);
-                    for (i, e) in index.iter_mut().enumerate().skip(at) {
-                        if dims[i] != "ip" && !dims[i].starts_with("ip/") {
-                            e.values.reserve(room(&dims[i]));
-                        }
-                    }
-                }
-                let next = counts.len() as u32;
-                // `ip` values are canonical addresses (the model validates
-                // them): interned by their 128-bit form, so a request never
-                // formats its address as text.
-                let ip = match net {
-                    Some(n) if n.is_host() && dims[d] == "ip" => Some(n.addr),
-                    _ => None,
-                };
-                let net = net.filter(|_| c.op == Op::Exact);
-                // A template is interned without its `/**` (the shape
-                // says so): see `pattern::template_key`.
-                let (key, key_hash) = match c.op {
-                    Op::Template => {
-                        let k = pattern::template_key(c.value);
-                        (k, hash_bytes(k))
-                    }
-                    _ => (c.value, c.hash),
-                };
-                let (id, entry) = match (net, ip) {
-                    (Some(n), _) if !n.is_host() => {
-                        let r = match ip_ranges.iter().position(|r| r.dim == d) {
-                            Some(r) => r,
-                            None => {
-                                ip_ranges.push(IpRanges {
-                                    dim: d,
-                                    mask: prefix_mask(n.len),
-                                    nets: ValueMap::default(),
-                                    lo: n.addr,
-                                    hi: n.addr,
-                                    addrs: Vec::new(),
-                                    len: n.len,
-                                });
-                                ip_ranges.len() - 1
-                            }
-                        };
-                        let span = &mut ip_ranges[r];
-                        (span.lo, span.hi) = (span.lo.min(n.addr), span.hi.max(n.addr));
-                        let nets = &mut ip_ranges[r].nets;
-                        let id = nets
-                            .get_or_insert_with(&n.addr, || ValueEntry::new(next))
-                            .id;
-                        let entry = nets.len() - 1;
-                        if id == next {
-                            ip_ranges[r].addrs.push(n.addr);
-                        }
-                        (id, (RANGE_VALUE, entry))
-                    }
-                    (_, Some(ip)) => {
-                        let id = ip_index
-                            .get_or_insert_with(&ip, || ValueEntry::new(next))
-                            .id;
-                        (id, (IP_VALUE, ip_index.len() - 1))
-                    }
-                    (_, None) => {
-                        let values = &mut index[d].values;
-                        let id = values
-                            .get_or_insert_hashed(key, key_hash, || ValueEntry::new(next))
-                            .id;
-                        (id, (TEXT_VALUE, values.len() - 1))
-                    }
-                };
-                if id == next {
-                    counts.push(0);
-                    value_keys.push((entry.0, entry.1 as u32));
-                }
-                counts[id as usize] += 1;
-                flat.push((d as u8, id));
-            }
-            if keyed[si] {
-                let s = &pending[si];
-                let e = &s.strategy.each;
-                let Some(limiter) = crate::core::keys::KeyLimiter::from_strategy(&s.strategy)
-                else {
-                    flat.truncate(start);
-                    dropped.push(si);
-                    continue 'next; // the model refuses it
-                };
-                let mut kd = SmallVec::<[(usize, bool); 4]>::new();
-                for name in &e.dims {
-                    let Some(d) = dim_of(&mut dims, name) else {
-                        flat.truncate(start);
-                        dropped.push(si);
-                        continue 'next;
-                    };
-                    kd.push((d, name == "ip"));
-                }
-                key_owners.push((s.slot, limiter));
-                plans.push((
-                    si,
-                    Box::new(super::keyed::KeyPlan {
-                        dims: kd,
-                        ipv4_prefix: e.ipv4_prefix,
-                        ipv6_prefix: e.ipv6_prefix,
-                        on_full: e.on_full,
-                        limiter,
-                        seed: map.as_ref().map(|m| m.keys().hasher(s.strategy.id)),
-                        max_keys: e.max_keys,
-                    }),
-                ));
-            }
-            // Issue 31: the cost dimensions are read by index, not matched.
-            let resp = &pending[si].strategy.response;
-            if !resp.is_plain() {
-                let mut dim = |name: &str| {
-                    (!name.is_empty())
-                        .then(|| dim_of(&mut dims, name))
-                        .flatten()
-                };
-                let plan = crate::core::response::ResponsePlan {
-                    count_if: resp.count_if,
-                    cost_from: dim(&resp.cost_from),
-                    cost_after: dim(&resp.cost_after),
-                };
-                responsive = true;
-                response_plans.push((si, Box::new(plan)));
-            }
-            fspans.push((start as u32, flat.len() as u32));
-        }
+        let Interned {
+            mut dims,
+            mut derived,
+            mut index,
+            mut ip_index,
+            mut ip_ranges,
+            counts,
+            value_keys,
+            dropped,
+            mut key_owners,
+            mut flat,
+            fspans,
+            plans,
+            response_plans,
+            responsive,
+        } = intern(&pool, &cond_spans, &names, &keyed, &pending, map.as_ref());
         drop(pool);
-        // Negated conditions: each value once per condition, compared as
-        // bytes with the request's (after the matcher, see `match_into`).
-        let mut negs: Vec<(u32, u32, u32)> = Vec::with_capacity(neg_pool.len());
-        let mut neg_bytes: Vec<u8> = Vec::new();
-        for &(dim, value) in &neg_pool {
-            // Over the dimension limit (the writer refuses it): never holds.
-            let d = dim_of(&mut dims, dim).map_or(NONE, |d| d as u32);
-            let at = neg_bytes.len() as u32;
-            neg_bytes.extend_from_slice(value);
-            negs.push((d, at, neg_bytes.len() as u32));
-        }
-        derived.sort_by_key(|x| (x.base, x.dim));
-        let mut prefixes: Vec<PrefixDim> = Vec::new();
-        let mut template_dims: Vec<TemplateDim> = Vec::new();
-        for x in &derived {
-            match x.kind {
-                DeriveKind::Prefix(len, last) => prefixes.push(PrefixDim {
-                    base: x.base as u32,
-                    len: len as u32,
-                    dim: x.dim as u32,
-                    last,
-                    reset: true,
-                    reset_after: true,
-                }),
-                DeriveKind::Template(shape) => template_dims.push(TemplateDim {
-                    base: x.base as u32,
-                    dim: x.dim as u32,
-                    shape,
-                }),
-            }
-        }
-        prefixes.sort_by_key(|p| (p.base, p.len));
-        let template_dims = template_dims.into_boxed_slice();
+        let (negs, neg_bytes) = negations(&neg_pool, &mut dims);
+        let (mut prefixes, template_dims) = derived_dims(&mut derived);
         let has_negs = !negs.is_empty();
         let is_derived = |d: &usize| derived.iter().any(|x| x.dim == *d);
         // Room was made for every condition; most dimensions have fewer
@@ -536,79 +237,14 @@ impl Table {
             }
         }
         index.resize_with(dims.len(), DimIndex::default);
-        // Anchor each strategy under its least shared condition; lay the
-        // anchored lists out contiguously (counting sort by value id).
-        let count = fspans.len();
-        let mut anchor_of: Vec<(u8, u32)> = Vec::with_capacity(count);
-        let mut per_value = vec![0u32; counts.len() + 1];
-        let mut unconditioned = Vec::new();
+        let Anchors {
+            anchored,
+            starts,
+            anchored_dims,
+            unconditioned,
+        } = anchor(&mut flat, &fspans, &counts, &value_keys);
         let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
-        for si in 0..count {
-            match flat[conds_of(si)]
-                .iter()
-                .min_by_key(|(_, v)| counts[*v as usize])
-            {
-                Some(&c) => anchor_of.push(c),
-                None => {
-                    anchor_of.push((0, NONE));
-                    unconditioned.push(si as u32);
-                }
-            }
-        }
-        reanchor(
-            |si| &flat[conds_of(si)],
-            &mut anchor_of,
-            &counts,
-            |v| value_keys[v as usize].0,
-        );
-        // The dimensions strategies are anchored in: the ones a request
-        // looks up (the others it names are only checked).
-        let anchored_dims = anchor_of
-            .iter()
-            .filter(|a| a.1 != NONE)
-            .fold(0u64, |m, &(d, _)| m | 1 << (d % 64));
-        let anchor_of: Vec<u32> = anchor_of.into_iter().map(|(_, v)| v).collect();
-        for &v in &anchor_of {
-            if v != NONE {
-                per_value[v as usize + 1] += 1;
-            }
-        }
-        for v in 1..per_value.len() {
-            per_value[v] += per_value[v - 1];
-        }
-        let starts = per_value.clone();
-        let mut anchored = vec![0u32; *per_value.last().unwrap_or(&0) as usize];
-        for (si, &v) in anchor_of.iter().enumerate() {
-            if v != NONE {
-                anchored[per_value[v as usize] as usize] = si as u32;
-                per_value[v as usize] += 1;
-                let conds = &mut flat[conds_of(si)];
-                if let Some(i) = conds.iter().position(|&(_, c)| c == v) {
-                    conds.swap(0, i);
-                }
-            }
-        }
-        // The compiled strategies: those not dropped (usually all: then
-        // none is moved or touched), in order, with their key plans.
-        if !dropped.is_empty() {
-            let mut si = 0;
-            pending.retain(|_| {
-                si += 1;
-                dropped.binary_search(&(si - 1)).is_err()
-            });
-        }
-        for (si, plan) in plans {
-            let k = si - dropped.partition_point(|&d| d < si);
-            pending[k].key = Some(plan);
-        }
-        for (si, plan) in response_plans {
-            if dropped.binary_search(&si).is_ok() {
-                continue;
-            }
-            let k = si - dropped.partition_point(|&d| d < si);
-            pending[k].response = Some(plan);
-        }
-        let strategies = pending;
+        let strategies = compiled(pending, &dropped, plans, response_plans);
         let (mut groups, group_lists, mut spans) =
             group_heavy_values(|si| &flat[conds_of(si as usize)], &anchored, &starts);
         let ip_dim = dims.iter().position(|d| d == "ip");
@@ -678,52 +314,12 @@ impl Table {
             }
         }
         key_owners.sort_by_key(|o| o.0);
-        // Longest prefix first (any order gives the same matches).
-        ip_ranges.sort_by_key(|r| std::cmp::Reverse(r.mask.count_ones()));
-        let range_dims = match (ip_ranges.first(), ip_ranges.last()) {
-            (Some(a), Some(b)) => a.dim..b.dim + 1,
-            _ => 0..0,
-        };
-        // Contiguous by construction (see `lens`); a table over the
-        // dimension limit dropped some: then no fast path.
-        let contiguous = ip_ranges
-            .iter()
-            .enumerate()
-            .all(|(i, r)| r.dim == range_dims.start + i);
-        let ip_span = if contiguous {
-            ip_ranges.iter().fold((u128::MAX, 0), |(lo, hi), r| {
-                (lo.min(r.lo), hi.max(r.hi | !r.mask))
-            })
-        } else {
-            (0, u128::MAX)
-        };
-        let v4_dir = if contiguous && ip_ranges.len() <= 64 {
-            v4_directory(&ip_ranges)
-        } else {
-            Box::default()
-        };
+        let (range_dims, ip_span, v4_dir) = range_layout(&mut ip_ranges);
         // Anchors come first in `conds` (swapped above); the groups of a
         // heavy value read the same conditions.
         let read = |d: &(u8, u32)| range_dims.contains(&usize::from(d.0));
         let checked = |si: usize| flat[conds_of(si)].iter().skip(1).any(read);
-        // The prefix lengths some strategy checks beside its anchor (the
-        // others' ids are read only where found: see `PrefixDim::reset`).
-        let mut beside = 0u64;
-        for si in 0..fspans.len() {
-            for &(d, _) in flat[conds_of(si)].iter().skip(1) {
-                beside |= 1 << (d % 64);
-            }
-        }
-        let mut after = false;
-        for i in (0..prefixes.len()).rev() {
-            if i + 1 < prefixes.len() && prefixes[i + 1].base != prefixes[i].base {
-                after = false;
-            }
-            let p = &mut prefixes[i];
-            p.reset = beside >> (p.dim % 64) & 1 == 1;
-            after |= p.reset;
-            p.reset_after = after;
-        }
+        prefix_resets(&mut prefixes, &flat, &fspans);
         let prefixes = prefixes.into_boxed_slice();
         let range_dims = match !range_dims.is_empty() && (0..strategies.len()).any(checked) {
             true => range_dims,
@@ -774,4 +370,417 @@ impl Table {
             responsive,
         }
     }
+}
+
+/// A dimension's index by name, numbering a new one (`None` past
+/// [`MAX_TABLE_DIMENSIONS`]: the writer refuses such a file).
+fn dim_of(dims: &mut Vec<String>, name: &str) -> Option<usize> {
+    if let Some(i) = dims.iter().position(|d| d == name) {
+        return Some(i);
+    }
+    if dims.len() >= MAX_TABLE_DIMENSIONS {
+        return None;
+    }
+    dims.push(name.to_string());
+    Some(dims.len() - 1)
+}
+
+/// What [`intern`] gives the rest of the build.
+struct Interned {
+    dims: Vec<String>,
+    derived: Vec<Derived>,
+    index: Vec<DimIndex>,
+    ip_index: ValueMap<u128, ValueEntry>,
+    ip_ranges: Vec<IpRanges>,
+    counts: Vec<u32>,
+    value_keys: Vec<(u8, u32)>,
+    dropped: Vec<usize>,
+    key_owners: Vec<(u32, crate::core::keys::KeyLimiter)>,
+    flat: Vec<(u8, u32)>,
+    fspans: Vec<(u32, u32)>,
+    plans: Vec<(usize, Box<super::keyed::KeyPlan>)>,
+    response_plans: Vec<(usize, Box<crate::core::response::ResponsePlan>)>,
+    responsive: bool,
+}
+
+/// The build's first step: every condition's dimension numbered and its
+/// value interned (per dimension, the `ip` addresses, the networks per
+/// prefix length, prefixes and templates as pseudo-dimensions), per-key
+/// and response plans made; strategies that cannot be built dropped.
+fn intern(
+    pool: &[PendingCond<'_>],
+    cond_spans: &[(u32, u32)],
+    names: &[(&str, usize)],
+    keyed: &[bool],
+    pending: &[Compiled],
+    map: Option<&Arc<Mapping>>,
+) -> Interned {
+    let mut dims: Vec<String> = Vec::new();
+    // Prefix lengths and template shapes in use (see `derived`).
+    let mut derived: Vec<Derived> = Vec::new();
+    // Per dimension: value → its entry (interned id, anchored list);
+    // the `ip` dimension's values by address (see `ip_index`).
+    let mut index: Vec<DimIndex> = Vec::new();
+    let mut ip_index: ValueMap<u128, ValueEntry> = ValueMap::default();
+    let mut ip_ranges: Vec<IpRanges> = Vec::new();
+    // Strategies per interned value id.
+    let mut counts: Vec<u32> = Vec::with_capacity(pool.len());
+    // Per interned value id: which map holds it and its entry there
+    // (see `conditions`).
+    let mut value_keys: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
+    // Conditions per dimension name: room made in each map at once.
+    let room = |name: &str| names.iter().find(|n| n.0 == name).map_or(0, |n| n.1);
+    ip_index.reserve(room("ip"));
+    // An `ip` value as a network (an address: the /128), parsed once.
+    let any_ip = names.iter().any(|n| n.0 == "ip") || names.len() >= MAX_NAMES;
+    let nets: Vec<Option<IpNet>> = match any_ip {
+        true => pool
+            .iter()
+            .map(|c| {
+                bytes_eq(c.dim.as_bytes(), b"ip")
+                    .then(|| ip_net(c.value))
+                    .flatten()
+            })
+            .collect(),
+        false => Vec::new(),
+    };
+    let net_of = |i: usize| nets.get(i).copied().flatten();
+    // The prefix lengths of the networks in use become dimensions
+    // first, longest first, so that their indexes are contiguous
+    // (`range_dims`: one fill clears them for a request outside).
+    let mut lens: Vec<u8> = nets
+        .iter()
+        .flatten()
+        .filter(|n| !n.is_host())
+        .map(|n| n.len)
+        .collect();
+    lens.sort_unstable_by(|a, b| b.cmp(a));
+    lens.dedup();
+    if !lens.is_empty() {
+        dim_of(&mut dims, "ip");
+    }
+    let len_dims: Vec<(u8, Option<usize>)> = lens
+        .iter()
+        .map(|&l| (l, dim_of(&mut dims, &format!("ip/{l}"))))
+        .collect();
+    // Each name's dimension index, found once.
+    let mut name_dims: Vec<Option<Option<usize>>> = vec![None; names.len()];
+    let mut dropped: Vec<usize> = Vec::new();
+    // Stat slot → per-key limiter (see `Table::key_owners`).
+    let mut key_owners: Vec<(u32, crate::core::keys::KeyLimiter)> = Vec::new();
+    // Every strategy's `(dimension, value id)`, `flat[fspans[si]]`:
+    // compact, for the passes below (anchors), then boxed per strategy.
+    let mut flat: Vec<(u8, u32)> = Vec::with_capacity(pool.len());
+    let mut fspans: Vec<(u32, u32)> = Vec::with_capacity(pending.len());
+    // Per-key plans, by index in `pending` (ascending).
+    let mut plans: Vec<(usize, Box<super::keyed::KeyPlan>)> = Vec::new();
+    let mut response_plans: Vec<(usize, Box<crate::core::response::ResponsePlan>)> = Vec::new();
+    let mut responsive = false;
+    'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
+        // `flat[i]` is `pool[i]` ([`Compiled::conds`] was set so): a
+        // dropped strategy's conditions are left as padding.
+        flat.resize(from as usize, (0, NONE));
+        let start = flat.len();
+        for (i, c) in pool
+            .iter()
+            .enumerate()
+            .take(to as usize)
+            .skip(from as usize)
+        {
+            // The slot a later condition will probe, asked for now:
+            // most values are new to their map (a cache miss each).
+            let ahead = i + PREFETCH_AHEAD;
+            match (pool.get(ahead), net_of(ahead)) {
+                (_, Some(n)) if n.is_host() => ip_index.prefetch(n.addr.hash()),
+                (Some(p), None) => {
+                    let dim = name_dims.get(p.name as usize).copied().flatten().flatten();
+                    if let Some(x) = dim.and_then(|d| index.get(d)) {
+                        x.values.prefetch(p.hash);
+                    }
+                }
+                _ => {}
+            }
+            let net = net_of(i);
+            // A network is matched as the pseudo-dimension `ip/<len>`
+            // (`len` over the IPv6 form), one per prefix length: a
+            // strategy names it at most once, like any dimension, so
+            // anchoring and tuple-space groups need nothing more.
+            let d = match (net, c.op) {
+                // A prefix or template: a pseudo-dimension of its base
+                // (looked up by every request, see `pattern`), the base
+                // itself a dimension the request supplies.
+                (_, Op::Prefix | Op::Template) => {
+                    let (name, kind) = match c.op {
+                        Op::Prefix => (
+                            pattern::prefix_dimension(c.dim, c.value.len()),
+                            DeriveKind::Prefix(c.value.len(), [0; 4]),
+                        ),
+                        _ => match pattern::parse_template(c.value) {
+                            Ok(shape) => (shape.dimension(c.dim), DeriveKind::Template(shape)),
+                            Err(_) => (String::new(), DeriveKind::Prefix(0, [0; 4])),
+                        },
+                    };
+                    let base = dim_of(&mut dims, c.dim);
+                    let d = match (name.is_empty(), base) {
+                        (false, Some(_)) => dim_of(&mut dims, &name),
+                        _ => None,
+                    };
+                    if let (Some(d), Some(base)) = (d, base) {
+                        let at = match derived.iter().position(|x| x.dim == d) {
+                            Some(at) => at,
+                            None => {
+                                derived.push(Derived { dim: d, base, kind });
+                                derived.len() - 1
+                            }
+                        };
+                        if let (DeriveKind::Prefix(_, last), Some(&b)) =
+                            (&mut derived[at].kind, c.value.last())
+                        {
+                            last[usize::from(b >> 6)] |= 1 << (b & 63);
+                        }
+                    }
+                    d
+                }
+                (Some(n), _) if !n.is_host() => {
+                    // The text form of a request's address is read
+                    // through `ip` (callers without a binary address).
+                    if dim_of(&mut dims, "ip").is_none() {
+                        flat.truncate(start);
+                        dropped.push(si);
+                        continue 'next;
+                    }
+                    len_dims.iter().find(|x| x.0 == n.len).and_then(|x| x.1)
+                }
+                (_, _) => match name_dims.get_mut(c.name as usize) {
+                    Some(Some(d)) => *d,
+                    Some(slot) => *slot.insert(dim_of(&mut dims, c.dim)),
+                    None => dim_of(&mut dims, c.dim),
+                },
+            };
+            let Some(d) = d else {
+                flat.truncate(start);
+                dropped.push(si);
+                continue 'next; // over the dimension limit: the writer refuses this
+            };
+            if index.len() <= d {
+                let at = index.len();
+                index.resize_with(d + 1, DimIndex::default);
+                for (i, e) in index.iter_mut().enumerate().skip(at) {
+                    if dims[i] != "ip" && !dims[i].starts_with("ip/") {
+                        e.values.reserve(room(&dims[i]));
+                    }
+                }
+            }
+            let next = counts.len() as u32;
+            // `ip` values are canonical addresses (the model validates
+            // them): interned by their 128-bit form, so a request never
+            // formats its address as text.
+            let ip = match net {
+                Some(n) if n.is_host() && dims[d] == "ip" => Some(n.addr),
+                _ => None,
+            };
+            let net = net.filter(|_| c.op == Op::Exact);
+            // A template is interned without its `/**` (the shape
+            // says so): see `pattern::template_key`.
+            let (key, key_hash) = match c.op {
+                Op::Template => {
+                    let k = pattern::template_key(c.value);
+                    (k, hash_bytes(k))
+                }
+                _ => (c.value, c.hash),
+            };
+            let (id, entry) = match (net, ip) {
+                (Some(n), _) if !n.is_host() => {
+                    let r = match ip_ranges.iter().position(|r| r.dim == d) {
+                        Some(r) => r,
+                        None => {
+                            ip_ranges.push(IpRanges {
+                                dim: d,
+                                mask: prefix_mask(n.len),
+                                nets: ValueMap::default(),
+                                lo: n.addr,
+                                hi: n.addr,
+                                addrs: Vec::new(),
+                                len: n.len,
+                            });
+                            ip_ranges.len() - 1
+                        }
+                    };
+                    let span = &mut ip_ranges[r];
+                    (span.lo, span.hi) = (span.lo.min(n.addr), span.hi.max(n.addr));
+                    let nets = &mut ip_ranges[r].nets;
+                    let id = nets
+                        .get_or_insert_with(&n.addr, || ValueEntry::new(next))
+                        .id;
+                    let entry = nets.len() - 1;
+                    if id == next {
+                        ip_ranges[r].addrs.push(n.addr);
+                    }
+                    (id, (RANGE_VALUE, entry))
+                }
+                (_, Some(ip)) => {
+                    let id = ip_index
+                        .get_or_insert_with(&ip, || ValueEntry::new(next))
+                        .id;
+                    (id, (IP_VALUE, ip_index.len() - 1))
+                }
+                (_, None) => {
+                    let values = &mut index[d].values;
+                    let id = values
+                        .get_or_insert_hashed(key, key_hash, || ValueEntry::new(next))
+                        .id;
+                    (id, (TEXT_VALUE, values.len() - 1))
+                }
+            };
+            if id == next {
+                counts.push(0);
+                value_keys.push((entry.0, entry.1 as u32));
+            }
+            counts[id as usize] += 1;
+            flat.push((d as u8, id));
+        }
+        if keyed[si] {
+            let s = &pending[si];
+            let e = &s.strategy.each;
+            let Some(limiter) = crate::core::keys::KeyLimiter::from_strategy(&s.strategy) else {
+                flat.truncate(start);
+                dropped.push(si);
+                continue 'next; // the model refuses it
+            };
+            let mut kd = SmallVec::<[(usize, bool); 4]>::new();
+            for name in &e.dims {
+                let Some(d) = dim_of(&mut dims, name) else {
+                    flat.truncate(start);
+                    dropped.push(si);
+                    continue 'next;
+                };
+                kd.push((d, name == "ip"));
+            }
+            key_owners.push((s.slot, limiter));
+            plans.push((
+                si,
+                Box::new(super::keyed::KeyPlan {
+                    dims: kd,
+                    ipv4_prefix: e.ipv4_prefix,
+                    ipv6_prefix: e.ipv6_prefix,
+                    on_full: e.on_full,
+                    limiter,
+                    seed: map.as_ref().map(|m| m.keys().hasher(s.strategy.id)),
+                    max_keys: e.max_keys,
+                }),
+            ));
+        }
+        // Issue 31: the cost dimensions are read by index, not matched.
+        let resp = &pending[si].strategy.response;
+        if !resp.is_plain() {
+            let mut dim = |name: &str| {
+                (!name.is_empty())
+                    .then(|| dim_of(&mut dims, name))
+                    .flatten()
+            };
+            let plan = crate::core::response::ResponsePlan {
+                count_if: resp.count_if,
+                cost_from: dim(&resp.cost_from),
+                cost_after: dim(&resp.cost_after),
+            };
+            responsive = true;
+            response_plans.push((si, Box::new(plan)));
+        }
+        fspans.push((start as u32, flat.len() as u32));
+    }
+    Interned {
+        dims,
+        derived,
+        index,
+        ip_index,
+        ip_ranges,
+        counts,
+        value_keys,
+        dropped,
+        key_owners,
+        flat,
+        fspans,
+        plans,
+        response_plans,
+        responsive,
+    }
+}
+
+/// Negated conditions `(dimension, start, end)` of their values in the
+/// returned bytes.
+fn negations(
+    neg_pool: &[(&str, &[u8])],
+    dims: &mut Vec<String>,
+) -> (Vec<(u32, u32, u32)>, Vec<u8>) {
+    // Negated conditions: each value once per condition, compared as
+    // bytes with the request's (after the matcher, see `match_into`).
+    let mut negs: Vec<(u32, u32, u32)> = Vec::with_capacity(neg_pool.len());
+    let mut neg_bytes: Vec<u8> = Vec::new();
+    for &(dim, value) in neg_pool {
+        // Over the dimension limit (the writer refuses it): never holds.
+        let d = dim_of(dims, dim).map_or(NONE, |d| d as u32);
+        let at = neg_bytes.len() as u32;
+        neg_bytes.extend_from_slice(value);
+        negs.push((d, at, neg_bytes.len() as u32));
+    }
+    (negs, neg_bytes)
+}
+
+/// The prefix lengths (by base, then length) and template shapes in use.
+fn derived_dims(derived: &mut [Derived]) -> (Vec<PrefixDim>, Box<[TemplateDim]>) {
+    derived.sort_by_key(|x| (x.base, x.dim));
+    let mut prefixes: Vec<PrefixDim> = Vec::new();
+    let mut template_dims: Vec<TemplateDim> = Vec::new();
+    for x in derived.iter() {
+        match x.kind {
+            DeriveKind::Prefix(len, last) => prefixes.push(PrefixDim {
+                base: x.base as u32,
+                len: len as u32,
+                dim: x.dim as u32,
+                last,
+                reset: true,
+                reset_after: true,
+            }),
+            DeriveKind::Template(shape) => template_dims.push(TemplateDim {
+                base: x.base as u32,
+                dim: x.dim as u32,
+                shape,
+            }),
+        }
+    }
+    prefixes.sort_by_key(|p| (p.base, p.len));
+    let template_dims = template_dims.into_boxed_slice();
+    (prefixes, template_dims)
+}
+
+/// The compiled strategies: those not dropped, with their key and
+/// response plans.
+fn compiled(
+    mut pending: Vec<Compiled>,
+    dropped: &[usize],
+    plans: Vec<(usize, Box<super::keyed::KeyPlan>)>,
+    response_plans: Vec<(usize, Box<crate::core::response::ResponsePlan>)>,
+) -> Vec<Compiled> {
+    // The compiled strategies: those not dropped (usually all: then
+    // none is moved or touched), in order, with their key plans.
+    if !dropped.is_empty() {
+        let mut si = 0;
+        pending.retain(|_| {
+            si += 1;
+            dropped.binary_search(&(si - 1)).is_err()
+        });
+    }
+    for (si, plan) in plans {
+        let k = si - dropped.partition_point(|&d| d < si);
+        pending[k].key = Some(plan);
+    }
+    for (si, plan) in response_plans {
+        if dropped.binary_search(&si).is_ok() {
+            continue;
+        }
+        let k = si - dropped.partition_point(|&d| d < si);
+        pending[k].response = Some(plan);
+    }
+    let strategies = pending;
+    strategies
 }

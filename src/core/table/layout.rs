@@ -1,6 +1,8 @@
-//! The build's index layout: which dimension anchors each strategy
-//! ([`reanchor`]), heavy values' tuple-space groups ([`group_heavy_values`])
-//! and the IPv4 directory of address ranges ([`v4_directory`]).
+//! The build's index layout: which condition anchors each strategy
+//! ([`anchor`], [`reanchor`]), heavy values' tuple-space groups
+//! ([`group_heavy_values`]), the address ranges' order, span and IPv4
+//! directory ([`range_layout`], [`v4_directory`]), and which prefix
+//! lengths a request must clear ([`prefix_resets`]).
 
 use super::*;
 
@@ -210,4 +212,138 @@ pub(super) fn group_heavy_values<'c>(
         .map(|(r, d)| Group::build(d, r))
         .collect();
     (groups, group_lists, spans)
+}
+
+/// What [`anchor`] gives: the anchored lists (`anchored[starts[v]..
+/// starts[v + 1]]` under value `v`), the dimensions anchored in (bits),
+/// the strategies without conditions.
+pub(super) struct Anchors {
+    pub(super) anchored: Vec<u32>,
+    pub(super) starts: Vec<u32>,
+    pub(super) anchored_dims: u64,
+    pub(super) unconditioned: Vec<u32>,
+}
+
+/// Each strategy anchored under its least shared condition (moved by
+/// [`reanchor`]), its anchor swapped first in `flat`.
+pub(super) fn anchor(
+    flat: &mut [(u8, u32)],
+    fspans: &[(u32, u32)],
+    counts: &[u32],
+    value_keys: &[(u8, u32)],
+) -> Anchors {
+    // Anchor each strategy under its least shared condition; lay the
+    // anchored lists out contiguously (counting sort by value id).
+    let count = fspans.len();
+    let mut anchor_of: Vec<(u8, u32)> = Vec::with_capacity(count);
+    let mut per_value = vec![0u32; counts.len() + 1];
+    let mut unconditioned = Vec::new();
+    let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
+    for si in 0..count {
+        match flat[conds_of(si)]
+            .iter()
+            .min_by_key(|(_, v)| counts[*v as usize])
+        {
+            Some(&c) => anchor_of.push(c),
+            None => {
+                anchor_of.push((0, NONE));
+                unconditioned.push(si as u32);
+            }
+        }
+    }
+    reanchor(
+        |si| &flat[conds_of(si)],
+        &mut anchor_of,
+        &counts,
+        |v| value_keys[v as usize].0,
+    );
+    // The dimensions strategies are anchored in: the ones a request
+    // looks up (the others it names are only checked).
+    let anchored_dims = anchor_of
+        .iter()
+        .filter(|a| a.1 != NONE)
+        .fold(0u64, |m, &(d, _)| m | 1 << (d % 64));
+    let anchor_of: Vec<u32> = anchor_of.into_iter().map(|(_, v)| v).collect();
+    for &v in &anchor_of {
+        if v != NONE {
+            per_value[v as usize + 1] += 1;
+        }
+    }
+    for v in 1..per_value.len() {
+        per_value[v] += per_value[v - 1];
+    }
+    let starts = per_value.clone();
+    let mut anchored = vec![0u32; *per_value.last().unwrap_or(&0) as usize];
+    for (si, &v) in anchor_of.iter().enumerate() {
+        if v != NONE {
+            anchored[per_value[v as usize] as usize] = si as u32;
+            per_value[v as usize] += 1;
+            let conds = &mut flat[conds_of(si)];
+            if let Some(i) = conds.iter().position(|&(_, c)| c == v) {
+                conds.swap(0, i);
+            }
+        }
+    }
+    Anchors {
+        anchored,
+        starts,
+        anchored_dims,
+        unconditioned,
+    }
+}
+
+/// Address ranges longest first, and what a request reads of them: the
+/// range dimensions, the span of addresses they hold, the IPv4 directory.
+pub(super) fn range_layout(
+    ip_ranges: &mut [IpRanges],
+) -> (std::ops::Range<usize>, (u128, u128), Box<[u64]>) {
+    // Longest prefix first (any order gives the same matches).
+    ip_ranges.sort_by_key(|r| std::cmp::Reverse(r.mask.count_ones()));
+    let range_dims = match (ip_ranges.first(), ip_ranges.last()) {
+        (Some(a), Some(b)) => a.dim..b.dim + 1,
+        _ => 0..0,
+    };
+    // Contiguous by construction (see `lens`); a table over the
+    // dimension limit dropped some: then no fast path.
+    let contiguous = ip_ranges
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.dim == range_dims.start + i);
+    let ip_span = if contiguous {
+        ip_ranges.iter().fold((u128::MAX, 0), |(lo, hi), r| {
+            (lo.min(r.lo), hi.max(r.hi | !r.mask))
+        })
+    } else {
+        (0, u128::MAX)
+    };
+    let v4_dir = if contiguous && ip_ranges.len() <= 64 {
+        v4_directory(&ip_ranges)
+    } else {
+        Box::default()
+    };
+    (range_dims, ip_span, v4_dir)
+}
+
+/// Which prefix lengths a request must clear when it finds nothing
+/// (see [`PrefixDim::reset`]).
+pub(super) fn prefix_resets(prefixes: &mut [PrefixDim], flat: &[(u8, u32)], fspans: &[(u32, u32)]) {
+    let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
+    // The prefix lengths some strategy checks beside its anchor (the
+    // others' ids are read only where found: see `PrefixDim::reset`).
+    let mut beside = 0u64;
+    for si in 0..fspans.len() {
+        for &(d, _) in flat[conds_of(si)].iter().skip(1) {
+            beside |= 1 << (d % 64);
+        }
+    }
+    let mut after = false;
+    for i in (0..prefixes.len()).rev() {
+        if i + 1 < prefixes.len() && prefixes[i + 1].base != prefixes[i].base {
+            after = false;
+        }
+        let p = &mut prefixes[i];
+        p.reset = beside >> (p.dim % 64) & 1 == 1;
+        after |= p.reset;
+        p.reset_after = after;
+    }
 }
