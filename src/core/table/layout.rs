@@ -226,6 +226,7 @@ pub(super) struct Anchors {
 
 /// Each strategy anchored under its least shared condition (moved by
 /// [`reanchor`]), its anchor swapped first in `flat`.
+#[inline(always)]
 pub(super) fn anchor(
     flat: &mut [(u8, u32)],
     fspans: &[(u32, u32)],
@@ -294,6 +295,7 @@ pub(super) fn anchor(
 
 /// Address ranges longest first, and what a request reads of them: the
 /// range dimensions, the span of addresses they hold, the IPv4 directory.
+#[inline(always)]
 pub(super) fn range_layout(
     ip_ranges: &mut [IpRanges],
 ) -> (std::ops::Range<usize>, (u128, u128), Box<[u64]>) {
@@ -326,6 +328,7 @@ pub(super) fn range_layout(
 
 /// Which prefix lengths a request must clear when it finds nothing
 /// (see [`PrefixDim::reset`]).
+#[inline(always)]
 pub(super) fn prefix_resets(prefixes: &mut [PrefixDim], flat: &[(u8, u32)], fspans: &[(u32, u32)]) {
     let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
     // The prefix lengths some strategy checks beside its anchor (the

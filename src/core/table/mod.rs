@@ -213,6 +213,9 @@ pub struct Compiled {
 
 impl Compiled {
     /// This strategy's admission input, over its slot in `slots`.
+    /// (`#[inline]`: a copy in the nginx handler's codegen unit whatever
+    /// the crate's partitioning, which moves with unrelated changes.)
+    #[inline]
     pub(crate) fn hit<'a>(&'a self, slots: &Region<'a>) -> Option<Hit<'a>> {
         Some(Hit {
             id: self.strategy.id,
