@@ -792,6 +792,5 @@ fn compiled(
         let k = si - dropped.partition_point(|&d| d < si);
         pending[k].response = Some(plan);
     }
-    let strategies = pending;
-    strategies
+    pending
 }

@@ -255,7 +255,7 @@ pub(super) fn anchor(
     reanchor(
         |si| &flat[conds_of(si)],
         &mut anchor_of,
-        &counts,
+        counts,
         |v| value_keys[v as usize].0,
     );
     // The dimensions strategies are anchored in: the ones a request
@@ -319,7 +319,7 @@ pub(super) fn range_layout(
         (0, u128::MAX)
     };
     let v4_dir = if contiguous && ip_ranges.len() <= 64 {
-        v4_directory(&ip_ranges)
+        v4_directory(ip_ranges)
     } else {
         Box::default()
     };
