@@ -225,17 +225,7 @@ impl Table {
             d.values.shrink_to_fit();
         }
         ip_index.shrink_to_fit();
-        let mut bl_dims = Vec::new();
-        let mut bl_ip = false;
-        for d in blacklist_dimensions {
-            if d == "ip" {
-                bl_ip = true;
-            } else {
-                if let Some(i) = dim_of(&mut dims, d) {
-                    bl_dims.push((i, crate::core::blacklist::dimension_hash(d)));
-                }
-            }
-        }
+        let (bl_dims, bl_ip) = blacklist_dims(blacklist_dimensions, &mut dims);
         index.resize_with(dims.len(), DimIndex::default);
         let Anchors {
             anchored,
@@ -274,45 +264,22 @@ impl Table {
         if let Some(d) = ip_check {
             check_kind[d] = IP_CHECK;
         }
-        // A group of two dimensions, one of them only checked (a grid
-        // anchored under its other dimension): keyed by that value's
-        // bytes as well, so a request finds its cell without interning it.
-        let text_check = |d: u8| check_kind[usize::from(d)] == TEXT_CHECK;
-        for g in &mut groups {
-            let &[d0, d1] = g.dims() else { continue };
-            let at = match (text_check(d0), text_check(d1)) {
-                (true, false) => 0,
-                (false, true) => 1,
-                _ => continue,
-            };
-            let map = &index[usize::from(g.dims()[at])].values;
-            // A checked dimension's values are all text.
-            let text = |id: u32| match value_keys[id as usize] {
-                (TEXT_VALUE, e) => (hash_bytes(map.key_at(e as usize)), e),
-                _ => (0, u32::MAX),
-            };
-            g.index_bytes(at, text);
-        }
-        for span in &mut spans {
-            if span.1 == HEAVY | 1
-                && groups[group_lists[span.0 as usize] as usize]
-                    .bytes_dims()
-                    .is_some()
-            {
-                span.1 |= BYTES;
-            }
-        }
-        let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
-        let ranges = ip_ranges.iter_mut().flat_map(|r| r.nets.values_mut());
-        for e in entries.chain(ip_index.values_mut()).chain(ranges) {
-            (e.start, e.len) = spans[e.id as usize];
-            if e.len == 1 {
-                let si = anchored[e.start as usize];
-                if conds_of(si as usize).len() == 1 {
-                    e.only = si;
-                }
-            }
-        }
+        index_by_bytes(
+            &mut groups,
+            &mut spans,
+            &group_lists,
+            &check_kind,
+            &index,
+            &value_keys,
+        );
+        fill_entries(
+            &mut index,
+            &mut ip_index,
+            &mut ip_ranges,
+            &spans,
+            &anchored,
+            &fspans,
+        );
         key_owners.sort_by_key(|o| o.0);
         let (range_dims, ip_span, v4_dir) = range_layout(&mut ip_ranges);
         // Anchors come first in `conds` (swapped above); the groups of a
@@ -793,4 +760,90 @@ fn compiled(
         pending[k].response = Some(plan);
     }
     pending
+}
+
+/// The blacklist's dimensions other than `ip` (index, name hash), and
+/// whether it holds client addresses.
+#[inline(always)]
+fn blacklist_dims(names: &[String], dims: &mut Vec<String>) -> (Vec<(usize, u64)>, bool) {
+    let mut bl_dims = Vec::new();
+    let mut bl_ip = false;
+    for d in names {
+        if d == "ip" {
+            bl_ip = true;
+        } else {
+            if let Some(i) = dim_of(dims, d) {
+                bl_dims.push((i, crate::core::blacklist::dimension_hash(d)));
+            }
+        }
+    }
+    (bl_dims, bl_ip)
+}
+
+/// Groups of two dimensions one of which is only checked (a grid anchored
+/// under its other dimension) keyed by that value's bytes as well, and
+/// their spans flagged [`BYTES`]: a request finds its cell without
+/// interning the value.
+#[inline(always)]
+fn index_by_bytes(
+    groups: &mut [Group],
+    spans: &mut [(u32, u32)],
+    group_lists: &[u32],
+    check_kind: &[u8],
+    index: &[DimIndex],
+    value_keys: &[(u8, u32)],
+) {
+    // A group of two dimensions, one of them only checked (a grid
+    // anchored under its other dimension): keyed by that value's
+    // bytes as well, so a request finds its cell without interning it.
+    let text_check = |d: u8| check_kind[usize::from(d)] == TEXT_CHECK;
+    for g in groups.iter_mut() {
+        let &[d0, d1] = g.dims() else { continue };
+        let at = match (text_check(d0), text_check(d1)) {
+            (true, false) => 0,
+            (false, true) => 1,
+            _ => continue,
+        };
+        let map = &index[usize::from(g.dims()[at])].values;
+        // A checked dimension's values are all text.
+        let text = |id: u32| match value_keys[id as usize] {
+            (TEXT_VALUE, e) => (hash_bytes(map.key_at(e as usize)), e),
+            _ => (0, u32::MAX),
+        };
+        g.index_bytes(at, text);
+    }
+    for span in spans.iter_mut() {
+        if span.1 == HEAVY | 1
+            && groups[group_lists[span.0 as usize] as usize]
+                .bytes_dims()
+                .is_some()
+        {
+            span.1 |= BYTES;
+        }
+    }
+}
+
+/// Every value entry's span (its anchored list or groups), and the
+/// strategy it matches alone when that one has no other condition.
+#[inline(always)]
+fn fill_entries(
+    index: &mut [DimIndex],
+    ip_index: &mut ValueMap<u128, ValueEntry>,
+    ip_ranges: &mut [IpRanges],
+    spans: &[(u32, u32)],
+    anchored: &[u32],
+    fspans: &[(u32, u32)],
+) {
+    let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
+    let entries = index.iter_mut().flat_map(|d| d.values.values_mut());
+    let ranges = ip_ranges.iter_mut().flat_map(|r| r.nets.values_mut());
+    for e in entries.chain(ip_index.values_mut()).chain(ranges) {
+        (e.start, e.len) = spans[e.id as usize];
+        if e.len == 1 {
+            let si = anchored[e.start as usize];
+            if conds_of(si as usize).len() == 1 {
+                e.only = si;
+            }
+        }
+    }
 }
