@@ -2,7 +2,27 @@
 //! strategies compiled, values interned and anchored, the matcher's
 //! indexes laid out.
 
-use super::*;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::layout::{anchor, group_heavy_values, prefix_resets, range_layout, Anchors};
+use super::{
+    Compiled, DeriveKind, Derived, DimIndex, IpKey, IpRanges, PrefixDim, Table, TemplateDim,
+    ValueEntry, BYTES, HEAVY, IP_CHECK, IP_VALUE, LOOKED_UP, RANGE_VALUE, TEXT_CHECK, TEXT_VALUE,
+};
+use crate::core::ipnet::{parse_ip_net, prefix_mask, IpNet};
+use crate::core::limiter::Limiter;
+use crate::core::model::{parse_canonical_ipv4, Action, Condition, Op};
+use crate::core::pattern;
+use crate::core::region::Region;
+use crate::core::segment::{
+    decode_blacklist_dimensions, decode_records, read_raw, Decoded, RawSegment, Record,
+    SegmentError, MAX_TABLE_DIMENSIONS,
+};
+use crate::core::shm::Mapping;
+use crate::core::tuple_map::{Group, NONE};
+use crate::core::value_map::{bytes_eq, hash_bytes, MapKey, ValueMap};
 
 /// A condition of a record being built: borrowed from the segment (or
 /// from a [`Decoded`]), with its `ip` value parsed once.

@@ -1,6 +1,14 @@
 //! The decision: blacklist, match, rank and admit one request.
 
-use super::*;
+use smallvec::SmallVec;
+
+use super::{
+    Compiled, Request, RequestOutcome, ResponseOut, Scratch, Table, TableDecision, Values,
+};
+use crate::core::admit::{self, Decision, Hit, Verdict};
+use crate::core::model::{Action, Algorithm};
+use crate::core::region::Region;
+use crate::core::shm::Mapping;
 
 impl Table {
     /// Blacklist, match and admit one request.

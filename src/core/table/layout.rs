@@ -4,7 +4,10 @@
 //! directory ([`range_layout`], [`v4_directory`]), and which prefix
 //! lengths a request must clear ([`prefix_resets`]).
 
-use super::*;
+use smallvec::SmallVec;
+
+use super::{IpRanges, PrefixDim, HEAVY, HEAVY_MIN, IP_VALUE, TEXT_VALUE};
+use crate::core::tuple_map::{Group, NONE};
 
 /// [`Table::v4_dir`] for `ranges` (at most 64): an IPv4 network `/l`
 /// (IPv6-form length `96 + l`) marks the /16 entries it covers (one for

@@ -2,7 +2,14 @@
 //! values, address ranges, prefixes, templates), the anchored candidates
 //! checked, tuple-space groups probed, negations applied.
 
-use super::*;
+use super::{
+    Compiled, IpKey, Scratch, Table, ValueEntry, Values, BYTES, HEAVY, IP_CHECK, IP_VALUE,
+    LOOKED_UP, TEXT_CHECK, TEXT_VALUE,
+};
+use crate::core::model::MAX_VALUE_LEN;
+use crate::core::pattern;
+use crate::core::tuple_map::NONE;
+use crate::core::value_map::{bytes_eq, hash_bytes};
 
 impl Table {
     /// [`matching`](Self::matching) with the `ip` dimension taken from the

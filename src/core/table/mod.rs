@@ -38,29 +38,21 @@
 //! live in a [`Scratch`] the nginx worker keeps, so a request allocates and
 //! clears nothing.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::admit::{self, Decision, Hit, Verdict};
+use super::admit::Hit;
 use super::blacklist::Blacklist;
 use super::ipnet::IpNet;
-use super::ipnet::{parse_ip_net, prefix_mask};
 use super::limiter::Limiter;
-use super::model::{
-    parse_canonical_ipv4, parse_ip, Action, Algorithm, Condition, Op, Strategy, MAX_VALUE_LEN,
-};
-use super::pattern::{self, Shape};
+use super::model::{Condition, Op, Strategy, MAX_VALUE_LEN};
+use super::pattern::Shape;
 use super::region::Region;
-use super::segment::{
-    decode_blacklist_dimensions, decode_records, read_raw, Decoded, RawSegment, Record,
-    SegmentError, MAX_TABLE_DIMENSIONS,
-};
 use super::shm::Mapping;
 use super::slot::Slot;
 use super::tuple_map::{Group, NONE};
-use super::value_map::{bytes_eq, hash_bytes, MapKey, ValueMap};
+use super::value_map::ValueMap;
 
 /// Where an interned value is kept (see [`Table::conditions`]): the
 /// dimension's text map, the `ip` address map, a prefix length's networks.
@@ -630,7 +622,6 @@ mod units;
 
 pub(crate) use decide::owe_hits;
 pub use keyed::{KeyHolds, KeyPlan};
-use layout::*;
 pub use request::{IpKey, Request, RequestOutcome, TableDecision, Values};
 pub use units::Units;
 

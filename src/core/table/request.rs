@@ -2,7 +2,12 @@
 //! values by dimension index, its client address, its clock and mode) and
 //! the outcome it gets.
 
-use super::*;
+use std::net::IpAddr;
+
+use smallvec::SmallVec;
+
+use crate::core::admit::{self, Decision, Verdict};
+use crate::core::model::parse_ip;
 
 /// A request's value of each of [`Table::dimensions`], by index, read only
 /// for the dimensions the table looks up (a slice in tests and tools; the

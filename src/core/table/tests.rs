@@ -1,6 +1,7 @@
-use super::{IpKey, Table, MAX_TABLE_DIMENSIONS};
+use super::{IpKey, Table};
 use crate::core::each::Each;
 use crate::core::model::{Algorithm, Condition, Strategy, Unit};
+use crate::core::segment::MAX_TABLE_DIMENSIONS;
 use crate::core::segment::{Decoded, Published};
 use std::net::IpAddr;
 

@@ -1,7 +1,12 @@
 //! Units: the concurrency units and per-key holds a request keeps until
 //! it ends, and the charges it owes then (issue 31).
 
-use super::*;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::{Scratch, Table};
+use crate::core::shm::Mapping;
 
 impl Table {
     /// Releases the concurrency slots a finished request held
