@@ -88,7 +88,6 @@
 //! entry still holds that key.
 
 mod charge;
-mod decide;
 mod hash;
 mod probe;
 pub mod segment;
@@ -97,8 +96,6 @@ pub mod state;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub(crate) use decide::decide;
-pub use decide::{KeyHolds, KeyPlan};
 pub use hash::{Mix, MixKeys, Sip13};
 pub use state::{KeyLimiter, Step};
 

@@ -216,29 +216,35 @@ mod tests {
     fn needed_agrees_with_apply() {
         // Every short path of these bytes: when `needed` says no, `apply`
         // leaves it as it is.
-        let alphabet = [b'/', b';', b'a', b'B'];
-        for len in 1..=10 {
-            for mut k in 0..4usize.pow(len as u32) {
-                let mut v = Vec::new();
+        for v in every_path([b'/', b';', b'a', b'B']) {
+            for f in [
+                Normalise::PATH,
+                Normalise {
+                    lowercase: true,
+                    ..Normalise::PATH
+                },
+            ] {
+                if !f.needed(&v) {
+                    let mut out = vec![0u8; v.len()];
+                    let n = f.apply(&v, &mut out);
+                    assert_eq!(n.map(|n| &out[..n]), Some(&v[..]), "{:?}", v);
+                }
+            }
+        }
+    }
+
+    /// Every value of 1 to 10 bytes of `alphabet`.
+    fn every_path(alphabet: [u8; 4]) -> impl Iterator<Item = Vec<u8>> {
+        (1..=10u32).flat_map(move |len| {
+            (0..4usize.pow(len)).map(move |mut k| {
+                let mut v = Vec::with_capacity(len as usize);
                 for _ in 0..len {
                     v.push(alphabet[k % 4]);
                     k /= 4;
                 }
-                for f in [
-                    Normalise::PATH,
-                    Normalise {
-                        lowercase: true,
-                        ..Normalise::PATH
-                    },
-                ] {
-                    if !f.needed(&v) {
-                        let mut out = vec![0u8; v.len()];
-                        let n = f.apply(&v, &mut out);
-                        assert_eq!(n.map(|n| &out[..n]), Some(&v[..]), "{:?}", v);
-                    }
-                }
-            }
-        }
+                v
+            })
+        })
     }
 
     #[test]
@@ -246,22 +252,14 @@ mod tests {
         // Every short path without `//` (what nginx's request line gives
         // the module's quick check): when it says plain, `path` leaves the
         // value as it is; and it says plain for a usual short path.
-        let alphabet = [b'/', b';', b'a', b'.'];
-        for len in 1..=10 {
-            for mut k in 0..4usize.pow(len as u32) {
-                let mut v = Vec::new();
-                for _ in 0..len {
-                    v.push(alphabet[k % 4]);
-                    k /= 4;
-                }
-                if v.windows(2).any(|p| p == b"//") || !short_path_plain(&v) {
-                    continue;
-                }
-                assert!((4..=8).contains(&len), "{:?}", v);
-                let mut out = vec![0u8; v.len()];
-                let n = Normalise::PATH.apply(&v, &mut out);
-                assert_eq!(n.map(|n| &out[..n]), Some(&v[..]), "{:?}", v);
+        for v in every_path([b'/', b';', b'a', b'.']) {
+            if v.windows(2).any(|p| p == b"//") || !short_path_plain(&v) {
+                continue;
             }
+            assert!((4..=8).contains(&v.len()), "{:?}", v);
+            let mut out = vec![0u8; v.len()];
+            let n = Normalise::PATH.apply(&v, &mut out);
+            assert_eq!(n.map(|n| &out[..n]), Some(&v[..]), "{:?}", v);
         }
         assert!(short_path_plain(b"/bench"));
         assert!(short_path_plain(b"/a/b.txt"));

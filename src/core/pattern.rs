@@ -34,7 +34,7 @@
 //! templates of that shape. A request therefore costs one probe per prefix
 //! length and per template shape in use, whatever the number of strategies,
 //! as address ranges cost one probe per prefix length. Negations are
-//! checked after the candidates are found (see [`table`](super::table)).
+//! checked after the candidates are found (see the `table` module).
 
 /// A condition's operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]

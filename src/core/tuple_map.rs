@@ -3,7 +3,7 @@
 //! value tuple over that shape.
 //!
 //! The matcher anchors every strategy under one of its values (see
-//! [`table`](super::table)). When many strategies share an anchor value
+//! the `table` module). When many strategies share an anchor value
 //! (a grid such as `user=ui AND api=aj`: each user value anchors every
 //! api), checking them one by one costs a compare per candidate. Such a
 //! value instead lists its *groups* — one per shape among the strategies

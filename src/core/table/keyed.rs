@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 
 use super::super::admit::{self, Decision, Hit, Verdict};
 use super::super::each::OnFull;
+use super::super::keys::{Charge, IpPrefix, KeyLimiter, KeyRef, KeyTable};
 use super::super::limiter::Quota;
 use super::super::model::{Action, Algorithm};
 use super::super::region::Region;
@@ -34,7 +35,6 @@ use super::super::shm::Mapping;
 use super::super::slot::Slot;
 use super::super::table::ResponseOut;
 use super::super::table::{IpKey, Request, Table, Values};
-use super::{Charge, IpPrefix, KeyLimiter, KeyRef, KeyTable};
 
 /// How a compiled per-key strategy builds its key.
 #[derive(Debug, Clone)]
@@ -48,7 +48,7 @@ pub struct KeyPlan {
     pub limiter: KeyLimiter,
     /// The hash state after the strategy id, with the secret of the file
     /// the table was built on (`None`: no file): computed once per table.
-    pub seed: Option<super::KeyHasher>,
+    pub seed: Option<super::super::keys::KeyHasher>,
     /// The strategy's `max_keys` (0: the table's default share).
     pub max_keys: u32,
 }
@@ -74,7 +74,11 @@ impl KeyPlan {
     /// (the strategy does not count the request). The one-address key
     /// (`each ip`, the common per-client limit) without the loop.
     #[inline(always)]
-    fn hash<V: Values + ?Sized>(&self, r: &Request<'_, V>, h: &mut super::KeyHasher) -> bool {
+    fn hash<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+        h: &mut super::super::keys::KeyHasher,
+    ) -> bool {
         if let [(d, true)] = self.dims[..] {
             return self.hash_ip(r, d, h);
         }
@@ -100,7 +104,7 @@ impl KeyPlan {
         &self,
         r: &Request<'_, V>,
         d: usize,
-        h: &mut super::KeyHasher,
+        h: &mut super::super::keys::KeyHasher,
     ) -> bool {
         let k = match r.ip {
             Some(ip) => ip,
@@ -148,7 +152,7 @@ struct Taken {
     units: u64,
     /// `count_if` (issue 31): the key was only checked (nothing to give
     /// back); charged when the request ends.
-    checked: Option<super::KeyId>,
+    checked: Option<super::super::keys::KeyId>,
 }
 
 fn refund_all(kt: &KeyTable, table: &Table, taken: &[Taken]) {
@@ -179,26 +183,44 @@ pub(crate) fn decide<V: Values + ?Sized>(
     held: &mut SmallVec<[u32; 2]>,
     (key_holds, full, response): (&mut KeyHolds, &mut Option<(u32, OnFull)>, &mut ResponseOut),
 ) -> Decision {
+    let o = Outs {
+        held,
+        key_holds,
+        full,
+        response,
+    };
     if let [si] = *matched {
-        return decide_one(table, si, map, slots, r, held, key_holds, full, response);
+        return decide_one(table, si, map, slots, r, o);
     }
-    decide_all(table, matched, map, r, held, key_holds, full, response)
+    decide_all(table, matched, map, r, o)
+}
+
+/// Where a decision's effects go: the shared concurrency strategies the
+/// request holds, its per-key units, the first per-key strategy whose
+/// range was full, what its response options leave.
+struct Outs<'o> {
+    held: &'o mut SmallVec<[u32; 2]>,
+    key_holds: &'o mut KeyHolds,
+    full: &'o mut Option<(u32, OnFull)>,
+    response: &'o mut ResponseOut,
 }
 
 /// [`decide`] for any number of matched strategies, per-key and shared
 /// (out of line: the one-strategy path keeps a small frame).
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
 fn decide_all<V: Values + ?Sized>(
     table: &Table,
     matched: &[u32],
     map: &Mapping,
     r: &Request<'_, V>,
-    held: &mut SmallVec<[u32; 2]>,
-    key_holds: &mut KeyHolds,
-    full: &mut Option<(u32, OnFull)>,
-    response: &mut ResponseOut,
+    o: Outs<'_>,
 ) -> Decision {
+    let Outs {
+        held,
+        key_holds,
+        full,
+        response,
+    } = o;
     let slots = &map.slots();
     let kt = map.keys();
     let now = r.now();
@@ -435,17 +457,13 @@ fn decide_all<V: Values + ?Sized>(
 /// the request path: out of line, its call, prologue and spills cost a
 /// per-address request about 40 instructions (callgrind).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn decide_one<V: Values + ?Sized>(
     table: &Table,
     si: u32,
     map: &Mapping,
     slots: &Region<'_>,
     r: &Request<'_, V>,
-    held: &mut SmallVec<[u32; 2]>,
-    key_holds: &mut KeyHolds,
-    full: &mut Option<(u32, OnFull)>,
-    response: &mut ResponseOut,
+    o: Outs<'_>,
 ) -> Decision {
     let c = &table.strategies()[si as usize];
     // Response options (issue 31) take the general path, which records
@@ -454,7 +472,7 @@ fn decide_one<V: Values + ?Sized>(
         &c.key,
         r.dry_run || c.strategy.action.is_dry_run() || c.response.is_some(),
     ) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full, response);
+        return decide_all(table, &[si], map, r, o);
     };
     let id = c.strategy.id;
     let kt = map.keys();
@@ -466,7 +484,7 @@ fn decide_one<V: Values + ?Sized>(
         return Decision::pass(); // an empty value: not counted
     }
     let Some(key) = kt.key(h, c.slot, c.generation) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full, response);
+        return decide_all(table, &[si], map, r, o);
     };
     let Some(slot) = Slot::at(slots, c.slot) else {
         return Decision::pass(); // no such slot: nothing counted
@@ -478,7 +496,7 @@ fn decide_one<V: Values + ?Sized>(
     // A key found in the table; a new key (its entry to claim, maybe
     // another strategy's to judge) takes the general path.
     let Some(charge) = kt.charge_found(&key, &plan.limiter, now, false) else {
-        return decide_all(table, &[si], map, r, held, key_holds, full, response);
+        return decide_all(table, &[si], map, r, o);
     };
     match charge {
         Charge::Admitted {
@@ -492,7 +510,7 @@ fn decide_one<V: Values + ?Sized>(
                 Verdict::Pass
             };
             if plan.limiter.is_concurrency() {
-                key_holds.push((at, plan.limiter));
+                o.key_holds.push((at, plan.limiter));
             }
             let mut d = Decision {
                 verdict,
@@ -522,7 +540,7 @@ fn decide_one<V: Values + ?Sized>(
                 ..Decision::pass()
             }
         }
-        Charge::Full => decide_all(table, &[si], map, r, held, key_holds, full, response),
+        Charge::Full => decide_all(table, &[si], map, r, o),
     }
 }
 

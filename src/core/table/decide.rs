@@ -1,0 +1,267 @@
+//! The decision: blacklist, match, rank and admit one request.
+
+use smallvec::SmallVec;
+
+use super::{
+    Compiled, Request, RequestOutcome, ResponseOut, Scratch, Table, TableDecision, Values,
+};
+use crate::core::admit::{self, Decision, Hit, Verdict};
+use crate::core::model::{Action, Algorithm};
+use crate::core::region::Region;
+use crate::core::shm::Mapping;
+
+impl Table {
+    /// Blacklist, match and admit one request.
+    pub fn decide<V: Values + ?Sized>(&self, r: &Request<'_, V>) -> TableDecision {
+        let mut held = SmallVec::new();
+        let outcome = self.decide_into(r, &mut held, &mut Scratch::default());
+        TableDecision { outcome, held }
+    }
+
+    /// [`decide`](Self::decide) with the caller's working space (fitted to
+    /// this table by [`Scratch::fit`] beforehand, or on first use), adding
+    /// the concurrency strategies the request holds to `held` (the request
+    /// path keeps that list only when it is not empty).
+    #[inline]
+    pub fn decide_into<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+        held: &mut SmallVec<[u32; 2]>,
+        scratch: &mut Scratch,
+    ) -> RequestOutcome {
+        let mut d = Decision::pass();
+        match self.decide_in(r, held, scratch, &mut d) {
+            RequestOutcome::Limited(()) => RequestOutcome::Limited(d),
+            RequestOutcome::NoMatch => RequestOutcome::NoMatch,
+            RequestOutcome::Blacklisted { dimension_index } => {
+                RequestOutcome::Blacklisted { dimension_index }
+            }
+            RequestOutcome::Allowed { id } => RequestOutcome::Allowed { id },
+        }
+    }
+
+    /// [`decide_into`](Self::decide_into) writing the decision of a
+    /// request that matched (`Limited`) to `out` (left as it was
+    /// otherwise): the request path's form, where the decision is built in
+    /// its place rather than moved through the outcome.
+    // Always inlined into the request path (nginx's handler), as it was
+    // before the operators' out-of-line calls tipped the inliner.
+    #[inline(always)]
+    pub fn decide_in<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+        held: &mut SmallVec<[u32; 2]>,
+        scratch: &mut Scratch,
+        out: &mut Decision,
+    ) -> RequestOutcome<()> {
+        // (What response options leave in `scratch.response` is taken by
+        // `owing` after each request: nothing to clear here.)
+        // An empty blacklist costs nothing per request.
+        if self.bl_ip || !self.bl_dims.is_empty() {
+            if let Some(o) = self.blacklisted(r) {
+                return o;
+            }
+        }
+        let matched: &[u32] = if self.match_free {
+            // Nothing to look up: every request matches the same list.
+            &self.unconditioned
+        } else {
+            self.match_request(r.values, r.ip, scratch);
+            if self.ranked {
+                if let Some(id) = self.rank(&mut scratch.matches) {
+                    return RequestOutcome::Allowed { id };
+                }
+            }
+            &scratch.matches
+        };
+        let (Some(map), false) = (&self.map, matched.is_empty()) else {
+            return RequestOutcome::NoMatch;
+        };
+        let slots = map.slots();
+        let keyed = |si: &u32| self.strategies[*si as usize].key.is_some();
+        if self.keyed
+            && match *matched {
+                [si] => keyed(&si),
+                _ => matched.iter().any(keyed),
+            }
+        {
+            scratch.key_holds.clear();
+            scratch.key_full = None;
+            *out = super::keyed::decide(
+                self,
+                matched,
+                map,
+                &slots,
+                r,
+                held,
+                (
+                    &mut scratch.key_holds,
+                    &mut scratch.key_full,
+                    &mut scratch.response,
+                ),
+            );
+            return RequestOutcome::Limited(());
+        }
+        if let [si] = *matched {
+            // The common case, without the lists below.
+            let c = &self.strategies[si as usize];
+            if c.response.is_some() {
+                *out = self.admit_matched(matched, map, &slots, r, held, &mut scratch.response);
+                return RequestOutcome::Limited(());
+            }
+            let Some(hit) = c.hit(&slots) else {
+                *out = admit::admit_with(&[], r.now(), r.dry_run, r.quota);
+                return RequestOutcome::Limited(());
+            };
+            *out = admit::admit_with(std::slice::from_ref(&hit), r.now(), r.dry_run, r.quota);
+            if holds(&hit, out) {
+                held.push(si);
+                map.hold_unit(hit_slot(&self.strategies[si as usize]), hit.generation);
+            }
+            return RequestOutcome::Limited(());
+        }
+        *out = self.admit_matched(matched, map, &slots, r, held, &mut scratch.response);
+        RequestOutcome::Limited(())
+    }
+
+    /// Priorities and `allow`: keeps in `matched` only the strategies at
+    /// the highest priority present; if one of them is an `allow`, the
+    /// request passes on it: counted as passed by the first such strategy
+    /// (lowest id, if its slot is still its own), whose id is returned.
+    #[cold]
+    pub(super) fn rank(&self, matched: &mut Vec<u32>) -> Option<u32> {
+        let prio = |si: &u32| self.strategies[*si as usize].strategy.priority;
+        let top = matched.iter().map(prio).max()?;
+        matched.retain(|si| prio(si) == top);
+        let &si = matched
+            .iter()
+            .find(|&&si| self.strategies[si as usize].strategy.action == Action::Allow)?;
+        let c = &self.strategies[si as usize];
+        if let Some(map) = &self.map {
+            let slots = map.slots();
+            if let Some(hit) = c.hit(&slots) {
+                if hit
+                    .slot
+                    .generation()
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    == hit.generation
+                {
+                    hit.slot
+                        .passed()
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        Some(c.strategy.id)
+    }
+
+    /// Admission of a request that matched several strategies (out of the
+    /// one-match path, which stays small).
+    #[inline(never)]
+    pub(super) fn admit_matched<V: Values + ?Sized>(
+        &self,
+        matched: &[u32],
+        map: &Mapping,
+        slots: &Region<'_>,
+        r: &Request<'_, V>,
+        held: &mut SmallVec<[u32; 2]>,
+        response: &mut ResponseOut,
+    ) -> Decision {
+        let mut hits: SmallVec<[Hit<'_>; 8]> = SmallVec::new();
+        let mut hit_index: SmallVec<[u32; 8]> = SmallVec::new();
+        for &si in matched {
+            if let Some(hit) = self.strategies[si as usize].hit_for(slots, r, response) {
+                hits.push(hit);
+                hit_index.push(si);
+            }
+        }
+        // Several units (cost_from) or a check (count_if) take the general
+        // path; the one-hit path of `admit_with` acquires one unit.
+        let decision = if hits.iter().any(|h| h.units != 1 || h.check) {
+            admit::admit_listed(&hits, r.now(), r.dry_run, r.quota)
+        } else {
+            admit::admit_with(&hits, r.now(), r.dry_run, r.quota)
+        };
+        for (h, &si) in hits.iter().zip(&hit_index) {
+            if holds(h, &decision) {
+                held.push(si);
+                map.hold_unit(hit_slot(&self.strategies[si as usize]), h.generation);
+            }
+        }
+        if self.responsive {
+            owe_hits(&self.strategies, &hits, &hit_index, &decision, r, response);
+        }
+        decision
+    }
+
+    /// The blacklist's verdict on the request, if it holds the client
+    /// address or one of its values.
+    #[cold]
+    pub(super) fn blacklisted<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+    ) -> Option<RequestOutcome<()>> {
+        let bl = self.blacklist()?;
+        if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
+            if bl.contains_ip(ip.addr(), r.now_unix_ms) {
+                return Some(RequestOutcome::Blacklisted {
+                    dimension_index: None,
+                });
+            }
+        }
+        for &(d, hash) in &self.bl_dims {
+            if let Some(v) = r.values.value(d).filter(|v| !v.is_empty()) {
+                if bl.contains_hashed(hash, v, r.now_unix_ms) {
+                    return Some(RequestOutcome::Blacklisted {
+                        dimension_index: Some(d),
+                    });
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Records what the admitted hits with `count_if` or `cost_after` settle
+/// when the request ends (issue 31). Admitted: the request was not
+/// refused, the slot is still the strategy's, and no dry run may have
+/// refused the hit (a dry-run rejection charges nothing: giving back what
+/// was never charged would admit extra, so such a hit settles nothing).
+pub(crate) fn owe_hits<V: Values + ?Sized>(
+    strategies: &[Compiled],
+    hits: &[Hit<'_>],
+    index: &[u32],
+    d: &Decision,
+    r: &Request<'_, V>,
+    out: &mut ResponseOut,
+) {
+    if let Verdict::Reject { .. } = d.verdict {
+        return;
+    }
+    for (h, &si) in hits.iter().zip(index) {
+        let c = &strategies[si as usize];
+        if c.response.is_none()
+            || h.slot
+                .generation()
+                .load(std::sync::atomic::Ordering::Acquire)
+                != h.generation
+            || ((r.dry_run || h.action.is_dry_run()) && d.dry_run_rejected.is_some())
+        {
+            continue;
+        }
+        c.owe_slot(out, h.units, r.now());
+    }
+}
+
+#[inline]
+pub(super) fn hit_slot(c: &Compiled) -> u32 {
+    c.slot
+}
+
+/// After a pass or a delay every concurrency hit holds one unit (a dry run
+/// too: it counts real requests in flight); after a rejection none does
+/// (admit refunded them).
+#[inline]
+pub(super) fn holds(h: &Hit, d: &Decision) -> bool {
+    h.limiter.algorithm() == Algorithm::Concurrency && !matches!(d.verdict, Verdict::Reject { .. })
+}
