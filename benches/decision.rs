@@ -8,10 +8,10 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rate_ctl::core::blacklist::BlacklistEntry;
 use rate_ctl::core::model::{Condition, Strategy};
-use rate_ctl::core::reader::Reader;
+use rate_ctl::core::shm::reader::Reader;
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::table::{Request, RequestOutcome, Scratch, Table};
-use rate_ctl::core::writer::Writer;
 use smallvec::SmallVec;
 
 mod common;

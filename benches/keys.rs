@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode};
-use rate_ctl::core::admit::Now;
 use rate_ctl::core::clock::MonotonicClock;
-use rate_ctl::core::each::Each;
+use rate_ctl::core::clock::Now;
 use rate_ctl::core::keys::{Charge, KeyLimiter};
+use rate_ctl::core::model::each::Each;
 use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit};
-use rate_ctl::core::reader::Reader;
+use rate_ctl::core::shm::reader::Reader;
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::{Capacities, Mapping};
 use rate_ctl::core::table::{Request, RequestOutcome, Scratch, Table};
-use rate_ctl::core::writer::Writer;
 use smallvec::SmallVec;
 
 /// Keys resident while measuring.
@@ -87,7 +87,7 @@ fn hammer(path: &Path, same: bool, secs: u64) {
     let kt = map.keys();
     let lim = KeyLimiter::from_strategy(&per_ip()).unwrap();
     let end = Instant::now() + Duration::from_secs(secs);
-    let generation = rate_ctl::core::slot::Slot::at(&map.slots(), 0)
+    let generation = rate_ctl::core::shm::slot::Slot::at(&map.slots(), 0)
         .unwrap()
         .generation()
         .load(std::sync::atomic::Ordering::Acquire);

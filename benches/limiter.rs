@@ -10,7 +10,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use rate_ctl::core::admit::{admit, release, Hit};
 use rate_ctl::core::limiter::Limiter;
 use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit};
-use rate_ctl::core::slot::{LocalSlots, Slot};
+use rate_ctl::core::shm::slot::{LocalSlots, Slot};
 
 const REJECT: Action = Action::Reject { status: None };
 

@@ -16,11 +16,11 @@ use std::time::Duration;
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rate_ctl::core::model::Strategy;
-use rate_ctl::core::reader::Reader;
-use rate_ctl::core::segment::{decode_records, read_raw};
+use rate_ctl::core::shm::reader::Reader;
+use rate_ctl::core::shm::segment::{decode_records, read_raw};
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::table::Table;
-use rate_ctl::core::writer::Writer;
 
 mod common;
 use common::{passing, strategies};

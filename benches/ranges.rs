@@ -22,10 +22,10 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use criterion::{Criterion, Throughput};
 use rate_ctl::core::model::{Action, Algorithm, Condition, IpNet, Strategy, Unit};
-use rate_ctl::core::reader::Reader;
+use rate_ctl::core::shm::reader::Reader;
+use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::Capacities;
 use rate_ctl::core::table::{Request, RequestOutcome, Scratch};
-use rate_ctl::core::writer::Writer;
 use smallvec::SmallVec;
 
 const V4_MAPPED: u128 = 0xffff_0000_0000;

@@ -26,9 +26,10 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use rate_ctl::core::blacklist::BlacklistEntry;
+use rate_ctl::core::clock::unix_ms;
 use rate_ctl::core::model::{Action, Condition, Strategy};
 use rate_ctl::core::shm::writer::Writer;
-use rate_ctl::core::shm::{unix_ms, Capacities, Mapping, H_SEQ};
+use rate_ctl::core::shm::{Capacities, Mapping, H_SEQ};
 
 /// The file's capacities: 16,384 strategies in 4 MiB segments, or what
 /// `RATE_CTL_TOOL_MAX_STRATEGIES` and `RATE_CTL_TOOL_SEGMENT_MB` say (the

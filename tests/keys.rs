@@ -9,7 +9,8 @@ mod shm;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rate_ctl::core::admit::{Now, Verdict};
+use rate_ctl::core::admit::Verdict;
+use rate_ctl::core::clock::Now;
 use rate_ctl::core::keys::{Charge, KeyId, KeyLimiter, KeyTable};
 use rate_ctl::core::model::each::{Each, OnFull};
 use rate_ctl::core::model::{Action, Algorithm, Strategy, Unit};

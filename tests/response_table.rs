@@ -8,9 +8,11 @@
 #[path = "support/shm.rs"]
 mod support;
 
-use rate_ctl::core::admit::{Now, Verdict};
+use rate_ctl::core::admit::Verdict;
+use rate_ctl::core::clock::Now;
+use rate_ctl::core::model::response::StatusSet;
 use rate_ctl::core::model::{Algorithm, Strategy, Unit};
-use rate_ctl::core::response::{Owing, StatusSet};
+use rate_ctl::core::response::Owing;
 use rate_ctl::core::shm::reader::Reader;
 use rate_ctl::core::shm::writer::Writer;
 use rate_ctl::core::shm::Capacities;

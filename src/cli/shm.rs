@@ -8,11 +8,10 @@ use serde_json::json;
 use super::Failure;
 use crate::agent::publish::read_active;
 use rate_ctl::core::blacklist::Blacklist;
+use rate_ctl::core::clock::unix_ms;
 use rate_ctl::core::model::Action;
 use rate_ctl::core::shm::slot::Slot;
-use rate_ctl::core::shm::{
-    unix_ms, Mapping, H_CONFIG_VERSION, H_CREATED, H_WRITER_PID, LAYOUT_VERSION,
-};
+use rate_ctl::core::shm::{Mapping, H_CONFIG_VERSION, H_CREATED, H_WRITER_PID, LAYOUT_VERSION};
 
 /// println! that ignores a closed stdout (e.g. `| head`).
 macro_rules! outln {

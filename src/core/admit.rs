@@ -49,8 +49,7 @@
 
 use std::sync::atomic::Ordering;
 
-// i27-merge: old path (Now lives in limiter: keys/state.rs names it there).
-pub use super::limiter::Now;
+use super::clock::Now;
 use super::limiter::{Acquired, Limiter, Quota, Reservation};
 use super::model::{Action, Algorithm};
 use super::shm::slot::Slot;

@@ -19,8 +19,3 @@ pub mod stats;
 pub mod table;
 pub mod tuple_map;
 pub mod value_map;
-
-// i27-merge: old path (the model's leaves moved into `model/`)
-pub use model::{each, ipnet, keyword};
-// i27-merge: old path (the file's parts moved into `shm/`)
-pub use shm::{ledger, loader, reader, region, segment, sigbus, slot, writer};

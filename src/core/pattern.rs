@@ -124,19 +124,6 @@ pub fn prefix_dimension(dim: &str, len: usize) -> String {
     format!("{dim}^{len}")
 }
 
-/// The pseudo-dimension the matcher adds for condition `c` (a prefix or a
-/// template), beside its dimension: the writer counts them against the
-/// table's dimension limit.
-pub fn matcher_dimension(c: &super::model::Condition) -> Option<String> {
-    match c.op {
-        Op::Prefix => Some(prefix_dimension(&c.dimension, c.value.len())),
-        Op::Template => parse_template(&c.value)
-            .ok()
-            .map(|s| s.dimension(&c.dimension)),
-        Op::Exact | Op::Not => None,
-    }
-}
-
 /// Why a template is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {

@@ -25,42 +25,7 @@
 //! `concurrency` and `warm_up` refuse all three (a unit in flight has no
 //! cost; the warm-up rate changes with use).
 
-// i27-merge: old path (the options moved into model/response.rs)
-pub use super::model::response::{
-    parse_cost, Owed, Response, ResponseError, Settled, StatusSet, MAX_COST, MAX_COUNT_IF_LEN,
-};
-
-/// A strategy's response options as a table compiles them: the `count_if`
-/// set and the table's dimension indexes of `cost_from` and `cost_after`.
-#[derive(Debug, Clone)]
-pub struct ResponsePlan {
-    pub count_if: StatusSet,
-    pub cost_from: Option<usize>,
-    pub cost_after: Option<usize>,
-}
-
-impl ResponsePlan {
-    /// Is anything settled when the request ends?
-    #[inline]
-    pub fn deferred(&self) -> bool {
-        !self.count_if.is_empty() || self.cost_after.is_some()
-    }
-
-    /// The request's cost up front: `cost_from`'s value, 1 when it has
-    /// none or the value is absent; `Err(1)` when the value is not a cost
-    /// (the caller logs, at most once a minute).
-    #[inline]
-    pub fn cost<V: super::table::Values + ?Sized>(&self, values: &V) -> Result<u64, u64> {
-        let Some(d) = self.cost_from else {
-            return Ok(1);
-        };
-        match values.value(d) {
-            None => Ok(1),
-            Some([]) => Ok(1),
-            Some(v) => parse_cost(v).ok_or(1),
-        }
-    }
-}
+use super::model::response::{Owed, Settled};
 
 /// Where a charge to settle lives: a shared strategy's stat slot (with the
 /// generation it was charged at) or a per-key strategy's key entry.
@@ -91,7 +56,7 @@ pub struct OwedCharge {
     pub target: OwedTarget,
     pub owed: Owed,
     /// When it was admitted (both clocks).
-    pub admitted: super::admit::Now,
+    pub admitted: super::clock::Now,
     /// The dimension of `cost_after`: the table's index when captured; the
     /// caller may replace it with its own source index.
     pub after_dim: Option<usize>,
@@ -112,7 +77,7 @@ impl Owing {
     pub fn settle(
         self,
         status: u16,
-        now: super::admit::Now,
+        now: super::clock::Now,
         cost: impl Fn(&OwedCharge) -> Option<u64>,
     ) -> Settled {
         let mut out = Settled::default();

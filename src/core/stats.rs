@@ -21,7 +21,7 @@ pub struct StrategyStats {
     /// Per-key strategies: their key table figures.
     pub keys: Option<super::keys::KeyCounters>,
     /// Strategies with count_if, cost_from or cost_after (issue 31).
-    pub response: Option<super::response::Settled>,
+    pub response: Option<super::model::response::Settled>,
 }
 
 /// What the endpoint reports.
@@ -203,7 +203,7 @@ pub fn render_prometheus(s: &Stats, now_unix_ms: u64) -> String {
 /// The response counters (issue 31), per strategy with count_if,
 /// cost_from or cost_after.
 fn render_response_prometheus(o: &mut String, s: &Stats) {
-    type Get = fn(&super::response::Settled) -> u64;
+    type Get = fn(&super::model::response::Settled) -> u64;
     for (name, help, get) in [
         (
             "rate_ctl_charged_after_response_units_total",

@@ -372,7 +372,7 @@ fn key_table_full(
 /// The key of per-key strategy `id` for request `r`, as text (`None`: no
 /// table, not a per-key strategy, or an empty value).
 fn key_text(
-    reader: &crate::core::reader::Reader,
+    reader: &crate::core::shm::reader::Reader,
     sources: &[ValueSource],
     mc: &MainConf,
     r: &Request,

@@ -30,7 +30,8 @@ use super::time::{self, unix_ms};
 use super::variables;
 use super::worker::ValueSource;
 use super::RateCtlModule;
-use crate::core::response::{parse_cost, Owing};
+use crate::core::model::response::parse_cost;
+use crate::core::response::Owing;
 
 /// The module's context index (set by nginx before any request).
 #[inline(always)]

@@ -25,8 +25,6 @@ use super::super::limiter::gcra::Gcra;
 use super::super::limiter::{concurrency, fixed_window, sliding_window, window, Now, Quota};
 
 pub use super::super::limiter::Step;
-// i27-merge: old path (each.rs names it here; its home is the sliding window).
-pub use super::super::limiter::sliding_window::{AHEAD_WINDOWS, MAX_SLIDING_COUNT};
 
 /// A per-key limiter compiled from a validated strategy: plain data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -187,6 +187,22 @@ impl Condition {
         }
     }
 
+    /// The pseudo-dimension the matcher adds for this condition (a prefix
+    /// or a template), beside its dimension: the writer counts them
+    /// against the table's dimension limit.
+    pub fn matcher_dimension(&self) -> Option<String> {
+        match self.op {
+            Op::Prefix => Some(crate::core::pattern::prefix_dimension(
+                &self.dimension,
+                self.value.len(),
+            )),
+            Op::Template => crate::core::pattern::parse_template(&self.value)
+                .ok()
+                .map(|s| s.dimension(&self.dimension)),
+            Op::Exact | Op::Not => None,
+        }
+    }
+
     /// The key the store, the API and import files give this condition:
     /// the dimension, then the operator's character (`api^`).
     pub fn key(&self) -> String {

@@ -142,7 +142,7 @@ fn priority_has_a_range_and_allow_needs_nothing() {
     assert!(!s.action.is_dry_run());
     // An allow keeps no per-key state: `each` is refused, naming it
     // (also when the file is read: `check`).
-    s.each = super::super::each::Each::of(&["ip"]);
+    s.each = super::each::Each::of(&["ip"]);
     let e = s.check().unwrap_err().to_string();
     assert!(
         e.starts_with("each: makes no sense for action allow"),
@@ -342,10 +342,10 @@ fn rate_0_only_for_a_leased_window() {
 
 #[test]
 fn the_per_key_sliding_bound_is_the_key_state_s() {
-    // i27-merge: one constant once keys/state (or limiter/sliding_window)
-    // takes the model's.
+    // Two homes on purpose: the model's bound (what validation accepts)
+    // and the packing's (20 bits of a key's word); they must agree.
     assert_eq!(
         MAX_SLIDING_COUNT,
-        crate::core::keys::state::MAX_SLIDING_COUNT
+        crate::core::limiter::sliding_window::MAX_SLIDING_COUNT
     );
 }

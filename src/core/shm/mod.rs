@@ -26,6 +26,3 @@ pub use error::ShmError;
 pub use header::*;
 pub use map::*;
 pub use owner::{uid_of, user_name};
-
-// i27-merge: old path (time lives in core/clock.rs)
-pub use crate::core::clock::{boot_id, unix_ms};

@@ -712,51 +712,6 @@ mod tests {
         }
     }
 
-    /// The worker's read (decoded straight into the table) gives the
-    /// strategies and conditions the owned decoding gives, and refuses
-    /// what it refuses, with the same error.
-    #[test]
-    fn a_table_read_from_the_segment_holds_what_was_published() {
-        use crate::core::table::Table;
-        let words: Vec<AtomicU64> = (0..4096).map(|_| AtomicU64::new(0)).collect();
-        let seg = Region::from_atomics(&words);
-        let mut items: Vec<_> = (1..=10).map(sample).collect();
-        items[4].strategy.enabled = false;
-        items[5].strategy.conditions[0].value = b"2001:db8::/32".to_vec();
-        items[6].strategy.conditions[0].value = b"2001:db8::7".to_vec();
-        let payload = encode_payload(&items, &["userid".to_string()]);
-        write_segment(&seg, &payload, 10, 1, 7, 42, 1000);
-        let mut buf = Vec::new();
-        let t = Table::read(&seg, 7, &mut buf, None).unwrap();
-        assert_eq!((t.published_strategies(), t.strategies().len()), (10, 9));
-        assert_eq!(t.config_version(), 42);
-        for c in t.strategies() {
-            let p = items
-                .iter()
-                .find(|p| p.strategy.id == c.strategy.id)
-                .unwrap();
-            let mut got = t.conditions(c);
-            let mut want = p.strategy.conditions.clone();
-            got.sort_by(|a, b| a.dimension.cmp(&b.dimension));
-            want.sort_by(|a, b| a.dimension.cmp(&b.dimension));
-            assert_eq!(got, want, "strategy {}", c.strategy.id);
-            assert_eq!((c.slot, c.generation), (p.slot, p.generation));
-            let named: Vec<&str> = t.condition_dimensions(c).collect();
-            assert_eq!(named.len(), want.len());
-            assert!(want.iter().all(|w| named.contains(&w.dimension.as_str())));
-        }
-        // A record the model refuses, under a good checksum: refused whole.
-        items[8].strategy.conditions[0].value = b"10.0.0.01".to_vec();
-        let payload = encode_payload(&items, &[]);
-        write_segment(&seg, &payload, 10, 0, 8, 43, 1000);
-        let err = Table::read(&seg, 8, &mut buf, None).err().unwrap();
-        assert_eq!(Some(&err), read_segment(&seg, 8, &mut buf).err().as_ref());
-        assert!(
-            matches!(&err, SegmentError::Record { index: 8, what } if what.contains("10.0.0.01")),
-            "{err}"
-        );
-    }
-
     #[test]
     fn decoder_rejects_invalid_records_even_with_a_good_checksum() {
         let mut bad = sample(1);

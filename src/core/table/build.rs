@@ -11,12 +11,12 @@ use super::{
     Compiled, DeriveKind, Derived, DimIndex, IpKey, IpRanges, PrefixDim, Table, TemplateDim,
     ValueEntry, BYTES, HEAVY, IP_CHECK, IP_VALUE, LOOKED_UP, RANGE_VALUE, TEXT_CHECK, TEXT_VALUE,
 };
-use crate::core::ipnet::{parse_ip_net, prefix_mask, IpNet};
 use crate::core::limiter::Limiter;
+use crate::core::model::ipnet::{parse_ip_net, prefix_mask, IpNet};
 use crate::core::model::{parse_canonical_ipv4, Action, Condition, Op};
 use crate::core::pattern;
-use crate::core::region::Region;
-use crate::core::segment::{
+use crate::core::shm::region::Region;
+use crate::core::shm::segment::{
     decode_blacklist_dimensions, decode_records, read_raw, Decoded, RawSegment, Record,
     SegmentError, MAX_TABLE_DIMENSIONS,
 };
@@ -195,8 +195,9 @@ impl Table {
         let raw = read_raw(seg, expected_seq, buf)?;
         // `read_raw` bounded the count by the payload; the reservation is
         // bounded here too, whatever a later change does to that check.
-        let mut b =
-            Builder::new((raw.count as usize).min(crate::core::segment::max_records(buf.len())));
+        let mut b = Builder::new(
+            (raw.count as usize).min(crate::core::shm::segment::max_records(buf.len())),
+        );
         let end = decode_records(buf, raw.count, |r| b.add(r))?;
         let bl = decode_blacklist_dimensions(buf, end, raw.count, raw.bl_dims)?;
         Ok(Table::finish(b, raw, &bl, map))
@@ -393,7 +394,7 @@ struct Interned {
     flat: Vec<(u8, u32)>,
     fspans: Vec<(u32, u32)>,
     plans: Vec<(usize, Box<super::keyed::KeyPlan>)>,
-    response_plans: Vec<(usize, Box<crate::core::response::ResponsePlan>)>,
+    response_plans: Vec<(usize, Box<crate::core::table::ResponsePlan>)>,
     responsive: bool,
 }
 
@@ -469,7 +470,7 @@ fn intern(
     let mut fspans: Vec<(u32, u32)> = Vec::with_capacity(pending.len());
     // Per-key plans, by index in `pending` (ascending).
     let mut plans: Vec<(usize, Box<super::keyed::KeyPlan>)> = Vec::new();
-    let mut response_plans: Vec<(usize, Box<crate::core::response::ResponsePlan>)> = Vec::new();
+    let mut response_plans: Vec<(usize, Box<crate::core::table::ResponsePlan>)> = Vec::new();
     let mut responsive = false;
     'next: for (si, &(from, to)) in cond_spans.iter().enumerate() {
         // `flat[i]` is `pool[i]` ([`Compiled::conds`] was set so): a
@@ -673,7 +674,7 @@ fn intern(
                     .then(|| dim_of(&mut dims, name))
                     .flatten()
             };
-            let plan = crate::core::response::ResponsePlan {
+            let plan = crate::core::table::ResponsePlan {
                 count_if: resp.count_if,
                 cost_from: dim(&resp.cost_from),
                 cost_after: dim(&resp.cost_after),
@@ -757,7 +758,7 @@ fn compiled(
     mut pending: Vec<Compiled>,
     dropped: &[usize],
     plans: Vec<(usize, Box<super::keyed::KeyPlan>)>,
-    response_plans: Vec<(usize, Box<crate::core::response::ResponsePlan>)>,
+    response_plans: Vec<(usize, Box<crate::core::table::ResponsePlan>)>,
 ) -> Vec<Compiled> {
     // The compiled strategies: those not dropped (usually all: then
     // none is moved or touched), in order, with their key plans.

@@ -7,7 +7,7 @@ use super::{
 };
 use crate::core::admit::{self, Decision, Hit, Verdict};
 use crate::core::model::{Action, Algorithm};
-use crate::core::region::Region;
+use crate::core::shm::region::Region;
 use crate::core::shm::Mapping;
 
 impl Table {

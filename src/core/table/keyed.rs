@@ -25,14 +25,15 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use super::super::admit::{self, Decision, Hit, Verdict};
-use super::super::each::OnFull;
 use super::super::keys::{Charge, IpPrefix, KeyLimiter, KeyRef, KeyTable};
 use super::super::limiter::Quota;
+use super::super::model::each::OnFull;
+use super::super::model::response::Owed;
 use super::super::model::{Action, Algorithm};
-use super::super::region::Region;
-use super::super::response::{Owed, OwedCharge, OwedTarget};
+use super::super::response::{OwedCharge, OwedTarget};
+use super::super::shm::region::Region;
+use super::super::shm::slot::Slot;
 use super::super::shm::Mapping;
-use super::super::slot::Slot;
 use super::super::table::ResponseOut;
 use super::super::table::{IpKey, Request, Table, Values};
 
@@ -44,7 +45,7 @@ pub struct KeyPlan {
     pub dims: SmallVec<[(usize, bool); 4]>,
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
-    pub on_full: super::super::each::OnFull,
+    pub on_full: super::super::model::each::OnFull,
     pub limiter: KeyLimiter,
     /// The hash state after the strategy id, with the secret of the file
     /// the table was built on (`None`: no file): computed once per table.

@@ -44,13 +44,13 @@ use smallvec::SmallVec;
 
 use super::admit::Hit;
 use super::blacklist::Blacklist;
-use super::ipnet::IpNet;
 use super::limiter::Limiter;
+use super::model::ipnet::IpNet;
 use super::model::{Condition, Op, Strategy, MAX_VALUE_LEN};
 use super::pattern::Shape;
-use super::region::Region;
+use super::shm::region::Region;
+use super::shm::slot::Slot;
 use super::shm::Mapping;
-use super::slot::Slot;
 use super::tuple_map::{Group, NONE};
 use super::value_map::ValueMap;
 
@@ -98,7 +98,7 @@ pub struct Scratch {
     key_holds: keyed::KeyHolds,
     /// The first per-key strategy whose key found the table full in the
     /// last request, with its `on_full` (for the worker's log).
-    key_full: Option<(u32, super::each::OnFull)>,
+    key_full: Option<(u32, super::model::each::OnFull)>,
     /// What the last request settles when it ends and whether a cost was
     /// invalid (issue 31; cleared only by a table with such strategies).
     pub response: ResponseOut,
@@ -161,7 +161,7 @@ enum DeriveKind {
 impl Scratch {
     /// The per-key strategy (id, `on_full`) whose new key found the key
     /// table full in the request decided last with this working space.
-    pub fn key_table_full(&self) -> Option<(u32, super::each::OnFull)> {
+    pub fn key_table_full(&self) -> Option<(u32, super::model::each::OnFull)> {
         self.key_full
     }
 
@@ -200,7 +200,7 @@ pub struct Compiled {
     /// Per-key strategies (`each`): how the key is built, its limiter.
     pub key: Option<Box<keyed::KeyPlan>>,
     /// `count_if`, `cost_from`, `cost_after` (issue 31; `None`: plain).
-    pub response: Option<Box<super::response::ResponsePlan>>,
+    pub response: Option<Box<ResponsePlan>>,
 }
 
 impl Compiled {
@@ -247,7 +247,7 @@ impl Compiled {
     /// it ends (shared strategies; the request costs `units` up front,
     /// charged then unless `count_if` only checked them).
     #[inline]
-    pub(crate) fn owe_slot(&self, out: &mut ResponseOut, units: u64, now: super::admit::Now) {
+    pub(crate) fn owe_slot(&self, out: &mut ResponseOut, units: u64, now: super::clock::Now) {
         let Some(p) = self.response.as_deref().filter(|p| p.deferred()) else {
             return;
         };
@@ -257,7 +257,7 @@ impl Compiled {
                 generation: self.generation,
                 limiter: self.limiter,
             },
-            owed: super::response::Owed {
+            owed: super::model::response::Owed {
                 charged: if p.count_if.is_empty() { units } else { 0 },
                 units,
                 count_if: p.count_if,
@@ -360,7 +360,7 @@ pub struct Table {
     ip_index: ValueMap<u128, ValueEntry>,
     /// Address ranges: per prefix length in use (longest first), the
     /// pseudo-dimension `ip/<len>` it is matched as, the mask, and the
-    /// networks of that length (see [`ipnet`](super::ipnet)). A request
+    /// networks of that length (see [`ipnet`](super::model::ipnet)). A request
     /// probes each once with its address masked to that length.
     ip_ranges: Vec<IpRanges>,
     /// The dimension indexes of `ip_ranges` (contiguous), and the span of
@@ -618,11 +618,13 @@ mod keyed;
 mod layout;
 mod matcher;
 mod request;
+mod response_plan;
 mod units;
 
 pub(crate) use decide::owe_hits;
 pub use keyed::{KeyHolds, KeyPlan};
 pub use request::{IpKey, Request, RequestOutcome, TableDecision, Values};
+pub use response_plan::ResponsePlan;
 pub use units::Units;
 
 #[cfg(test)]

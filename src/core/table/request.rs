@@ -6,7 +6,8 @@ use std::net::IpAddr;
 
 use smallvec::SmallVec;
 
-use crate::core::admit::{self, Decision, Verdict};
+use crate::core::admit::{Decision, Verdict};
+use crate::core::clock;
 use crate::core::model::parse_ip;
 
 /// A request's value of each of [`Table::dimensions`], by index, read only
@@ -57,10 +58,10 @@ pub struct Request<'r, V: Values + ?Sized = [Option<&'r [u8]>]> {
 
 impl<V: Values + ?Sized> Request<'_, V> {
     /// Both clocks for admission: buckets on `now_ns`, windows on the wall
-    /// clock (see [`admit::Now`]).
+    /// clock (see [`clock::Now`]).
     #[inline]
-    pub(crate) fn now(&self) -> admit::Now {
-        admit::Now {
+    pub(crate) fn now(&self) -> clock::Now {
+        clock::Now {
             mono_ns: self.now_ns,
             wall_ns: self.now_unix_ms.saturating_mul(1_000_000),
         }

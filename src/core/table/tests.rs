@@ -1,8 +1,8 @@
 use super::{IpKey, Table};
-use crate::core::each::Each;
+use crate::core::model::each::Each;
 use crate::core::model::{Algorithm, Condition, Strategy, Unit};
-use crate::core::segment::MAX_TABLE_DIMENSIONS;
-use crate::core::segment::{Decoded, Published};
+use crate::core::shm::segment::MAX_TABLE_DIMENSIONS;
+use crate::core::shm::segment::{Decoded, Published};
 use std::net::IpAddr;
 
 fn published(id: u32, conds: &[(&str, &str)], each: &[&str]) -> Published {
@@ -206,8 +206,8 @@ fn ipv4_and_its_v4_mapped_form_are_one_key() {
 /// tests, so that the segment never names the table.)
 #[test]
 fn a_table_read_from_the_segment_holds_what_was_published() {
-    use crate::core::region::Region;
-    use crate::core::segment::{encode_payload, read_segment, write_segment, SegmentError};
+    use crate::core::shm::region::Region;
+    use crate::core::shm::segment::{encode_payload, read_segment, write_segment, SegmentError};
     use std::sync::atomic::AtomicU64;
     let words: Vec<AtomicU64> = (0..4096).map(|_| AtomicU64::new(0)).collect();
     let seg = Region::from_atomics(&words);

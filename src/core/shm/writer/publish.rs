@@ -142,7 +142,7 @@ impl Writer {
         let mut derived: Vec<String> = Vec::new();
         for s in &list {
             for c in &s.conditions {
-                if let Some(p) = crate::core::pattern::matcher_dimension(c) {
+                if let Some(p) = c.matcher_dimension() {
                     if !derived.contains(&p) {
                         derived.push(p);
                     }
