@@ -772,6 +772,11 @@ fn tree(files: &[(&str, &str)]) -> Tree {
         .collect()
 }
 
+/// `report` holds `part` (else the report is the failure message).
+fn assert_has(report: &str, part: &str) {
+    assert!(report.contains(part), "no {part:?} in:\n{report}");
+}
+
 #[test]
 fn checker_reports_a_cycle_with_its_lines() {
     let t = tree(&[
@@ -788,22 +793,10 @@ fn checker_reports_a_cycle_with_its_lines() {
         r.starts_with("import cycle between 3 files: core/a.rs, core/b.rs, core/c.rs"),
         "{r}"
     );
-    assert!(
-        r.contains("core/a.rs -> core/b.rs  (src/core/a.rs:2)"),
-        "{r}"
-    );
-    assert!(
-        r.contains("core/a.rs -> core/c.rs  (src/core/a.rs:3)"),
-        "{r}"
-    );
-    assert!(
-        r.contains("core/b.rs -> core/c.rs  (src/core/b.rs:4)"),
-        "{r}"
-    );
-    assert!(
-        r.contains("core/c.rs -> core/a.rs  (src/core/c.rs:3)"),
-        "{r}"
-    );
+    assert_has(r, "core/a.rs -> core/b.rs  (src/core/a.rs:2)");
+    assert_has(r, "core/a.rs -> core/c.rs  (src/core/a.rs:3)");
+    assert_has(r, "core/b.rs -> core/c.rs  (src/core/b.rs:4)");
+    assert_has(r, "core/c.rs -> core/a.rs  (src/core/c.rs:3)");
     // The comment and the string in b.rs name nothing.
     assert!(!r.contains("core/b.rs -> core/a.rs"), "{r}");
     // Allowed as a whole: nothing to report; a superset is not allowed.
@@ -851,16 +844,8 @@ fn checker_maps_mod_rs_and_the_binary_crate() {
     ]);
     let r = cycle_reports(&t, &[]);
     assert_eq!(r.len(), 1, "{r:?}");
-    assert!(
-        r[0].contains("agent/mod.rs -> serve/mod.rs  (src/agent/mod.rs:2)"),
-        "{}",
-        r[0]
-    );
-    assert!(
-        r[0].contains("serve/mod.rs -> agent/mod.rs  (src/serve/mod.rs:2)"),
-        "{}",
-        r[0]
-    );
+    assert_has(&r[0], "agent/mod.rs -> serve/mod.rs  (src/agent/mod.rs:2)");
+    assert_has(&r[0], "serve/mod.rs -> agent/mod.rs  (src/serve/mod.rs:2)");
     // lease.rs is named but names nothing back: not in the cycle.
     assert!(!r[0].contains("lease"), "{}", r[0]);
     assert!(
