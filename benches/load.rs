@@ -1,5 +1,5 @@
 //! Worker table load: what a worker (or its loader thread,
-//! `src/core/loader.rs`) does when a table is published — copy the segment
+//! `src/core/shm/loader.rs`) does when a table is published — copy the segment
 //! out of shared memory, decode and check every record, build the matcher.
 //! Freeing the table is not timed (the worker frees the table it replaces
 //! on a helper thread). Run: `cargo bench --bench load`.

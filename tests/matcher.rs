@@ -257,7 +257,7 @@ fn grids_on_a_checked_dimension_equal_brute_force() {
         specs.push([None, None, Some(10 + i), None]);
     }
     let published = publish_all(&specs, |_| true);
-    // (src/core/table.rs checks that such a grid is found by bytes.)
+    // (src/core/table/tests.rs checks that such a grid is found by bytes.)
     let table = table(&published);
     let axis = |n: usize| std::iter::once(None).chain((0..n).map(Some));
     let mut requests = 0;
