@@ -359,6 +359,69 @@ pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
             w.reader.recheck_now();
         }
     });
+    arm_watch_timer(mc);
+}
+
+/// How often a worker looks at the file's publish sequence without
+/// waiting for a request (issue 29): a table published while nginx is idle
+/// is built (on a helper thread from [`BACKGROUND_MIN`] strategies on) and
+/// installed before requests need it.
+///
+/// [`BACKGROUND_MIN`]: crate::core::shm::loader::BACKGROUND_MIN
+pub const WATCH_MS: ngx_msec_t = 5;
+
+/// The watch timer: one event per worker, re-armed by its handler.
+static WATCH_TIMER: FlushTimer = FlushTimer(UnsafeCell::new(
+    // SAFETY: as for FLUSH_TIMER: nginx's own initial state for an event.
+    unsafe { std::mem::zeroed() },
+));
+
+/// Arms the watch timer. Cancelable: a worker that is shutting down does
+/// not wait for it.
+fn arm_watch_timer(mc: &MainConf) {
+    let log = cycle_log();
+    if log.is_null() {
+        return;
+    }
+    let ev = WATCH_TIMER.0.get();
+    // SAFETY: the static event is used on the worker thread only; nginx
+    // keeps it in its timer tree until it fires. `data` points to the
+    // main conf, which lives in the cycle's pool for the worker's life.
+    unsafe {
+        if (*ev).timer_set() != 0 {
+            return;
+        }
+        (*ev).handler = Some(watch_timer_handler);
+        (*ev).data = mc as *const MainConf as *mut std::ffi::c_void;
+        (*ev).log = log;
+        (*ev).set_cancelable(1);
+        ngx_add_timer(ev, WATCH_MS);
+    }
+}
+
+/// One acquire load of the sequence when nothing changed; otherwise the
+/// reader's refresh: starts the build of the new table (a helper thread
+/// for a large one, inline for a small one) or installs a finished build.
+extern "C" fn watch_timer_handler(ev: *mut ngx_event_t) {
+    super::guard::guard("the table watch timer", ptr::null_mut(), (), || {
+        // SAFETY: nginx passes the event armed by arm_watch_timer, whose
+        // `data` is the main conf (alive for the worker's life) or null.
+        let mc = unsafe { ((*ev).data as *const MainConf).as_ref() };
+        let Some(mc) = mc else { return };
+        // Re-armed first: a panic below (caught here) does not stop the
+        // watch; requests still check the sequence themselves anyway.
+        arm_watch_timer(mc);
+        let now_ns = super::time::monotonic_ns();
+        let log = cycle_log();
+        with_existing_worker(|w| {
+            w.refresh(mc, now_ns, log);
+            // The PREACCESS test knob (see `start`): the table stays due
+            // for a check at every request.
+            if super::guard::test_panic_asked(super::guard::Entry::Preaccess) {
+                w.reader.recheck_now();
+            }
+        });
+    })
 }
 
 /// The worker's state. nginx runs a worker's HTTP handlers, init_process

@@ -9,7 +9,8 @@
 //! hands a segment of at least [`BACKGROUND_MIN`] strategies to a helper
 //! thread, which reads, decodes and builds the [`Table`]; the worker goes
 //! on deciding with the table it has and installs the new one at the first
-//! request after the thread is done (one atomic load per request until
+//! request or tick of its watch timer (every 5 ms, see the module's
+//! `worker.rs`) after the thread is done (one atomic load per request until
 //! then). The table replaced is dropped on a helper thread too.
 //!
 //! The helper threads run nginx-free code only (this crate's core) and
