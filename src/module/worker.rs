@@ -6,6 +6,7 @@
 //! is refused rather than aliased.
 
 use std::cell::{Cell, UnsafeCell};
+use std::ffi::c_void;
 use std::path::PathBuf;
 use std::ptr;
 
@@ -120,36 +121,56 @@ impl EventLog {
     }
 }
 
-/// The summary timer: one event per worker, armed when a window opens.
-struct FlushTimer(UnsafeCell<ngx_event_t>);
+/// One of the worker's timers: a static event (the worker owns one of each
+/// kind), armed by [`WorkerTimer::arm`].
+struct WorkerTimer(UnsafeCell<ngx_event_t>);
 
 // SAFETY: only nginx's worker thread touches it (see WorkerCell).
-unsafe impl Sync for FlushTimer {}
+unsafe impl Sync for WorkerTimer {}
 
-// SAFETY: an all-zero ngx_event_t is nginx's own initial state for an
-// event (it allocates them with ngx_pcalloc).
-static FLUSH_TIMER: FlushTimer = FlushTimer(UnsafeCell::new(unsafe { std::mem::zeroed() }));
-
-/// Makes sure the open window is summarised when it closes, whether or not
-/// another request comes. Cancelable: it never holds up a worker that is
-/// shutting down (whose exit handler flushes instead).
-fn arm_flush_timer() {
-    let log = cycle_log();
-    if log.is_null() {
-        return;
+impl WorkerTimer {
+    const fn new() -> WorkerTimer {
+        // SAFETY: an all-zero ngx_event_t is nginx's own initial state for
+        // an event (it allocates them with ngx_pcalloc).
+        WorkerTimer(UnsafeCell::new(unsafe { std::mem::zeroed() }))
     }
-    let ev = FLUSH_TIMER.0.get();
-    // SAFETY: the static event is used on the worker thread only; nginx
-    // keeps it in its timer tree until it fires or is re-added.
-    unsafe {
-        if (*ev).timer_set() != 0 {
+
+    /// Arms the timer to call `handler` (with `data` in the event) in `ms`
+    /// milliseconds, unless it is armed already. Cancelable: it never holds
+    /// up a worker that is shutting down.
+    fn arm(&self, handler: extern "C" fn(*mut ngx_event_t), data: *mut c_void, ms: ngx_msec_t) {
+        let log = cycle_log();
+        if log.is_null() {
             return;
         }
-        (*ev).handler = Some(flush_timer_handler);
-        (*ev).log = log;
-        (*ev).set_cancelable(1);
-        ngx_add_timer(ev, LOG_WINDOW_MS as ngx_msec_t);
+        let ev = self.0.get();
+        // SAFETY: the static event is used on the worker thread only; nginx
+        // keeps it in its timer tree until it fires or is re-added.
+        unsafe {
+            if (*ev).timer_set() != 0 {
+                return;
+            }
+            (*ev).handler = Some(handler);
+            (*ev).data = data;
+            (*ev).log = log;
+            (*ev).set_cancelable(1);
+            ngx_add_timer(ev, ms);
+        }
     }
+}
+
+/// The summary timer: armed when a window opens.
+static FLUSH_TIMER: WorkerTimer = WorkerTimer::new();
+
+/// Makes sure the open window is summarised when it closes, whether or not
+/// another request comes (a worker that is shutting down flushes in its
+/// exit handler instead).
+fn arm_flush_timer() {
+    FLUSH_TIMER.arm(
+        flush_timer_handler,
+        ptr::null_mut(),
+        LOG_WINDOW_MS as ngx_msec_t,
+    );
 }
 
 extern "C" fn flush_timer_handler(_ev: *mut ngx_event_t) {
@@ -370,33 +391,17 @@ pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
 /// [`BACKGROUND_MIN`]: crate::core::shm::loader::BACKGROUND_MIN
 pub const WATCH_MS: ngx_msec_t = 5;
 
-/// The watch timer: one event per worker, re-armed by its handler.
-static WATCH_TIMER: FlushTimer = FlushTimer(UnsafeCell::new(
-    // SAFETY: as for FLUSH_TIMER: nginx's own initial state for an event.
-    unsafe { std::mem::zeroed() },
-));
+/// The watch timer: re-armed by its handler.
+static WATCH_TIMER: WorkerTimer = WorkerTimer::new();
 
-/// Arms the watch timer. Cancelable: a worker that is shutting down does
-/// not wait for it.
+/// Arms the watch timer; its event's `data` is the main conf, which lives
+/// in the cycle's pool for the worker's life.
 fn arm_watch_timer(mc: &MainConf) {
-    let log = cycle_log();
-    if log.is_null() {
-        return;
-    }
-    let ev = WATCH_TIMER.0.get();
-    // SAFETY: the static event is used on the worker thread only; nginx
-    // keeps it in its timer tree until it fires. `data` points to the
-    // main conf, which lives in the cycle's pool for the worker's life.
-    unsafe {
-        if (*ev).timer_set() != 0 {
-            return;
-        }
-        (*ev).handler = Some(watch_timer_handler);
-        (*ev).data = mc as *const MainConf as *mut std::ffi::c_void;
-        (*ev).log = log;
-        (*ev).set_cancelable(1);
-        ngx_add_timer(ev, WATCH_MS);
-    }
+    WATCH_TIMER.arm(
+        watch_timer_handler,
+        mc as *const MainConf as *mut c_void,
+        WATCH_MS,
+    );
 }
 
 /// One acquire load of the sequence when nothing changed; otherwise the
