@@ -309,6 +309,13 @@ impl Table {
         let checked = |si: usize| flat[conds_of(si)].iter().skip(1).any(read);
         prefix_resets(&mut prefixes, &flat, &fspans);
         let prefixes = prefixes.into_boxed_slice();
+        let mut prefix_bases: Vec<(u32, u32, u32)> = Vec::new();
+        for (i, p) in prefixes.iter().enumerate() {
+            match prefix_bases.last_mut() {
+                Some(b) if b.0 == p.base => b.2 = i as u32 + 1,
+                _ => prefix_bases.push((p.base, i as u32, i as u32 + 1)),
+            }
+        }
         let range_dims = match !range_dims.is_empty() && (0..strategies.len()).any(checked) {
             true => range_dims,
             false => 0..0,
@@ -325,6 +332,7 @@ impl Table {
             templates: !template_dims.is_empty(),
             derived: !derived.is_empty(),
             prefixes,
+            prefix_bases: prefix_bases.into_boxed_slice(),
             template_dims,
             negs: negs.into_boxed_slice(),
             neg_bytes: neg_bytes.into_boxed_slice(),

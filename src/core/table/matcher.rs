@@ -208,33 +208,28 @@ impl Table {
             found_entry(d, e, req, spans, ns, out, &mut sources);
         };
         // Prefixes, by base then length: a length longer than the value,
-        // or whose last byte ends no prefix of that length, is no probe.
-        let mut base = (u32::MAX, &[][..]);
-        let mut skip = u32::MAX; // a base whose remaining lengths need nothing
-        for p in self.prefixes.iter() {
-            if p.base == skip {
-                continue;
-            }
-            if base.0 != p.base {
-                base = (p.base, values.value(p.base as usize).unwrap_or_default());
-            }
-            let n = p.len as usize;
-            let e = match base.1.get(..n) {
-                Some(v)
-                    if n > 0 && p.last[usize::from(v[n - 1] >> 6)] >> (v[n - 1] & 63) & 1 == 1 =>
-                {
-                    self.index[p.dim as usize].values.get(v)
+        // or whose last byte ends no prefix of that length, is no probe;
+        // each base's value read once.
+        for &(b, start, end) in self.prefix_bases.iter() {
+            let value = values.value(b as usize).unwrap_or_default();
+            for p in &self.prefixes[start as usize..end as usize] {
+                let n = p.len as usize;
+                let e = match value.get(..n) {
+                    Some(v)
+                        if n > 0
+                            && p.last[usize::from(v[n - 1] >> 6)] >> (v[n - 1] & 63) & 1 == 1 =>
+                    {
+                        self.index[p.dim as usize].values.get(v)
+                    }
+                    // Sorted by length: no longer one fits, none needs
+                    // clearing: on to the next base.
+                    None if !p.reset_after => break,
+                    _ => None,
+                };
+                match e {
+                    None if !p.reset => {}
+                    e => found(p.dim as usize, e),
                 }
-                // Sorted by length: no longer one fits, none needs clearing.
-                None if !p.reset_after => {
-                    skip = p.base;
-                    continue;
-                }
-                _ => None,
-            };
-            match e {
-                None if !p.reset => {}
-                e => found(p.dim as usize, e),
             }
         }
         // Templates, by base: a shape of another segment count than the

@@ -340,6 +340,9 @@ pub struct Table {
     /// computed from its base dimension and looked up by every request
     /// (sorted by base: each base value is read once; prefixes by length).
     prefixes: Box<[PrefixDim]>,
+    /// Per base (ascending): `(base, start, end)`, its lengths in
+    /// `prefixes[start..end]`.
+    prefix_bases: Box<[(u32, u32, u32)]>,
     template_dims: Box<[TemplateDim]>,
     /// Some prefix or template is in use: [`Table::derived_lookups`].
     derived: bool,
