@@ -60,6 +60,11 @@
 #   negation    the friendly table plus 1,000 `api=/y<i> a!=a<i>` and
 #               `api=/bench a!=a1` that matches (the request's a=a5
 #               differs: checked after the lookup)
+#   negation_ref
+#               negation's exact counterpart: the friendly table plus
+#               1,000 `api=/y<i> a=a<i>` and `api=/bench a=a5` that
+#               matches (the same two values read, a compared instead of
+#               negated: what reading the negated dimension itself costs)
 #   *_bg        (ratectl_bg args_bg grid10_bg grid100_bg grid250_bg) the
 #               same table plus 100,000 strategies of other shapes
 #               ({a, api}, {b, c}, {userid}, {a, b, c}), many sharing the
@@ -224,6 +229,12 @@ table_for() {
                 printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when api=/y%d a!=a%d\n", 30000 + i, i, i
         }'
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench a!=a1" ;;
+    negation_ref)
+        awk 'BEGIN {
+            for (i = 1; i <= 1000; i++)
+                printf "strategy id=%d algorithm=token_bucket rate=100 per=second burst=100 when api=/y%d a=a%d\n", 30000 + i, i, i
+        }'
+        echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench a=a5" ;;
     ratectl | ratectl_only | plain | limitreq | limitreq2)
         echo "strategy id=20001 algorithm=token_bucket rate=1000000 per=second burst=1000000 when api=/bench" ;;
     reject) echo "strategy id=20002 algorithm=fixed_window rate=1 per=day when api=/bench" ;;
