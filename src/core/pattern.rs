@@ -249,6 +249,27 @@ pub fn template_key(t: &[u8]) -> &[u8] {
     t.strip_suffix(b"/**").unwrap_or(t)
 }
 
+/// The first `n` segments of `v` (of `segments` segments, at least `n`;
+/// no byte to escape): the literal key of a wildcard-free shape
+/// ([`literal_key`] without its checks, which the caller made).
+#[inline(always)]
+pub fn first_segments(v: &[u8], n: usize, segments: usize) -> &[u8] {
+    if segments <= n {
+        return v;
+    }
+    // The n-th `/` ends the n-th segment (a rest follows).
+    let mut seen = 0usize;
+    for (i, &b) in v.iter().enumerate() {
+        if b == b'/' {
+            seen += 1;
+            if seen == n {
+                return &v[..i];
+            }
+        }
+    }
+    v
+}
+
 /// For a shape without wildcards: the key of `v` as a slice of `v` (its
 /// first `shape.segments` segments), or `None` when it needs
 /// [`project`] (a byte to escape) — or cannot match: then `project`
@@ -279,6 +300,49 @@ pub fn literal_key(shape: Shape, v: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_segments_give_the_literal_key() {
+        let values: &[&[u8]] = &[
+            b"/",
+            b"/a",
+            b"/a/",
+            b"/a/b",
+            b"//",
+            b"/a/b/c/d/e/f/g/h/i/j",
+            b"/a*/b",
+            b"/a/b\\c/d",
+            b"/*",
+            b"a",
+            b"a/b",
+            b"/a/b/c",
+            b"/a/b/c/",
+            b"/bench",
+            b"/users/7/orders/9",
+        ];
+        for segments in 1..=11u8 {
+            for rest in [false, true] {
+                let shape = Shape {
+                    segments,
+                    wild: 0,
+                    rest,
+                };
+                for &v in values {
+                    let segs = v.iter().filter(|&&b| b == b'/').count() + 1;
+                    let special = v.iter().any(|&b| b == b'*' || b == b'\\');
+                    let n = usize::from(segments);
+                    let fits = if rest { segs >= n } else { segs == n };
+                    let ours = (fits && !special).then(|| first_segments(v, n, segs));
+                    let theirs = literal_key(shape, v);
+                    if !special {
+                        assert_eq!(ours, theirs, "{shape:?} {v:?}");
+                    } else {
+                        assert!(ours.is_none());
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn templates_match_whole_segments() {

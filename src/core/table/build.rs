@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::layout::{anchor, group_heavy_values, prefix_resets, range_layout, Anchors};
+use super::layout::{anchor, derived_resets, group_heavy_values, range_layout, Anchors};
 use super::{
-    Compiled, DeriveKind, Derived, DimIndex, IpKey, IpRanges, PrefixDim, Table, TemplateDim,
-    ValueEntry, BYTES, HEAVY, IP_CHECK, IP_VALUE, LOOKED_UP, RANGE_VALUE, TEXT_CHECK, TEXT_VALUE,
+    Compiled, DeriveKind, Derived, DimIndex, IpKey, IpRanges, PrefixDim, Table, TemplateBase,
+    TemplateDim, ValueEntry, BYTES, HEAVY, IP_CHECK, IP_VALUE, LOOKED_UP, RANGE_VALUE, TEXT_CHECK,
+    TEXT_VALUE,
 };
 use crate::core::limiter::Limiter;
 use crate::core::model::ipnet::{parse_ip_net, prefix_mask, IpNet};
@@ -237,7 +238,7 @@ impl Table {
         } = intern(&pool, &cond_spans, &names, &keyed, &pending, map.as_ref());
         drop(pool);
         let (negs, neg_bytes) = negations(&neg_pool, &mut dims);
-        let (mut prefixes, template_dims) = derived_dims(&mut derived);
+        let (mut prefixes, mut template_dims) = derived_dims(&mut derived);
         let has_negs = !negs.is_empty();
         let is_derived = |d: &usize| derived.iter().any(|x| x.dim == *d);
         // Room was made for every condition; most dimensions have fewer
@@ -307,7 +308,7 @@ impl Table {
         // heavy value read the same conditions.
         let read = |d: &(u8, u32)| range_dims.contains(&usize::from(d.0));
         let checked = |si: usize| flat[conds_of(si)].iter().skip(1).any(read);
-        prefix_resets(&mut prefixes, &flat, &fspans);
+        derived_resets(&mut prefixes, &mut template_dims, &flat, &fspans);
         let prefixes = prefixes.into_boxed_slice();
         let mut prefix_bases: Vec<(u32, u32, u32)> = Vec::new();
         for (i, p) in prefixes.iter().enumerate() {
@@ -330,9 +331,19 @@ impl Table {
             published_unix_ms: meta.published_unix_ms,
             published,
             templates: !template_dims.is_empty(),
+            template_escapes: template_dims.iter().filter(|t| t.shape.wild == 0).any(|t| {
+                let m = &index[t.dim as usize].values;
+                (0..m.len()).any(|i| m.key_at(i).contains(&b'\\'))
+            }),
             derived: !derived.is_empty(),
             prefixes,
             prefix_bases: prefix_bases.into_boxed_slice(),
+            template_bases: template_bases(&template_dims),
+            template_resets: template_dims
+                .iter()
+                .filter(|t| t.reset)
+                .map(|t| t.dim)
+                .collect(),
             template_dims,
             negs: negs.into_boxed_slice(),
             neg_bytes: neg_bytes.into_boxed_slice(),
@@ -731,7 +742,30 @@ fn negations(
     (negs, neg_bytes)
 }
 
-/// The prefix lengths (by base, then length) and template shapes in use.
+/// Each base's runs of template shapes (sorted by base, rest, segments:
+/// see [`derived_dims`]).
+fn template_bases(dims: &[TemplateDim]) -> Box<[TemplateBase]> {
+    let mut bases: Vec<TemplateBase> = Vec::new();
+    for (i, t) in dims.iter().enumerate() {
+        let i = i as u32;
+        match bases.last_mut() {
+            Some(b) if b.base == t.base => match t.shape.rest {
+                false => b.exact.1 = i + 1,
+                true if b.rest == (0, 0) => b.rest = (i, i + 1),
+                true => b.rest.1 = i + 1,
+            },
+            _ => bases.push(TemplateBase {
+                base: t.base,
+                exact: if t.shape.rest { (i, i) } else { (i, i + 1) },
+                rest: if t.shape.rest { (i, i + 1) } else { (0, 0) },
+            }),
+        }
+    }
+    bases.into_boxed_slice()
+}
+
+/// The prefix lengths (by base, then length) and template shapes in use
+/// (by base, rest, segment count).
 #[inline(always)]
 fn derived_dims(derived: &mut [Derived]) -> (Vec<PrefixDim>, Box<[TemplateDim]>) {
     derived.sort_by_key(|x| (x.base, x.dim));
@@ -751,10 +785,12 @@ fn derived_dims(derived: &mut [Derived]) -> (Vec<PrefixDim>, Box<[TemplateDim]>)
                 base: x.base as u32,
                 dim: x.dim as u32,
                 shape,
+                reset: true,
             }),
         }
     }
     prefixes.sort_by_key(|p| (p.base, p.len));
+    template_dims.sort_by_key(|t| (t.base, t.shape.rest, t.shape.segments, t.dim));
     let template_dims = template_dims.into_boxed_slice();
     (prefixes, template_dims)
 }

@@ -2,11 +2,11 @@
 //! ([`anchor`], [`reanchor`]), heavy values' tuple-space groups
 //! ([`group_heavy_values`]), the address ranges' order, span and IPv4
 //! directory ([`range_layout`], [`v4_directory`]), and which prefix
-//! lengths a request must clear ([`prefix_resets`]).
+//! lengths a request must clear ([`derived_resets`]).
 
 use smallvec::SmallVec;
 
-use super::{IpRanges, PrefixDim, HEAVY, HEAVY_MIN, IP_VALUE, TEXT_VALUE};
+use super::{IpRanges, PrefixDim, TemplateDim, HEAVY, HEAVY_MIN, IP_VALUE, TEXT_VALUE};
 use crate::core::tuple_map::{Group, NONE};
 
 /// [`Table::v4_dir`] for `ranges` (at most 64): an IPv4 network `/l`
@@ -329,10 +329,15 @@ pub(super) fn range_layout(
     (range_dims, ip_span, v4_dir)
 }
 
-/// Which prefix lengths a request must clear when it finds nothing
-/// (see [`PrefixDim::reset`]).
+/// Which prefix lengths and template shapes a request must clear when it
+/// finds nothing (see [`PrefixDim::reset`], [`TemplateDim::reset`]).
 #[inline(always)]
-pub(super) fn prefix_resets(prefixes: &mut [PrefixDim], flat: &[(u8, u32)], fspans: &[(u32, u32)]) {
+pub(super) fn derived_resets(
+    prefixes: &mut [PrefixDim],
+    templates: &mut [TemplateDim],
+    flat: &[(u8, u32)],
+    fspans: &[(u32, u32)],
+) {
     let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
     // The prefix lengths some strategy checks beside its anchor (the
     // others' ids are read only where found: see `PrefixDim::reset`).
@@ -351,5 +356,8 @@ pub(super) fn prefix_resets(prefixes: &mut [PrefixDim], flat: &[(u8, u32)], fspa
         p.reset = beside >> (p.dim % 64) & 1 == 1;
         after |= p.reset;
         p.reset_after = after;
+    }
+    for t in templates.iter_mut() {
+        t.reset = beside >> (t.dim % 64) & 1 == 1;
     }
 }

@@ -232,39 +232,79 @@ impl Table {
                 }
             }
         }
-        // Templates, by base: a shape of another segment count than the
-        // value's is no probe (most shapes); the others are projected.
-        let mut base = (u32::MAX, &[][..], 0usize);
-        for t in self.template_dims.iter() {
-            if base.0 != t.base {
-                let v = values.value(t.base as usize).unwrap_or_default();
-                base = (t.base, v, v.iter().filter(|&&b| b == b'/').count() + 1);
-            }
-            let n = usize::from(t.shape.segments);
-            let fits = match t.shape.rest {
-                true => base.2 >= n,
-                false => base.2 == n,
-            };
-            let map = &self.index[t.dim as usize].values;
-            let e = match fits && !base.1.is_empty() {
-                // No wildcard: the key is the value's first segments as
-                // they are (unless a byte needs escaping): no copy.
-                true if t.shape.wild == 0 => match pattern::literal_key(t.shape, base.1) {
-                    Some(k) => map.get(k),
-                    None => match pattern::project(t.shape, base.1, MAX_VALUE_LEN, tkey) {
-                        true => map.get(&tkey[..]),
-                        false => None,
-                    },
-                },
-                true => match pattern::project(t.shape, base.1, MAX_VALUE_LEN, tkey) {
-                    true => map.get(&tkey[..]),
-                    false => None,
-                },
-                false => None,
-            };
-            found(t.dim as usize, e);
+        if !self.template_bases.is_empty() {
+            sources += self.template_lookups(values, tkey, req, spans, ns, out);
         }
         sources
+    }
+
+    /// The template part of [`derived_lookups`](Self::derived_lookups):
+    /// out of line, so that a table of prefixes alone does not carry it.
+    #[inline(never)]
+    fn template_lookups<V: Values + ?Sized>(
+        &self,
+        values: &V,
+        tkey: &mut Vec<u8>,
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+    ) -> u32 {
+        let mut sources = 0;
+        let mut found = |d: usize, e: Option<&ValueEntry>| {
+            found_entry(d, e, req, spans, ns, out, &mut sources);
+        };
+        // Templates, by base: only the shapes the value's segment count
+        // fits are visited (runs sorted by segment count); the others'
+        // ids are cleared only where some strategy checks them beside its
+        // anchor (`template_resets`).
+        for &d in self.template_resets.iter() {
+            found(d as usize, None);
+        }
+        for tb in self.template_bases.iter() {
+            let v = values.value(tb.base as usize).unwrap_or_default();
+            if v.is_empty() {
+                continue;
+            }
+            let segs = v.iter().filter(|&&b| b == b'/').count() + 1;
+            for t in &self.template_dims[tb.exact.0 as usize..tb.exact.1 as usize] {
+                match usize::from(t.shape.segments) {
+                    n if n < segs => continue,
+                    n if n > segs => break,
+                    _ => found(t.dim as usize, self.template_entry(t, v, segs, tkey)),
+                }
+            }
+            for t in &self.template_dims[tb.rest.0 as usize..tb.rest.1 as usize] {
+                if usize::from(t.shape.segments) > segs {
+                    break;
+                }
+                found(t.dim as usize, self.template_entry(t, v, segs, tkey));
+            }
+        }
+        sources
+    }
+
+    /// The entry of template shape `t` for value `v` (of `segs` segments,
+    /// which the shape fits): its first segments as they are (see
+    /// [`Table::template_escapes`]), else projected ([`pattern::project`]).
+    #[inline(always)]
+    fn template_entry(
+        &self,
+        t: &super::TemplateDim,
+        v: &[u8],
+        segs: usize,
+        tkey: &mut Vec<u8>,
+    ) -> Option<&ValueEntry> {
+        let map = &self.index[t.dim as usize].values;
+        let n = usize::from(t.shape.segments);
+        let special = || v.iter().any(|&b| b == b'*' || b == b'\\');
+        match t.shape.wild == 0 && (!self.template_escapes || !special()) {
+            true => map.get(pattern::first_segments(v, n, segs)),
+            false => match pattern::project(t.shape, v, MAX_VALUE_LEN, tkey) {
+                true => map.get(&tkey[..]),
+                false => None,
+            },
+        }
     }
 
     /// The matches whose negations fail removed (see [`negations_hold`]).

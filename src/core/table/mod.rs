@@ -145,6 +145,19 @@ struct TemplateDim {
     base: u32,
     dim: u32,
     shape: Shape,
+    /// Some strategy checks this shape beside its anchor: a request it
+    /// does not fit must clear its id (as [`PrefixDim::reset`]).
+    reset: bool,
+}
+
+/// One base's template shapes (see [`Table::template_bases`]): ranges of
+/// [`Table::template_dims`].
+struct TemplateBase {
+    base: u32,
+    /// Shapes without a rest, by segment count.
+    exact: (u32, u32),
+    /// Shapes with a rest, by segment count.
+    rest: (u32, u32),
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -344,10 +357,22 @@ pub struct Table {
     /// `prefixes[start..end]`.
     prefix_bases: Box<[(u32, u32, u32)]>,
     template_dims: Box<[TemplateDim]>,
+    /// Per base (ascending), its shapes in `template_dims`: those without
+    /// a rest, then those with one, each run by segment count (a request
+    /// visits only the shapes its value's segment count fits).
+    template_bases: Box<[TemplateBase]>,
+    /// The template dimensions some strategy checks beside its anchor
+    /// ([`TemplateDim::reset`]): cleared before the shapes are probed.
+    template_resets: Box<[u32]>,
     /// Some prefix or template is in use: [`Table::derived_lookups`].
     derived: bool,
     /// Some derived dimension is a template ([`Scratch::tkey`]).
     templates: bool,
+    /// Some key of a wildcard-free template shape holds an escape (`\\`):
+    /// only then is a request's value with a `*` or `\\` projected (escaped)
+    /// before its lookup. Otherwise no key holds either byte, so the raw
+    /// value misses exactly where its escaped form would.
+    template_escapes: bool,
     /// Negated conditions: `(dimension, start, end)` of the value in
     /// `neg_bytes` ([`Compiled::negs`] spans).
     negs: Box<[(u32, u32, u32)]>,
