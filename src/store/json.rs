@@ -224,6 +224,7 @@ pub fn api_name(field: Field, rec: Option<&StrategyRecord>) -> String {
         Field::CountIf => "count_if".into(),
         Field::CostFrom => "cost_from".into(),
         Field::CostAfter => "cost_after".into(),
+        Field::Tz => "tz".into(),
     }
 }
 
@@ -259,6 +260,7 @@ pub fn field_of_api_name(name: &str) -> Option<Field> {
         "count_if" => Field::CountIf,
         "cost_from" => Field::CostFrom,
         "cost_after" => Field::CostAfter,
+        "tz" => Field::Tz,
         "max_keys" => Field::Column("max_keys"),
         _ => return None,
     })

@@ -137,6 +137,8 @@ pub enum ModelError {
     Each(#[from] each::EachError),
     #[error(transparent)]
     Response(#[from] response::ResponseError),
+    #[error(transparent)]
+    Calendar(#[from] crate::core::calendar::CalendarError),
     #[error("{field}: unknown value {value:?} (expected one of {expected})")]
     UnknownKeyword {
         field: &'static str,
