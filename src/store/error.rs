@@ -165,8 +165,8 @@ impl From<ModelError> for Invalid {
 }
 
 /// The field (and its name in the message) of a calendar error (issue 33).
-fn calendar_field(e: &rate_ctl::core::calendar::CalendarError) -> (Field, String) {
-    use rate_ctl::core::calendar::CalendarError as E;
+fn calendar_field(e: &rate_ctl::core::model::calendar::CalendarError) -> (Field, String) {
+    use rate_ctl::core::model::calendar::CalendarError as E;
     match e {
         E::PerNeedsFixedWindow { .. } => (Field::Per, "per".into()),
         E::TzNeedsCalendar { .. } | E::UnknownZone(_) => (Field::Tz, "tz".into()),

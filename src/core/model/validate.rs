@@ -291,7 +291,7 @@ impl Strategy {
             _ => {}
         }
         self.each.check(self.algorithm, self.rate)?;
-        crate::core::calendar::check(self.algorithm, self.per, &self.tz)?;
+        super::calendar::check(self.algorithm, self.per, &self.tz)?;
         self.response
             .check(self.algorithm, self.action == Action::Allow)?;
         if self.action == Action::Allow && self.each.is_keyed() {

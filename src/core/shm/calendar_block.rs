@@ -16,7 +16,7 @@
 //! The encoder writes it last in the record. The model checks the name
 //! (a known IANA zone) afterwards, with the rest of the strategy.
 
-use crate::core::calendar::MAX_TZ_LEN;
+use crate::core::model::calendar::MAX_TZ_LEN;
 use crate::core::model::Strategy;
 
 /// The record flag of a calendar block: the highest bit of the `u16` at
