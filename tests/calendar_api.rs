@@ -30,6 +30,8 @@ fn calendar_fields_round_trip_through_the_cli_and_the_store() {
             (&json!("month"), &json!("Pacific/Auckland")),
             "{r}"
         );
+        let list = cli::ok(&["strategy", "list", "--store", s]);
+        assert!(list.contains("tz=Pacific/Auckland"), "{list}");
         let id = r["id"].to_string();
         // Export, remove, import: the zone comes back.
         reimport(s, &id, r#""tz":"Pacific/Auckland""#);

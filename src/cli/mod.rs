@@ -565,6 +565,10 @@ fn print_strategies(recs: &[StrategyRecord]) {
                 cond.push(format!("{k}={v}"));
             }
         }
+        // Issue 33: the calendar windows' zone.
+        if let Some(z) = &r.tz {
+            cond.push(format!("tz={z}"));
+        }
         out(format!(
             "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {:>5} {}",
             r.id,
