@@ -158,4 +158,58 @@ mod tests {
         assert_eq!(charge_after(w3, next, &cal, id, -1), Some(pack(id, 1)));
         assert_eq!(charge_after(w3, next, &cal, id, 5), Some(pack(id, 7)));
     }
+
+    /// The compiled limiters (shared slot and per key) of a month in
+    /// Auckland, around the next month start from now (the list is built
+    /// from the wall clock when the strategy is compiled).
+    #[test]
+    fn compiled_limiters_count_to_the_local_month_start() {
+        use crate::core::clock::unix_ns;
+        use crate::core::keys::KeyLimiter;
+        use crate::core::limiter::test_util::*;
+        let mut st = Strategy::plain(1, vec![], Algorithm::FixedWindow, 2, Unit::Month);
+        st.tz = "Pacific/Auckland".into();
+        st.validate().unwrap();
+        let l = Limiter::from_strategy(&st);
+        assert_eq!(l.algorithm(), Algorithm::FixedWindow);
+        let now = unix_ns();
+        let next = crate::core::calendar::intern(Unit::Month, "Pacific/Auckland", now)
+            .unwrap()
+            .get()
+            .window(now)
+            .end;
+        with_slot(|slot| {
+            assert!(admitted(&l, slot, now));
+            assert!(admitted(&l, slot, now));
+            match l.acquire(slot, now) {
+                Acquired::Rejected { retry_after_ns } => assert_eq!(retry_after_ns, next - now),
+                other => panic!("{other:?}"),
+            }
+            let q = l.quota(slot, now);
+            assert_eq!((q.remaining, q.reset_ns), (0, next - now));
+            // One nanosecond before the local 1st: still full; at it: new.
+            assert!(!admitted(&l, slot, next - 1));
+            let Acquired::Admitted(r) = l.acquire(slot, next) else {
+                panic!("the new month admits")
+            };
+            l.refund(slot, r);
+            assert_eq!(l.quota(slot, next).remaining, 2, "refunded exactly");
+        });
+        let k = KeyLimiter::from_strategy(&st).unwrap();
+        let mut w = 0;
+        for _ in 0..2 {
+            let Step::Admit { next: n, .. } = k.step(w, now) else {
+                panic!()
+            };
+            w = n;
+        }
+        assert_eq!(
+            k.step(w, now),
+            Step::Reject {
+                retry_after_ns: next - now
+            }
+        );
+        assert_eq!(k.quota(w, now).reset_ns, next - now);
+        assert!(!k.is_fresh(w, next - 1) && k.is_fresh(w, next));
+    }
 }
