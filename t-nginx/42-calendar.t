@@ -7,7 +7,8 @@
 #     rate_ctl (Perl's POSIX with TZ=Pacific/Auckland);
 #   the same per key (--each ip): two clients (realip) each get their 2;
 #   --per week --tz Europe/Berlin: the reset is the next Berlin Monday
-#     00:00; --per week (UTC): the next Monday 00:00 UTC;
+#     00:00; --per week (UTC): the next Monday 00:00 UTC; --per day --tz
+#     Asia/Kathmandu: the next local midnight (UTC+5:45);
 #   the CLI refuses an unknown zone naming --tz, a week for token_bucket
 #     naming --per, and a zone on an hourly window naming --tz.
 use strict;
@@ -37,9 +38,9 @@ sub next_start {
     local $ENV{TZ} = $tz;
     POSIX::tzset();
     my @lt = localtime($now);
-    my $t = $unit eq 'month'
-        ? mktime(0, 0, 0, 1, $lt[4] + 1, $lt[5], 0, 0, -1)
-        : mktime(0, 0, 0, $lt[3] + ((8 - $lt[6]) % 7 || 7), $lt[4], $lt[5], 0, 0, -1);
+    my $t = $unit eq 'month' ? mktime(0, 0, 0, 1, $lt[4] + 1, $lt[5], 0, 0, -1)
+        : $unit eq 'day'     ? mktime(0, 0, 0, $lt[3] + 1, $lt[4], $lt[5], 0, 0, -1)
+        :                      mktime(0, 0, 0, $lt[3] + ((8 - $lt[6]) % 7 || 7), $lt[4], $lt[5], 0, 0, -1);
     POSIX::tzset();
     return $t;
 }
@@ -68,6 +69,7 @@ for_each_target(sub {
     cli_add($store, '--name aklk --match api=/aklk --per month --tz Pacific/Auckland --each ip --rate 2');
     cli_add($store, '--name ber --match api=/ber --per week --tz Europe/Berlin --rate 1');
     cli_add($store, '--name utcw --match api=/utcw --per week --rate 1');
+    cli_add($store, '--name ktm --match api=/ktm --per day --tz Asia/Kathmandu --rate 1');
     my $list = `$bin strategy list --store $store --json 2>&1`;
     like($list, qr{"tz":"Pacific/Auckland"}, 'the store keeps the zone');
     like($list, qr{"per":"month"}, 'and the month');
@@ -121,6 +123,16 @@ for_each_target(sub {
         my $want = next_start($tz, 'week', $now) - $now;
         my $reset = $w[1]{headers}{'ratelimit-reset'} // -1;
         ok(abs($reset - $want) <= 5, "week ($tz): RateLimit-Reset $reset until the next Monday 00:00 ($want)");
+    }
+
+    # A day in Kathmandu (UTC+5:45): local midnight.
+    {
+        my @d = map { $n->get('/ktm') } 1 .. 2;
+        my $now = time;
+        is(join(' ', map { $_->{code} } @d), '200 503', 'day (Asia/Kathmandu): 1 of 2 passes');
+        my $want = next_start('Asia/Kathmandu', 'day', $now) - $now;
+        my $reset = $d[1]{headers}{'ratelimit-reset'} // -1;
+        ok(abs($reset - $want) <= 5, "day (Asia/Kathmandu): RateLimit-Reset $reset until local midnight ($want)");
     }
 
     # shm inspect shows the zone.
