@@ -455,22 +455,33 @@ mod tests {
 
     #[test]
     fn an_interned_list_is_refreshed_when_half_behind() {
-        // Days of a zone no other test interns.
+        // Interning: one cell per pair, the earliest due time published.
+        let now = crate::core::clock::unix_ns();
+        let r = intern(Unit::Day, "Asia/Kathmandu", now).unwrap();
+        assert_eq!(r, intern(Unit::Day, "Asia/Kathmandu", now).unwrap());
+        assert!(DUE_AT.load(Ordering::Relaxed) <= r.get().refresh_at_ns());
+        // The refresh itself, on a cell of its own (a far-future refresh
+        // of the shared cells would move other tests' lists).
         let t0 = at("2030-01-10T12:00:00Z");
-        let r = intern(Unit::Day, "Asia/Kathmandu", t0).unwrap();
-        assert_eq!(r, intern(Unit::Day, "Asia/Kathmandu", t0).unwrap());
-        let first = r.get().starts()[0];
-        let due = r.get().refresh_at_ns();
-        assert!(DUE_AT.load(Ordering::Relaxed) <= due);
-        refresh_due(due - 1);
-        assert_eq!(r.get().starts()[0], first, "not due yet");
-        // Kathmandu is UTC+5:45: local midnight is 18:15 UTC.
-        refresh_due(due + 1);
-        let w = r.get().window(due + 1);
+        let zone = zone("Asia/Kathmandu").unwrap();
+        let list = Calendar::build_n(Unit::Day, &zone, t0, BOUNDARIES).unwrap();
+        let cell = Cell {
+            unit: Unit::Day,
+            name: "Asia/Kathmandu".into(),
+            zone,
+            list: AtomicPtr::new(Box::into_raw(Box::new(list))),
+        };
+        let first = cell.get().starts()[0];
+        let due = cell.get().refresh_at_ns();
+        cell.refresh(due - 1);
+        assert_eq!(cell.get().starts()[0], first, "not due yet");
+        cell.refresh(due + 1);
+        let w = cell.get().window(due + 1);
         assert_eq!((w.start, w.end - w.start), (due, 24 * H));
-        assert!(r.get().starts()[0] > first);
-        assert!(r.get().refresh_at_ns() > due);
-        assert_eq!(w.start % (3_600 * S), 18 * H % (3_600 * S) + 15 * 60 * S);
+        assert!(cell.get().starts()[0] > first);
+        assert!(cell.get().refresh_at_ns() > due);
+        // Kathmandu is UTC+5:45: local midnight is 18:15 UTC.
+        assert_eq!(w.start % (24 * H), 18 * H + 15 * 60 * S);
     }
 
     #[test]
