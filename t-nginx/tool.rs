@@ -101,6 +101,7 @@ fn parse_strategy(words: &[&str]) -> Result<Strategy, String> {
             }
             "cost_from" => s.response.cost_from = v.to_string(),
             "cost_after" => s.response.cost_after = v.to_string(),
+            "tz" => s.tz = v.to_string(),
             "max_keys" => s.each.max_keys = num()?.try_into().map_err(|e| format!("{k}: {e}"))?,
             "cold_factor" => {
                 s.warm_up.cold_factor = num()?.try_into().map_err(|e| format!("{k}: {e}"))?

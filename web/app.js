@@ -243,6 +243,7 @@ function describeLimit(s) {
   if (s.algorithm === 'token_bucket' && s.burst > 1) t += `, burst ${s.burst}`;
   if (s.algorithm === 'warm_up') t += `, warm-up ${s.warm_up_ms / 1000} s ×${s.cold_factor}`;
   if (s.each && s.each.length) t += ` per ${s.each.join(' + ')}`;
+  if (s.tz) t += ` (${s.tz})`;
   return t;
 }
 
@@ -441,7 +442,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after', 'max_keys'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after', 'max_keys', 'tz'];
 
 function conditionRow(key = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -539,6 +540,8 @@ function fillForm(s) {
   $('#s-cost-from').value = s && s.cost_from ? s.cost_from : '';
   $('#s-cost-after').value = s && s.cost_after ? s.cost_after : '';
   $('#s-max-keys').value = s && s.max_keys ? s.max_keys : '';
+  // Issue 33: calendar windows' zone.
+  $('#s-tz').value = s && s.tz ? s.tz : '';
   updateFormHints();
 }
 
@@ -636,6 +639,8 @@ function readForm() {
     const mk = numberOrText($('#s-max-keys').value);
     if (mk !== null) body.max_keys = mk;
   }
+  const tz = $('#s-tz').value.trim();
+  if (tz !== '' && body.action !== 'allow') body.tz = tz;
   return body;
 }
 
@@ -793,7 +798,7 @@ function niceMax(v) {
 }
 
 const COLORS = { passed: '#2f7d4f', limited: '#c2412d', grid: '#e3e6ea', axis: '#5b6570', rate: '#3553c8' };
-const PER_SECONDS = { second: 1, minute: 60, hour: 3600, day: 86400 };
+const PER_SECONDS = { second: 1, minute: 60, hour: 3600, day: 86400, week: 604800, month: 2629746 };
 
 // The chart's rate line: the strategy's rate in requests per second and what
 // it limits (a cluster rate is for the whole fleet, as the chart's lines,

@@ -291,9 +291,15 @@ pub struct StrategyAdd {
     /// except with --action allow.
     #[arg(long, allow_negative_numbers = true)]
     pub rate: Option<u64>,
-    /// second (default), minute, hour or day.
+    /// second (default), minute, hour, day, week (from Monday 00:00) or
+    /// month (from the 1st 00:00); week and month: fixed_window only.
     #[arg(long, value_parser = parse_unit)]
     pub per: Option<Unit>,
+    /// Calendar windows: the IANA time zone (AREA/CITY, e.g.
+    /// Pacific/Auckland) whose local days, weeks and months a
+    /// fixed_window counts in, DST included (default UTC).
+    #[arg(long, value_name = "AREA/CITY")]
+    pub tz: Option<String>,
     /// Bucket size for token_bucket (default 1).
     #[arg(long)]
     pub burst: Option<u32>,
@@ -354,6 +360,9 @@ pub struct StrategyUpdate {
     pub rate: Option<u64>,
     #[arg(long, value_parser = parse_unit)]
     pub per: Option<Unit>,
+    /// Calendar windows' IANA zone (AREA/CITY; '' for UTC).
+    #[arg(long, value_name = "AREA/CITY")]
+    pub tz: Option<String>,
     #[arg(long)]
     pub burst: Option<u32>,
     #[arg(long, value_parser = parse_action)]

@@ -37,6 +37,7 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::CountIf) => "--count-if",
         Some(Field::CostFrom) => "--cost-from",
         Some(Field::CostAfter) => "--cost-after",
+        Some(Field::Tz) => "--tz",
         Some(Field::Column("max_keys")) => "--max-keys",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }

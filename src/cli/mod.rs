@@ -276,6 +276,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 cost_from: a.response.cost_from,
                 cost_after: a.response.cost_after,
                 max_keys: a.per_key.max_keys,
+                tz: a.tz,
             };
             // Refuse bad arguments before touching the store (the one check).
             let rec = rec.into_valid().map_err(Failure::invalid)?;
@@ -383,6 +384,10 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             rec.count_if = resp.count_if.or(rec.count_if);
             rec.cost_from = resp.cost_from.or(rec.cost_from);
             rec.cost_after = resp.cost_after.or(rec.cost_after);
+            // Issue 33: `--tz ''` goes back to UTC.
+            if let Some(z) = u.tz {
+                rec.tz = Some(z).filter(|z| !z.is_empty());
+            }
             // Same messages as for `add`, whichever backend would refuse it.
             let rec = rec.into_valid().map_err(Failure::invalid)?;
             let version = store.update_strategy(&rec).await?;
@@ -559,6 +564,10 @@ fn print_strategies(recs: &[StrategyRecord]) {
             if let Some(v) = v {
                 cond.push(format!("{k}={v}"));
             }
+        }
+        // Issue 33: the calendar windows' zone.
+        if let Some(z) = &r.tz {
+            cond.push(format!("tz={z}"));
         }
         out(format!(
             "{:>6}  {:<24} {:<14} {:>10} {:<7} {:>6} {:<8} {:<8} {:<4} {:>5} {}",

@@ -94,6 +94,11 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
                 // The cap the workers apply (0 in the file: half the table).
                 row["max_keys"] = json!(keys.cap(s.each.max_keys));
             }
+            if !s.tz.is_empty() {
+                // Issue 33: the calendar windows' zone.
+                let row = rows.last_mut().expect("just pushed");
+                row["tz"] = json!(s.tz);
+            }
             if !s.response.is_plain() {
                 // Issue 31: the response options and their counters.
                 let r = keys.settled(p.slot);

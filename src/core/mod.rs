@@ -4,6 +4,7 @@
 
 pub mod admit;
 pub mod blacklist;
+pub mod calendar;
 pub mod clock;
 pub mod escape;
 pub mod fuzz;

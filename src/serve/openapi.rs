@@ -131,6 +131,17 @@ fn schemas() -> Value {
             json!({"type": ["string", "null"], "maxLength": 32,
             "description": "dimension read when the request ends (e.g. $upstream_http_x_cost): its integer value is the final cost; the difference with what was charged up front is charged then (a bucket may go into debt) or given back"}),
         ),
+        // Issue 33: calendar windows.
+        (
+            "per",
+            json!({"type": "string", "enum": ["second", "minute", "hour", "day", "week", "month"], "default": "second",
+            "description": "week (from Monday 00:00) and month (from the 1st 00:00): fixed_window only, in the zone of tz"}),
+        ),
+        (
+            "tz",
+            json!({"type": ["string", "null"], "maxLength": 64, "example": "Pacific/Auckland",
+            "description": "IANA time zone (AREA/CITY) whose local days, weeks and months a fixed_window with per day, week or month counts in, DST included (a local day may last 23 or 25 hours); null: UTC. An unknown zone is refused (400 naming tz)"}),
+        ),
     ] {
         strategy_fields
             .as_object_mut()
@@ -183,6 +194,7 @@ fn schemas() -> Value {
         ("cost_from", json!(null)),
         ("cost_after", json!(null)),
         ("max_keys", json!(null)),
+        ("tz", json!(null)),
     ] {
         example[k] = v;
     }

@@ -68,6 +68,7 @@ const STRATEGY_FIELDS: &[&str] = &[
     "cost_from",
     "cost_after",
     "max_keys",
+    "tz",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -124,6 +125,7 @@ fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyR
         cost_from: f.str("cost_from")?,
         cost_after: f.str("cost_after")?,
         max_keys: f.uint("max_keys", u32::MAX as u64)?.map(|m| m as u32),
+        tz: f.str("tz")?.filter(|z| !z.is_empty()),
     };
     rec.clone()
         .into_valid()

@@ -45,6 +45,8 @@ pub enum Field {
     CountIf,
     CostFrom,
     CostAfter,
+    /// `tz`, the calendar windows' zone (issue 33).
+    Tz,
 }
 
 impl Field {
@@ -151,6 +153,7 @@ impl From<ModelError> for Invalid {
             E::UnknownKeyword { field, .. } => (Field::of_keyword(field), field.to_string()),
             E::Each(each) => each_field(each),
             E::Response(r) => response_field(r),
+            E::Calendar(c) => calendar_field(c),
         };
         let message = e.to_string();
         // The model's messages are "name: text"; `name` is known from the variant.
@@ -158,6 +161,15 @@ impl From<ModelError> for Invalid {
             Some(text) => Invalid::new(field, name, text),
             None => Invalid::whole(Some(field), message),
         }
+    }
+}
+
+/// The field (and its name in the message) of a calendar error (issue 33).
+fn calendar_field(e: &rate_ctl::core::model::calendar::CalendarError) -> (Field, String) {
+    use rate_ctl::core::model::calendar::CalendarError as E;
+    match e {
+        E::PerNeedsFixedWindow { .. } => (Field::Per, "per".into()),
+        E::TzNeedsCalendar { .. } | E::UnknownZone(_) => (Field::Tz, "tz".into()),
     }
 }
 

@@ -37,6 +37,7 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
         "cost_from": r.cost_from,
         "cost_after": r.cost_after,
         "max_keys": r.max_keys,
+        "tz": r.tz,
     })
 }
 
@@ -224,6 +225,7 @@ pub fn api_name(field: Field, rec: Option<&StrategyRecord>) -> String {
         Field::CountIf => "count_if".into(),
         Field::CostFrom => "cost_from".into(),
         Field::CostAfter => "cost_after".into(),
+        Field::Tz => "tz".into(),
     }
 }
 
@@ -259,6 +261,7 @@ pub fn field_of_api_name(name: &str) -> Option<Field> {
         "count_if" => Field::CountIf,
         "cost_from" => Field::CostFrom,
         "cost_after" => Field::CostAfter,
+        "tz" => Field::Tz,
         "max_keys" => Field::Column("max_keys"),
         _ => return None,
     })
@@ -293,7 +296,7 @@ mod tests {
             "each": ["ip"], "ipv4_prefix": 24, "ipv6_prefix": 56, "on_full": "reject",
             "split": "demand", "created_ms": 11, "updated_ms": 12, "version": 13,
             "count_if": "4xx", "cost_from": "arg:n", "cost_after": "header:x-cost",
-            "max_keys": 1000
+            "max_keys": 1000, "tz": "Europe/Berlin"
         }))
         .unwrap()
     }

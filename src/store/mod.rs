@@ -9,6 +9,7 @@
 mod audit;
 pub use audit::actor;
 mod blacklist;
+mod calendar;
 pub mod error;
 mod hosts;
 pub mod json;

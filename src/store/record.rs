@@ -236,6 +236,11 @@ pub struct StrategyRecord {
     /// 2^31); `None`: half of the agent's key table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_keys: Option<u32>,
+    /// Calendar windows (issue 33): the IANA zone (`Europe/Berlin`) whose
+    /// local days, weeks (from Monday) and months a `fixed_window` counts
+    /// in; `None`: UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
 }
 
 fn default_unit() -> Unit {
@@ -426,6 +431,7 @@ impl StrategyRecord {
             each: self.core_each(),
             name: self.name.clone(),
             response: self.core_response()?,
+            tz: self.tz.clone().unwrap_or_default(),
         })
     }
 

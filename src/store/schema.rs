@@ -339,6 +339,11 @@ pub const MIGRATIONS: &[Migration] = &[
             }),
         ],
     },
+    Migration {
+        version: 135,
+        description: "strategies: tz, the zone of calendar windows (issue 33)",
+        steps: &[Step::AddColumn("strategies", "tz VARCHAR(64) NULL")],
+    },
 ];
 
 /// `n` placeholders: `?, ?, …` (written for [`Dialect::sql`]).

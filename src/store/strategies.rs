@@ -18,7 +18,7 @@ use rate_ctl::core::model::ModelError;
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
      status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
-     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after, max_keys";
+     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after, max_keys, tz";
 
 impl Store {
     /// Stores a new strategy (validated by whoever received it); returns
@@ -79,6 +79,7 @@ impl Store {
         bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
             .execute(&mut *tx)
             .await?;
+        super::calendar::write_tz(self, &mut tx, &rec, "id").await?;
         audit(
             &mut tx,
             who,
@@ -360,6 +361,10 @@ impl Store {
             .bind(r.name.clone())
             .execute(&mut *tx)
             .await?;
+        }
+        // Issue 33: the calendar zone, likewise.
+        for (_, r) in &records {
+            super::calendar::write_tz(self, &mut tx, r, "name").await?;
         }
         let mut deleted = 0;
         let by_id: std::collections::HashMap<u32, &StrategyRecord> = records
@@ -693,6 +698,8 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         // NULL: no cap given (or a row from before migration 128).
         max_keys: opt_in("max_keys", rate_ctl::core::model::each::MAX_MAX_KEYS as u64)?
             .map(|v| v as u32),
+        // NULL: UTC (or a row from before migration 135).
+        tz: get_os("tz")?.filter(|s| !s.is_empty()),
     };
     rec.into_valid().map_err(bad)
 }
@@ -718,6 +725,7 @@ fn column(col: &'static str) -> Field {
         "count_if" => Field::CountIf,
         "cost_from" => Field::CostFrom,
         "cost_after" => Field::CostAfter,
+        "tz" => Field::Tz,
         other => Field::Column(other),
     }
 }

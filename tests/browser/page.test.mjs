@@ -395,6 +395,36 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     assert.equal((await apiCall('DELETE', `/strategies/${s.id}`)).status, 204);
   });
 
+  await step('a calendar window (issue 33): an unknown zone is shown under the time zone, a good one saves', async () => {
+    await page.getByRole('button', { name: '+ New strategy' }).click();
+    const dlg = page.getByRole('dialog', { name: 'New strategy' });
+    await dlg.getByLabel('Name').fill('plan-month');
+    await dlg.getByLabel('Condition 1 dimension').fill('api');
+    await dlg.getByLabel('Condition 1 value').fill('/plan');
+    await dlg.getByLabel('Algorithm').selectOption('fixed_window');
+    await dlg.getByLabel('Rate (requests)').fill('1000');
+    await dlg.getByLabel('Per', { exact: true }).selectOption('month');
+    const tz = dlg.getByLabel('Time zone');
+    await tz.fill('Mars/Olympus');
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    const err = dlg.locator('#s-tz-error');
+    await err.waitFor({ state: 'visible' });
+    assert.match(await err.innerText(), /^tz: "Mars\/Olympus" is not a known IANA time zone/);
+    assert.equal(await tz.getAttribute('aria-invalid'), 'true');
+    assert.ok(!(await apiCall('GET', '/strategies')).body.strategies.some((x) => x.name === 'plan-month'),
+      'nothing created');
+    await tz.fill('Pacific/Auckland');
+    await dlg.getByRole('button', { name: 'Create strategy' }).click();
+    await dlg.waitFor({ state: 'hidden' });
+    const row = page.locator('#strategies-table tbody tr', { hasText: 'plan-month' });
+    await row.waitFor();
+    assert.match(await row.innerText(), /1000 \/ month \(Pacific\/Auckland\)/);
+    const s = (await apiCall('GET', '/strategies')).body.strategies.find((x) => x.name === 'plan-month');
+    assert.equal(s.per, 'month');
+    assert.equal(s.tz, 'Pacific/Auckland');
+    assert.equal((await apiCall('DELETE', `/strategies/${s.id}`)).status, 204);
+  });
+
   await step('the dry-run toggle lets requests through within 1 s', async () => {
     assert.equal(await nginxStatus('/pay'), 503);
     const sw = page.getByRole('switch', { name: 'Dry run: pay-limit' });

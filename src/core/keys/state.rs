@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | `token_bucket`, `leaky_bucket` | GCRA theoretical arrival time, monotonic ns | `tat ≤ now` (bucket full) |
 //! | `fixed_window` | `window << 32 \| count`, window = Unix time / period | count 0 or window over |
+//! | `fixed_window`, calendar (issue 33) | `window << 32 \| count`, window = its start in Unix minutes | count 0 or window over |
 //! | `sliding_window` | `window mod 2²⁴ << 40 \| previous count << 20 \| count` | both counts 0 at `now` |
 //! | `concurrency` | requests in flight | 0 in flight |
 //!
@@ -22,7 +23,9 @@
 //! model type).
 
 use super::super::limiter::gcra::Gcra;
-use super::super::limiter::{concurrency, fixed_window, sliding_window, window, Now, Quota};
+use super::super::limiter::{
+    calendar_window, concurrency, fixed_window, sliding_window, window, Now, Quota,
+};
 
 pub use super::super::limiter::Step;
 
@@ -30,9 +33,22 @@ pub use super::super::limiter::Step;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyLimiter {
     Gcra(Gcra),
-    Fixed { period: u64, limit: u64 },
-    Sliding { period: u64, limit: u64 },
-    Concurrency { limit: u64 },
+    Fixed {
+        period: u64,
+        limit: u64,
+    },
+    /// `fixed_window` in calendar windows (issue 33).
+    Calendar {
+        limit: u64,
+        cal: crate::core::calendar::CalRef,
+    },
+    Sliding {
+        period: u64,
+        limit: u64,
+    },
+    Concurrency {
+        limit: u64,
+    },
 }
 
 impl KeyLimiter {
@@ -41,7 +57,9 @@ impl KeyLimiter {
     #[inline]
     pub fn clock(&self, now: Now) -> u64 {
         match self {
-            KeyLimiter::Fixed { .. } | KeyLimiter::Sliding { .. } => now.wall_ns,
+            KeyLimiter::Fixed { .. } | KeyLimiter::Sliding { .. } | KeyLimiter::Calendar { .. } => {
+                now.wall_ns
+            }
             _ => now.mono_ns,
         }
     }
@@ -69,6 +87,9 @@ impl KeyLimiter {
             KeyLimiter::Sliding { period, limit } => {
                 sliding_window::key_step(w, now, period, limit, n)
             }
+            KeyLimiter::Calendar { limit, cal } => {
+                calendar_window::step(w, now, cal.get(), limit, n)
+            }
             KeyLimiter::Concurrency { limit } => concurrency::step(w, limit),
         }
     }
@@ -92,6 +113,10 @@ impl KeyLimiter {
             KeyLimiter::Sliding { period, .. } => {
                 sliding_window::key_charge_after(w, now, admitted, period, delta)
             }
+            KeyLimiter::Calendar { cal, .. } => {
+                let charged = calendar_window::window_id(admitted, cal.get());
+                calendar_window::charge_after(w, now, cal.get(), charged, delta)
+            }
             KeyLimiter::Concurrency { .. } => None,
         }
     }
@@ -110,7 +135,9 @@ impl KeyLimiter {
         let n = n.max(1);
         match *self {
             KeyLimiter::Gcra(g) => Some(g.refund(cur, token, prev, g.interval.saturating_mul(n))),
-            KeyLimiter::Fixed { .. } => window::refund(cur, token, prev, n),
+            KeyLimiter::Fixed { .. } | KeyLimiter::Calendar { .. } => {
+                window::refund(cur, token, prev, n)
+            }
             KeyLimiter::Sliding { .. } => sliding_window::key_refund(cur, token, prev, n),
             KeyLimiter::Concurrency { .. } if cur == token => Some(prev),
             KeyLimiter::Concurrency { .. } => self.release(cur),
@@ -141,6 +168,7 @@ impl KeyLimiter {
         match *self {
             KeyLimiter::Gcra(g) => g.is_fresh(w, now),
             KeyLimiter::Fixed { period, .. } => fixed_window::is_fresh(w, now, period),
+            KeyLimiter::Calendar { cal, .. } => calendar_window::is_fresh(w, now, cal.get()),
             KeyLimiter::Sliding { period, .. } => sliding_window::key_is_fresh(w, now, period),
             KeyLimiter::Concurrency { .. } => false,
         }
@@ -151,6 +179,7 @@ impl KeyLimiter {
         match *self {
             KeyLimiter::Gcra(g) => g.quota(w, now),
             KeyLimiter::Fixed { period, limit } => fixed_window::quota(w, now, period, limit),
+            KeyLimiter::Calendar { limit, cal } => calendar_window::quota(w, now, cal.get(), limit),
             KeyLimiter::Sliding { period, limit } => {
                 sliding_window::key_quota(w, now, period, limit)
             }

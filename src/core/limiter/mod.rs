@@ -96,6 +96,7 @@ use crate::core::shm::slot::Slot;
 use gcra::Gcra;
 use warm_up::WarmUpParams;
 
+pub mod calendar_window;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -132,7 +133,7 @@ impl Now {
     #[inline]
     pub fn for_limiter(self, limiter: &Limiter) -> u64 {
         match limiter.params {
-            Params::Fixed { .. } | Params::Sliding { .. } => self.wall_ns,
+            Params::Fixed { .. } | Params::Sliding { .. } | Params::Calendar { .. } => self.wall_ns,
             _ => self.mono_ns,
         }
     }
@@ -166,6 +167,11 @@ enum Params {
     },
     /// `warm_up` (src/core/limiter/warm_up.rs).
     WarmUp(WarmUpParams),
+    /// `fixed_window` in calendar windows (`calendar_window.rs`, issue 33).
+    Calendar {
+        limit: u64,
+        cal: crate::core::calendar::CalRef,
+    },
 }
 
 /// Result of [`Limiter::acquire`].
@@ -314,6 +320,9 @@ impl Limiter {
             Params::Fixed { period, limit } => acquire_fixed(slot.state0(), now_ns, period, limit),
             Params::Concurrency { limit } => acquire_concurrency(slot.state0(), limit),
             Params::WarmUp(p) => warm_up::acquire(&p, slot, now_ns),
+            Params::Calendar { limit, cal } => acquire_word_call(slot.state0(), true, |w| {
+                calendar_window::step(w, now_ns, cal.get(), limit, 1)
+            }),
         }
     }
 
@@ -349,6 +358,9 @@ impl Limiter {
             Params::Fixed { period, limit } => acquire_word_call(slot.state0(), write, |w| {
                 fixed_window::step(w, now_ns, period, limit, n)
             }),
+            Params::Calendar { limit, cal } => acquire_word_call(slot.state0(), write, |w| {
+                calendar_window::step(w, now_ns, cal.get(), limit, n)
+            }),
             Params::Concurrency { limit } if write => acquire_concurrency(slot.state0(), limit),
             Params::WarmUp(p) if write => warm_up::acquire(&p, slot, now_ns),
             _ => Acquired::Admitted(Reservation::default()),
@@ -373,7 +385,7 @@ impl Limiter {
             Params::TokenBucket(g) | Params::LeakyBucket(g) => update_word(slot.state0(), |cur| {
                 Some(g.refund(cur, r.token, r.prev, g.interval.saturating_mul(n)))
             }),
-            Params::Fixed { .. } | Params::Sliding { .. } => {
+            Params::Fixed { .. } | Params::Sliding { .. } | Params::Calendar { .. } => {
                 window::update(self.window_word(slot, r.token >> 32), |cur| {
                     window::refund(cur, r.token, r.prev, n)
                 })
@@ -406,6 +418,12 @@ impl Limiter {
                 };
                 window::update(self.window_word(slot, at), |cur| {
                     window::charge_after(cur, now_ns, period, charged, delta)
+                });
+            }
+            Params::Calendar { cal, .. } => {
+                let charged = calendar_window::window_id(admitted_ns, cal.get());
+                update_word(slot.state0(), |cur| {
+                    calendar_window::charge_after(cur, now_ns, cal.get(), charged, delta)
                 });
             }
             _ => {}
@@ -445,6 +463,9 @@ impl Limiter {
                 window::repair_foreign(slot, true, period, limit, clock)
             }
             Params::WarmUp(p) => warm_up::repair_foreign(&p, slot, clock),
+            Params::Calendar { limit, cal } => {
+                calendar_window::repair_foreign(slot, cal.get(), limit, clock)
+            }
             Params::Concurrency { .. } => false,
         }
     }
@@ -470,6 +491,7 @@ impl Limiter {
             Params::TokenBucket(g) | Params::LeakyBucket(g) => g.quota(w0, now_ns),
             Params::Sliding { period, limit } => sliding_window::quota(slot, now_ns, period, limit),
             Params::Fixed { period, limit } => fixed_window::quota(w0, now_ns, period, limit),
+            Params::Calendar { limit, cal } => calendar_window::quota(w0, now_ns, cal.get(), limit),
             Params::Concurrency { limit } => concurrency::quota(w0, limit),
             Params::WarmUp(p) => Quota {
                 window_ns: p.stable,

@@ -8,6 +8,7 @@ use super::gcra::Gcra;
 use super::sliding_window::MAX_SLIDING_COUNT;
 use super::warm_up::WarmUpParams;
 use super::{Limiter, Params};
+use crate::core::calendar::{self, CalRef};
 use crate::core::keys::KeyLimiter;
 use crate::core::model::{Algorithm, Strategy, MAX_WINDOW_COUNT};
 
@@ -20,7 +21,10 @@ impl Limiter {
         let params = match s.algorithm {
             Algorithm::TokenBucket => Params::TokenBucket(gcra_of(s)),
             Algorithm::LeakyBucket => Params::LeakyBucket(gcra_of(s)),
-            Algorithm::FixedWindow => Params::Fixed { period, limit },
+            Algorithm::FixedWindow => match calendar_of(s) {
+                Some(cal) => Params::Calendar { limit, cal },
+                None => Params::Fixed { period, limit },
+            },
             Algorithm::SlidingWindow => Params::Sliding { period, limit },
             Algorithm::Concurrency => Params::Concurrency { limit },
             Algorithm::WarmUp => Params::WarmUp(WarmUpParams::new(
@@ -37,7 +41,7 @@ impl Limiter {
         match self.params {
             Params::TokenBucket(_) => Algorithm::TokenBucket,
             Params::LeakyBucket(_) => Algorithm::LeakyBucket,
-            Params::Fixed { .. } => Algorithm::FixedWindow,
+            Params::Fixed { .. } | Params::Calendar { .. } => Algorithm::FixedWindow,
             Params::Sliding { .. } => Algorithm::SlidingWindow,
             Params::Concurrency { .. } => Algorithm::Concurrency,
             Params::WarmUp(_) => Algorithm::WarmUp,
@@ -58,7 +62,10 @@ impl KeyLimiter {
         let (period, limit) = window_params(s);
         Some(match s.algorithm {
             Algorithm::TokenBucket | Algorithm::LeakyBucket => KeyLimiter::Gcra(gcra_of(s)),
-            Algorithm::FixedWindow => KeyLimiter::Fixed { period, limit },
+            Algorithm::FixedWindow => match calendar_of(s) {
+                Some(cal) => KeyLimiter::Calendar { limit, cal },
+                None => KeyLimiter::Fixed { period, limit },
+            },
             Algorithm::SlidingWindow => KeyLimiter::Sliding {
                 period,
                 limit: limit.min(MAX_SLIDING_COUNT),
@@ -67,6 +74,21 @@ impl KeyLimiter {
             Algorithm::WarmUp => return None,
         })
     }
+}
+
+/// The calendar of a `fixed_window` counted in calendar windows (issue
+/// 33), its window starts listed from now (the table build: never on the
+/// request path). A zone the host cannot resolve (checked when the
+/// strategy was validated, so only if the database changed since) counts
+/// in the UTC calendar of the same unit.
+fn calendar_of(s: &Strategy) -> Option<CalRef> {
+    if !calendar::is_calendar(s.per, &s.tz) {
+        return None;
+    }
+    let now = crate::core::clock::unix_ns();
+    calendar::intern(s.per, &s.tz, now)
+        .or_else(|_| calendar::intern(s.per, "", now))
+        .ok()
 }
 
 /// The GCRA parameters of a `token_bucket` or `leaky_bucket` strategy

@@ -67,6 +67,10 @@ keyword_enum! {
         Minute = 2 => "minute",
         Hour = 3 => "hour",
         Day = 4 => "day",
+        // Calendar windows (issue 33): Monday 00:00 and the 1st 00:00 in
+        // the strategy's `tz` (src/core/calendar.rs), fixed_window only.
+        Week = 5 => "week",
+        Month = 6 => "month",
     }
 }
 
@@ -79,6 +83,9 @@ impl Unit {
             Unit::Minute => 60 * S,
             Unit::Hour => 3_600 * S,
             Unit::Day => 86_400 * S,
+            // Nominal: the real length is the calendar's (28-31 days).
+            Unit::Week => 7 * 86_400 * S,
+            Unit::Month => 31 * 86_400 * S,
         }
     }
 }
@@ -91,6 +98,8 @@ impl FromStr for Unit {
             "m" | "min" => "minute",
             "h" => "hour",
             "d" => "day",
+            "w" => "week",
+            "mo" => "month",
             other => other.strip_suffix('s').unwrap_or(other),
         };
         keyword("per", s, Unit::parse, Unit::EXPECTED)
@@ -244,4 +253,8 @@ pub struct Strategy {
     pub name: String,
     /// `count_if`, `cost_from`, `cost_after` (issue 31; all empty: plain).
     pub response: super::response::Response,
+    /// Calendar windows (issue 33): the IANA zone whose local days, weeks
+    /// and months a `fixed_window` counts in (empty: UTC). See
+    /// [`calendar`](crate::core::calendar).
+    pub tz: String,
 }

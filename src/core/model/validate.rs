@@ -41,6 +41,7 @@ impl Strategy {
             each: Default::default(),
             name: String::new(),
             response: Default::default(),
+            tz: String::new(),
         }
     }
 
@@ -290,6 +291,7 @@ impl Strategy {
             _ => {}
         }
         self.each.check(self.algorithm, self.rate)?;
+        super::calendar::check(self.algorithm, self.per, &self.tz)?;
         self.response
             .check(self.algorithm, self.action == Action::Allow)?;
         if self.action == Action::Allow && self.each.is_keyed() {

@@ -27,7 +27,10 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// find keys placed in the other windows, so the files differ. Also in 4: a strategy
 /// record's response and cost fields after its per-key fields (issue 31)
 /// and 64 bytes of counters per slot in the key table (was 32).
-pub const LAYOUT_VERSION: u32 = 4;
+/// Version 5 (session 15, shared by its branches): record flags at record
+/// bytes 54..56, and calendar windows (issue 33: units `week` 5 and
+/// `month` 6, the calendar block ending a record with a `tz`).
+pub const LAYOUT_VERSION: u32 = 5;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;

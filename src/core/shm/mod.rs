@@ -8,6 +8,7 @@
 //! geometry is validated against the real file size before any region is
 //! used, and every later access goes through a bounds-checked [`Region`](region::Region).
 
+pub mod calendar_block;
 pub mod ledger;
 pub mod loader;
 pub mod reader;

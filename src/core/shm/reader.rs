@@ -162,6 +162,9 @@ impl Reader {
         if now_ns >= self.next_check_ns {
             self.next_check_ns = now_ns.saturating_add(RECHECK_NS);
             change = self.check_file();
+            // Calendar windows (issue 33): list the windows ahead again
+            // once half of a list is behind (a load and a compare till then).
+            crate::core::calendar::refresh_due(crate::core::clock::unix_ns());
         }
         if let Some(map) = &self.map {
             if map.seq() != self.seen_seq && now_ns >= self.busy_until_ns {

@@ -106,7 +106,9 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         // The name's length (checked: at most MAX_NAME_LEN), 2 reserved
         // bytes, then the name before the conditions.
         out.extend_from_slice(&(s.name.len() as u16).to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        // Record flags: which optional blocks follow (bit 15: calendar).
+        let flags = super::calendar_block::flags(s);
+        out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(s.name.as_bytes());
         for c in &s.conditions {
             // The operator in the top two bits (a name is at most 32 bytes).
@@ -117,6 +119,8 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         }
         crate::core::keys::segment::encode(&s.each, &mut out);
         encode_response(&s.each, &s.response, &mut out);
+        // Last: it ends at the record's end (src/core/shm/calendar_block.rs).
+        super::calendar_block::encode(s, start, &mut out);
         while out.len() % 8 != 0 {
             out.push(0);
         }
@@ -497,7 +501,7 @@ pub fn decode_records<'a>(
         let cold_factor = r.u8().ok_or_else(trunc)?;
         let priority = r.u32().ok_or_else(trunc)? as i32;
         let name_len = r.u16().ok_or_else(trunc)? as usize;
-        let _reserved = r.u16().ok_or_else(trunc)?;
+        let flags = r.u16().ok_or_else(trunc)?;
         if name_len > crate::core::model::MAX_NAME_LEN {
             return Err(bad("name too long"));
         }
@@ -534,6 +538,7 @@ pub fn decode_records<'a>(
         let rest = &r.b[r.pos..];
         let each_key = crate::core::keys::segment::decode(rest).map_err(bad)?;
         let response = decode_response(rest).map_err(bad)?;
+        let tz = super::calendar_block::decode(&r.b[start..], r.pos - start, flags).map_err(bad)?;
         let strategy = Strategy {
             id,
             conditions: Vec::new(),
@@ -551,6 +556,7 @@ pub fn decode_records<'a>(
             each: each_key,
             name,
             response,
+            tz,
         };
         strategy
             .check_with(conditions.len(), |i| conditions[i])
@@ -648,7 +654,19 @@ mod tests {
                 },
                 _ => Default::default(),
             },
+            tz: String::new(),
         };
+        // Calendar windows with and without `each` and response fields
+        // (issue 33).
+        if matches!(id, 2 | 4 | 6 | 7 | 9) {
+            s.algorithm = Algorithm::FixedWindow;
+            s.burst = 1;
+            (s.per, s.tz) = match id % 3 {
+                0 => (Unit::Month, "Pacific/Auckland".into()),
+                1 => (Unit::Day, "America/Argentina/Buenos_Aires".into()),
+                _ => (Unit::Week, String::new()),
+            };
+        }
         if id == 3 {
             s.action = Action::Allow;
             s.conditions[0].value = b"10.0.0.0/8".to_vec();
