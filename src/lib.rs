@@ -23,3 +23,8 @@ mod module;
 #[allow(dead_code)]
 #[path = "module/parse.rs"]
 mod module_parse;
+
+// The module's allocator is nginx-free too: its unit tests run here.
+#[cfg(all(test, not(feature = "module")))]
+#[path = "module/alloc.rs"]
+mod module_alloc;

@@ -2,8 +2,9 @@
 //! table, the phase handler). The directives' handlers are in [`conf`], the
 //! PREACCESS handler in [`handler`], variables in [`variables`], the stats
 //! endpoint and its directive in [`stats`], per-worker state (the core
-//! reader) in [`worker`].
+//! reader) in [`worker`], the allocator of all of it in [`alloc`].
 
+mod alloc;
 mod conf;
 mod decision;
 mod ext;
@@ -42,6 +43,12 @@ static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
     create_loc_conf: Some(RateCtlModule::create_loc_conf),
     merge_loc_conf: Some(RateCtlModule::merge_loc_conf),
 };
+
+/// Every Rust allocation of the module (tables, builders, the worker's
+/// state) comes from the module's own mappings, not from the glibc heap
+/// nginx's request pools use (issue 29, see [`alloc`]).
+#[global_allocator]
+static ALLOCATOR: alloc::ModuleAlloc = alloc::ModuleAlloc::new();
 
 // The `ngx_modules` table nginx looks up in a dynamic module.
 ngx::ngx_modules!(ngx_http_rate_ctl_module);
