@@ -33,6 +33,7 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
+pub mod delta;
 pub mod publish;
 pub mod source;
 
@@ -184,9 +185,12 @@ pub struct Agent<S: Sink> {
     strategies: Vec<StrategyRecord>,
     /// Takes part in the fleet leadership (direct store only).
     coordinator: Option<fleet::Coordinator>,
-    /// The last snapshot read, to fall back to the static split when
-    /// leases expire while the store is unreachable.
-    last_snapshot: Option<Snapshot>,
+    /// The configuration as last read: kept up to date with what each
+    /// version changed (a full read at start, after a reconnect, or when
+    /// the store cannot tell what changed); also what is published again
+    /// with the static split when leases expire while the store is
+    /// unreachable.
+    table: Option<delta::Table>,
 }
 
 /// How long a repaired fault of the shared-memory files stays in the
@@ -215,7 +219,7 @@ impl<S: Sink> Agent<S> {
             acks: Vec::new(),
             strategies: Vec::new(),
             coordinator: None,
-            last_snapshot: None,
+            table: None,
         }
     }
 
@@ -412,9 +416,48 @@ impl<S: Sink> Agent<S> {
         if now < self.staged_until_ms {
             return Ok(());
         }
-        let snap = self.source.snapshot().await?;
-        self.last_snapshot = Some(snap.clone());
+        let snap = self.read_table().await?;
         self.publish(snap, share, now).await
+    }
+
+    /// Brings the table up to date: only what changed since its version,
+    /// or everything when the source cannot tell (or has no table yet).
+    async fn read_table(&mut self) -> Result<Snapshot, StoreError> {
+        let started = std::time::Instant::now();
+        let after = self.table.as_ref().map(|t| t.version);
+        let mut whole = self.table.is_none();
+        let mut gap = false;
+        for u in self.source.update(after).await? {
+            let full = matches!(u, delta::Update::Full(_));
+            whole |= full;
+            if full {
+                gap = false;
+            }
+            if !delta::Table::apply(&mut self.table, u) {
+                gap = true;
+            }
+        }
+        if gap || self.table.is_none() {
+            let snap = self.source.snapshot().await?;
+            self.table = Some(delta::Table::full(snap));
+            whole = true;
+        }
+        let table = self.table.as_ref().expect("read above");
+        debug!(
+            version = table.version,
+            strategies = table.len(),
+            whole,
+            took_us = started.elapsed().as_micros() as u64,
+            "configuration read"
+        );
+        Ok(table.snapshot())
+    }
+
+    /// Forgets the table: the next change is read whole (a test's way to
+    /// see an edit made in the database behind the store's back).
+    #[cfg(test)]
+    fn forget_table(&mut self) {
+        self.table = None;
     }
 
     /// The store is unreachable: leases still expire. When one did, the
@@ -422,7 +465,7 @@ impl<S: Sink> Agent<S> {
     /// (shares as of the last heartbeat that got through).
     async fn offline_tick(&mut self) {
         let now = unix_ms();
-        let Some(snap) = self.last_snapshot.clone() else {
+        let Some(snap) = self.table.as_ref().map(delta::Table::snapshot) else {
             return;
         };
         let Some(applied) = &self.applied else { return };
@@ -674,6 +717,9 @@ mod tests {
             .execute(store.pool())
             .await
             .unwrap();
+        // Such an edit is no change of the store's: it is seen at the next
+        // full read (here forced; a restart or a gap in the change log).
+        agent.forget_table();
         store.add_strategy(&rec("c", 10), "test").await.unwrap();
         agent.tick().await.unwrap();
         let (v, last) = agent.sink().published.last().unwrap();
