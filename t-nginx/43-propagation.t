@@ -9,11 +9,15 @@
 #       PROPAGATION_TRIALS (12) trials of "add returned → every connection
 #       has answered 503": the largest is at most PROPAGATION_MAX_MS.
 #
-# The CI bound (250 ms) is what the design guarantees on a loaded machine
-# with the debug binary: the agent's backstop poll (50 ms) + one publish +
-# the workers' 5 ms watch timer + a table build, with room for scheduling;
-# today's figures (p50 a few ms) are printed and scripts/propagation.sh runs
-# this suite with the strict bound (20 ms) on a release build.
+# The CI bound is what the design guarantees on a loaded machine, whatever
+# the timing: the agent's backstop poll (50 ms) + reading one changed row +
+# one publish of the whole table (~150-300 ms for 10,000 strategies with
+# the debug binary CI runs, a few ms with a release one) + the workers'
+# 5 ms watch timer and table build: 1,000 ms with a debug binary, 100 ms
+# with a release one (RATE_CTL_BIN). Before issue 29 the agent re-read the
+# whole table at every change: 1.5 s in debug. The figures are printed;
+# scripts/propagation.sh runs this suite with the strict bound (20 ms) on a
+# release build.
 #
 # Store: PROPAGATION_STORE = sqlite (default), postgres
 # (RATE_CTL_TEST_POSTGRES_URL), mariadb (RATE_CTL_TEST_MYSQL_URL), or
@@ -34,7 +38,7 @@ use RateCtlTest;
 my $bin    = rate_ctl_bin();
 my $N      = $ENV{PROPAGATION_N}      // 10_000;
 my $TRIALS = $ENV{PROPAGATION_TRIALS} // 12;
-my $BOUND  = $ENV{PROPAGATION_MAX_MS} // 250;
+my $BOUND  = $ENV{PROPAGATION_MAX_MS} // ($bin =~ m{/release/} ? 100 : 1000);
 my $CONNS  = 8;
 my $kind   = $ENV{PROPAGATION_STORE}  // 'sqlite';
 
@@ -64,7 +68,7 @@ if ($kind eq 'sqlite' || $kind eq 'serve') {
             . qq("match":{"userid":"u$i","api":"/y"}}\n);
     }
     close $fh;
-    my $out = `$bin strategy import --store '$store' $dir/big.jsonl 2>&1`;
+    my $out = `$bin strategy import --replace --store '$store' $dir/big.jsonl 2>&1`;
     is($?, 0, "$N strategies imported") or BAIL_OUT($out);
 }
 

@@ -408,4 +408,44 @@ mod tests {
         assert_eq!(snap.blacklist[0].value, "192.0.2.1");
         assert_eq!(hosts_from(&v["hosts"]), [h]);
     }
+
+    #[test]
+    fn delta_round_trips_and_a_delta_from_another_version_is_refused() {
+        let s: StrategyRecord = serde_json::from_value(json!({
+            "id": 2, "name": "api", "algorithm": "fixed_window", "rate": 10, "per": "second"
+        }))
+        .unwrap();
+        let body = delta_json(
+            9,
+            7,
+            &json_array(&[s], strategy_api_json),
+            &[4, 5],
+            None,
+            "[]",
+        );
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(snapshot_changed(&v));
+        let c = delta_from(&v, 7).unwrap().expect("a delta");
+        assert_eq!(c.version, 9);
+        assert_eq!(c.strategies.len(), 1);
+        assert_eq!(c.removed, [4, 5]);
+        assert!(c.blacklist.is_none(), "the blacklist did not change");
+        let with_bl = delta_json(9, 7, "[]", &[], Some("[]"), "[]");
+        let v2: Value = serde_json::from_str(&with_bl).unwrap();
+        assert_eq!(
+            delta_from(&v2, 7)
+                .unwrap()
+                .unwrap()
+                .blacklist
+                .map(|b| b.len()),
+            Some(0)
+        );
+        assert!(
+            delta_from(&v, 8).is_err(),
+            "a delta after 7 for a poll after 8"
+        );
+        // A full answer (a serve without deltas) is no delta.
+        let full: Value = serde_json::from_str(&snapshot_json(9, true, "[]", "[]", "[]")).unwrap();
+        assert!(delta_from(&full, 7).unwrap().is_none());
+    }
 }

@@ -196,3 +196,50 @@ pub(super) async fn read_blacklist(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::record::StrategyRecord;
+
+    fn rec(name: &str) -> Valid<StrategyRecord> {
+        serde_json::from_str::<StrategyRecord>(&format!(
+            r#"{{"name":"{name}","algorithm":"token_bucket","rate":5,"burst":4,"scope":"host"}}"#
+        ))
+        .unwrap()
+        .into_valid()
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn changes_since_reads_only_what_changed_and_a_gap_asks_for_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite:{}", dir.path().join("s.db").display()))
+            .await
+            .unwrap();
+        let (a, _) = store.add_strategy(&rec("a"), "test").await.unwrap();
+        let (b, v1) = store.add_strategy(&rec("b"), "test").await.unwrap();
+        let (c, _) = store.add_strategy(&rec("c"), "test").await.unwrap();
+        store.delete_strategy(a, "test").await.unwrap();
+        let v = store.version().await.unwrap();
+
+        let ch = store.changes_since(v1).await.unwrap().expect("a delta");
+        assert_eq!(ch.version, v);
+        let ids: Vec<u32> = ch.strategies.iter().map(|s| s.id).collect();
+        assert_eq!(ids, [c], "only c was added after b");
+        assert_eq!(ch.removed, [a]);
+        assert!(ch.blacklist.is_none());
+        assert!(!ids.contains(&b));
+        // Nothing new: an empty delta at the same version.
+        let none = store.changes_since(v).await.unwrap().unwrap();
+        assert!(none.strategies.is_empty() && none.removed.is_empty());
+
+        // A version bumped without a log row (an older binary): a gap.
+        sqlx::query("UPDATE config_version SET version = version + 1 WHERE id = 1")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        assert!(store.changes_since(v).await.unwrap().is_none());
+        assert!(store.changes_since(v1).await.unwrap().is_none());
+    }
+}
