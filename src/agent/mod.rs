@@ -165,6 +165,8 @@ pub struct Agent<S: Sink> {
     file_fault: Option<(String, u64)>,
     /// A staged publish left strategies out: publish again from this time.
     staged_until_ms: u64,
+    /// When the file's upkeep ([`Agent::upkeep`]) is next due.
+    next_upkeep_ms: u64,
     hosts: Vec<HostRecord>,
     my_weight: u32,
     next_heartbeat_ms: u64,
@@ -210,6 +212,7 @@ impl<S: Sink> Agent<S> {
             publish_error: None,
             file_fault: None,
             staged_until_ms: 0,
+            next_upkeep_ms: 0,
             hosts: Vec::new(),
             next_heartbeat_ms: 0,
             logged_bad: HashSet::new(),
@@ -305,9 +308,22 @@ impl<S: Sink> Agent<S> {
         Ok(())
     }
 
-    /// One poll: heartbeat, version check, publish if needed.
+    /// One poll: heartbeat, version check, publish if needed. A tick may
+    /// come every few ms (woken by the store's files or a NOTIFY): the
+    /// file's upkeep (its check, heartbeat and repair of foreign state,
+    /// which visits every slot) runs once per `poll`.
     pub async fn tick(&mut self) -> Result<(), StoreError> {
         let now = unix_ms();
+        if now >= self.next_upkeep_ms {
+            self.next_upkeep_ms = now + self.opts.poll.as_millis() as u64;
+            self.upkeep(now);
+        }
+        self.tick_store(now).await
+    }
+
+    /// The shared-memory file's upkeep: replaced if someone changed it,
+    /// heartbeat, foreign state repaired.
+    fn upkeep(&mut self, now: u64) {
         match self.sink.check_file() {
             Ok(None) => {
                 if self
@@ -339,6 +355,11 @@ impl<S: Sink> Agent<S> {
             }
         }
         self.sink.heartbeat(now);
+    }
+
+    /// The store's part of a tick: heartbeat when due, version check,
+    /// publish if needed.
+    async fn tick_store(&mut self, now: u64) -> Result<(), StoreError> {
         if !self.source.connected() {
             self.my_weight = self
                 .source
@@ -443,6 +464,7 @@ impl<S: Sink> Agent<S> {
             whole = true;
         }
         let table = self.table.as_ref().expect("read above");
+        let snap = table.snapshot();
         debug!(
             version = table.version,
             strategies = table.len(),
@@ -450,7 +472,7 @@ impl<S: Sink> Agent<S> {
             took_us = started.elapsed().as_micros() as u64,
             "configuration read"
         );
-        Ok(table.snapshot())
+        Ok(snap)
     }
 
     /// Forgets the table: the next change is read whole (a test's way to
@@ -484,6 +506,7 @@ impl<S: Sink> Agent<S> {
         if Refused::waiting(&self.refused, snap.version, &share, now) {
             return Ok(());
         }
+        let prepared = std::time::Instant::now();
         log_bad_rows(&mut self.logged_bad, &snap.bad_rows);
         let mut strategies = Vec::with_capacity(snap.strategies.len());
         let mut acks = Vec::new();
@@ -499,13 +522,14 @@ impl<S: Sink> Agent<S> {
                 Err(reason) => warn!(id = rec.id, %reason, "skipping strategy"),
             }
         }
-        self.strategies = snap.strategies.iter().map(|r| (**r).clone()).collect();
+        self.strategies = snap.strategies.into_iter().map(Valid::into_inner).collect();
         let blacklist: Vec<BlacklistRecord> = snap
             .blacklist
             .into_iter()
             .filter(|b| b.expires_ms.is_none_or(|e| e > now))
             .map(Valid::into_inner)
             .collect();
+        let prepare_us = prepared.elapsed().as_micros() as u64;
         let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
             Ok(summary) if self.sink.deferred() > 0 => {
@@ -523,6 +547,7 @@ impl<S: Sink> Agent<S> {
                 let at = unix_ms();
                 info!(
                     version = snap.version,
+                    prepare_us,
                     took_us = started.elapsed().as_micros() as u64,
                     strategies = strategies.len(),
                     skipped = snap.bad_rows.len(),
