@@ -4,11 +4,7 @@
 //! ([`crate::store::Changes`]), so that reading one change costs one row,
 //! not the table.
 
-use std::collections::BTreeMap;
-
-use crate::store::record::{BlacklistRecord, StrategyRecord};
-use crate::store::valid::Valid;
-use crate::store::{BadRow, Changes, Snapshot};
+use crate::store::{Changes, Snapshot};
 
 /// What the agent reads when the version moved.
 #[derive(Debug, Clone)]
@@ -19,22 +15,21 @@ pub enum Update {
     Delta { after: u64, changes: Changes },
 }
 
-/// The configuration at one version, by strategy id.
-#[derive(Debug, Clone, Default)]
+/// The configuration at one version: a snapshot whose strategies stay
+/// sorted by id, changed in place (a binary search per changed strategy).
+#[derive(Debug, Clone)]
 pub struct Table {
     pub version: u64,
-    strategies: BTreeMap<u32, Valid<StrategyRecord>>,
-    bad_rows: BTreeMap<i64, BadRow>,
-    blacklist: Vec<Valid<BlacklistRecord>>,
+    snap: Snapshot,
 }
 
 impl Table {
-    pub fn full(snap: Snapshot) -> Table {
+    pub fn full(mut snap: Snapshot) -> Table {
+        snap.strategies.sort_by_key(|s| s.id);
+        snap.bad_rows.sort_by_key(|b| b.id);
         Table {
             version: snap.version,
-            strategies: snap.strategies.into_iter().map(|s| (s.id, s)).collect(),
-            bad_rows: snap.bad_rows.into_iter().map(|b| (b.id, b)).collect(),
-            blacklist: snap.blacklist,
+            snap,
         }
     }
 
@@ -58,45 +53,53 @@ impl Table {
         }
     }
 
+    fn remove(&mut self, id: u32) {
+        if let Ok(i) = self.snap.strategies.binary_search_by_key(&id, |s| s.id) {
+            self.snap.strategies.remove(i);
+        }
+        self.snap.bad_rows.retain(|b| b.id != id as i64);
+    }
+
     fn apply_changes(&mut self, c: Changes) {
         for id in c.removed {
-            self.strategies.remove(&id);
-            self.bad_rows.remove(&(id as i64));
+            self.remove(id);
         }
         for b in c.bad_rows {
             if let Ok(id) = u32::try_from(b.id) {
-                self.strategies.remove(&id);
+                self.remove(id);
             }
-            self.bad_rows.insert(b.id, b);
+            self.snap.bad_rows.push(b);
         }
+        self.snap.bad_rows.sort_by_key(|b| b.id);
         for s in c.strategies {
-            self.bad_rows.remove(&(s.id as i64));
-            self.strategies.insert(s.id, s);
+            self.snap.bad_rows.retain(|b| b.id != s.id as i64);
+            match self.snap.strategies.binary_search_by_key(&s.id, |x| x.id) {
+                Ok(i) => self.snap.strategies[i] = s,
+                Err(i) => self.snap.strategies.insert(i, s),
+            }
         }
         if let Some(b) = c.blacklist {
-            self.blacklist = b;
+            self.snap.blacklist = b;
         }
         self.version = c.version;
+        self.snap.version = c.version;
     }
 
     pub fn len(&self) -> usize {
-        self.strategies.len()
+        self.snap.strategies.len()
     }
 
     /// The table as a snapshot (strategies by id, as the store reads them).
-    pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            version: self.version,
-            strategies: self.strategies.values().cloned().collect(),
-            bad_rows: self.bad_rows.values().cloned().collect(),
-            blacklist: self.blacklist.clone(),
-        }
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snap
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::record::StrategyRecord;
+    use crate::store::valid::Valid;
 
     fn rec(id: u32, rate: u64) -> Valid<StrategyRecord> {
         let mut r = serde_json::from_str::<StrategyRecord>(&format!(

@@ -48,7 +48,6 @@ use tracing::{debug, error, info, warn};
 use crate::fleet::leader as fleet;
 use crate::fleet::rates::{local_strategy, share, Share};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
-use crate::store::valid::Valid;
 use crate::store::{redact_url, BadRow, CounterSample, Snapshot, StoreError};
 use rate_ctl::core::clock::unix_ms;
 pub use source::ConfigSource;
@@ -437,13 +436,18 @@ impl<S: Sink> Agent<S> {
         if now < self.staged_until_ms {
             return Ok(());
         }
-        let snap = self.read_table().await?;
-        self.publish(snap, share, now).await
+        self.read_table().await?;
+        // Lent to `publish` (which needs `&mut self`); a tick dropped at an
+        // await in there (shutdown) loses it, and the next start reads all.
+        let table = self.table.take().expect("read above");
+        let r = self.publish(table.snapshot(), share, now).await;
+        self.table = Some(table);
+        r
     }
 
     /// Brings the table up to date: only what changed since its version,
     /// or everything when the source cannot tell (or has no table yet).
-    async fn read_table(&mut self) -> Result<Snapshot, StoreError> {
+    async fn read_table(&mut self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         let after = self.table.as_ref().map(|t| t.version);
         let mut whole = self.table.is_none();
@@ -464,7 +468,6 @@ impl<S: Sink> Agent<S> {
             whole = true;
         }
         let table = self.table.as_ref().expect("read above");
-        let snap = table.snapshot();
         debug!(
             version = table.version,
             strategies = table.len(),
@@ -472,7 +475,7 @@ impl<S: Sink> Agent<S> {
             took_us = started.elapsed().as_micros() as u64,
             "configuration read"
         );
-        Ok(snap)
+        Ok(())
     }
 
     /// Forgets the table: the next change is read whole (a test's way to
@@ -487,10 +490,10 @@ impl<S: Sink> Agent<S> {
     /// (shares as of the last heartbeat that got through).
     async fn offline_tick(&mut self) {
         let now = unix_ms();
-        let Some(snap) = self.table.as_ref().map(delta::Table::snapshot) else {
-            return;
-        };
         let Some(applied) = &self.applied else { return };
+        if self.table.is_none() {
+            return;
+        }
         let leases = self.valid_leases(now);
         if applied.share.1 == leases {
             return;
@@ -498,11 +501,13 @@ impl<S: Sink> Agent<S> {
         let share = (applied.share.0, leases);
         warn!("fleet leases expired while the store is unreachable: the static split applies");
         // Publishing needs no store; recording it does (retried later).
-        let _ = self.publish(snap, share, now).await;
+        let table = self.table.take().expect("checked above");
+        let _ = self.publish(table.snapshot(), share, now).await;
+        self.table = Some(table);
     }
 
     /// Publishes `snap` with the local rates of `share`.
-    async fn publish(&mut self, snap: Snapshot, share: Key, now: u64) -> Result<(), StoreError> {
+    async fn publish(&mut self, snap: &Snapshot, share: Key, now: u64) -> Result<(), StoreError> {
         if Refused::waiting(&self.refused, snap.version, &share, now) {
             return Ok(());
         }
@@ -522,12 +527,18 @@ impl<S: Sink> Agent<S> {
                 Err(reason) => warn!(id = rec.id, %reason, "skipping strategy"),
             }
         }
-        self.strategies = snap.strategies.into_iter().map(Valid::into_inner).collect();
+        // The fleet leader's input: only `split: demand` strategies matter.
+        self.strategies = snap
+            .strategies
+            .iter()
+            .filter(|r| fleet::leased(r))
+            .map(|r| (**r).clone())
+            .collect();
         let blacklist: Vec<BlacklistRecord> = snap
             .blacklist
-            .into_iter()
+            .iter()
             .filter(|b| b.expires_ms.is_none_or(|e| e > now))
-            .map(Valid::into_inner)
+            .map(|b| (**b).clone())
             .collect();
         let prepare_us = prepared.elapsed().as_micros() as u64;
         let started = std::time::Instant::now();
