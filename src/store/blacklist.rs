@@ -75,7 +75,7 @@ impl Store {
             Some(blacklist_api_json(&rec)),
         )
         .await?;
-        super::changes::log_change(&mut tx, version, super::Change::Blacklist).await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Blacklist).await?;
         tx.commit().await?;
         Ok((rec, version))
     }
@@ -109,7 +109,7 @@ impl Store {
             None,
         )
         .await?;
-        super::changes::log_change(&mut tx, version, super::Change::Blacklist).await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Blacklist).await?;
         tx.commit().await?;
         Ok(version)
     }

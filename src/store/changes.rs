@@ -6,9 +6,9 @@
 //! has a row for every version after the agent's: a version without one
 //! (written by an older binary, pruned, or a bulk import that logs `all`)
 //! is a gap, and the full read is the fallback. Rows older than
-//! [`KEEP_VERSIONS`] versions are pruned now and then by the writers.
+//! [`super::changelog::KEEP_VERSIONS`] versions are pruned now and then by
+//! the writers (`changelog.rs`).
 
-use rate_ctl::core::clock::unix_ms;
 use sqlx::{Any, Row, Transaction};
 
 use super::blacklist::decode_blacklist;
@@ -17,33 +17,6 @@ use super::schema::{placeholders, Dialect};
 use super::strategies::{split_rows, STRATEGY_COLUMNS};
 use super::valid::Valid;
 use super::{read_version, BadRow, Result, Store};
-
-/// What one version changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
-    /// One strategy added, replaced or deleted.
-    Strategy(u32),
-    /// The blacklist (read again whole).
-    Blacklist,
-    /// A host's weight: nothing to read (the shares come from the hosts).
-    Hosts,
-    /// Anything, e.g. an import: read everything.
-    All,
-}
-
-impl Change {
-    fn row(self) -> (&'static str, i64) {
-        match self {
-            Change::Strategy(id) => ("strategy", id as i64),
-            Change::Blacklist => ("blacklist", 0),
-            Change::Hosts => ("hosts", 0),
-            Change::All => ("all", 0),
-        }
-    }
-}
-
-/// Versions of log kept; an agent further behind reads everything.
-pub const KEEP_VERSIONS: u64 = 10_000;
 
 /// Most strategies a delta reads; more changed, and the full read is as cheap.
 pub const MAX_DELTA_STRATEGIES: usize = 1_000;
@@ -60,33 +33,6 @@ pub struct Changes {
     pub removed: Vec<u32>,
     /// The whole blacklist when it changed.
     pub blacklist: Option<Vec<Valid<BlacklistRecord>>>,
-}
-
-/// Records what version `version` changed (in its transaction); every
-/// hundredth version prunes the log's old rows.
-pub(super) async fn log_change(
-    tx: &mut Transaction<'static, Any>,
-    version: u64,
-    change: Change,
-) -> Result<()> {
-    let d = Dialect::of(tx);
-    let (kind, target) = change.row();
-    sqlx::query(
-        &d.sql("INSERT INTO config_changes (version, kind, target, at_ms) VALUES (?, ?, ?, ?)"),
-    )
-    .bind(version as i64)
-    .bind(kind)
-    .bind(target)
-    .bind(unix_ms() as i64)
-    .execute(&mut **tx)
-    .await?;
-    if version % 100 == 0 && version > KEEP_VERSIONS {
-        sqlx::query(&d.sql("DELETE FROM config_changes WHERE version < ?"))
-            .bind((version - KEEP_VERSIONS) as i64)
-            .execute(&mut **tx)
-            .await?;
-    }
-    Ok(())
 }
 
 impl Store {

@@ -95,7 +95,7 @@ impl Store {
             Some(serde_json::json!({"host_id": host_id, "weight": weight})),
         )
         .await?;
-        super::changes::log_change(&mut tx, version, super::Change::Hosts).await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Hosts).await?;
         tx.commit().await?;
         Ok(version)
     }

@@ -9,8 +9,10 @@
 mod audit;
 pub use audit::actor;
 mod blacklist;
+mod changelog;
 mod changes;
-pub use changes::{Change, Changes};
+pub use changelog::Change;
+pub use changes::Changes;
 pub mod error;
 mod hosts;
 pub mod json;

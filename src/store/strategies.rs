@@ -79,7 +79,7 @@ impl Store {
         bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
             .execute(&mut *tx)
             .await?;
-        super::changes::log_change(&mut tx, rec.version, super::Change::Strategy(rec.id)).await?;
+        super::changelog::log_change(&mut tx, rec.version, super::Change::Strategy(rec.id)).await?;
         audit(
             &mut tx,
             who,
@@ -200,7 +200,7 @@ impl Store {
             None,
         )
         .await?;
-        super::changes::log_change(&mut tx, version, super::Change::Strategy(id)).await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Strategy(id)).await?;
         tx.commit().await?;
         Ok(version)
     }
@@ -392,7 +392,7 @@ impl Store {
             Some(serde_json::json!({"count": records.len(), "replace": replace_all, "deleted": deleted})),
         )
         .await?;
-        super::changes::log_change(&mut tx, version, super::Change::All).await?;
+        super::changelog::log_change(&mut tx, version, super::Change::All).await?;
         tx.commit().await?;
         Ok((records.len(), version))
     }
