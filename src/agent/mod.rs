@@ -33,6 +33,7 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
+pub mod delta;
 pub mod publish;
 pub mod source;
 
@@ -47,7 +48,6 @@ use tracing::{debug, error, info, warn};
 use crate::fleet::leader as fleet;
 use crate::fleet::rates::{local_strategy, share, Share};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
-use crate::store::valid::Valid;
 use crate::store::{redact_url, BadRow, CounterSample, Snapshot, StoreError};
 use rate_ctl::core::clock::unix_ms;
 pub use source::ConfigSource;
@@ -164,6 +164,8 @@ pub struct Agent<S: Sink> {
     file_fault: Option<(String, u64)>,
     /// A staged publish left strategies out: publish again from this time.
     staged_until_ms: u64,
+    /// When the file's upkeep ([`Agent::upkeep`]) is next due.
+    next_upkeep_ms: u64,
     hosts: Vec<HostRecord>,
     my_weight: u32,
     next_heartbeat_ms: u64,
@@ -184,9 +186,12 @@ pub struct Agent<S: Sink> {
     strategies: Vec<StrategyRecord>,
     /// Takes part in the fleet leadership (direct store only).
     coordinator: Option<fleet::Coordinator>,
-    /// The last snapshot read, to fall back to the static split when
-    /// leases expire while the store is unreachable.
-    last_snapshot: Option<Snapshot>,
+    /// The configuration as last read: kept up to date with what each
+    /// version changed (a full read at start, after a reconnect, or when
+    /// the store cannot tell what changed); also what is published again
+    /// with the static split when leases expire while the store is
+    /// unreachable.
+    table: Option<delta::Table>,
 }
 
 /// How long a repaired fault of the shared-memory files stays in the
@@ -206,6 +211,7 @@ impl<S: Sink> Agent<S> {
             publish_error: None,
             file_fault: None,
             staged_until_ms: 0,
+            next_upkeep_ms: 0,
             hosts: Vec::new(),
             next_heartbeat_ms: 0,
             logged_bad: HashSet::new(),
@@ -215,7 +221,7 @@ impl<S: Sink> Agent<S> {
             acks: Vec::new(),
             strategies: Vec::new(),
             coordinator: None,
-            last_snapshot: None,
+            table: None,
         }
     }
 
@@ -301,9 +307,22 @@ impl<S: Sink> Agent<S> {
         Ok(())
     }
 
-    /// One poll: heartbeat, version check, publish if needed.
+    /// One poll: heartbeat, version check, publish if needed. A tick may
+    /// come every few ms (woken by the store's files or a NOTIFY): the
+    /// file's upkeep (its check, heartbeat and repair of foreign state,
+    /// which visits every slot) runs once per `poll`.
     pub async fn tick(&mut self) -> Result<(), StoreError> {
         let now = unix_ms();
+        if now >= self.next_upkeep_ms {
+            self.next_upkeep_ms = now + self.opts.poll.as_millis() as u64;
+            self.upkeep(now);
+        }
+        self.tick_store(now).await
+    }
+
+    /// The shared-memory file's upkeep: replaced if someone changed it,
+    /// heartbeat, foreign state repaired.
+    fn upkeep(&mut self, now: u64) {
         match self.sink.check_file() {
             Ok(None) => {
                 if self
@@ -335,6 +354,11 @@ impl<S: Sink> Agent<S> {
             }
         }
         self.sink.heartbeat(now);
+    }
+
+    /// The store's part of a tick: heartbeat when due, version check,
+    /// publish if needed.
+    async fn tick_store(&mut self, now: u64) -> Result<(), StoreError> {
         if !self.source.connected() {
             self.my_weight = self
                 .source
@@ -412,9 +436,53 @@ impl<S: Sink> Agent<S> {
         if now < self.staged_until_ms {
             return Ok(());
         }
-        let snap = self.source.snapshot().await?;
-        self.last_snapshot = Some(snap.clone());
-        self.publish(snap, share, now).await
+        self.read_table().await?;
+        // Lent to `publish` (which needs `&mut self`); a tick dropped at an
+        // await in there (shutdown) loses it, and the next start reads all.
+        let table = self.table.take().expect("read above");
+        let r = self.publish(table.snapshot(), share, now).await;
+        self.table = Some(table);
+        r
+    }
+
+    /// Brings the table up to date: only what changed since its version,
+    /// or everything when the source cannot tell (or has no table yet).
+    async fn read_table(&mut self) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
+        let after = self.table.as_ref().map(|t| t.version);
+        let mut whole = self.table.is_none();
+        let mut gap = false;
+        for u in self.source.update(after).await? {
+            let full = matches!(u, delta::Update::Full(_));
+            whole |= full;
+            if full {
+                gap = false;
+            }
+            if !delta::Table::apply(&mut self.table, u) {
+                gap = true;
+            }
+        }
+        if gap || self.table.is_none() {
+            let snap = self.source.snapshot().await?;
+            self.table = Some(delta::Table::full(snap));
+            whole = true;
+        }
+        let table = self.table.as_ref().expect("read above");
+        debug!(
+            version = table.version,
+            strategies = table.len(),
+            whole,
+            took_us = started.elapsed().as_micros() as u64,
+            "configuration read"
+        );
+        Ok(())
+    }
+
+    /// Forgets the table: the next change is read whole (a test's way to
+    /// see an edit made in the database behind the store's back).
+    #[cfg(test)]
+    fn forget_table(&mut self) {
+        self.table = None;
     }
 
     /// The store is unreachable: leases still expire. When one did, the
@@ -422,10 +490,10 @@ impl<S: Sink> Agent<S> {
     /// (shares as of the last heartbeat that got through).
     async fn offline_tick(&mut self) {
         let now = unix_ms();
-        let Some(snap) = self.last_snapshot.clone() else {
-            return;
-        };
         let Some(applied) = &self.applied else { return };
+        if self.table.is_none() {
+            return;
+        }
         let leases = self.valid_leases(now);
         if applied.share.1 == leases {
             return;
@@ -433,14 +501,17 @@ impl<S: Sink> Agent<S> {
         let share = (applied.share.0, leases);
         warn!("fleet leases expired while the store is unreachable: the static split applies");
         // Publishing needs no store; recording it does (retried later).
-        let _ = self.publish(snap, share, now).await;
+        let table = self.table.take().expect("checked above");
+        let _ = self.publish(table.snapshot(), share, now).await;
+        self.table = Some(table);
     }
 
     /// Publishes `snap` with the local rates of `share`.
-    async fn publish(&mut self, snap: Snapshot, share: Key, now: u64) -> Result<(), StoreError> {
+    async fn publish(&mut self, snap: &Snapshot, share: Key, now: u64) -> Result<(), StoreError> {
         if Refused::waiting(&self.refused, snap.version, &share, now) {
             return Ok(());
         }
+        let prepared = std::time::Instant::now();
         log_bad_rows(&mut self.logged_bad, &snap.bad_rows);
         let mut strategies = Vec::with_capacity(snap.strategies.len());
         let mut acks = Vec::new();
@@ -456,13 +527,20 @@ impl<S: Sink> Agent<S> {
                 Err(reason) => warn!(id = rec.id, %reason, "skipping strategy"),
             }
         }
-        self.strategies = snap.strategies.iter().map(|r| (**r).clone()).collect();
+        // The fleet leader's input: only `split: demand` strategies matter.
+        self.strategies = snap
+            .strategies
+            .iter()
+            .filter(|r| fleet::leased(r))
+            .map(|r| (**r).clone())
+            .collect();
         let blacklist: Vec<BlacklistRecord> = snap
             .blacklist
-            .into_iter()
+            .iter()
             .filter(|b| b.expires_ms.is_none_or(|e| e > now))
-            .map(Valid::into_inner)
+            .map(|b| (**b).clone())
             .collect();
+        let prepare_us = prepared.elapsed().as_micros() as u64;
         let started = std::time::Instant::now();
         match self.sink.publish(&strategies, &blacklist, snap.version) {
             Ok(summary) if self.sink.deferred() > 0 => {
@@ -480,6 +558,7 @@ impl<S: Sink> Agent<S> {
                 let at = unix_ms();
                 info!(
                     version = snap.version,
+                    prepare_us,
                     took_us = started.elapsed().as_micros() as u64,
                     strategies = strategies.len(),
                     skipped = snap.bad_rows.len(),
@@ -674,6 +753,9 @@ mod tests {
             .execute(store.pool())
             .await
             .unwrap();
+        // Such an edit is no change of the store's: it is seen at the next
+        // full read (here forced; a restart or a gap in the change log).
+        agent.forget_table();
         store.add_strategy(&rec("c", 10), "test").await.unwrap();
         agent.tick().await.unwrap();
         let (v, last) = agent.sink().published.last().unwrap();

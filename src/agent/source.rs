@@ -3,9 +3,19 @@
 //! `rate-ctl serve` over HTTP (`--store http://HOST:PORT --token T`, so that
 //! an nginx host needs no database driver or credentials).
 //!
-//! Over HTTP a background task long-polls `GET /api/v1/snapshot?after=V`
-//! and keeps the newest snapshot; [`ConfigSource::changed`] wakes the agent as
-//! soon as one arrives. Heartbeats, applied versions and counters go to
+//! Over HTTP a background task long-polls `GET /api/v1/snapshot?after=V&delta=1`
+//! (answered at commit, with only what changed after V when serve can tell)
+//! and queues what arrives; [`ConfigSource::changed`] wakes the agent as
+//! soon as something does.
+//!
+//! Directly on a store, [`ConfigSource::changed`] wakes the agent at a
+//! commit instead of waiting for its poll (issue 29): on PostgreSQL a
+//! listener on [`NOTIFY_CHANNEL`] (every change notifies it at commit); on
+//! SQLite a look at the database and WAL files' size and time every
+//! [`SQLITE_WATCH`] (two `stat` calls, no query); MariaDB has neither and
+//! is polled (`--poll-ms`). The poll stays as the backstop of both.
+//! [`ConfigSource::update`] then reads only what changed since the agent's
+//! version ([`crate::store::Store::changes_since`]), or everything. Heartbeats, applied versions and counters go to
 //! `POST /api/v1/hosts/{id}/report`, whose answer carries the hosts (for
 //! the cluster-rate split).
 
@@ -17,14 +27,16 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::delta::Update;
 use crate::client::http::{percent_encode, Answer, Client};
 use crate::client::protocol::{
-    acks_json, counters_json, granted_leases_from, hosts_from, snapshot_changed, snapshot_from,
-    LeaseAck,
+    acks_json, counters_json, delta_from, granted_leases_from, hosts_from, snapshot_changed,
+    snapshot_from, LeaseAck,
 };
 use crate::client::{Backend, Target};
 use crate::store::record::HostRecord;
-use crate::store::{CounterSample, LeaseRow, Snapshot, Store, StoreError};
+use crate::store::schema::Dialect;
+use crate::store::{CounterSample, LeaseRow, Snapshot, Store, StoreError, NOTIFY_CHANNEL};
 use rate_ctl::core::clock::unix_ms;
 
 /// Longest a long-poll may take before the client gives up on it (the
@@ -38,10 +50,43 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The long-poll's results, shared with its task.
+/// How often the SQLite database and WAL files are looked at for a commit.
+pub const SQLITE_WATCH: Duration = Duration::from_millis(2);
+
+/// How long the version is read again every [`SQLITE_WATCH`] after the
+/// SQLite files changed without a new version (a commit being synced).
+pub const SQLITE_SETTLE: Duration = Duration::from_millis(100);
+
+/// What a commit changes in an SQLite store's files: (size, modification
+/// time in ns, inode) of the database and of its WAL.
+type Stamp = [(u64, i128, u64); 2];
+
+fn stamp(db: &std::path::Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let one = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| {
+                (
+                    m.size(),
+                    m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+                    m.ino(),
+                )
+            })
+            .unwrap_or_default()
+    };
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    [one(db), one(std::path::Path::new(&wal))]
+}
+
+/// The long-poll's (and the PostgreSQL listener's) results, shared with
+/// its task.
 #[derive(Default)]
 struct Latest {
-    snapshot: Mutex<Option<Snapshot>>,
+    /// The newest version received over HTTP.
+    version: Mutex<Option<u64>>,
+    /// What arrived over HTTP since the agent last took it, in order.
+    queue: Mutex<Vec<Update>>,
     /// The long-poll's last failure, until it succeeds again.
     error: Mutex<Option<String>>,
     notify: Notify,
@@ -56,6 +101,11 @@ pub struct ConfigSource {
     backend: Option<Backend>,
     latest: Arc<Latest>,
     poller: Option<JoinHandle<()>>,
+    /// The SQLite files as they were when the version was last read.
+    seen: Mutex<Option<Stamp>>,
+    /// The version last read, and until when to read it again every
+    /// [`SQLITE_WATCH`] after the files changed without a new version.
+    settle: Mutex<(Option<u64>, Option<std::time::Instant>)>,
 }
 
 impl ConfigSource {
@@ -71,6 +121,8 @@ impl ConfigSource {
             backend: None,
             latest: Arc::default(),
             poller: None,
+            seen: Mutex::new(None),
+            settle: Mutex::new((None, None)),
         })
     }
 
@@ -95,7 +147,14 @@ impl ConfigSource {
     ) -> Result<u32, StoreError> {
         let backend = Backend::open_with_timeout(&self.target, self.timeout).await?;
         let w = match &backend {
-            Backend::Store(store) => register(store, host_id, weight, default_weight).await?,
+            Backend::Store(store) => {
+                let w = register(store, host_id, weight, default_weight).await?;
+                store.relax_durability().await?;
+                if let (Dialect::Postgres, Target::Store(url)) = (store.dialect(), &self.target) {
+                    self.poller = Some(tokio::spawn(listen(url.clone(), self.latest.clone())));
+                }
+                w
+            }
             Backend::Api(api) => {
                 let client = api.client();
                 let mut body = json!({"counters": []});
@@ -114,7 +173,8 @@ impl ConfigSource {
                     .map_err(|e| StoreError::Http(e.to_string()))?;
                 let snap = snapshot_from(&ok_body(first, "snapshot")?)?;
                 let after = snap.version;
-                *lock(&self.latest.snapshot) = Some(snap);
+                *lock(&self.latest.version) = Some(after);
+                *lock(&self.latest.queue) = vec![Update::Full(snap)];
                 *lock(&self.latest.error) = None;
                 self.poller = Some(tokio::spawn(long_poll(
                     client.clone(),
@@ -207,26 +267,65 @@ impl ConfigSource {
     /// The current config version (cheap).
     pub async fn version(&mut self) -> Result<u64, StoreError> {
         match self.backend()? {
-            Backend::Store(store) => store.version().await,
+            Backend::Store(store) => {
+                let Some(db) = store.sqlite_file() else {
+                    return store.version().await;
+                };
+                // Before the read: a commit after it changes the files.
+                let now = stamp(db);
+                let before = lock(&self.seen).replace(now);
+                let v = store.version().await?;
+                // The files change when a commit writes its WAL frames, but
+                // the commit shows only once they are synced (an fsync of
+                // 10-20 ms): the files moved without a new version, so
+                // look again every few ms for a while.
+                let mut settle = lock(&self.settle);
+                if before.is_some_and(|b| b != now) && settle.0 == Some(v) {
+                    settle.1 = Some(std::time::Instant::now() + SQLITE_SETTLE);
+                } else if settle.0 != Some(v) {
+                    settle.1 = None;
+                }
+                settle.0 = Some(v);
+                Ok(v)
+            }
             Backend::Api(_) => {
                 if let Some(e) = lock(&self.latest.error).clone() {
                     return Err(StoreError::Http(e));
                 }
-                lock(&self.latest.snapshot)
-                    .as_ref()
-                    .map(|s| s.version)
-                    .ok_or_else(|| StoreError::Http("no snapshot yet".into()))
+                lock(&self.latest.version).ok_or_else(|| StoreError::Http("no snapshot yet".into()))
             }
         }
     }
 
-    /// The full configuration with its version.
+    /// What changed since version `after` (the agent's table), or
+    /// everything (`after` `None`, or when the store cannot tell); over
+    /// HTTP, what the long-poll brought since the last call, in order.
+    pub async fn update(&mut self, after: Option<u64>) -> Result<Vec<Update>, StoreError> {
+        match self.backend()? {
+            Backend::Store(store) => {
+                if let Some(after) = after {
+                    if let Some(changes) = store.changes_since(after).await? {
+                        return Ok(vec![Update::Delta { after, changes }]);
+                    }
+                }
+                Ok(vec![Update::Full(store.snapshot().await?)])
+            }
+            Backend::Api(_) => Ok(std::mem::take(&mut *lock(&self.latest.queue))),
+        }
+    }
+
+    /// The full configuration with its version (read again whole).
     pub async fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
         match self.backend()? {
             Backend::Store(store) => store.snapshot().await,
-            Backend::Api(_) => lock(&self.latest.snapshot)
-                .clone()
-                .ok_or_else(|| StoreError::Http("no snapshot yet".into())),
+            Backend::Api(api) => {
+                let a = api
+                    .client()
+                    .request("GET", "/api/v1/snapshot?after=0", None, REQUEST_TIMEOUT)
+                    .await
+                    .map_err(|e| StoreError::Http(e.to_string()))?;
+                snapshot_from(&ok_body(a, "snapshot")?)
+            }
         }
     }
 
@@ -240,13 +339,27 @@ impl ConfigSource {
         }
     }
 
-    /// Resolves when the configuration may have changed; the store is
-    /// polled, so then this never resolves (the agent polls `version`
-    /// every `poll`).
+    /// Resolves when the configuration may have changed: at a commit on
+    /// PostgreSQL (NOTIFY) and through serve (long-poll), when the SQLite
+    /// files changed since the version was last read; never on MariaDB
+    /// (the agent polls `version` every `poll`).
     pub async fn changed(&self) {
-        match self.target {
-            Target::Store(_) => std::future::pending::<()>().await,
-            Target::Api { .. } => self.latest.notify.notified().await,
+        let seen = *lock(&self.seen);
+        let settling = lock(&self.settle)
+            .1
+            .is_some_and(|t| std::time::Instant::now() < t);
+        match (self.store().and_then(Store::sqlite_file), seen) {
+            (Some(_), Some(_)) if settling => tokio::time::sleep(SQLITE_WATCH).await,
+            (Some(db), Some(seen)) => loop {
+                tokio::time::sleep(SQLITE_WATCH).await;
+                let now = stamp(db);
+                if now != seen {
+                    tracing::trace!(?seen, ?now, "the SQLite files changed");
+                    return;
+                }
+            },
+            _ if self.poller.is_some() => self.latest.notify.notified().await,
+            _ => std::future::pending::<()>().await,
         }
     }
 }
@@ -293,29 +406,64 @@ async fn report(client: &Client, host_id: &str, body: Value) -> Result<Value, St
     ok_body(a, "report")
 }
 
-/// Long-polls the snapshot after `after` until aborted, keeping the
-/// newest in `latest` and waking the agent.
+/// Listens on the PostgreSQL channel every change notifies at commit and
+/// wakes the agent; reconnects by itself (sqlx's listener), and the agent's
+/// poll covers the time it takes.
+async fn listen(url: String, latest: Arc<Latest>) {
+    let mut failing = false;
+    loop {
+        let r = async {
+            let mut l = sqlx::postgres::PgListener::connect(&url).await?;
+            l.listen(NOTIFY_CHANNEL).await?;
+            tracing::debug!(channel = NOTIFY_CHANNEL, "listening for changes");
+            failing = false;
+            loop {
+                l.recv().await?;
+                latest.notify.notify_one();
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        }
+        .await;
+        if let Err(e) = r {
+            if !failing {
+                tracing::warn!(error = %e, "cannot listen for changes on PostgreSQL; polling meanwhile");
+                failing = true;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Long-polls the snapshot after `after` until aborted, queueing what
+/// arrives (a delta when serve sends one) in `latest` and waking the agent.
 async fn long_poll(client: Client, latest: Arc<Latest>, mut after: u64) {
     loop {
-        let path = format!("/api/v1/snapshot?after={after}");
+        let path = format!("/api/v1/snapshot?after={after}&delta=1");
         let r = client
             .request("GET", &path, None, LONG_POLL_TIMEOUT)
             .await
             .map_err(|e| StoreError::Http(e.to_string()))
             .and_then(|a| ok_body(a, "snapshot"))
             .and_then(|v| {
-                Ok(if snapshot_changed(&v) {
-                    Some(snapshot_from(&v)?)
-                } else {
+                Ok(if !snapshot_changed(&v) {
                     None
+                } else if let Some(changes) = delta_from(&v, after)? {
+                    Some(Update::Delta { after, changes })
+                } else {
+                    Some(Update::Full(snapshot_from(&v)?))
                 })
             });
         match r {
             Ok(s) => {
                 *lock(&latest.error) = None;
-                if let Some(s) = s {
-                    after = s.version;
-                    *lock(&latest.snapshot) = Some(s);
+                if let Some(u) = s {
+                    after = match &u {
+                        Update::Full(s) => s.version,
+                        Update::Delta { changes, .. } => changes.version,
+                    };
+                    *lock(&latest.version) = Some(after);
+                    lock(&latest.queue).push(u);
                     latest.notify.notify_one();
                 }
             }

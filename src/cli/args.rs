@@ -153,9 +153,9 @@ pub struct AgentArgs {
     /// (default: keep the stored weight, 1 for a new host).
     #[arg(long, value_name = "W", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub weight: Option<u32>,
-    /// How often to poll the config version, in ms.
-    #[arg(long, default_value_t = 50, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
-    pub poll_ms: u64,
+    /// How often to poll the config version, in ms [default: 50; 20 on MariaDB/MySQL, which cannot tell the agent of a commit]
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub poll_ms: Option<u64>,
     /// How often to record the heartbeat and re-read hosts, in ms.
     #[arg(long, default_value_t = 1_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub heartbeat_ms: u64,

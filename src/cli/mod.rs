@@ -848,18 +848,27 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
     // Mode and group are applied on the open file, never through the path.
     let sink = publish::open(&a.shm, caps, a.mode, a.group)
         .map_err(|e| Failure::other(format!("--shm {}: {e}", a.shm.display())))?;
+    // PostgreSQL, SQLite and serve wake the agent at a commit (the poll is
+    // their backstop); MariaDB is polled, more often (issue 29).
+    let poll_ms = a.poll_ms.unwrap_or(
+        if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            20
+        } else {
+            50
+        },
+    );
     let opts = agent::AgentOptions {
         store_url: url.to_string(),
         host_id,
         weight: a.weight,
-        poll: std::time::Duration::from_millis(a.poll_ms),
+        poll: std::time::Duration::from_millis(poll_ms),
         heartbeat_every: std::time::Duration::from_millis(a.heartbeat_ms),
         freshness_ms: a.freshness,
         max_backoff: std::time::Duration::from_millis(a.max_backoff_ms),
     };
     tracing::info!(
         shm = %a.shm.display(), host = %opts.host_id, store = %store::redact_url(url),
-        poll_ms = a.poll_ms, freshness_ms = a.freshness, "agent starting"
+        poll_ms, freshness_ms = a.freshness, "agent starting"
     );
     let target = if url.starts_with("http://") || url.starts_with("https://") {
         Target::Api {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::store::json::{blacklist_from_api_json, host_from_api_json, strategy_from_api_json};
 use crate::store::record::{BlacklistRecord, HostRecord, StrategyRecord};
-use crate::store::{BadRow, CounterSample, Invalid, LeaseRow, Snapshot, StoreError};
+use crate::store::{BadRow, Changes, CounterSample, Invalid, LeaseRow, Snapshot, StoreError};
 
 /// What this host enforces for a `split: demand` strategy: strategy id,
 /// lease epoch, value.
@@ -228,6 +228,57 @@ pub fn snapshot_from(v: &Value) -> Result<Snapshot, StoreError> {
     })
 }
 
+/// A delta answer of the long-poll (`delta=1`, issue 29): like
+/// [`snapshot_json`] with only the strategies changed after `after`, the
+/// ids changed that are gone (or invalid), and the blacklist only when it
+/// changed (`blacklist_changed`).
+pub fn delta_json(
+    version: u64,
+    after: u64,
+    strategies: &str,
+    removed: &[u32],
+    blacklist: Option<&str>,
+    hosts: &str,
+) -> String {
+    let removed = Value::from(removed.to_vec()).to_string();
+    format!(
+        "{{\"version\":{version},\"changed\":true,\"delta\":{{\"after\":{after},\"removed\":{removed},\"blacklist_changed\":{}}},\"strategies\":{strategies},\"blacklist\":{},\"hosts\":{hosts}}}",
+        blacklist.is_some(),
+        blacklist.unwrap_or("[]"),
+    )
+}
+
+/// The inverse of [`delta_json`]: `None` for a full answer (no `delta`,
+/// e.g. from a serve without deltas); an error for a delta from another
+/// version than `after`.
+pub fn delta_from(v: &Value, after: u64) -> Result<Option<Changes>, StoreError> {
+    let Some(d) = v.get("delta").filter(|d| d.is_object()) else {
+        return Ok(None);
+    };
+    if d["after"].as_u64() != Some(after) {
+        return Err(StoreError::Http(format!(
+            "snapshot: a delta after {} answered the long-poll after {after}",
+            d["after"]
+        )));
+    }
+    let snap = snapshot_from(v)?;
+    let mut removed = Vec::new();
+    for id in d["removed"].as_array().into_iter().flatten() {
+        let id = id
+            .as_u64()
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| StoreError::Http("snapshot: delta.removed: not an id".into()))?;
+        removed.push(id);
+    }
+    Ok(Some(Changes {
+        version: snap.version,
+        strategies: snap.strategies,
+        bad_rows: snap.bad_rows,
+        removed,
+        blacklist: (d["blacklist_changed"].as_bool() == Some(true)).then_some(snap.blacklist),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,5 +407,45 @@ mod tests {
         assert_eq!(snap.blacklist.len(), 1);
         assert_eq!(snap.blacklist[0].value, "192.0.2.1");
         assert_eq!(hosts_from(&v["hosts"]), [h]);
+    }
+
+    #[test]
+    fn delta_round_trips_and_a_delta_from_another_version_is_refused() {
+        let s: StrategyRecord = serde_json::from_value(json!({
+            "id": 2, "name": "api", "algorithm": "fixed_window", "rate": 10, "per": "second"
+        }))
+        .unwrap();
+        let body = delta_json(
+            9,
+            7,
+            &json_array(&[s], strategy_api_json),
+            &[4, 5],
+            None,
+            "[]",
+        );
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(snapshot_changed(&v));
+        let c = delta_from(&v, 7).unwrap().expect("a delta");
+        assert_eq!(c.version, 9);
+        assert_eq!(c.strategies.len(), 1);
+        assert_eq!(c.removed, [4, 5]);
+        assert!(c.blacklist.is_none(), "the blacklist did not change");
+        let with_bl = delta_json(9, 7, "[]", &[], Some("[]"), "[]");
+        let v2: Value = serde_json::from_str(&with_bl).unwrap();
+        assert_eq!(
+            delta_from(&v2, 7)
+                .unwrap()
+                .unwrap()
+                .blacklist
+                .map(|b| b.len()),
+            Some(0)
+        );
+        assert!(
+            delta_from(&v, 8).is_err(),
+            "a delta after 7 for a poll after 8"
+        );
+        // A full answer (a serve without deltas) is no delta.
+        let full: Value = serde_json::from_str(&snapshot_json(9, true, "[]", "[]", "[]")).unwrap();
+        assert!(delta_from(&full, 7).unwrap().is_none());
     }
 }

@@ -323,7 +323,31 @@ fn spawn_fleet_leader(state: &Shared, me: String) {
             let Some(st) = weak.upgrade() else { return };
             let r = async {
                 let v = st.store.version().await?;
-                if known.as_ref().is_none_or(|k| k.0 != v) {
+                // Only what changed, like the agents (issue 29): a full read
+                // of a large table holds SQLite's one connection for as long
+                // as the long-polls wait for it.
+                let mut current = false;
+                if let Some(k) = known.as_mut().filter(|k| k.0 != v) {
+                    if let Some(c) = st.store.changes_since(k.0).await? {
+                        let gone: std::collections::HashSet<u32> = c
+                            .removed
+                            .iter()
+                            .copied()
+                            .chain(c.bad_rows.iter().filter_map(|b| u32::try_from(b.id).ok()))
+                            .chain(c.strategies.iter().map(|r| r.id))
+                            .collect();
+                        k.1.retain(|r| !gone.contains(&r.id));
+                        k.1.extend(
+                            c.strategies
+                                .into_iter()
+                                .map(crate::store::valid::Valid::into_inner),
+                        );
+                        k.1.sort_by_key(|r| r.id);
+                        k.0 = c.version;
+                        current = true;
+                    }
+                }
+                if !current && known.as_ref().is_none_or(|k| k.0 != v) {
                     let snap = st.store.snapshot().await?;
                     known = Some((
                         snap.version,

@@ -1,4 +1,8 @@
 //! `/api/v1/snapshot?after=V`: the agents' long-poll for the full config.
+//! With `delta=1` (issue 29) and a store whose change log covers every
+//! version after V, the answer carries only what changed
+//! ([`crate::client::protocol::delta_json`]): one strategy's JSON for a
+//! one-strategy change, whatever the table's size; otherwise the full one.
 //!
 //! The strategies and blacklist of one config version are read from the
 //! store and serialised once per instance, and every long-poll woken by
@@ -22,7 +26,7 @@ use super::body::query_param;
 use super::error::ApiError;
 use super::hosts::hosts_json;
 use super::{Routes, Shared};
-use crate::client::protocol::{json_array, snapshot_json};
+use crate::client::protocol::{delta_json, json_array, snapshot_json};
 use crate::store::json::{blacklist_api_json, strategy_api_json};
 
 pub fn router() -> Routes {
@@ -91,6 +95,37 @@ pub async fn snapshot(
         match tokio::time::timeout_at(deadline, rx.changed()).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    let delta =
+        query_param(&q, "delta", |d: &u8| *d <= 1, "delta: must be 0 or 1")?.unwrap_or(0) == 1;
+    if delta && after > 0 {
+        if let Some(c) = st.store.changes_since(after).await? {
+            if c.version > after {
+                let (_, hosts) = hosts_json(&st).await?;
+                let hosts = Value::from(hosts).to_string();
+                let strategies = json_array(&c.strategies, |r| strategy_api_json(r));
+                let blacklist = c
+                    .blacklist
+                    .as_ref()
+                    .map(|b| json_array(b, |b| blacklist_api_json(b)));
+                let mut removed = c.removed.clone();
+                removed.extend(c.bad_rows.iter().filter_map(|b| u32::try_from(b.id).ok()));
+                let body = delta_json(
+                    c.version,
+                    after,
+                    &strategies,
+                    &removed,
+                    blacklist.as_deref(),
+                    &hosts,
+                );
+                return Ok((
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    body,
+                )
+                    .into_response());
+            }
         }
     }
     let now = st.store.version().await?;

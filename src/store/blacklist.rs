@@ -75,6 +75,7 @@ impl Store {
             Some(blacklist_api_json(&rec)),
         )
         .await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Blacklist).await?;
         tx.commit().await?;
         Ok((rec, version))
     }
@@ -108,6 +109,7 @@ impl Store {
             None,
         )
         .await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Blacklist).await?;
         tx.commit().await?;
         Ok(version)
     }

@@ -95,6 +95,7 @@ impl Store {
             Some(serde_json::json!({"host_id": host_id, "weight": weight})),
         )
         .await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Hosts).await?;
         tx.commit().await?;
         Ok(version)
     }

@@ -10,6 +10,10 @@ mod audit;
 pub use audit::actor;
 mod blacklist;
 mod calendar;
+mod changelog;
+mod changes;
+pub use changelog::Change;
+pub use changes::Changes;
 pub mod error;
 mod hosts;
 pub mod json;
@@ -31,7 +35,6 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{Any, AnyPool, Row, Transaction};
 
 // The audit log records entries in the API's JSON.
-use blacklist::decode_blacklist;
 pub use error::{Field, Invalid, Result, StoreError};
 pub use hosts::validate_host;
 pub use leases::LeaseRow;
@@ -39,6 +42,10 @@ use record::{BlacklistRecord, StrategyRecord};
 use schema::{Dialect, CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 use strategies::{split_rows, STRATEGY_COLUMNS};
 use valid::Valid;
+
+/// The PostgreSQL channel every change notifies at commit; agents on a
+/// PostgreSQL store LISTEN to it instead of waiting for their poll.
+pub const NOTIFY_CHANNEL: &str = "rate_ctl_config";
 
 /// Default store when `--store` is not given.
 pub const DEFAULT_STORE: &str = "sqlite:/var/lib/rate-ctl/rate-ctl.db";
@@ -105,6 +112,10 @@ pub struct Snapshot {
 pub struct Store {
     pool: AnyPool,
     dialect: Dialect,
+    /// The SQLite file (`None` for a server or `:memory:`).
+    file: Option<std::path::PathBuf>,
+    /// SQLite connections use `synchronous = NORMAL` ([`Store::relax_durability`]).
+    relaxed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Store {
@@ -117,14 +128,28 @@ impl Store {
     pub async fn open_with_timeout(url: &str, acquire_timeout: Duration) -> Result<Store> {
         sqlx::any::install_default_drivers();
         let (dialect, conn_url) = normalise_url(url)?;
+        let relaxed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let relaxed_conn = relaxed.clone();
+        let file = (dialect == Dialect::Sqlite)
+            .then(|| conn_url.strip_prefix("sqlite://"))
+            .flatten()
+            .map(|p| p.split('?').next().unwrap_or(p))
+            .filter(|p| *p != ":memory:")
+            .map(std::path::PathBuf::from);
         let opts = AnyPoolOptions::new()
             .acquire_timeout(acquire_timeout)
             // One writer at a time is all SQLite allows; a second pooled
             // connection would only wait on the first one's lock.
             .max_connections(if dialect == Dialect::Sqlite { 1 } else { 4 })
             .min_connections(0)
-            .after_connect(|conn, _| {
+            .after_connect(move |conn, _| {
+                let relaxed = relaxed_conn.clone();
                 Box::pin(async move {
+                    if Dialect::of(conn) == Dialect::Sqlite
+                        && relaxed.load(std::sync::atomic::Ordering::Relaxed)
+                    {
+                        sqlx::Executor::execute(&mut *conn, "PRAGMA synchronous = NORMAL").await?;
+                    }
                     if Dialect::of(conn) == Dialect::Postgres {
                         // Not "relation … already exists, skipping" on every
                         // start (sqlx logs notices at info).
@@ -135,7 +160,12 @@ impl Store {
                 })
             });
         let pool = opts.connect(&conn_url).await?;
-        let store = Store { pool, dialect };
+        let store = Store {
+            pool,
+            dialect,
+            file,
+            relaxed,
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -149,6 +179,33 @@ impl Store {
     /// through here (or `Dialect::of(tx).sql` inside a transaction).
     fn sql<'q>(&self, q: &'q str) -> std::borrow::Cow<'q, str> {
         self.dialect.sql(q)
+    }
+
+    /// The SQLite file, to watch for commits (`None` on a server).
+    pub fn sqlite_file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    /// The dialect of this store.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// For the agent, whose own writes (heartbeats, counter samples) are
+    /// reports made again within a second: on SQLite its commits do not wait
+    /// for the disk (`synchronous = NORMAL`, still atomic in WAL mode), so
+    /// that a heartbeat does not hold the one connection for the 10–20 ms
+    /// of an fsync while a change waits to be read. Changes made by the CLI
+    /// or `serve` keep full durability.
+    pub async fn relax_durability(&self) -> Result<()> {
+        if self.dialect == Dialect::Sqlite {
+            self.relaxed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            sqlx::query("PRAGMA synchronous = NORMAL")
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
     }
 
     pub async fn close(self) {
@@ -244,6 +301,12 @@ impl Store {
         .bind(unix_ms() as i64)
         .execute(&mut *tx)
         .await?;
+        if self.dialect == Dialect::Postgres {
+            // Delivered at commit to every agent listening (issue 29).
+            sqlx::query(&format!("NOTIFY {NOTIFY_CHANNEL}"))
+                .execute(&mut *tx)
+                .await?;
+        }
         let v = read_version(self.dialect, &mut *tx).await?;
         Ok((tx, v))
     }
@@ -268,18 +331,10 @@ impl Store {
         )))
         .fetch_all(&mut *tx)
         .await?;
-        let bl = sqlx::query(&self.sql("SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id"))
-        .fetch_all(&mut *tx)
-        .await?;
+        // Skips what a direct database edit made invalid, like strategies.
+        let blacklist = changes::read_blacklist(self.dialect, &mut tx).await?;
         tx.commit().await?;
         let (strategies, bad_rows) = split_rows(&rows);
-        let mut blacklist = Vec::with_capacity(bl.len());
-        for r in &bl {
-            // Skip what a direct database edit made invalid, like strategies.
-            if let Ok(rec) = decode_blacklist(r)?.into_valid() {
-                blacklist.push(rec);
-            }
-        }
         Ok(Snapshot {
             version,
             strategies,

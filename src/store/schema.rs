@@ -312,6 +312,18 @@ pub const MIGRATIONS: &[Migration] = &[
         steps: &[Step::AddColumn("strategies", "max_keys BIGINT NULL")],
     },
     Migration {
+        version: 129,
+        description: "config_changes: what each config version changed, so that agents read only that (issue 29)",
+        steps: &[Step::Table(TableDef {
+            name: "config_changes",
+            columns: "version BIGINT NOT NULL,
+                    kind VARCHAR(16) NOT NULL,
+                    target BIGINT NOT NULL,
+                    at_ms BIGINT NOT NULL",
+            indexes: &[("config_changes_version", "version")],
+        })],
+    },
+    Migration {
         version: 131,
         description: "strategies: count_if, cost_from, cost_after (issue 31)",
         steps: &[

@@ -80,6 +80,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         super::calendar::write_tz(self, &mut tx, &rec, "id").await?;
+        super::changelog::log_change(&mut tx, rec.version, super::Change::Strategy(rec.id)).await?;
         audit(
             &mut tx,
             who,
@@ -200,6 +201,7 @@ impl Store {
             None,
         )
         .await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Strategy(id)).await?;
         tx.commit().await?;
         Ok(version)
     }
@@ -395,6 +397,7 @@ impl Store {
             Some(serde_json::json!({"count": records.len(), "replace": replace_all, "deleted": deleted})),
         )
         .await?;
+        super::changelog::log_change(&mut tx, version, super::Change::All).await?;
         tx.commit().await?;
         Ok((records.len(), version))
     }
