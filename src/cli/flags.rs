@@ -38,6 +38,9 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::CostFrom) => "--cost-from",
         Some(Field::CostAfter) => "--cost-after",
         Some(Field::Column("max_keys")) => "--max-keys",
+        Some(Field::Column("ban_after")) => "--ban-after",
+        Some(Field::Column("ban_within")) => "--ban-within",
+        Some(Field::Column("ban_for")) => "--ban-for",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }

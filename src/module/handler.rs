@@ -327,20 +327,22 @@ fn decide(
     out: &mut Decision,
 ) -> RequestOutcome<()> {
     let values = RequestValues::new(r, mc, sources);
-    let outcome = table.decide_in(
-        &TableRequest {
-            now_ns,
-            now_unix_ms: now_ms,
-            dry_run: lc.dry_run(),
-            quota: lc.headers() != HeaderStyle::Off,
-            ..values.request()
-        },
-        held,
-        scratch,
-        out,
-    );
+    let req = TableRequest {
+        now_ns,
+        now_unix_ms: now_ms,
+        dry_run: lc.dry_run(),
+        quota: lc.headers() != HeaderStyle::Off,
+        ..values.request()
+    };
+    let outcome = table.decide_in(&req, held, scratch, out);
     if let Some((id, on_full)) = scratch.key_table_full() {
         key_table_full(log, lc, r, id, on_full, now_ms);
+    }
+    if table.has_bans() {
+        if let Some(e) = table.count_ban(&req, &outcome, out) {
+            let key = table.key_text(e.strategy_id, &req);
+            super::bans::log_ban(lc, r, e, key);
+        }
     }
     outcome
 }

@@ -4,6 +4,7 @@
 //! endpoint and its directive in [`stats`], per-worker state (the core
 //! reader) in [`worker`].
 
+mod bans;
 mod conf;
 mod decision;
 mod ext;

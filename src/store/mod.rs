@@ -8,6 +8,7 @@
 
 mod audit;
 pub use audit::actor;
+pub mod bans;
 mod blacklist;
 pub mod error;
 mod hosts;
@@ -267,7 +268,7 @@ impl Store {
         )))
         .fetch_all(&mut *tx)
         .await?;
-        let bl = sqlx::query(&self.sql("SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id"))
+        let bl = sqlx::query(&self.sql("SELECT id, dimension, value, expires_ms, reason, created_ms, source FROM blacklist ORDER BY id"))
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -236,6 +236,15 @@ pub struct StrategyRecord {
     /// 2^31); `None`: half of the agent's key table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_keys: Option<u32>,
+    /// The penalty box (issue 32): rejections of one key by this strategy
+    /// that ban it (1 …), within `ban_within` seconds, for `ban_for`
+    /// seconds (1 s … 30 days); all three or none, `each ip` or `userid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_after: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_within: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_for: Option<u32>,
 }
 
 fn default_unit() -> Unit {
@@ -426,7 +435,18 @@ impl StrategyRecord {
             each: self.core_each(),
             name: self.name.clone(),
             response: self.core_response()?,
+            ban: self.core_ban()?,
         })
+    }
+
+    /// The core penalty box (issue 32; `None`: none).
+    fn core_ban(&self) -> Result<Option<rate_ctl::core::model::ban::Ban>, Invalid> {
+        rate_ctl::core::model::ban::Ban::from_parts(
+            self.ban_after.map(u64::from),
+            self.ban_within.map(u64::from),
+            self.ban_for.map(u64::from),
+        )
+        .map_err(|e| Invalid::from(ModelError::from(e)))
     }
 
     /// The core response and cost fields (issue 31).
@@ -587,6 +607,10 @@ pub struct BlacklistRecord {
     pub expires_ms: Option<u64>,
     pub reason: String,
     pub created_ms: u64,
+    /// Who made it: `None` an operator, `Some("ban")` the penalty box of a
+    /// strategy (issue 32; the agent writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl BlacklistRecord {

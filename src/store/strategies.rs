@@ -18,7 +18,8 @@ use rate_ctl::core::model::ModelError;
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
      status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
-     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after, max_keys";
+     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after, max_keys, \
+     ban_after, ban_within, ban_for";
 
 impl Store {
     /// Stores a new strategy (validated by whoever received it); returns
@@ -79,6 +80,7 @@ impl Store {
         bind_response(sqlx::query(&self.sql(RESPONSE_UPDATE)), &rec)
             .execute(&mut *tx)
             .await?;
+        super::bans::write_ban_columns(self, &mut tx, &rec, false).await?;
         audit(
             &mut tx,
             who,
@@ -360,6 +362,9 @@ impl Store {
             .bind(r.name.clone())
             .execute(&mut *tx)
             .await?;
+        }
+        for (_, r) in &records {
+            super::bans::write_ban_columns(self, &mut tx, r, true).await?;
         }
         let mut deleted = 0;
         let by_id: std::collections::HashMap<u32, &StrategyRecord> = records
@@ -693,6 +698,10 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
         // NULL: no cap given (or a row from before migration 128).
         max_keys: opt_in("max_keys", rate_ctl::core::model::each::MAX_MAX_KEYS as u64)?
             .map(|v| v as u32),
+        // NULL: no penalty box (or a row from before migration 132).
+        ban_after: opt_in("ban_after", u32::MAX as u64)?.map(|v| v as u32),
+        ban_within: opt_in("ban_within", u32::MAX as u64)?.map(|v| v as u32),
+        ban_for: opt_in("ban_for", u32::MAX as u64)?.map(|v| v as u32),
     };
     rec.into_valid().map_err(bad)
 }

@@ -25,6 +25,7 @@ pub fn token_bucket(id: u32, conditions: Vec<Condition>, enabled: bool) -> Publi
             each: Default::default(),
             name: String::new(),
             response: Default::default(),
+            ban: None,
         },
         slot: id - 1,
         generation: 1,

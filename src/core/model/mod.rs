@@ -6,6 +6,7 @@
 //! absurd burst or an interval that rounds to 0 is an error here, never a
 //! silent bypass later.
 
+pub mod ban;
 pub mod each;
 pub mod ipnet;
 pub mod keyword;
@@ -137,6 +138,8 @@ pub enum ModelError {
     Each(#[from] each::EachError),
     #[error(transparent)]
     Response(#[from] response::ResponseError),
+    #[error(transparent)]
+    Ban(#[from] ban::BanError),
     #[error("{field}: unknown value {value:?} (expected one of {expected})")]
     UnknownKeyword {
         field: &'static str,

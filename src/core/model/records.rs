@@ -244,4 +244,6 @@ pub struct Strategy {
     pub name: String,
     /// `count_if`, `cost_from`, `cost_after` (issue 31; all empty: plain).
     pub response: super::response::Response,
+    /// The penalty box (issue 32; `None`: none): see [`super::ban`].
+    pub ban: Option<super::ban::Ban>,
 }

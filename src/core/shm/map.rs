@@ -429,6 +429,17 @@ impl Mapping {
         &self.keys
     }
 
+    /// The ban table (see [`crate::core::bans`]), in the state file.
+    #[inline]
+    pub fn bans(&self) -> crate::core::bans::BanTable<'_> {
+        let g = &self.geometry;
+        crate::core::bans::BanTable::new(
+            self.region()
+                .sub(g.bans_off, g.bans_len)
+                .expect("validated"),
+        )
+    }
+
     /// The concurrency ledger (see [`super::ledger`]).
     pub fn ledger(&self) -> super::ledger::Ledger<'_> {
         let g = &self.geometry;

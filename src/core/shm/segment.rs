@@ -106,7 +106,8 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         // The name's length (checked: at most MAX_NAME_LEN), 2 reserved
         // bytes, then the name before the conditions.
         out.extend_from_slice(&(s.name.len() as u16).to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        // Flags (bytes 54..56): which optional blocks the record has.
+        out.extend_from_slice(&super::segment_ban::flags(&s.ban).to_le_bytes());
         out.extend_from_slice(s.name.as_bytes());
         for c in &s.conditions {
             // The operator in the top two bits (a name is at most 32 bytes).
@@ -120,6 +121,7 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         while out.len() % 8 != 0 {
             out.push(0);
         }
+        super::segment_ban::encode(&s.ban, &mut out);
         let len = (out.len() - start) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     }
@@ -475,8 +477,14 @@ pub fn decode_records<'a>(
         if len < REC_FIXED || len % 8 != 0 || start + len > payload.len() {
             return Err(bad("bad record length"));
         }
+        // The record's flags (bytes 54..56) say which blocks end it: the
+        // other fields are read from the record without them.
+        let flags = u16::from_le_bytes([payload[start + 54], payload[start + 55]]);
+        let (body, ban) =
+            super::segment_ban::decode(flags, &payload[start..start + len], REC_FIXED)
+                .map_err(bad)?;
         let mut r = Cursor {
-            b: &payload[..start + len],
+            b: &payload[..start + body.len()],
             pos: c.pos,
         };
         let trunc = || bad("truncated");
@@ -497,7 +505,7 @@ pub fn decode_records<'a>(
         let cold_factor = r.u8().ok_or_else(trunc)?;
         let priority = r.u32().ok_or_else(trunc)? as i32;
         let name_len = r.u16().ok_or_else(trunc)? as usize;
-        let _reserved = r.u16().ok_or_else(trunc)?;
+        let _flags = r.u16().ok_or_else(trunc)?;
         if name_len > crate::core::model::MAX_NAME_LEN {
             return Err(bad("name too long"));
         }
@@ -551,6 +559,7 @@ pub fn decode_records<'a>(
             each: each_key,
             name,
             response,
+            ban,
         };
         strategy
             .check_with(conditions.len(), |i| conditions[i])
@@ -648,7 +657,18 @@ mod tests {
                 },
                 _ => Default::default(),
             },
+            ban: None,
         };
+        // A penalty box (issue 32) on per-key strategies of one dimension,
+        // with and without response fields.
+        if id % 4 == 0 {
+            s.each.dims = vec![if id % 8 == 0 { "userid" } else { "ip" }.into()];
+            s.ban = Some(crate::core::model::ban::Ban {
+                after: id,
+                within_s: 10,
+                for_s: 30 * id,
+            });
+        }
         if id == 3 {
             s.action = Action::Allow;
             s.conditions[0].value = b"10.0.0.0/8".to_vec();

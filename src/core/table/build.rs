@@ -316,6 +316,7 @@ impl Table {
         for r in &mut ip_ranges {
             r.addrs = Vec::new();
         }
+        let bans = super::bans::Bans::of(&strategies);
         Table {
             map,
             publish_seq: meta.publish_seq,
@@ -356,6 +357,7 @@ impl Table {
             keyed: !key_owners.is_empty(),
             key_owners,
             responsive,
+            bans,
         }
     }
 }

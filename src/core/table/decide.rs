@@ -30,7 +30,11 @@ impl Table {
         scratch: &mut Scratch,
     ) -> RequestOutcome {
         let mut d = Decision::pass();
-        match self.decide_in(r, held, scratch, &mut d) {
+        let o = self.decide_in(r, held, scratch, &mut d);
+        if self.has_bans() {
+            scratch.ban = self.count_ban(r, &o, &d);
+        }
+        match o {
             RequestOutcome::Limited(()) => RequestOutcome::Limited(d),
             RequestOutcome::NoMatch => RequestOutcome::NoMatch,
             RequestOutcome::Blacklisted { dimension_index } => {
@@ -59,6 +63,12 @@ impl Table {
         // An empty blacklist costs nothing per request.
         if self.bl_ip || !self.bl_dims.is_empty() {
             if let Some(o) = self.blacklisted(r) {
+                return o;
+            }
+        }
+        // The penalty box's local bans (issue 32), answered as the blacklist.
+        if self.has_bans() {
+            if let Some(o) = self.banned(r) {
                 return o;
             }
         }

@@ -106,6 +106,9 @@ pub struct Scratch {
     /// ([`pattern::project`]): room made once, when a table with
     /// templates is loaded.
     tkey: Vec<u8>,
+    /// What the last request's rejection did to its key's ban count
+    /// (issue 32; set by [`Table::decide_into`], the module sets its own).
+    pub ban: Option<BanEvent>,
 }
 
 /// Matches room is made for when a table is loaded (more: the vector grows).
@@ -426,6 +429,8 @@ pub struct Table {
     /// Some strategy has `count_if` or `cost_after` or `cost_from` (issue
     /// 31): a request clears its [`ResponseOut`] (else nothing to do).
     responsive: bool,
+    /// The penalty boxes (issue 32; empty: none, nothing checked).
+    bans: bans::Bans,
 }
 
 impl Table {
@@ -612,6 +617,7 @@ fn base_dimension(name: &str) -> (&str, Op) {
     }
 }
 
+mod bans;
 mod build;
 mod decide;
 mod keyed;
@@ -621,6 +627,7 @@ mod request;
 mod response_plan;
 mod units;
 
+pub use bans::BanEvent;
 pub(crate) use decide::owe_hits;
 pub use keyed::{KeyHolds, KeyPlan};
 pub use request::{IpKey, Request, RequestOutcome, TableDecision, Values};
