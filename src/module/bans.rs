@@ -19,22 +19,28 @@ pub fn log_ban(lc: &LocConf, r: &Request, e: BanEvent, key: Option<String>) {
     let key = key.as_deref().unwrap_or("?");
     let level = lc.log_level();
     match e.counted {
-        Counted::Banned { until_ms, count } => ngx_log_error!(
-            level.ngx_level(),
-            r.log(),
-            "rate_ctl: strategy {id}: banned {key} on this host after {count} rejections \
-             (penalty box, until unix ms {until_ms})"
-        ),
-        Counted::WouldBan { count } => ngx_log_error!(
-            level.ngx_level(),
-            r.log(),
-            "rate_ctl: strategy {id}: would ban {key} after {count} rejections (dry run: nobody is banned)"
-        ),
-        Counted::Full => ngx_log_error!(
-            level.lower().ngx_level(),
-            r.log(),
-            "rate_ctl: strategy {id}: the ban table has no free row for {key}: its rejections are not counted"
-        ),
+        Counted::Banned { until_ms, count } => {
+            ngx_log_error!(
+                level.ngx_level(),
+                r.log(),
+                "rate_ctl: strategy {id}: banned {key} on this host after {count} rejections \
+                 (penalty box, until unix ms {until_ms})"
+            );
+        }
+        Counted::WouldBan { count } => {
+            ngx_log_error!(
+                level.ngx_level(),
+                r.log(),
+                "rate_ctl: strategy {id}: would ban {key} after {count} rejections (dry run: nobody is banned)"
+            );
+        }
+        Counted::Full => {
+            ngx_log_error!(
+                level.lower().ngx_level(),
+                r.log(),
+                "rate_ctl: strategy {id}: the ban table has no free row for {key}: its rejections are not counted"
+            );
+        }
         Counted::Counted(_) | Counted::TooLong => {}
     }
 }
