@@ -441,7 +441,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after', 'max_keys'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after', 'max_keys', 'ban_after', 'ban_within', 'ban_for'];
 
 function conditionRow(key = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -539,6 +539,9 @@ function fillForm(s) {
   $('#s-cost-from').value = s && s.cost_from ? s.cost_from : '';
   $('#s-cost-after').value = s && s.cost_after ? s.cost_after : '';
   $('#s-max-keys').value = s && s.max_keys ? s.max_keys : '';
+  for (const [k, id] of [['ban_after', '#s-ban-after'], ['ban_within', '#s-ban-within'], ['ban_for', '#s-ban-for']]) {
+    $(id).value = s && s[k] ? s[k] : '';
+  }
   updateFormHints();
 }
 
@@ -635,6 +638,11 @@ function readForm() {
   if (body.each.length) {
     const mk = numberOrText($('#s-max-keys').value);
     if (mk !== null) body.max_keys = mk;
+    // The penalty box (issue 32): sent as given, the server checks them.
+    for (const [k, id] of [['ban_after', '#s-ban-after'], ['ban_within', '#s-ban-within'], ['ban_for', '#s-ban-for']]) {
+      const v = numberOrText($(id).value);
+      if (v !== null) body[k] = v;
+    }
   }
   return body;
 }
@@ -930,6 +938,7 @@ function renderBlacklist() {
       el('td', {}, e.dimension),
       el('td', {}, el('code', {}, e.value)),
       el('td', {}, e.reason || el('span', { class: 'muted' }, '–')),
+      el('td', { class: 'source' }, e.source === 'ban' ? el('strong', { title: 'raised by a strategy\'s penalty box' }, 'ban') : 'manual'),
       el('td', { title: fmtTime(createdOf(e)) }, fmtAgo(createdOf(e))),
       el('td', { class: 'remaining', 'data-exp': exp ?? '', title: exp ? fmtTime(exp) : 'does not expire' }, remainingText(e)),
       el('td', { class: 'actions' }, el('button', { type: 'button', class: 'small danger-outline',
