@@ -127,7 +127,7 @@ pub(super) async fn tick<S: Sink>(a: &mut Agent<S>, now: u64) {
             "ban:{}",
             a.opts.host_id.chars().take(24).collect::<String>()
         );
-        match store.blacklist_ban(&rec, &who).await {
+        match store.blacklist_ban(&rec, r.strategy_id, &who).await {
             Ok(w) => {
                 table.set_reported(r.index, r.ident, r.banned_until_ms);
                 a.bans

@@ -327,24 +327,59 @@ fn decide(
     out: &mut Decision,
 ) -> RequestOutcome<()> {
     let values = RequestValues::new(r, mc, sources);
+    let outcome = table.decide_in(
+        &TableRequest {
+            now_ns,
+            now_unix_ms: now_ms,
+            dry_run: lc.dry_run(),
+            quota: lc.headers() != HeaderStyle::Off,
+            ..values.request()
+        },
+        held,
+        scratch,
+        out,
+    );
+    if let Some((id, on_full)) = scratch.key_table_full() {
+        key_table_full(log, lc, r, id, on_full, now_ms);
+    }
+    if table.has_bans()
+        && (out.dry_run_rejected.is_some() || matches!(out.verdict, Admission::Reject { .. }))
+    {
+        count_ban(table, sources, mc, r, lc, &outcome, out, (now_ns, now_ms));
+    }
+    outcome
+}
+
+/// Counts a rejection by a strategy with a penalty box (and logs a ban):
+/// called only for a table that has one, out of line (the request is
+/// built again from nginx's values: the common path keeps none of it).
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn count_ban(
+    table: &Table,
+    sources: &[ValueSource],
+    mc: &MainConf,
+    r: &Request,
+    lc: &LocConf,
+    outcome: &RequestOutcome<()>,
+    d: &Decision,
+    (now_ns, now_ms): (u64, u64),
+) {
+    if !matches!(outcome, RequestOutcome::Limited(())) {
+        return;
+    }
+    let values = RequestValues::new(r, mc, sources);
     let req = TableRequest {
         now_ns,
         now_unix_ms: now_ms,
         dry_run: lc.dry_run(),
-        quota: lc.headers() != HeaderStyle::Off,
         ..values.request()
     };
-    let outcome = table.decide_in(&req, held, scratch, out);
-    if let Some((id, on_full)) = scratch.key_table_full() {
-        key_table_full(log, lc, r, id, on_full, now_ms);
+    if let Some(e) = table.count_ban(&req, outcome, d) {
+        let key = table.key_text(e.strategy_id, &req);
+        super::bans::log_ban(lc, r, e, key);
     }
-    if table.has_bans() {
-        if let Some(e) = table.count_ban(&req, &outcome, out) {
-            let key = table.key_text(e.strategy_id, &req);
-            super::bans::log_ban(lc, r, e, key);
-        }
-    }
-    outcome
 }
 
 /// Logs that a new key of strategy `id` found the key table full: at most

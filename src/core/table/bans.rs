@@ -94,7 +94,7 @@ impl Table {
     /// Some strategy of this table has a penalty box.
     #[inline(always)]
     pub fn has_bans(&self) -> bool {
-        !self.bans.is_empty()
+        self.has_bans
     }
 
     /// The ban table's verdict: the request's key is banned on this host.

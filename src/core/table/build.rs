@@ -317,6 +317,7 @@ impl Table {
             r.addrs = Vec::new();
         }
         let bans = super::bans::Bans::of(&strategies);
+        let bl_dims_empty = bl_dims.is_empty();
         Table {
             map,
             publish_seq: meta.publish_seq,
@@ -357,6 +358,8 @@ impl Table {
             keyed: !key_owners.is_empty(),
             key_owners,
             responsive,
+            has_bans: !bans.is_empty(),
+            bl_check: bl_ip || !bl_dims_empty || !bans.is_empty(),
             bans,
         }
     }

@@ -431,6 +431,11 @@ pub struct Table {
     responsive: bool,
     /// The penalty boxes (issue 32; empty: none, nothing checked).
     bans: bans::Bans,
+    /// `!bans.is_empty()`.
+    has_bans: bool,
+    /// `bl_ip || !bl_dims.is_empty() || has_bans`: the request path's one
+    /// load for the blacklist and the penalty box.
+    bl_check: bool,
 }
 
 impl Table {
