@@ -9,6 +9,8 @@
 #   neither; `rate-ctl blacklist list` shows X with the strategy's name
 #   (source ban); `rate-ctl blacklist rm ID` lets X in on both hosts
 #   within 2 s (the agent lifts host a's local ban too).
+# Item 6: a dry-run strategy with a penalty box logs "would ban" and bans
+# nobody; a client an allow strategy lets through is never banned.
 # Host a runs the first target of RATE_CTL_TARGETS, host b the last (with
 # both builds: vendored 1.28 and Debian 1.22 in one fleet), then the other
 # way round.
@@ -53,6 +55,13 @@ for my $pair (@pairs) {
         my $bad = `$bin strategy add --store $store --name bad --match api=/x --algorithm fixed_window --rate 2 --per day --ban-after 3 --ban-within 10s --ban-for 30s 2>&1`;
         like($bad, qr/--ban-after.*each ip or each userid/, 'a penalty box without each ip/userid: refused, the flag named');
 
+        # Issue 32 item 6: a dry run logs "would ban" and bans nobody; an
+        # allowed client is never banned.
+        $out = `$bin strategy add --store $store --name dry-box --match api=/d --each ip --algorithm fixed_window --rate 1 --per day --scope host --action dry_run --ban-after 2 --ban-within 10s --ban-for 30s 2>&1`;
+        is($?, 0, 'a dry-run strategy with a penalty box') or diag $out;
+        $out = `$bin strategy add --store $store --name vip --match ip=203.0.113.7 --action allow --priority 10 2>&1`;
+        is($?, 0, 'an allow strategy for one client') or diag $out;
+
         my %n;
         for my $h (qw(a b)) {
             spawn("agent $h", "$dir/agent-$h.log", $bin, 'agent', '--store', $store, '--shm', "$dir/shm-$h",
@@ -77,7 +86,17 @@ for my $pair (@pairs) {
         is($n{b}->get('/other', as($y))->{code}, 200, 'client Y on host b: 200');
         is(join(' ', $n{b}->codes('/b', 2, as($y))), '200 200', 'Y limited only by its own count on host b');
 
+        my ($d, $z) = ('192.0.2.30', '203.0.113.7');
+        is(join(' ', $n{a}->codes('/d', 4, as($d))), '200 200 200 200', 'dry run: D passes');
+        is(join(' ', $n{a}->codes('/b', 6, as($z))), '200 200 200 200 200 200', 'allowed Z passes /b');
+        sleep 0.3;
+        is($n{a}->get('/other', as($d))->{code}, 200, 'dry run: D is banned nowhere (host a)');
+        is($n{b}->get('/other', as($z))->{code}, 200, 'allowed Z is banned nowhere (host b)');
+        like(slurp($n{a}->dir . '/logs/error.log'), qr/would ban ip=192\.0\.2\.30 after 2 rejections \(dry run: nobody is banned\)/,
+            'dry run: "would ban" logged');
+
         my $list = `$bin blacklist list --store $store 2>&1`;
+        unlike($list, qr/192\.0\.2\.30|203\.0\.113\.7/, 'neither D nor Z in the blacklist');
         my ($line) = grep {/\Q$x\E/} split /\n/, $list;
         ok($line, 'blacklist list shows X') or diag $list;
         like($line // '', qr/\bban\b.*api-b-box/, 'with source ban and the strategy name');
