@@ -105,6 +105,9 @@ for my $pair (@pairs) {
         like(slurp($n{a}->dir . '/logs/error.log'), qr/strategy \d+: banned ip=192\.0\.2\.10 on this host after 3 rejections/,
             'host a logged the ban');
 
+        my $inspect = `$bin shm inspect $dir/shm-a 2>&1`;
+        like($inspect, qr/ban table: +1 of 4096 rows banned, 1 bans raised, 0 rejections not counted.*, 1 would-bans/,
+            'shm inspect: the ban table of host a') or diag $inspect;
         my ($id) = ($line // '') =~ /^\s*(\d+)/;
         $out = `$bin blacklist rm --store $store $id 2>&1`;
         is($?, 0, "blacklist rm $id") or diag $out;

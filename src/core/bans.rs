@@ -170,6 +170,19 @@ impl<'a> BanTable<'a> {
         BanTable { header, rows }
     }
 
+    /// The table of `capacity` rows (the header's) over `region` (page
+    /// rounded: it may hold more; every process uses the same rows).
+    pub fn with_capacity(region: Region<'a>, capacity: u64) -> BanTable<'a> {
+        let mut t = BanTable::new(region);
+        let n = (t.rows.len() as u64).min(capacity);
+        t.rows = if n < WINDOW {
+            &[]
+        } else {
+            &t.rows[..n as usize]
+        };
+        t
+    }
+
     pub fn capacity(&self) -> u64 {
         self.rows.len() as u64
     }
@@ -277,6 +290,7 @@ impl<'a> BanTable<'a> {
     /// box `ban` at `now_ms`; bans the key when its rejections reach
     /// `ban.after` within `ban.within_s` (unless `dry_run`: then only
     /// "would ban", and the count starts over).
+    #[allow(clippy::too_many_arguments)]
     pub fn count(
         &self,
         ident: u64,

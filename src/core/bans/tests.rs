@@ -167,6 +167,20 @@ fn long_keys_and_hostile_rows_are_refused() {
     assert_eq!(t.count(1, Kind::Ip, b"k", 1, &BAN, false, 0), Counted::Full);
     assert!(!t.is_banned(1, Kind::Ip, b"k", 0));
     assert!(!fits(7, region_bytes(7)) && fits(8, region_bytes(8)) && !fits(8, region_bytes(8) - 1));
+    // The header's capacity bounds a larger (page-rounded) region.
+    let w = words(64);
+    assert_eq!(
+        BanTable::with_capacity(Region::from_atomics(&w), 16).capacity(),
+        16
+    );
+    assert_eq!(
+        BanTable::with_capacity(Region::from_atomics(&w), 1 << 40).capacity(),
+        64
+    );
+    assert_eq!(
+        BanTable::with_capacity(Region::from_atomics(&w), 7).capacity(),
+        0
+    );
 }
 
 #[test]

@@ -433,10 +433,11 @@ impl Mapping {
     #[inline]
     pub fn bans(&self) -> crate::core::bans::BanTable<'_> {
         let g = &self.geometry;
-        crate::core::bans::BanTable::new(
+        crate::core::bans::BanTable::with_capacity(
             self.region()
                 .sub(g.bans_off, g.bans_len)
                 .expect("validated"),
+            g.bans_capacity,
         )
     }
 
