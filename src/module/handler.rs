@@ -342,44 +342,27 @@ fn decide(
     if let Some((id, on_full)) = scratch.key_table_full() {
         key_table_full(log, lc, r, id, on_full, now_ms);
     }
-    if table.has_bans()
-        && (out.dry_run_rejected.is_some() || matches!(out.verdict, Admission::Reject { .. }))
-    {
-        count_ban(table, sources, mc, r, lc, &outcome, out, (now_ns, now_ms));
+    if let Some(e) = scratch.ban.take() {
+        log_ban(table, sources, mc, r, lc, e);
     }
     outcome
 }
 
-/// Counts a rejection by a strategy with a penalty box (and logs a ban):
-/// called only for a table that has one, out of line (the request is
-/// built again from nginx's values: the common path keeps none of it).
+/// Logs what a rejection did to its key's ban count (issue 32): the key
+/// as text from the request built again (out of line: rare).
 #[cold]
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn count_ban(
+fn log_ban(
     table: &Table,
     sources: &[ValueSource],
     mc: &MainConf,
     r: &Request,
     lc: &LocConf,
-    outcome: &RequestOutcome<()>,
-    d: &Decision,
-    (now_ns, now_ms): (u64, u64),
+    e: crate::core::table::BanEvent,
 ) {
-    if !matches!(outcome, RequestOutcome::Limited(())) {
-        return;
-    }
     let values = RequestValues::new(r, mc, sources);
-    let req = TableRequest {
-        now_ns,
-        now_unix_ms: now_ms,
-        dry_run: lc.dry_run(),
-        ..values.request()
-    };
-    if let Some(e) = table.count_ban(&req, outcome, d) {
-        let key = table.key_text(e.strategy_id, &req);
-        super::bans::log_ban(lc, r, e, key);
-    }
+    let key = table.key_text(e.strategy_id, &values.request());
+    super::bans::log_ban(lc, r, e, key);
 }
 
 /// Logs that a new key of strategy `id` found the key table full: at most

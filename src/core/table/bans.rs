@@ -124,11 +124,12 @@ impl Table {
     }
 
     /// Counts the rejection `d` (or the dry run's) if its strategy has a
-    /// penalty box; bans the key once it reaches `ban_after`. Call after
-    /// [`decide_in`](Self::decide_in) when [`has_bans`](Self::has_bans).
+    /// penalty box; bans the key once it reaches `ban_after`.
+    /// [`decide_in`](Self::decide_in) calls it after a per-key decision
+    /// when [`has_bans`](Self::has_bans) (the event in `Scratch::ban`).
     #[cold]
     #[inline(never)]
-    pub fn count_ban<V: Values + ?Sized>(
+    pub(crate) fn count_ban<V: Values + ?Sized>(
         &self,
         r: &Request<'_, V>,
         outcome: &RequestOutcome<()>,

@@ -30,11 +30,7 @@ impl Table {
         scratch: &mut Scratch,
     ) -> RequestOutcome {
         let mut d = Decision::pass();
-        let o = self.decide_in(r, held, scratch, &mut d);
-        if self.has_bans() {
-            scratch.ban = self.count_ban(r, &o, &d);
-        }
-        match o {
+        match self.decide_in(r, held, scratch, &mut d) {
             RequestOutcome::Limited(()) => RequestOutcome::Limited(d),
             RequestOutcome::NoMatch => RequestOutcome::NoMatch,
             RequestOutcome::Blacklisted { dimension_index } => {
@@ -106,6 +102,11 @@ impl Table {
                     &mut scratch.response,
                 ),
             );
+            // A penalty box (issue 32) is on a per-key strategy: a
+            // rejection it counts is decided here, and only here.
+            if self.has_bans() {
+                scratch.ban = self.count_ban(r, &RequestOutcome::Limited(()), out);
+            }
             return RequestOutcome::Limited(());
         }
         if let [si] = *matched {

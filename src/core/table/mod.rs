@@ -106,8 +106,9 @@ pub struct Scratch {
     /// ([`pattern::project`]): room made once, when a table with
     /// templates is loaded.
     tkey: Vec<u8>,
-    /// What the last request's rejection did to its key's ban count
-    /// (issue 32; set by [`Table::decide_into`], the module sets its own).
+    /// What a request's rejection did to its key's ban count (issue 32;
+    /// set by [`Table::decide_in`] for a table with a penalty box, left
+    /// for the caller to take).
     pub ban: Option<BanEvent>,
 }
 
