@@ -342,8 +342,9 @@ fn decide(
     if let Some((id, on_full)) = scratch.key_table_full() {
         key_table_full(log, lc, r, id, on_full, now_ms);
     }
-    if let Some(e) = scratch.ban.take() {
-        log_ban(table, sources, mc, r, lc, e);
+    // Only read here (a write per request costs more): taken out of line.
+    if scratch.ban.is_some() {
+        log_ban(table, sources, mc, r, lc, scratch);
     }
     outcome
 }
@@ -358,8 +359,11 @@ fn log_ban(
     mc: &MainConf,
     r: &Request,
     lc: &LocConf,
-    e: crate::core::table::BanEvent,
+    scratch: &mut Scratch,
 ) {
+    let Some(e) = scratch.ban.take() else {
+        return;
+    };
     let values = RequestValues::new(r, mc, sources);
     let key = table.key_text(e.strategy_id, &values.request());
     super::bans::log_ban(lc, r, e, key);
