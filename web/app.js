@@ -442,7 +442,7 @@ function confirmDialog(text, okLabel) {
 
 // ---------------------------------------------------------------- strategy form
 
-const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after', 'max_keys', 'tz'];
+const FORM_FIELDS = ['name', 'algorithm', 'rate', 'per', 'burst', 'warm_up_ms', 'cold_factor', 'each', 'ipv4_prefix', 'ipv6_prefix', 'on_full', 'scope', 'split', 'action', 'status', 'max_delay_ms', 'priority', 'enabled', 'match', 'count_if', 'cost_from', 'cost_after', 'max_keys', 'ban_after', 'ban_within', 'ban_for', 'tz'];
 
 function conditionRow(key = '', val = '') {
   const n = $('#s-conditions').children.length + 1;
@@ -542,6 +542,9 @@ function fillForm(s) {
   $('#s-max-keys').value = s && s.max_keys ? s.max_keys : '';
   // Issue 33: calendar windows' zone.
   $('#s-tz').value = s && s.tz ? s.tz : '';
+  for (const [k, id] of [['ban_after', '#s-ban-after'], ['ban_within', '#s-ban-within'], ['ban_for', '#s-ban-for']]) {
+    $(id).value = s && s[k] ? s[k] : '';
+  }
   updateFormHints();
 }
 
@@ -638,6 +641,11 @@ function readForm() {
   if (body.each.length) {
     const mk = numberOrText($('#s-max-keys').value);
     if (mk !== null) body.max_keys = mk;
+    // The penalty box (issue 32): sent as given, the server checks them.
+    for (const [k, id] of [['ban_after', '#s-ban-after'], ['ban_within', '#s-ban-within'], ['ban_for', '#s-ban-for']]) {
+      const v = numberOrText($(id).value);
+      if (v !== null) body[k] = v;
+    }
   }
   const tz = $('#s-tz').value.trim();
   if (tz !== '' && body.action !== 'allow') body.tz = tz;
@@ -935,6 +943,7 @@ function renderBlacklist() {
       el('td', {}, e.dimension),
       el('td', {}, el('code', {}, e.value)),
       el('td', {}, e.reason || el('span', { class: 'muted' }, '–')),
+      el('td', { class: 'source' }, e.source === 'ban' ? el('strong', { title: 'raised by a strategy\'s penalty box' }, 'ban') : 'manual'),
       el('td', { title: fmtTime(createdOf(e)) }, fmtAgo(createdOf(e))),
       el('td', { class: 'remaining', 'data-exp': exp ?? '', title: exp ? fmtTime(exp) : 'does not expire' }, remainingText(e)),
       el('td', { class: 'actions' }, el('button', { type: 'button', class: 'small danger-outline',

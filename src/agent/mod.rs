@@ -33,6 +33,7 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
+pub mod bans;
 pub mod delta;
 pub mod publish;
 pub mod source;
@@ -78,6 +79,10 @@ pub trait Sink {
     /// their quarantine); 0 when it was complete.
     fn deferred(&self) -> usize {
         0
+    }
+    /// The mapped files (the penalty box's ban table, `bans.rs`).
+    fn mapping(&self) -> Option<std::sync::Arc<rate_ctl::core::shm::Mapping>> {
+        None
     }
 }
 
@@ -192,6 +197,8 @@ pub struct Agent<S: Sink> {
     /// with the static split when leases expire while the store is
     /// unreachable.
     table: Option<delta::Table>,
+    /// The penalty box's bans written to the store (`bans.rs`).
+    bans: bans::BanState,
 }
 
 /// How long a repaired fault of the shared-memory files stays in the
@@ -222,6 +229,7 @@ impl<S: Sink> Agent<S> {
             strategies: Vec::new(),
             coordinator: None,
             table: None,
+            bans: Default::default(),
         }
     }
 
@@ -416,6 +424,7 @@ impl<S: Sink> Agent<S> {
             };
             self.next_heartbeat_ms = now + every;
         }
+        bans::tick(self, now).await;
         let version = self.source.version().await?;
         let share = (
             share(

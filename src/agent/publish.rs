@@ -82,6 +82,10 @@ impl Sink for ShmSink {
         self.deferred
     }
 
+    fn mapping(&self) -> Option<std::sync::Arc<Mapping>> {
+        Some(self.writer.mapping().clone())
+    }
+
     fn counters(&self) -> Vec<CounterSample> {
         let map = self.writer.mapping();
         let Ok(Some(decoded)) = read_active(map) else {

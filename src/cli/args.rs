@@ -340,6 +340,8 @@ pub struct StrategyAdd {
     pub disabled: bool,
     #[command(flatten)]
     pub response: ResponseArgs,
+    #[command(flatten)]
+    pub ban: super::ban_args::BanArgs,
 }
 
 #[derive(Args, Debug)]
@@ -395,6 +397,8 @@ pub struct StrategyUpdate {
     pub disable: bool,
     #[command(flatten)]
     pub response: ResponseArgs,
+    #[command(flatten)]
+    pub ban: super::ban_args::BanArgs,
 }
 
 /// The response and cost flags of `strategy add` and `update` (issue 31;

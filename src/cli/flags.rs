@@ -39,6 +39,9 @@ pub fn flag(field: Option<Field>) -> &'static str {
         Some(Field::CostAfter) => "--cost-after",
         Some(Field::Tz) => "--tz",
         Some(Field::Column("max_keys")) => "--max-keys",
+        Some(Field::Column("ban_after")) => "--ban-after",
+        Some(Field::Column("ban_within")) => "--ban-within",
+        Some(Field::Column("ban_for")) => "--ban-for",
         Some(Field::Enabled | Field::HostId | Field::Column(_)) | None => "arguments",
     }
 }

@@ -1,6 +1,7 @@
 //! The `rate-ctl` command line: agent, store client commands, shm inspection.
 
 pub mod args;
+pub mod ban_args;
 pub mod flags;
 pub mod shm;
 
@@ -277,7 +278,12 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
                 cost_after: a.response.cost_after,
                 max_keys: a.per_key.max_keys,
                 tz: a.tz,
+                ban_after: None,
+                ban_within: None,
+                ban_for: None,
             };
+            let mut rec = rec;
+            a.ban.apply(&mut rec);
             // Refuse bad arguments before touching the store (the one check).
             let rec = rec.into_valid().map_err(Failure::invalid)?;
             let store = open(target).await?;
@@ -362,6 +368,7 @@ async fn strategy(target: &Target, json: bool, cmd: StrategyCmd) -> CmdResult {
             if let Some(p) = u.priority {
                 rec.priority = p;
             }
+            u.ban.apply(&mut rec);
             if let Some(s) = u.status {
                 rec.status = Some(s);
             }
@@ -605,6 +612,7 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
                 expires_ms: expires.map(|e| unix_ms() + e),
                 reason,
                 created_ms: 0,
+                source: None,
             };
             let rec = rec.into_valid().map_err(Failure::invalid)?;
             let store = open(target).await?;
@@ -628,8 +636,8 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
                 }
             } else {
                 out(format!(
-                    "{:>6}  {:<12} {:<40} {:<14} REASON",
-                    "ID", "DIMENSION", "VALUE", "EXPIRES IN"
+                    "{:>6}  {:<12} {:<40} {:<14} {:<7} REASON",
+                    "ID", "DIMENSION", "VALUE", "EXPIRES IN", "SOURCE"
                 ));
                 for b in &list {
                     let exp = match b.expires_ms {
@@ -637,9 +645,12 @@ async fn blacklist(target: &Target, json: bool, cmd: BlacklistCmd) -> CmdResult 
                         Some(e) if e <= now => "expired".to_string(),
                         Some(e) => format!("{}s", (e - now) / 1000),
                     };
+                    // Bans the penalty box raised (issue 32) apart from an
+                    // operator's entries.
+                    let source = b.source.as_deref().unwrap_or("manual");
                     out(format!(
-                        "{:>6}  {:<12} {:<40} {:<14} {}",
-                        b.id, b.dimension, b.value, exp, b.reason
+                        "{:>6}  {:<12} {:<40} {:<14} {:<7} {}",
+                        b.id, b.dimension, b.value, exp, source, b.reason
                     ));
                 }
             }

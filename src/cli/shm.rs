@@ -153,6 +153,7 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
             "claims": keys.stats().claims,
             "bytes_per_key": rate_ctl::core::keys::ENTRY_BYTES,
         },
+        "ban_table": ban_table_json(&map),
         "slots_in_use": used_slots,
         "blacklist_entries": blacklist_entries,
         "blacklist_dimensions": decoded.as_ref().map(|d| d.blacklist_dimensions.clone()).unwrap_or_default(),
@@ -199,6 +200,15 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
         kt["capacity"],
         kt["bytes_per_key"],
         kt["max_probe"]
+    );
+    let bt = &summary["ban_table"];
+    outln!(
+        "ban table:       {} of {} rows banned, {} bans raised, {} rejections not counted (no free row), {} would-bans (dry run)",
+        bt["banned_rows"],
+        bt["capacity"],
+        bt["raised"],
+        bt["full"],
+        bt["would_ban"]
     );
     outln!("strategies:      {}", rows.len());
     if !rows.is_empty() {
@@ -268,4 +278,18 @@ pub fn inspect(path: &Path, as_json: bool) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The penalty box's ban table (issue 32): its header counters.
+fn ban_table_json(map: &Mapping) -> serde_json::Value {
+    let t = map.bans();
+    let s = t.stats();
+    json!({
+        "capacity": t.capacity(),
+        "banned_rows": s.banned_rows,
+        "raised": s.raised,
+        "full": s.full,
+        "too_long": s.too_long,
+        "would_ban": s.would,
+    })
 }

@@ -204,7 +204,7 @@ impl Backend {
             Backend::Store(s) => s.blacklist_add(rec, CLI).await,
             Backend::Api(a) => {
                 let mut body = blacklist_api_json(rec);
-                strip(&mut body, &["id", "created_at"]);
+                strip(&mut body, &["id", "created_at", "source"]);
                 if rec.expires_ms.is_none() {
                     strip(&mut body, &["expires_at"]);
                 }

@@ -379,6 +379,7 @@ mod tests {
             expires_ms: None,
             reason: "r".into(),
             created_ms: 5,
+            source: None,
         };
         let h = HostRecord {
             host_id: "web-1".into(),

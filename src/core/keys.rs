@@ -263,6 +263,12 @@ impl std::fmt::Debug for KeyHasher {
 }
 
 impl KeyHasher {
+    /// The hash so far (the ban table's ident, [`crate::core::bans::ident`]).
+    #[inline]
+    pub fn finish(self) -> u64 {
+        self.0.finish()
+    }
+
     /// A value part: its length, then its bytes.
     #[inline]
     pub fn part(&mut self, bytes: &[u8]) {

@@ -3,6 +3,7 @@
 //! (`src/module`) and by the `rate-ctl` binary (`src/main.rs`).
 
 pub mod admit;
+pub mod bans;
 pub mod blacklist;
 pub mod calendar;
 pub mod clock;

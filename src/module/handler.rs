@@ -342,7 +342,31 @@ fn decide(
     if let Some((id, on_full)) = scratch.key_table_full() {
         key_table_full(log, lc, r, id, on_full, now_ms);
     }
+    // Only read here (a write per request costs more): taken out of line.
+    if scratch.ban.is_some() {
+        log_ban(table, sources, mc, r, lc, scratch);
+    }
     outcome
+}
+
+/// Logs what a rejection did to its key's ban count (issue 32): the key
+/// as text from the request built again (out of line: rare).
+#[cold]
+#[inline(never)]
+fn log_ban(
+    table: &Table,
+    sources: &[ValueSource],
+    mc: &MainConf,
+    r: &Request,
+    lc: &LocConf,
+    scratch: &mut Scratch,
+) {
+    let Some(e) = scratch.ban.take() else {
+        return;
+    };
+    let values = RequestValues::new(r, mc, sources);
+    let key = table.key_text(e.strategy_id, &values.request());
+    super::bans::log_ban(lc, r, e, key);
 }
 
 /// Logs that a new key of strategy `id` found the key table full: at most

@@ -5,6 +5,7 @@
 //! reader) in [`worker`], the allocator of all of it in [`alloc`].
 
 mod alloc;
+mod bans;
 mod conf;
 mod decision;
 mod ext;

@@ -73,6 +73,7 @@ pub async fn add_blacklist(
         expires_ms,
         reason: f.str("reason")?.unwrap_or_default(),
         created_ms: 0,
+        source: None,
     };
     let rec = rec
         .into_valid()

@@ -48,6 +48,7 @@ pub async fn metrics(State(st): State<Shared>, _: ReadToken) -> Result<Response,
         st.freshness_ms,
     );
     render_leases(&mut body, &names, &st.store.leases(None).await?, unix_ms());
+    render_bans(&mut body, &names, &st.store.ban_metrics(unix_ms()).await?);
     render_instance(&mut body, &st);
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response())
 }
@@ -119,6 +120,28 @@ fn render_instance(o: &mut String, st: &Shared) {
     for (name, kind, help, v) in series {
         head(o, name, kind, help);
         let _ = writeln!(o, "{name} {v}");
+    }
+}
+
+/// The penalty box (issue 32), per strategy: bans the agents raised (or
+/// extended) and ban entries in force now.
+pub fn render_bans(o: &mut String, names: &HashMap<u32, String>, bans: &[(u32, u64, u64)]) {
+    if bans.is_empty() {
+        return;
+    }
+    for (i, (name, kind, help)) in [
+        ("rate_ctl_bans_raised_total", "counter", "Bans the penalty box of the strategy raised (or extended), as the agents wrote them to the store."),
+        ("rate_ctl_bans_active", "gauge", "Blacklist entries of the strategy's penalty box in force now."),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        head(o, name, kind, help);
+        for &(id, raised, active) in bans {
+            let n = names.get(&id).map_or(String::new(), |n| label(n));
+            let v = if i == 0 { raised } else { active };
+            let _ = writeln!(o, "{name}{{strategy=\"{id}\",name=\"{n}\"}} {v}");
+        }
     }
 }
 

@@ -108,6 +108,12 @@ fn schemas() -> Value {
                   "description": "cluster only: static = rate × weight / Σ weights of fresh hosts; demand = leases from the fleet leader by each host's demand (README, Fleet leases). Default: demand for cluster scope, static for host scope and allow (a strategy stored before the split existed stays static)"},
         "max_keys": {"type": ["integer", "null"], "minimum": 1, "maximum": 2147483648u64,
                      "description": "per-key only: most key-table entries this strategy's keys may hold; past it a new key of this strategy gets its on_full while other strategies' new keys still get entries (null: half of the agent's key table)"},
+        "ban_after": {"type": ["integer", "null"], "minimum": 1, "maximum": 1000000,
+                      "description": "penalty box (issue 32): after this many rejections of one key within ban_within seconds the key is banned for ban_for seconds on every host (a blacklist entry with source ban); each ip or each userid only; all three or none"},
+        "ban_within": {"type": ["integer", "null"], "minimum": 1, "maximum": 2592000,
+                       "description": "penalty box: the window the rejections are counted in, seconds (1 s … 30 days)"},
+        "ban_for": {"type": ["integer", "null"], "minimum": 1, "maximum": 2592000,
+                    "description": "penalty box: how long a key is banned, seconds (1 s … 30 days)"},
     });
     // algorithm and rate are required unless the action is allow.
     let rate_required = json!({
@@ -195,6 +201,9 @@ fn schemas() -> Value {
         ("cost_after", json!(null)),
         ("max_keys", json!(null)),
         ("tz", json!(null)),
+        ("ban_after", json!(null)),
+        ("ban_within", json!(null)),
+        ("ban_for", json!(null)),
     ] {
         example[k] = v;
     }
@@ -220,11 +229,13 @@ fn schemas() -> Value {
                     "applied_at": 1763800000000u64, "lag": 1, "fresh": true,
                     "publish_error": null, "publish_error_at": null}});
     let entry = json!({"type": "object", "additionalProperties": false,
-        "required": ["id", "dimension", "value", "expires_at", "reason", "created_at"],
+        "required": ["id", "dimension", "value", "expires_at", "reason", "created_at", "source"],
         "properties": {"id": {"type": "integer"}, "dimension": {"type": "string"}, "value": {"type": "string"},
-            "expires_at": nullable("integer"), "reason": {"type": "string"}, "created_at": {"type": "integer"}},
+            "expires_at": nullable("integer"), "reason": {"type": "string"}, "created_at": {"type": "integer"},
+            "source": {"enum": ["manual", "ban"],
+                       "description": "manual: an operator's entry; ban: raised by a strategy's penalty box (issue 32), written by the agent of the host that banned"}},
         "example": {"id": 3, "dimension": "ip", "value": "10.0.0.9", "expires_at": 1763900000000u64,
-                    "reason": "abuse", "created_at": 1763800000000u64}});
+                    "reason": "abuse", "created_at": 1763800000000u64, "source": "manual"}});
     let all: Vec<&str> = strategy
         .as_object()
         .expect("object")

@@ -69,6 +69,9 @@ const STRATEGY_FIELDS: &[&str] = &[
     "cost_after",
     "max_keys",
     "tz",
+    "ban_after",
+    "ban_within",
+    "ban_for",
 ];
 const PUT_EXTRA: &[&str] = &["id", "version", "created_at", "updated_at"];
 
@@ -126,6 +129,9 @@ fn strategy_from_body(o: &Map<String, Value>, id: u32) -> Result<Valid<StrategyR
         cost_after: f.str("cost_after")?,
         max_keys: f.uint("max_keys", u32::MAX as u64)?.map(|m| m as u32),
         tz: f.str("tz")?.filter(|z| !z.is_empty()),
+        ban_after: f.uint("ban_after", u32::MAX as u64)?.map(|m| m as u32),
+        ban_within: f.uint("ban_within", u32::MAX as u64)?.map(|m| m as u32),
+        ban_for: f.uint("ban_for", u32::MAX as u64)?.map(|m| m as u32),
     };
     rec.clone()
         .into_valid()

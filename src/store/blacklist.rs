@@ -33,7 +33,7 @@ impl Store {
         let mut rec = rec.clone().into_inner();
         let (mut tx, version) = self.begin_change().await?;
         let before = sqlx::query(&self.sql(
-            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE dimension = ? AND value = ?",
+            "SELECT id, dimension, value, expires_ms, reason, created_ms, source FROM blacklist WHERE dimension = ? AND value = ?",
         ))
         .bind(&rec.dimension)
         .bind(&rec.value)
@@ -48,14 +48,15 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         sqlx::query(&self.sql(
-            "INSERT INTO blacklist (dimension, value, expires_ms, reason, created_ms) \
-             VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO blacklist (dimension, value, expires_ms, reason, created_ms, source) \
+             VALUES (?, ?, ?, ?, ?, ?)",
         ))
         .bind(&rec.dimension)
         .bind(&rec.value)
         .bind(rec.expires_ms.map(|e| e as i64))
         .bind(&rec.reason)
         .bind(rec.created_ms as i64)
+        .bind(rec.source.clone())
         .execute(&mut *tx)
         .await?;
         let id: i64 =
@@ -84,7 +85,7 @@ impl Store {
     pub async fn blacklist_rm(&self, id: u64, who: &str) -> Result<u64> {
         let (mut tx, version) = self.begin_change().await?;
         let before = sqlx::query(&self.sql(
-            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist WHERE id = ?",
+            "SELECT id, dimension, value, expires_ms, reason, created_ms, source FROM blacklist WHERE id = ?",
         ))
         .bind(id as i64)
         .fetch_optional(&mut *tx)
@@ -116,7 +117,7 @@ impl Store {
 
     pub async fn blacklist_list(&self) -> Result<Vec<BlacklistRecord>> {
         let rows = sqlx::query(&self.sql(
-            "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",
+            "SELECT id, dimension, value, expires_ms, reason, created_ms, source FROM blacklist ORDER BY id",
         ))
         .fetch_all(&self.pool)
         .await?;
@@ -134,5 +135,6 @@ pub(super) fn decode_blacklist(r: &AnyRow) -> Result<BlacklistRecord, sqlx::Erro
         expires_ms: r.try_get::<Option<i64>, _>(3)?.map(|v| v.max(0) as u64),
         reason: r.try_get(4)?,
         created_ms: r.try_get::<i64, _>(5)?.max(0) as u64,
+        source: r.try_get::<Option<String>, _>(6)?,
     })
 }

@@ -130,7 +130,7 @@ pub(super) async fn read_blacklist(
     tx: &mut Transaction<'static, Any>,
 ) -> Result<Vec<Valid<BlacklistRecord>>> {
     let bl = sqlx::query(&d.sql(
-        "SELECT id, dimension, value, expires_ms, reason, created_ms FROM blacklist ORDER BY id",
+        "SELECT id, dimension, value, expires_ms, reason, created_ms, source FROM blacklist ORDER BY id",
     ))
     .fetch_all(&mut **tx)
     .await?;

@@ -154,6 +154,7 @@ impl From<ModelError> for Invalid {
             E::Each(each) => each_field(each),
             E::Response(r) => response_field(r),
             E::Calendar(c) => calendar_field(c),
+            E::Ban(b) => ban_field(b),
         };
         let message = e.to_string();
         // The model's messages are "name: text"; `name` is known from the variant.
@@ -187,6 +188,17 @@ fn each_field(e: &rate_ctl::core::model::each::EachError) -> (Field, String) {
         E::MaxKeys(_) | E::NeedsEach("max_keys") => (Field::Column("max_keys"), "max_keys".into()),
         E::OnFull(_) | E::NeedsEach(_) => (Field::OnFull, "on_full".into()),
     }
+}
+
+/// The field (and its name in the message) of a penalty box error.
+fn ban_field(e: &rate_ctl::core::model::ban::BanError) -> (Field, String) {
+    use rate_ctl::core::model::ban::BanError as E;
+    let name = match e {
+        E::Duration { field, .. } | E::BadDuration { field, .. } => field,
+        E::Missing(field) => field,
+        E::After(_) | E::Each(_) | E::Allow => "ban_after",
+    };
+    (Field::Column(name), name.to_string())
 }
 
 /// The field (and its name in the message) of a response/cost error.

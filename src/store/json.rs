@@ -38,6 +38,9 @@ pub fn strategy_api_json(r: &StrategyRecord) -> serde_json::Value {
         "cost_after": r.cost_after,
         "max_keys": r.max_keys,
         "tz": r.tz,
+        "ban_after": r.ban_after,
+        "ban_within": r.ban_within,
+        "ban_for": r.ban_for,
     })
 }
 
@@ -125,6 +128,7 @@ pub fn blacklist_api_json(b: &BlacklistRecord) -> serde_json::Value {
         "expires_at": b.expires_ms,
         "reason": b.reason,
         "created_at": b.created_ms,
+        "source": b.source.as_deref().unwrap_or("manual"),
     })
 }
 
@@ -139,6 +143,7 @@ pub fn blacklist_from_api_json(v: &serde_json::Value) -> Result<BlacklistRecord,
         expires_ms: v["expires_at"].as_u64(),
         reason: s("reason").unwrap_or_default(),
         created_ms: v["created_at"].as_u64().unwrap_or(0),
+        source: s("source").filter(|s| s != "manual"),
     })
 }
 
@@ -263,6 +268,9 @@ pub fn field_of_api_name(name: &str) -> Option<Field> {
         "cost_after" => Field::CostAfter,
         "tz" => Field::Tz,
         "max_keys" => Field::Column("max_keys"),
+        "ban_after" => Field::Column("ban_after"),
+        "ban_within" => Field::Column("ban_within"),
+        "ban_for" => Field::Column("ban_for"),
         _ => return None,
     })
 }
@@ -322,6 +330,7 @@ mod tests {
                 expires_ms,
                 reason: "scraper".into(),
                 created_ms: 42,
+                source: expires_ms.map(|_| "ban".into()),
             };
             assert_eq!(blacklist_from_api_json(&blacklist_api_json(&b)).unwrap(), b);
         }

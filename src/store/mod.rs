@@ -8,6 +8,7 @@
 
 mod audit;
 pub use audit::actor;
+pub mod bans;
 mod blacklist;
 mod calendar;
 mod changelog;

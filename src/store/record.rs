@@ -241,6 +241,15 @@ pub struct StrategyRecord {
     /// in; `None`: UTC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
+    /// The penalty box (issue 32): rejections of one key by this strategy
+    /// that ban it (1 …), within `ban_within` seconds, for `ban_for`
+    /// seconds (1 s … 30 days); all three or none, `each ip` or `userid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_after: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_within: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_for: Option<u32>,
 }
 
 fn default_unit() -> Unit {
@@ -432,7 +441,18 @@ impl StrategyRecord {
             name: self.name.clone(),
             response: self.core_response()?,
             tz: self.tz.clone().unwrap_or_default(),
+            ban: self.core_ban()?,
         })
+    }
+
+    /// The core penalty box (issue 32; `None`: none).
+    fn core_ban(&self) -> Result<Option<rate_ctl::core::model::ban::Ban>, Invalid> {
+        rate_ctl::core::model::ban::Ban::from_parts(
+            self.ban_after.map(u64::from),
+            self.ban_within.map(u64::from),
+            self.ban_for.map(u64::from),
+        )
+        .map_err(|e| Invalid::from(ModelError::from(e)))
     }
 
     /// The core response and cost fields (issue 31).
@@ -593,6 +613,10 @@ pub struct BlacklistRecord {
     pub expires_ms: Option<u64>,
     pub reason: String,
     pub created_ms: u64,
+    /// Who made it: `None` an operator, `Some("ban")` the penalty box of a
+    /// strategy (issue 32; the agent writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl BlacklistRecord {

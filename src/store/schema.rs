@@ -333,6 +333,23 @@ pub const MIGRATIONS: &[Migration] = &[
         ],
     },
     Migration {
+        version: 132,
+        description: "penalty box (issue 32): strategies.ban_after, ban_within, ban_for; blacklist.source, ban_strategy; bans raised per strategy",
+        steps: &[
+            Step::AddColumn("strategies", "ban_after BIGINT NULL"),
+            Step::AddColumn("strategies", "ban_within BIGINT NULL"),
+            Step::AddColumn("strategies", "ban_for BIGINT NULL"),
+            Step::AddColumn("blacklist", "source VARCHAR(16) NULL"),
+            Step::AddColumn("blacklist", "ban_strategy BIGINT NULL"),
+            Step::Table(TableDef {
+                name: "ban_counts",
+                columns: "strategy_id BIGINT NOT NULL PRIMARY KEY,
+                    raised BIGINT NOT NULL",
+                indexes: &[],
+            }),
+        ],
+    },
+    Migration {
         version: 134,
         description:
             "audit_log: the token's role and the client's address; named API tokens (issue 34)",

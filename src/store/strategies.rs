@@ -18,7 +18,8 @@ use rate_ctl::core::model::ModelError;
 pub(super) const STRATEGY_COLUMNS: &str =
     "id, name, conditions, algorithm, rate, per, burst, action, \
      status, max_delay_ms, enabled, scope, warm_up_ms, cold_factor, priority, each_dims, ipv4_prefix, \
-     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after, max_keys, tz";
+     ipv6_prefix, on_full, split, created_ms, updated_ms, version, count_if, cost_from, cost_after, max_keys, tz, \
+     ban_after, ban_within, ban_for";
 
 impl Store {
     /// Stores a new strategy (validated by whoever received it); returns
@@ -80,6 +81,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         super::calendar::write_tz(self, &mut tx, &rec, "id").await?;
+        super::bans::write_ban_columns(self, &mut tx, &rec, false).await?;
         super::changelog::log_change(&mut tx, rec.version, super::Change::Strategy(rec.id)).await?;
         audit(
             &mut tx,
@@ -367,6 +369,7 @@ impl Store {
         // Issue 33: the calendar zone, likewise.
         for (_, r) in &records {
             super::calendar::write_tz(self, &mut tx, r, "name").await?;
+            super::bans::write_ban_columns(self, &mut tx, r, true).await?;
         }
         let mut deleted = 0;
         let by_id: std::collections::HashMap<u32, &StrategyRecord> = records
@@ -703,6 +706,10 @@ pub(super) fn decode_strategy(row: &AnyRow) -> Result<Valid<StrategyRecord>, Bad
             .map(|v| v as u32),
         // NULL: UTC (or a row from before migration 135).
         tz: get_os("tz")?.filter(|s| !s.is_empty()),
+        // NULL: no penalty box (or a row from before migration 132).
+        ban_after: opt_in("ban_after", u32::MAX as u64)?.map(|v| v as u32),
+        ban_within: opt_in("ban_within", u32::MAX as u64)?.map(|v| v as u32),
+        ban_for: opt_in("ban_for", u32::MAX as u64)?.map(|v| v as u32),
     };
     rec.into_valid().map_err(bad)
 }

@@ -26,6 +26,7 @@ pub fn token_bucket(id: u32, conditions: Vec<Condition>, enabled: bool) -> Publi
             name: String::new(),
             response: Default::default(),
             tz: String::new(),
+            ban: None,
         },
         slot: id - 1,
         generation: 1,

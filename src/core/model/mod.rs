@@ -6,6 +6,7 @@
 //! absurd burst or an interval that rounds to 0 is an error here, never a
 //! silent bypass later.
 
+pub mod ban;
 pub mod calendar;
 pub mod each;
 pub mod ipnet;
@@ -140,6 +141,8 @@ pub enum ModelError {
     Response(#[from] response::ResponseError),
     #[error(transparent)]
     Calendar(#[from] calendar::CalendarError),
+    #[error(transparent)]
+    Ban(#[from] ban::BanError),
     #[error("{field}: unknown value {value:?} (expected one of {expected})")]
     UnknownKeyword {
         field: &'static str,

@@ -257,4 +257,6 @@ pub struct Strategy {
     /// and months a `fixed_window` counts in (empty: UTC). See
     /// [`calendar`](crate::core::calendar).
     pub tz: String,
+    /// The penalty box (issue 32; `None`: none): see [`super::ban`].
+    pub ban: Option<super::ban::Ban>,
 }

@@ -42,6 +42,7 @@ impl Strategy {
             name: String::new(),
             response: Default::default(),
             tz: String::new(),
+            ban: None,
         }
     }
 
@@ -297,6 +298,12 @@ impl Strategy {
         if self.action == Action::Allow && self.each.is_keyed() {
             // An allowed request passes before any key is looked up.
             return Err(super::each::EachError::Allow.into());
+        }
+        if let Some(b) = &self.ban {
+            if self.action == Action::Allow {
+                return Err(super::ban::BanError::Allow.into());
+            }
+            b.check(&self.each.dims)?;
         }
         Ok(())
     }

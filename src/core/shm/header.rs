@@ -30,6 +30,8 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// Version 5 (session 15, shared by its branches): record flags at record
 /// bytes 54..56, and calendar windows (issue 33: units `week` 5 and
 /// `month` 6, the calendar block ending a record with a `tz`).
+/// 5: the ban table at the end of the state file (`H_BANS_*`, issue 32,
+/// [`crate::core::bans`]) and the strategy record's flags (bytes 54..56).
 pub const LAYOUT_VERSION: u32 = 5;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
@@ -71,6 +73,10 @@ pub const H_STATE_OFF: usize = 232;
 /// 16 bytes: random per pair of files, repeated in the state file's
 /// header, so that a configuration is never paired with another's state.
 pub const H_PAIR_ID: usize = 240;
+/// The ban table (issue 32): offset, length, rows (layout version 5).
+pub const H_BANS_OFF: usize = 256;
+pub const H_BANS_LEN: usize = 264;
+pub const H_BANS_CAPACITY: usize = 272;
 /// `"RCSTATE\0"`: magic of the state file's header.
 pub const STATE_MAGIC: u64 = u64::from_le_bytes(*b"RCSTATE\0");
 /// State file header fields (bytes from the start of the state file).
@@ -144,6 +150,11 @@ pub struct Geometry {
     pub keys_len: u64,
     /// Entries of the key table.
     pub keys_capacity: u64,
+    /// The ban table, after the key table (issue 32).
+    pub bans_off: u64,
+    pub bans_len: u64,
+    /// Rows of the ban table.
+    pub bans_capacity: u64,
 }
 
 fn page_up(n: u64) -> u64 {
@@ -181,8 +192,9 @@ impl Geometry {
             c.max_strategies,
             keys_capacity,
         ));
+        let (bans_off, bans_len, bans_capacity) = ban_region(keys_off + keys_len);
         Ok(Geometry {
-            file_size: keys_off + keys_len,
+            file_size: bans_off + bans_len,
             state_off,
             slot_count: c.max_strategies,
             bitmap_off,
@@ -199,6 +211,9 @@ impl Geometry {
             keys_off,
             keys_len,
             keys_capacity,
+            bans_off,
+            bans_len,
+            bans_capacity,
         })
     }
 
@@ -225,6 +240,9 @@ impl Geometry {
         h.store(H_KEYS_LEN, self.keys_len);
         h.store(H_KEYS_CAPACITY, self.keys_capacity);
         h.store(H_STATE_OFF, self.state_off);
+        h.store(H_BANS_OFF, self.bans_off);
+        h.store(H_BANS_LEN, self.bans_len);
+        h.store(H_BANS_CAPACITY, self.bans_capacity);
     }
 
     /// Bytes of the configuration file.
@@ -274,6 +292,9 @@ impl Geometry {
             keys_off: h.load(H_KEYS_OFF),
             keys_len: h.load(H_KEYS_LEN),
             keys_capacity: h.load(H_KEYS_CAPACITY),
+            bans_off: h.load(H_BANS_OFF),
+            bans_len: h.load(H_BANS_LEN),
+            bans_capacity: h.load(H_BANS_CAPACITY),
         };
         if g.state_off > g.file_size || g.state_off < HEADER_SIZE {
             return Err(bad("state offset outside the file"));
@@ -304,6 +325,7 @@ impl Geometry {
             (g.slots_off, g.slots_len),
             (g.ledger_off, g.ledger_len),
             (g.keys_off, g.keys_len),
+            (g.bans_off, g.bans_len),
         ];
         let mut end = HEADER_SIZE;
         for (off, len) in regions {
@@ -326,8 +348,24 @@ impl Geometry {
         if !crate::core::keys::fits(g.slot_count, g.keys_capacity, g.keys_len) {
             return Err(bad("key table capacity does not fit its region"));
         }
+        if !crate::core::bans::fits(g.bans_capacity, g.bans_len) {
+            return Err(bad("ban table capacity does not fit its region"));
+        }
         Ok(g)
     }
+}
+
+/// The ban table's region (offset, length, rows) laid out from `from`
+/// (the end of the key table): the one function that sizes it, so that a
+/// region after it starts at `offset + length`.
+pub fn ban_region(from: u64) -> (u64, u64, u64) {
+    let capacity = crate::core::bans::capacity_for(crate::core::bans::DEFAULT_ROWS);
+    let off = page_up(from);
+    (
+        off,
+        page_up(crate::core::bans::region_bytes(capacity)),
+        capacity,
+    )
 }
 
 fn geometry_crc(h: &Region<'_>) -> u32 {

@@ -429,6 +429,18 @@ impl Mapping {
         &self.keys
     }
 
+    /// The ban table (see [`crate::core::bans`]), in the state file.
+    #[inline]
+    pub fn bans(&self) -> crate::core::bans::BanTable<'_> {
+        let g = &self.geometry;
+        crate::core::bans::BanTable::with_capacity(
+            self.region()
+                .sub(g.bans_off, g.bans_len)
+                .expect("validated"),
+            g.bans_capacity,
+        )
+    }
+
     /// The concurrency ledger (see [`super::ledger`]).
     pub fn ledger(&self) -> super::ledger::Ledger<'_> {
         let g = &self.geometry;

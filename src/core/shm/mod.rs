@@ -14,6 +14,7 @@ pub mod loader;
 pub mod reader;
 pub mod region;
 pub mod segment;
+pub mod segment_ban;
 pub mod sigbus;
 pub mod slot;
 pub mod writer;

@@ -106,8 +106,10 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         // The name's length (checked: at most MAX_NAME_LEN), 2 reserved
         // bytes, then the name before the conditions.
         out.extend_from_slice(&(s.name.len() as u16).to_le_bytes());
-        // Record flags: which optional blocks follow (bit 15: calendar).
-        let flags = super::calendar_block::flags(s);
+        // Record flags (bytes 54..56): which optional blocks end the
+        // record (bit 0: the penalty box, last; bit 15: the calendar,
+        // before it).
+        let flags = super::calendar_block::flags(s) | super::segment_ban::flags(&s.ban);
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(s.name.as_bytes());
         for c in &s.conditions {
@@ -124,6 +126,7 @@ pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
         while out.len() % 8 != 0 {
             out.push(0);
         }
+        super::segment_ban::encode(&s.ban, &mut out);
         let len = (out.len() - start) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     }
@@ -479,8 +482,14 @@ pub fn decode_records<'a>(
         if len < REC_FIXED || len % 8 != 0 || start + len > payload.len() {
             return Err(bad("bad record length"));
         }
+        // The record's flags (bytes 54..56) say which blocks end it: the
+        // other fields are read from the record without them.
+        let flags = u16::from_le_bytes([payload[start + 54], payload[start + 55]]);
+        let (body, ban) =
+            super::segment_ban::decode(flags, &payload[start..start + len], REC_FIXED)
+                .map_err(bad)?;
         let mut r = Cursor {
-            b: &payload[..start + len],
+            b: &payload[..start + body.len()],
             pos: c.pos,
         };
         let trunc = || bad("truncated");
@@ -557,6 +566,7 @@ pub fn decode_records<'a>(
             name,
             response,
             tz,
+            ban,
         };
         strategy
             .check_with(conditions.len(), |i| conditions[i])
@@ -655,6 +665,7 @@ mod tests {
                 _ => Default::default(),
             },
             tz: String::new(),
+            ban: None,
         };
         // Calendar windows with and without `each` and response fields
         // (issue 33).
@@ -666,6 +677,16 @@ mod tests {
                 1 => (Unit::Day, "America/Argentina/Buenos_Aires".into()),
                 _ => (Unit::Week, String::new()),
             };
+        }
+        // A penalty box (issue 32) on per-key strategies of one dimension,
+        // with and without response fields.
+        if id % 4 == 0 {
+            s.each.dims = vec![if id % 8 == 0 { "userid" } else { "ip" }.into()];
+            s.ban = Some(crate::core::model::ban::Ban {
+                after: id,
+                within_s: 10,
+                for_s: 30 * id,
+            });
         }
         if id == 3 {
             s.action = Action::Allow;

@@ -324,6 +324,8 @@ impl Table {
         for r in &mut ip_ranges {
             r.addrs = Vec::new();
         }
+        let bans = super::bans::Bans::of(&strategies);
+        let bl_dims_empty = bl_dims.is_empty();
         Table {
             map,
             publish_seq: meta.publish_seq,
@@ -375,6 +377,9 @@ impl Table {
             keyed: !key_owners.is_empty(),
             key_owners,
             responsive,
+            has_bans: !bans.is_empty(),
+            bl_check: bl_ip || !bl_dims_empty || !bans.is_empty(),
+            bans,
         }
     }
 }

@@ -57,7 +57,9 @@ impl Table {
         // (What response options leave in `scratch.response` is taken by
         // `owing` after each request: nothing to clear here.)
         // An empty blacklist costs nothing per request.
-        if self.bl_ip || !self.bl_dims.is_empty() {
+        // And the penalty box's local bans (issue 32), answered as the
+        // blacklist: one flag for both.
+        if self.bl_check {
             if let Some(o) = self.blacklisted(r) {
                 return o;
             }
@@ -100,6 +102,11 @@ impl Table {
                     &mut scratch.response,
                 ),
             );
+            // A penalty box (issue 32) is on a per-key strategy: a
+            // rejection it counts is decided here, and only here.
+            if self.has_bans() {
+                scratch.ban = self.count_ban(r, &RequestOutcome::Limited(()), out);
+            }
             return RequestOutcome::Limited(());
         }
         if let [si] = *matched {
@@ -201,6 +208,11 @@ impl Table {
         &self,
         r: &Request<'_, V>,
     ) -> Option<RequestOutcome<()>> {
+        if self.has_bans() {
+            if let Some(o) = self.banned(r) {
+                return Some(o);
+            }
+        }
         let bl = self.blacklist()?;
         if let Some(ip) = r.ip.filter(|_| self.bl_ip) {
             if bl.contains_ip(ip.addr(), r.now_unix_ms) {

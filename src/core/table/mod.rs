@@ -106,6 +106,10 @@ pub struct Scratch {
     /// ([`pattern::project`]): room made once, when a table with
     /// templates is loaded.
     tkey: Vec<u8>,
+    /// What a request's rejection did to its key's ban count (issue 32;
+    /// set by [`Table::decide_in`] for a table with a penalty box, left
+    /// for the caller to take).
+    pub ban: Option<BanEvent>,
 }
 
 /// Matches room is made for when a table is loaded (more: the vector grows).
@@ -454,6 +458,13 @@ pub struct Table {
     /// Some strategy has `count_if` or `cost_after` or `cost_from` (issue
     /// 31): a request clears its [`ResponseOut`] (else nothing to do).
     responsive: bool,
+    /// The penalty boxes (issue 32; empty: none, nothing checked).
+    bans: bans::Bans,
+    /// `!bans.is_empty()`.
+    has_bans: bool,
+    /// `bl_ip || !bl_dims.is_empty() || has_bans`: the request path's one
+    /// load for the blacklist and the penalty box.
+    bl_check: bool,
 }
 
 impl Table {
@@ -640,6 +651,7 @@ fn base_dimension(name: &str) -> (&str, Op) {
     }
 }
 
+mod bans;
 mod build;
 mod decide;
 mod keyed;
@@ -649,6 +661,7 @@ mod request;
 mod response_plan;
 mod units;
 
+pub use bans::BanEvent;
 pub(crate) use decide::owe_hits;
 pub use keyed::{KeyHolds, KeyPlan};
 pub use request::{IpKey, Request, RequestOutcome, TableDecision, Values};
