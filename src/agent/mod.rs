@@ -33,6 +33,7 @@
 //! between publishes (a publish is synchronous, so it is never cut short)
 //! and it exits 0.
 
+pub mod keys;
 pub mod publish;
 pub mod source;
 

@@ -90,6 +90,7 @@
 mod charge;
 mod hash;
 mod probe;
+pub mod read;
 pub mod segment;
 pub mod state;
 
@@ -97,6 +98,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use hash::{Mix, MixKeys, Sip13};
+pub use read::{key_text, parse_key, KeyPart, KeyReading, KeyTextError};
 pub use state::{KeyLimiter, Step};
 
 use super::shm::error::ShmError;

@@ -12,6 +12,7 @@ mod blacklist;
 pub mod error;
 mod hosts;
 pub mod json;
+pub mod keys;
 mod leases;
 pub mod record;
 mod samples;

@@ -321,6 +321,18 @@ pub const MIGRATIONS: &[Migration] = &[
         ],
     },
     Migration {
+        version: 133,
+        description: "key_resets: per-key resets the agents apply (issue 33)",
+        steps: &[Step::Table(TableDef {
+            name: "key_resets",
+            columns: "{id},
+                strategy_id BIGINT NOT NULL,
+                key_text VARCHAR(4200) NOT NULL,
+                at_ms BIGINT NOT NULL",
+            indexes: &[],
+        })],
+    },
+    Migration {
         version: 134,
         description:
             "audit_log: the token's role and the client's address; named API tokens (issue 34)",

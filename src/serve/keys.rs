@@ -1,0 +1,291 @@
+//! Per-key operations across the fleet (issue 33):
+//!
+//! * `GET /api/v1/strategies/{id}/keys/{key}`: every fresh host's reading
+//!   of the key and the fleet's sum. The question is queued here, in this
+//!   instance's memory; the agents that poll `POST
+//!   /api/v1/hosts/{host}/keys` (every `crate::agent::keys::POLL`, 200 ms) read it from
+//!   their own file and answer on their next poll. The answer waits at
+//!   most [`ANSWER_WAIT`] and lists a host that did not answer by then as
+//!   such (`"answered": false`). Agents polling another `serve` instance
+//!   are not asked (they are listed as not answering).
+//! * `DELETE /api/v1/strategies/{id}/keys/{key}`: records a reset in the
+//!   store (audited, `key_resets`); the agents apply it from their poll
+//!   (through serve) or from the store itself (`--store`).
+//! * `POST /api/v1/hosts/{host}/keys` (agent token): the agent's poll —
+//!   resets after its last one, the questions waiting for it; its answers.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use serde_json::{json, Value};
+
+use super::auth::{AdminToken, AgentToken, ReadToken, Token};
+use super::body::{json_response, object, ok, Fields};
+use super::error::{ApiError, ApiResult};
+use super::{Routes, Shared};
+use crate::store::StoreError;
+use rate_ctl::core::clock::unix_ms;
+
+/// How long the fleet view waits for the hosts' answers.
+pub const ANSWER_WAIT: Duration = Duration::from_millis(1000);
+/// Questions kept at most (older ones are dropped first).
+const MAX_QUESTIONS: usize = 256;
+/// Most answers one agent poll carries.
+const MAX_ANSWERS: usize = 256;
+
+pub fn router() -> Routes {
+    Routes::default()
+        .add(
+            "/api/v1/strategies/{id}/keys/{key}",
+            &["GET", "DELETE"],
+            get(show_key).delete(reset_key),
+        )
+        .add("/api/v1/hosts/{host_id}/keys", &["POST"], post(agent_poll))
+}
+
+/// A question of the fleet view, and the answers so far by host.
+struct Question {
+    id: u64,
+    strategy: u32,
+    key: String,
+    asked_ms: u64,
+    answers: HashMap<String, Value>,
+}
+
+#[derive(Default)]
+struct Questions {
+    next: u64,
+    open: Vec<Question>,
+}
+
+static QUESTIONS: LazyLock<Mutex<Questions>> = LazyLock::new(Mutex::default);
+static ANSWERED: LazyLock<tokio::sync::Notify> = LazyLock::new(tokio::sync::Notify::new);
+
+fn questions() -> std::sync::MutexGuard<'static, Questions> {
+    QUESTIONS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The strategy id of the path: 404 naming `strategy` when it is not one.
+fn strategy_id(s: &str) -> Result<u32, ApiError> {
+    s.parse::<u32>().ok().filter(|&i| i > 0).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            Some("strategy"),
+            format!("no strategy with id {s:?}"),
+        )
+    })
+}
+
+/// The key of the path as `$rate_ctl_key` prints it, checked against the
+/// strategy: 404 (`strategy`) for no such strategy, 422 (`strategy`) for
+/// one without `each`, 422 (`key`) for a key it cannot have.
+async fn checked_key(st: &Shared, id: &str, key: &str) -> Result<(u32, String), ApiError> {
+    let id = strategy_id(id)?;
+    let rec = st.store.get_strategy(id).await.map_err(|e| match e {
+        StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, Some("strategy"), m),
+        e => e.into(),
+    })?;
+    if rec.each.is_empty() {
+        return Err(ApiError::invalid(
+            "strategy",
+            format!("strategy {id} is not per-key (no `each`): it has no keys"),
+        ));
+    }
+    let key = st.store.canonical_key(id, key).await?;
+    Ok((id, key))
+}
+
+pub async fn reset_key(
+    State(st): State<Shared>,
+    Token(who): AdminToken,
+    Path((id, key)): Path<(String, String)>,
+) -> ApiResult {
+    let (id, key) = checked_key(&st, &id, &key).await?;
+    let r = st.store.key_reset(id, &key, who.name()).await?;
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        json!({"id": r.id, "strategy": id, "key": r.key, "at": r.at_ms}),
+    ))
+}
+
+pub async fn show_key(
+    State(st): State<Shared>,
+    _: ReadToken,
+    Path((id, key)): Path<(String, String)>,
+) -> ApiResult {
+    let (id, key) = checked_key(&st, &id, &key).await?;
+    let now = unix_ms();
+    let fresh: Vec<String> = st
+        .store
+        .hosts()
+        .await?
+        .into_iter()
+        .filter(|h| {
+            h.last_heartbeat_ms
+                .is_some_and(|hb| hb.saturating_add(st.freshness_ms) >= now)
+        })
+        .map(|h| h.host_id)
+        .collect();
+    let qid = {
+        let mut q = questions();
+        q.next += 1;
+        let qid = q.next;
+        if q.open.len() >= MAX_QUESTIONS {
+            q.open.remove(0);
+        }
+        q.open.push(Question {
+            id: qid,
+            strategy: id,
+            key: key.clone(),
+            asked_ms: now,
+            answers: HashMap::new(),
+        });
+        qid
+    };
+    let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+    loop {
+        let notified = ANSWERED.notified();
+        let all = {
+            let q = questions();
+            q.open
+                .iter()
+                .find(|q| q.id == qid)
+                .is_none_or(|q| fresh.iter().all(|h| q.answers.contains_key(h)))
+        };
+        if all || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            break;
+        }
+    }
+    let answers = {
+        let mut q = questions();
+        let i = q.open.iter().position(|q| q.id == qid);
+        i.map(|i| q.open.remove(i).answers).unwrap_or_default()
+    };
+    let mut hosts = Vec::new();
+    let (mut used, mut remaining, mut in_flight, mut reset) = (0u64, 0u64, None::<u64>, 0u64);
+    let mut names: Vec<&String> = fresh.iter().chain(answers.keys()).collect();
+    names.sort();
+    names.dedup();
+    for h in names {
+        match answers.get(h) {
+            Some(a) => {
+                used += a["used"].as_u64().unwrap_or(0);
+                remaining += a["remaining"].as_u64().unwrap_or(0);
+                reset = reset.max(a["reset_ms"].as_u64().unwrap_or(0));
+                if let Some(n) = a["in_flight"].as_u64() {
+                    *in_flight.get_or_insert(0) += n;
+                }
+                let mut v = a.clone();
+                v["host"] = json!(h);
+                v["answered"] = json!(true);
+                hosts.push(v);
+            }
+            None => hosts.push(json!({"host": h, "answered": false})),
+        }
+    }
+    let answered = hosts
+        .iter()
+        .filter(|h| h["answered"] == json!(true))
+        .count();
+    let mut fleet = json!({
+        "used": used,
+        "remaining": remaining,
+        "reset_ms": reset,
+        "hosts_answered": answered,
+        "hosts_asked": hosts.len(),
+    });
+    if let Some(n) = in_flight {
+        fleet["in_flight"] = json!(n);
+    }
+    ok(json!({"strategy": id, "key": key, "asked_at": now, "fleet": fleet, "hosts": hosts}))
+}
+
+/// One reading an agent sends: the fields of `rate-ctl shm key --json`.
+fn answer_from(v: &Value) -> Result<(u64, Value), ApiError> {
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::invalid("answers", "each answer must be an object"))?;
+    let f = Fields(o);
+    let n = |k: &str| -> Result<u64, ApiError> {
+        f.uint(k, u64::MAX)?
+            .ok_or_else(|| ApiError::invalid(&format!("answers.{k}"), "missing"))
+    };
+    let query = n("query")?;
+    let mut a = json!({
+        "found": o.get("found").and_then(Value::as_bool).unwrap_or(false),
+        "limit": n("limit")?,
+        "used": n("used")?,
+        "remaining": n("remaining")?,
+        "reset_ms": n("reset_ms")?,
+        "read_at": n("read_at")?,
+    });
+    if let Some(x) = f.uint("in_flight", u64::MAX)? {
+        a["in_flight"] = json!(x);
+    }
+    if let Some(e) = f.str("error")? {
+        a["error"] = json!(rate_ctl::core::escape::escape_bytes(e.as_bytes(), 200));
+    }
+    Ok((query, a))
+}
+
+pub async fn agent_poll(
+    State(st): State<Shared>,
+    Token(who): AgentToken,
+    Path(host_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    if let Some(bound) = &who.host {
+        if *bound != host_id {
+            return Err(ApiError::forbidden(format!(
+                "this agent token is bound to host {bound:?}; it may not poll as {host_id:?}"
+            )));
+        }
+    }
+    let o = object(&body, &["after", "answers"])?;
+    let f = Fields(&o);
+    let after = match f.uint("after", i64::MAX as u64)? {
+        Some(a) => a,
+        // A starting agent: from the newest reset on.
+        None => st.store.key_resets_last().await?,
+    };
+    let answers = match f.present("answers") {
+        None => Vec::new(),
+        Some(Value::Array(a)) if a.len() <= MAX_ANSWERS => {
+            a.iter().map(answer_from).collect::<Result<Vec<_>, _>>()?
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "answers",
+                format!("must be a list of at most {MAX_ANSWERS} readings"),
+            ))
+        }
+    };
+    let now = unix_ms();
+    let waiting: Vec<Value> = {
+        let mut q = questions();
+        for (query, a) in answers {
+            if let Some(q) = q.open.iter_mut().find(|q| q.id == query) {
+                q.answers.insert(host_id.clone(), a);
+            }
+        }
+        q.open
+            .iter()
+            .filter(|q| !q.answers.contains_key(&host_id))
+            .filter(|q| now.saturating_sub(q.asked_ms) <= ANSWER_WAIT.as_millis() as u64 * 2)
+            .map(|q| json!({"query": q.id, "strategy": q.strategy, "key": q.key}))
+            .collect()
+    };
+    ANSWERED.notify_waiters();
+    let resets = st.store.key_resets_after(after).await?;
+    let last = resets.last().map_or(after, |r| r.id);
+    let resets: Vec<Value> = resets
+        .iter()
+        .map(|r| json!({"id": r.id, "strategy": r.strategy_id, "key": r.key}))
+        .collect();
+    ok(json!({"after": last, "resets": resets, "queries": waiting}))
+}
