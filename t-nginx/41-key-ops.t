@@ -109,6 +109,16 @@ for_each_target(sub {
     # 3. X rejected twice.
     is_deeply($codes->($X, 4), [200, 200, 503, 503], "$t: X: 2 more, then rejected twice");
 
+    # Top keys: X first, with its two rejections; the fleet's merge too.
+    my $top = run_json($bin, 'shm', 'top', $shm, '--strategy', $id, '--json');
+    is($top->{entries}[0]{key}, "ip=$X", "$t: shm top lists X first") or diag explain $top;
+    is($top->{entries}[0]{rejections}, 2, "$t: shm top: X rejected twice");
+    $r = $http->get("$api/api/v1/strategies/$id/top");
+    my $ft = eval { decode_json($r->{content}) } // {};
+    is($ft->{entries}[0]{key}, "ip=$X", "$t: API top: X first across the fleet") or diag $r->{content};
+    is($ft->{entries}[0]{rejections}, 2, "$t: API top: 2 rejections");
+    is_deeply($ft->{entries}[0]{hosts}, ['h0'], "$t: API top: seen on h0");
+
     # 4. A reset through the API lets X pass again within 2 s.
     my $out = `$bin --api $api --token $admin key reset --strategy $id --key $X 2>&1`;
     is($?, 0, "$t: key reset accepted") or diag $out;

@@ -29,7 +29,7 @@ use crate::client::Target;
 use crate::store::Store;
 use rate_ctl::core::clock::unix_ms;
 use rate_ctl::core::escape::escape_bytes;
-use rate_ctl::core::key_ops::{read_published, reset_published};
+use rate_ctl::core::key_ops::{read_published, reset_published, top_of};
 use rate_ctl::core::keys::read::now;
 use rate_ctl::core::shm::Mapping;
 
@@ -149,7 +149,8 @@ impl KeyOps {
         if let Some(after) = a.body["after"].as_u64() {
             self.after = Some(after);
         }
-        let questions: Vec<(u64, u32, String)> = a.body["queries"]
+        // A question names a key, or asks for the strategy's top keys.
+        let questions: Vec<(u64, u32, Option<String>)> = a.body["queries"]
             .as_array()
             .map(|l| {
                 l.iter()
@@ -157,7 +158,7 @@ impl KeyOps {
                         Some((
                             q["query"].as_u64()?,
                             u32::try_from(q["strategy"].as_u64()?).ok()?,
-                            q["key"].as_str()?.to_string(),
+                            q["key"].as_str().map(str::to_string),
                         ))
                     })
                     .take(256)
@@ -173,6 +174,17 @@ impl KeyOps {
             let p = decoded
                 .as_ref()
                 .and_then(|d| d.strategies.iter().find(|p| p.strategy.id == id));
+            let Some(key) = key else {
+                let entries: Vec<Value> = p
+                    .map(|p| top_of(&map, p))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| json!({"key": e.key, "rejections": e.rejections, "requests": e.requests}))
+                    .collect();
+                self.owed
+                    .push(json!({"query": query, "read_at": unix_ms(), "entries": entries}));
+                continue;
+            };
             let mut v = json!({"query": query, "read_at": unix_ms(), "found": false,
                 "limit": 0, "used": 0, "remaining": 0, "reset_ms": 0});
             match p.map(|p| read_published(&map, p, &key, now())) {

@@ -526,6 +526,14 @@ pub enum ShmCmd {
         #[arg(long, value_name = "K")]
         key: String,
     },
+    /// The keys of a per-key strategy counted most in the last minute on
+    /// this host, by rejections then requests (admissions sampled).
+    Top {
+        #[arg(value_name = "PATH", default_value = "/run/rate-ctl/rate_ctl")]
+        path: PathBuf,
+        #[arg(long, value_name = "ID")]
+        strategy: u32,
+    },
 }
 
 /// One key of a per-key strategy across the fleet (issue 33).

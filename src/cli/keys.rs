@@ -139,3 +139,50 @@ pub async fn key_cmd(
     }
     Ok(())
 }
+
+/// The top keys of a published strategy as JSON entries (`key`,
+/// `rejections`, `requests`, `truncated`).
+pub fn top_json(map: &Mapping, p: &Published) -> Vec<Value> {
+    rate_ctl::core::key_ops::top_of(map, p)
+        .into_iter()
+        .map(|e| {
+            json!({"key": e.key, "rejections": e.rejections, "requests": e.requests,
+                   "truncated": e.truncated})
+        })
+        .collect()
+}
+
+/// `rate-ctl shm top PATH --strategy ID`.
+pub fn shm_top(path: &Path, id: u32, as_json: bool) -> Result<(), Failure> {
+    let map = Mapping::open(path).map_err(|e| Failure::other(e.to_string()))?;
+    let p = published(&map, id)?;
+    if p.slot >= map.top().tables() {
+        return Err(Failure::other(format!(
+            "strategy {id} is in stat slot {}: only the first {} slots keep top keys",
+            p.slot,
+            map.top().tables()
+        )));
+    }
+    let entries = top_json(&map, &p);
+    if as_json {
+        super::out(
+            json!({"strategy": id, "sample": rate_ctl::core::keys::top::SAMPLE,
+                          "entries": entries})
+            .to_string(),
+        );
+        return Ok(());
+    }
+    super::out(format!(
+        "strategy {id}: keys by rejections, then requests, in the last minute (admissions sampled 1 in {})",
+        rate_ctl::core::keys::top::SAMPLE
+    ));
+    for e in &entries {
+        super::out(format!(
+            "  {:>8} rejected {:>10} requests  {}",
+            e["rejections"],
+            e["requests"],
+            e["key"].as_str().unwrap_or("")
+        ));
+    }
+    Ok(())
+}

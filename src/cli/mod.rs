@@ -159,6 +159,7 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
             .await
         }
         Command::Shm(ShmCmd::Inspect { path }) => shm::inspect(&path, cli.json),
+        Command::Shm(ShmCmd::Top { path, strategy }) => keys::shm_top(&path, strategy, cli.json),
         Command::Key(c) => keys::key_cmd(&target(store, api, cli.token)?, cli.json, c).await,
         Command::Shm(ShmCmd::Key {
             path,

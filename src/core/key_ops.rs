@@ -47,3 +47,10 @@ pub fn reset_published(map: &Mapping, p: &Published, text: &str) -> Result<bool,
     let (_, key, lim) = locate(map, p, text)?;
     Ok(map.keys().reset_key(&key, &lim))
 }
+
+/// The top keys of the published strategy `p` in `map`, of the current
+/// or the previous minute ([`super::keys::top::TopKeys::read`]).
+pub fn top_of(map: &Mapping, p: &Published) -> Vec<super::keys::top::TopEntry> {
+    let minute = super::clock::unix_ms() / 60_000;
+    map.top().read(p.slot, p.generation, minute)
+}

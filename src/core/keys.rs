@@ -93,6 +93,7 @@ mod probe;
 pub mod read;
 pub mod segment;
 pub mod state;
+pub mod top;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

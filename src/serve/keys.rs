@@ -45,6 +45,7 @@ pub fn router() -> Routes {
             &["GET", "DELETE"],
             get(show_key).delete(reset_key),
         )
+        .add("/api/v1/strategies/{id}/top", &["GET"], get(show_top))
         .add("/api/v1/hosts/{host_id}/keys", &["POST"], post(agent_poll))
 }
 
@@ -52,7 +53,8 @@ pub fn router() -> Routes {
 struct Question {
     id: u64,
     strategy: u32,
-    key: String,
+    /// The key; `None`: the strategy's top keys.
+    key: Option<String>,
     asked_ms: u64,
     answers: HashMap<String, Value>,
 }
@@ -120,52 +122,7 @@ pub async fn show_key(
 ) -> ApiResult {
     let (id, key) = checked_key(&st, &id, &key).await?;
     let now = unix_ms();
-    let fresh: Vec<String> = st
-        .store
-        .hosts()
-        .await?
-        .into_iter()
-        .filter(|h| {
-            h.last_heartbeat_ms
-                .is_some_and(|hb| hb.saturating_add(st.freshness_ms) >= now)
-        })
-        .map(|h| h.host_id)
-        .collect();
-    let qid = {
-        let mut q = questions();
-        q.next += 1;
-        let qid = q.next;
-        if q.open.len() >= MAX_QUESTIONS {
-            q.open.remove(0);
-        }
-        q.open.push(Question {
-            id: qid,
-            strategy: id,
-            key: key.clone(),
-            asked_ms: now,
-            answers: HashMap::new(),
-        });
-        qid
-    };
-    let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
-    loop {
-        let notified = ANSWERED.notified();
-        let all = {
-            let q = questions();
-            q.open
-                .iter()
-                .find(|q| q.id == qid)
-                .is_none_or(|q| fresh.iter().all(|h| q.answers.contains_key(h)))
-        };
-        if all || tokio::time::timeout_at(deadline, notified).await.is_err() {
-            break;
-        }
-    }
-    let answers = {
-        let mut q = questions();
-        let i = q.open.iter().position(|q| q.id == qid);
-        i.map(|i| q.open.remove(i).answers).unwrap_or_default()
-    };
+    let (fresh, answers) = ask(&st, id, Some(key.clone()), now).await?;
     let mut hosts = Vec::new();
     let (mut used, mut remaining, mut in_flight, mut reset) = (0u64, 0u64, None::<u64>, 0u64);
     let mut names: Vec<&String> = fresh.iter().chain(answers.keys()).collect();
@@ -205,6 +162,63 @@ pub async fn show_key(
     ok(json!({"strategy": id, "key": key, "asked_at": now, "fleet": fleet, "hosts": hosts}))
 }
 
+/// Queues a question for the agents and waits (at most [`ANSWER_WAIT`])
+/// for every fresh host's answer: the fresh hosts and the answers by host.
+async fn ask(
+    st: &Shared,
+    id: u32,
+    key: Option<String>,
+    now: u64,
+) -> Result<(Vec<String>, HashMap<String, Value>), ApiError> {
+    let fresh: Vec<String> = st
+        .store
+        .hosts()
+        .await?
+        .into_iter()
+        .filter(|h| {
+            h.last_heartbeat_ms
+                .is_some_and(|hb| hb.saturating_add(st.freshness_ms) >= now)
+        })
+        .map(|h| h.host_id)
+        .collect();
+    let qid = {
+        let mut q = questions();
+        q.next += 1;
+        let qid = q.next;
+        if q.open.len() >= MAX_QUESTIONS {
+            q.open.remove(0);
+        }
+        q.open.push(Question {
+            id: qid,
+            strategy: id,
+            key,
+            asked_ms: now,
+            answers: HashMap::new(),
+        });
+        qid
+    };
+    let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+    loop {
+        let notified = ANSWERED.notified();
+        let all = {
+            let q = questions();
+            q.open
+                .iter()
+                .find(|q| q.id == qid)
+                .is_none_or(|q| fresh.iter().all(|h| q.answers.contains_key(h)))
+        };
+        if all || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            break;
+        }
+    }
+    let answers = {
+        let mut q = questions();
+        let i = q.open.iter().position(|q| q.id == qid);
+        i.map(|i| q.open.remove(i).answers).unwrap_or_default()
+    };
+    Ok((fresh, answers))
+}
+
 /// One reading an agent sends: the fields of `rate-ctl shm key --json`.
 fn answer_from(v: &Value) -> Result<(u64, Value), ApiError> {
     let o = v
@@ -216,6 +230,12 @@ fn answer_from(v: &Value) -> Result<(u64, Value), ApiError> {
             .ok_or_else(|| ApiError::invalid(&format!("answers.{k}"), "missing"))
     };
     let query = n("query")?;
+    if let Some(list) = f.present("entries") {
+        return Ok((
+            query,
+            json!({"read_at": n("read_at")?, "entries": top_entries(list)?}),
+        ));
+    }
     let mut a = json!({
         "found": o.get("found").and_then(Value::as_bool).unwrap_or(false),
         "limit": n("limit")?,
@@ -277,7 +297,10 @@ pub async fn agent_poll(
             .iter()
             .filter(|q| !q.answers.contains_key(&host_id))
             .filter(|q| now.saturating_sub(q.asked_ms) <= ANSWER_WAIT.as_millis() as u64 * 2)
-            .map(|q| json!({"query": q.id, "strategy": q.strategy, "key": q.key}))
+            .map(|q| match &q.key {
+                Some(k) => json!({"query": q.id, "strategy": q.strategy, "key": k}),
+                None => json!({"query": q.id, "strategy": q.strategy, "top": true}),
+            })
             .collect()
     };
     ANSWERED.notify_waiters();
@@ -288,4 +311,84 @@ pub async fn agent_poll(
         .map(|r| json!({"id": r.id, "strategy": r.strategy_id, "key": r.key}))
         .collect();
     ok(json!({"after": last, "resets": resets, "queries": waiting}))
+}
+
+/// An agent's top keys: at most [`TOP_ENTRIES`] of `{"key", "rejections",
+/// "requests"}`, each checked.
+fn top_entries(v: &Value) -> Result<Vec<Value>, ApiError> {
+    let list = v
+        .as_array()
+        .filter(|l| l.len() <= TOP_ENTRIES)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "answers.entries",
+                format!("must be a list of at most {TOP_ENTRIES}"),
+            )
+        })?;
+    list.iter()
+        .map(|e| {
+            let key = e["key"]
+                .as_str()
+                .filter(|k| k.len() <= 1024)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "answers.entries.key",
+                        "must be a string of at most 1024 bytes",
+                    )
+                })?;
+            let n = |k: &str| {
+                e[k].as_u64().ok_or_else(|| {
+                    ApiError::invalid(&format!("answers.entries.{k}"), "must be a number")
+                })
+            };
+            Ok(json!({"key": key, "rejections": n("rejections")?, "requests": n("requests")?}))
+        })
+        .collect()
+}
+
+/// One key's rejections, requests and hosts, summed over the fleet.
+type Merged = (u64, u64, Vec<String>);
+
+/// Most top keys one agent reports (its tables' entries).
+const TOP_ENTRIES: usize = rate_ctl::core::keys::top::ENTRIES;
+
+/// `GET /api/v1/strategies/{id}/top`: the fleet's top keys of the last
+/// minute, merged (sums per key), by rejections then requests.
+pub async fn show_top(State(st): State<Shared>, _: ReadToken, Path(id): Path<String>) -> ApiResult {
+    let id = strategy_id(&id)?;
+    let rec = st.store.get_strategy(id).await.map_err(|e| match e {
+        StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, Some("strategy"), m),
+        e => e.into(),
+    })?;
+    if rec.each.is_empty() {
+        return Err(ApiError::invalid(
+            "strategy",
+            format!("strategy {id} is not per-key (no `each`): it has no keys"),
+        ));
+    }
+    let now = unix_ms();
+    let (fresh, answers) = ask(&st, id, None, now).await?;
+    let mut merged: std::collections::BTreeMap<String, (u64, u64, Vec<String>)> =
+        Default::default();
+    for (host, a) in &answers {
+        for e in a["entries"].as_array().into_iter().flatten() {
+            let k = e["key"].as_str().unwrap_or("").to_string();
+            let m = merged.entry(k).or_default();
+            m.0 += e["rejections"].as_u64().unwrap_or(0);
+            m.1 += e["requests"].as_u64().unwrap_or(0);
+            m.2.push(host.clone());
+        }
+    }
+    let mut entries: Vec<(String, Merged)> = merged.into_iter().collect();
+    entries.sort_by_key(|e| std::cmp::Reverse((e.1 .0, e.1 .1)));
+    let entries: Vec<Value> = entries
+        .into_iter()
+        .map(|(key, (rej, req, mut hosts))| {
+            hosts.sort();
+            json!({"key": key, "rejections": rej, "requests": req, "hosts": hosts})
+        })
+        .collect();
+    let missing: Vec<&String> = fresh.iter().filter(|h| !answers.contains_key(*h)).collect();
+    ok(json!({"strategy": id, "asked_at": now, "entries": entries,
+              "hosts_answered": answers.len(), "hosts_not_answering": missing}))
 }

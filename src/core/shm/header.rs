@@ -27,7 +27,9 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// find keys placed in the other windows, so the files differ. Also in 4: a strategy
 /// record's response and cost fields after its per-key fields (issue 31)
 /// and 64 bytes of counters per slot in the key table (was 32).
-pub const LAYOUT_VERSION: u32 = 4;
+/// 5: the top-keys region at the end of the state file (issue 33,
+/// `H_TOP_*`, [`crate::core::keys::top`]).
+pub const LAYOUT_VERSION: u32 = 5;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
 pub const HEADER_SIZE: u64 = 4096;
@@ -68,6 +70,11 @@ pub const H_STATE_OFF: usize = 232;
 /// 16 bytes: random per pair of files, repeated in the state file's
 /// header, so that a configuration is never paired with another's state.
 pub const H_PAIR_ID: usize = 240;
+/// The top-keys region (issue 33): offset, length, tables
+/// ([`crate::core::keys::top`]); the last region of the state file.
+pub const H_TOP_OFF: usize = 280;
+pub const H_TOP_LEN: usize = 288;
+pub const H_TOP_CAPACITY: usize = 296;
 /// `"RCSTATE\0"`: magic of the state file's header.
 pub const STATE_MAGIC: u64 = u64::from_le_bytes(*b"RCSTATE\0");
 /// State file header fields (bytes from the start of the state file).
@@ -141,6 +148,22 @@ pub struct Geometry {
     pub keys_len: u64,
     /// Entries of the key table.
     pub keys_capacity: u64,
+    /// The top-keys region (issue 33) and its tables.
+    pub top_off: u64,
+    pub top_len: u64,
+    pub top_tables: u32,
+}
+
+/// Where the top-keys region goes after the region ending at `end`, for
+/// `slot_count` stat slots: (offset, length, tables). The one place that
+/// sizes it (a region added before it chains its end in here).
+pub fn top_region(end: u64, slot_count: u32) -> (u64, u64, u32) {
+    let tables = crate::core::keys::top::tables_for(slot_count);
+    (
+        end,
+        page_up(crate::core::keys::top::region_bytes(tables)),
+        tables,
+    )
 }
 
 fn page_up(n: u64) -> u64 {
@@ -178,8 +201,9 @@ impl Geometry {
             c.max_strategies,
             keys_capacity,
         ));
+        let (top_off, top_len, top_tables) = top_region(keys_off + keys_len, c.max_strategies);
         Ok(Geometry {
-            file_size: keys_off + keys_len,
+            file_size: top_off + top_len,
             state_off,
             slot_count: c.max_strategies,
             bitmap_off,
@@ -196,6 +220,9 @@ impl Geometry {
             keys_off,
             keys_len,
             keys_capacity,
+            top_off,
+            top_len,
+            top_tables,
         })
     }
 
@@ -221,6 +248,9 @@ impl Geometry {
         h.store(H_KEYS_OFF, self.keys_off);
         h.store(H_KEYS_LEN, self.keys_len);
         h.store(H_KEYS_CAPACITY, self.keys_capacity);
+        h.store(H_TOP_OFF, self.top_off);
+        h.store(H_TOP_LEN, self.top_len);
+        h.store(H_TOP_CAPACITY, self.top_tables as u64);
         h.store(H_STATE_OFF, self.state_off);
     }
 
@@ -271,6 +301,9 @@ impl Geometry {
             keys_off: h.load(H_KEYS_OFF),
             keys_len: h.load(H_KEYS_LEN),
             keys_capacity: h.load(H_KEYS_CAPACITY),
+            top_off: h.load(H_TOP_OFF),
+            top_len: h.load(H_TOP_LEN),
+            top_tables: h.load(H_TOP_CAPACITY).min(u32::MAX as u64) as u32,
         };
         if g.state_off > g.file_size || g.state_off < HEADER_SIZE {
             return Err(bad("state offset outside the file"));
@@ -301,6 +334,7 @@ impl Geometry {
             (g.slots_off, g.slots_len),
             (g.ledger_off, g.ledger_len),
             (g.keys_off, g.keys_len),
+            (g.top_off, g.top_len),
         ];
         let mut end = HEADER_SIZE;
         for (off, len) in regions {
@@ -322,6 +356,9 @@ impl Geometry {
         }
         if !crate::core::keys::fits(g.slot_count, g.keys_capacity, g.keys_len) {
             return Err(bad("key table capacity does not fit its region"));
+        }
+        if !crate::core::keys::top::fits(g.top_tables, g.slot_count, g.top_len) {
+            return Err(bad("top-keys tables do not fit their region"));
         }
         Ok(g)
     }

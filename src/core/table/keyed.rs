@@ -301,7 +301,12 @@ fn decide_all<V: Values + ?Sized>(
                 });
                 continue;
             }
-            Charge::Rejected { retry_after_ns } => retry_after_ns,
+            Charge::Rejected { retry_after_ns } => {
+                if let Some(k) = key {
+                    track_top(map, table, si, r, k.ident, true);
+                }
+                retry_after_ns
+            }
             Charge::Full => {
                 full.get_or_insert((c.strategy.id, plan.on_full));
                 match plan.on_full {
@@ -503,6 +508,9 @@ fn decide_one<V: Values + ?Sized>(
         Charge::Admitted {
             at, wait_ns, token, ..
         } => {
+            if super::super::keys::top::sampled(token) {
+                track_top(map, table, si, r, key.ident, false);
+            }
             slot.passed().fetch_add(1, Ordering::Relaxed);
             let verdict = if wait_ns > 0 {
                 slot.delayed().fetch_add(1, Ordering::Relaxed);
@@ -524,6 +532,7 @@ fn decide_one<V: Values + ?Sized>(
             d
         }
         Charge::Rejected { retry_after_ns } => {
+            track_top(map, table, si, r, key.ident, true);
             slot.limited().fetch_add(1, Ordering::Relaxed);
             let tightest = if r.quota {
                 let t = plan.limiter.clock(now);
@@ -543,6 +552,34 @@ fn decide_one<V: Values + ?Sized>(
         }
         Charge::Full => decide_all(table, &[si], map, r, o),
     }
+}
+
+/// Counts a request of strategy `si`'s key `ident` in the top-keys
+/// tables (issue 33, [`super::super::keys::top`]): a rejection, or a
+/// sampled admission worth [`SAMPLE`](super::super::keys::top::SAMPLE)
+/// requests. Out of line: the request path pays the sampling compare only.
+#[cold]
+#[inline(never)]
+fn track_top<V: Values + ?Sized>(
+    map: &Mapping,
+    table: &Table,
+    si: u32,
+    r: &Request<'_, V>,
+    ident: u64,
+    rejected: bool,
+) {
+    let c = &table.strategies()[si as usize];
+    let minute = r.now_unix_ms / 60_000;
+    let weight = super::super::keys::top::SAMPLE;
+    map.top().count(
+        c.slot,
+        c.generation,
+        ident,
+        minute,
+        rejected,
+        weight,
+        || c.key.as_ref()?.text(&table.dims, r),
+    );
 }
 
 /// The quota of strategy `si`'s key: from the word this request wrote, or
