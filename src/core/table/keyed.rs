@@ -504,13 +504,10 @@ fn decide_one<V: Values + ?Sized>(
     let Some(charge) = kt.charge_found(&key, &plan.limiter, now, false) else {
         return decide_all(table, &[si], map, r, o);
     };
-    match charge {
+    let (d, track) = match charge {
         Charge::Admitted {
             at, wait_ns, token, ..
         } => {
-            if super::super::keys::top::sampled(token) {
-                track_top(map, table, si, r, key.ident, false);
-            }
             slot.passed().fetch_add(1, Ordering::Relaxed);
             let verdict = if wait_ns > 0 {
                 slot.delayed().fetch_add(1, Ordering::Relaxed);
@@ -529,10 +526,9 @@ fn decide_one<V: Values + ?Sized>(
             if r.quota {
                 d.tightest = Some((id, plan.limiter.quota(token, plan.limiter.clock(now))));
             }
-            d
+            (d, super::super::keys::top::sampled(token))
         }
         Charge::Rejected { retry_after_ns } => {
-            track_top(map, table, si, r, key.ident, true);
             slot.limited().fetch_add(1, Ordering::Relaxed);
             let tightest = if r.quota {
                 let t = plan.limiter.clock(now);
@@ -540,7 +536,7 @@ fn decide_one<V: Values + ?Sized>(
             } else {
                 None
             };
-            Decision {
+            let d = Decision {
                 verdict: Verdict::Reject {
                     id,
                     status: reject_status(c.strategy.action),
@@ -548,10 +544,18 @@ fn decide_one<V: Values + ?Sized>(
                 },
                 tightest,
                 ..Decision::pass()
-            }
+            };
+            (d, true)
         }
-        Charge::Full => decide_all(table, &[si], map, r, o),
+        Charge::Full => return decide_all(table, &[si], map, r, o),
+    };
+    // Top keys (issue 33): every rejection, sampled admissions; one call
+    // site, last, so that little is live across the (rare) call.
+    if track {
+        let rejected = matches!(d.verdict, Verdict::Reject { .. });
+        track_top(map, table, si, r, key.ident, rejected);
     }
+    d
 }
 
 /// Counts a request of strategy `si`'s key `ident` in the top-keys
