@@ -80,7 +80,14 @@ fn the_key_resource_names_the_field_it_refuses() {
 
 #[test]
 fn resets_are_stored_audited_and_polled_in_order() {
-    let (st, dir) = cli::sqlite_and_dir();
+    // SQLite, and MariaDB / PostgreSQL when their test servers are given.
+    for st in cli::stores("key_resets") {
+        resets_on(&st);
+    }
+}
+
+fn resets_on(st: &cli::TestStore) {
+    let dir = tempfile::tempdir().unwrap();
     let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
     let (id, _) = setup(&srv);
     // A starting agent begins after the newest reset.
