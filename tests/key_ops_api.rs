@@ -4,6 +4,8 @@
 //! agent's answers are checked, and `key reset --store` works like the
 //! API. (t-nginx/41-key-ops.t runs the whole loop through nginx.)
 
+#[path = "support/agent.rs"]
+mod agent;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "support/serve.rs"]
@@ -90,6 +92,11 @@ fn resets_on(st: &cli::TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
     let (id, _) = setup(&srv);
+    // The fleet view records its question in the store (no host here).
+    let v = srv.get(&format!(
+        "/api/v1/strategies/{id}/keys/ip=10.1.2.3,userid=u1"
+    ));
+    assert_eq!(v["hosts"], json!([]), "{v}");
     // A starting agent begins after the newest reset.
     let (c, v) = srv.req("POST", "/api/v1/hosts/h0/keys", Some("{}"));
     assert_eq!(c, 200, "{v}");
@@ -181,4 +188,58 @@ fn resets_on(st: &cli::TestStore) {
     ]);
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("give --api"));
+}
+
+/// An agent on the store itself (`--store sqlite:…`, no serve between):
+/// the fleet view's question reaches it through the store's
+/// `key_questions`, its answer comes back through `key_answers`, and a
+/// reset recorded by the CLI is applied from `key_resets`.
+#[test]
+fn an_agent_on_the_store_answers_the_fleet_view_and_applies_resets() {
+    let (st, dir) = cli::sqlite_and_dir();
+    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    let (id, _) = setup(&srv);
+    let shm = dir.path().join("h1.shm");
+    let mut a = agent::AgentProc::start(&st.url, &shm, "h1", &dir.path().join("h1.log"), &[]);
+    // Published and heartbeating (fresh for serve).
+    agent::wait_for(std::time::Duration::from_secs(10), || {
+        let v = srv.get("/api/v1/hosts");
+        (v["hosts"][0]["fresh"] == json!(true) && shm.exists()).then_some(())
+    })
+    .expect("agent h1 up");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    let v = srv.get(&format!(
+        "/api/v1/strategies/{id}/keys/ip=10.1.2.3,userid=u1"
+    ));
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(v["hosts"][0]["host"], "h1", "{v}");
+    assert_eq!(v["hosts"][0]["answered"], true, "{v}");
+    assert_eq!(
+        (&v["hosts"][0]["used"], &v["hosts"][0]["limit"]),
+        (&json!(0), &json!(5)),
+        "{v}"
+    );
+    let v = srv.get(&format!("/api/v1/strategies/{id}/top"));
+    assert_eq!(v["hosts_answered"], 1, "{v}");
+    cli::ok(&[
+        "key",
+        "reset",
+        "--store",
+        &st.url,
+        "--strategy",
+        &id.to_string(),
+        "--key",
+        "ip=10.1.2.3,userid=u1",
+    ]);
+    let log = agent::wait_for(std::time::Duration::from_secs(3), || {
+        let l = a.log_text();
+        l.contains("key reset applied").then_some(l)
+    });
+    assert!(log.is_some(), "{}", a.log_text());
+    a.stop_with(15, std::time::Duration::from_secs(5));
 }

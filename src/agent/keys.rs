@@ -7,8 +7,9 @@
 //!   questions for this host (`src/serve/keys.rs`); the readings of new
 //!   questions go out at once in a second post;
 //! * on the store itself (`--store URL`): reads the resets recorded since
-//!   its last one (`key_resets`); the fleet view's questions are serve's
-//!   and do not reach such an agent.
+//!   its last one (`key_resets`) and the fleet view's questions of the last
+//!   2 s it has not answered (`key_questions`), and answers them there
+//!   (`key_answers`).
 //!
 //! A reset sets the key's word in this host's file to a new key's
 //! ([`rate_ctl::core::key_ops::reset_published`]); a reading is
@@ -97,6 +98,27 @@ impl KeyOps {
                     .collect();
                 self.after = Some(rows.last().map_or(after, |r| r.0));
                 self.apply(&rows);
+                // The fleet view's questions of the last 2 s, answered in
+                // the store.
+                let since = unix_ms().saturating_sub(2_000);
+                let qs = store
+                    .key_questions_for(&self.host_id, since)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if qs.is_empty() {
+                    return Ok(());
+                }
+                let qs = qs
+                    .into_iter()
+                    .map(|q| (q.id, q.strategy_id, q.key))
+                    .collect();
+                for a in answers(&self.shm, qs)? {
+                    let id = a["query"].as_u64().unwrap_or(0);
+                    store
+                        .key_answer(id, &self.host_id, &a)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
                 Ok(())
             }
             Target::Api { url, token } => {
@@ -168,41 +190,7 @@ impl KeyOps {
         if questions.is_empty() {
             return Ok(false);
         }
-        let map = Mapping::open(&self.shm).map_err(|e| e.to_string())?;
-        let decoded = crate::agent::publish::read_active(&map).map_err(|e| e.to_string())?;
-        for (query, id, key) in questions {
-            let p = decoded
-                .as_ref()
-                .and_then(|d| d.strategies.iter().find(|p| p.strategy.id == id));
-            let Some(key) = key else {
-                let entries: Vec<Value> = p
-                    .map(|p| top_of(&map, p))
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|e| json!({"key": e.key, "rejections": e.rejections, "requests": e.requests}))
-                    .collect();
-                self.owed
-                    .push(json!({"query": query, "read_at": unix_ms(), "entries": entries}));
-                continue;
-            };
-            let mut v = json!({"query": query, "read_at": unix_ms(), "found": false,
-                "limit": 0, "used": 0, "remaining": 0, "reset_ms": 0});
-            match p.map(|p| read_published(&map, p, &key, now())) {
-                Some(Ok((_, r))) => {
-                    v["found"] = json!(r.found);
-                    v["limit"] = json!(r.limit);
-                    v["used"] = json!(r.used);
-                    v["remaining"] = json!(r.remaining);
-                    v["reset_ms"] = json!(r.reset_ms);
-                    if let Some(n) = r.in_flight {
-                        v["in_flight"] = json!(n);
-                    }
-                }
-                Some(Err(e)) => v["error"] = json!(e.0),
-                None => v["error"] = json!("the strategy is not in this host's table"),
-            }
-            self.owed.push(v);
-        }
+        self.owed = answers(&self.shm, questions)?;
         Ok(true)
     }
 
@@ -244,4 +232,48 @@ impl KeyOps {
             }
         }
     }
+}
+
+/// The readings for `questions` (`(query, strategy, key or top)`) from the
+/// file `shm`.
+fn answers(
+    shm: &std::path::Path,
+    questions: Vec<(u64, u32, Option<String>)>,
+) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    let map = Mapping::open(shm).map_err(|e| e.to_string())?;
+    let decoded = crate::agent::publish::read_active(&map).map_err(|e| e.to_string())?;
+    for (query, id, key) in questions {
+        let p = decoded
+            .as_ref()
+            .and_then(|d| d.strategies.iter().find(|p| p.strategy.id == id));
+        let Some(key) = key else {
+            let entries: Vec<Value> = p
+                .map(|p| top_of(&map, p))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| json!({"key": e.key, "rejections": e.rejections, "requests": e.requests}))
+                .collect();
+            out.push(json!({"query": query, "read_at": unix_ms(), "entries": entries}));
+            continue;
+        };
+        let mut v = json!({"query": query, "read_at": unix_ms(), "found": false,
+                "limit": 0, "used": 0, "remaining": 0, "reset_ms": 0});
+        match p.map(|p| read_published(&map, p, &key, now())) {
+            Some(Ok((_, r))) => {
+                v["found"] = json!(r.found);
+                v["limit"] = json!(r.limit);
+                v["used"] = json!(r.used);
+                v["remaining"] = json!(r.remaining);
+                v["reset_ms"] = json!(r.reset_ms);
+                if let Some(n) = r.in_flight {
+                    v["in_flight"] = json!(n);
+                }
+            }
+            Some(Err(e)) => v["error"] = json!(e.0),
+            None => v["error"] = json!("the strategy is not in this host's table"),
+        }
+        out.push(v);
+    }
+    Ok(out)
 }

@@ -6,8 +6,10 @@
 //!   /api/v1/hosts/{host}/keys` (every `crate::agent::keys::POLL`, 200 ms) read it from
 //!   their own file and answer on their next poll. The answer waits at
 //!   most [`ANSWER_WAIT`] and lists a host that did not answer by then as
-//!   such (`"answered": false`). Agents polling another `serve` instance
-//!   are not asked (they are listed as not answering).
+//!   such (`"answered": false`). The question is also a row of the
+//!   store's `key_questions`: agents on the store itself answer it in
+//!   `key_answers`, read here every [`STORE_POLL`]. Agents polling another
+//!   `serve` instance are not asked (they are listed as not answering).
 //! * `DELETE /api/v1/strategies/{id}/keys/{key}`: records a reset in the
 //!   store (audited, `key_resets`); the agents apply it from their poll
 //!   (through serve) or from the store itself (`--store`).
@@ -33,6 +35,8 @@ use rate_ctl::core::clock::unix_ms;
 
 /// How long the fleet view waits for the hosts' answers.
 pub const ANSWER_WAIT: Duration = Duration::from_millis(1000);
+/// How often the fleet view reads the store's answers while it waits.
+const STORE_POLL: Duration = Duration::from_millis(100);
 /// Questions kept at most (older ones are dropped first).
 const MAX_QUESTIONS: usize = 256;
 /// Most answers one agent poll carries.
@@ -181,6 +185,15 @@ async fn ask(
         })
         .map(|h| h.host_id)
         .collect();
+    // Agents on the store itself read the question there (their answers
+    // too); a store that refuses it leaves the agents polling serve.
+    let stored = match st.store.key_ask(id, key.as_deref(), now).await {
+        Ok(q) => Some(q),
+        Err(e) => {
+            tracing::warn!(error = %e, "fleet view: cannot record the question in the store");
+            None
+        }
+    };
     let qid = {
         let mut q = questions();
         q.next += 1;
@@ -198,24 +211,39 @@ async fn ask(
         qid
     };
     let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+    let mut from_store: Vec<(String, Value)> = Vec::new();
     loop {
         let notified = ANSWERED.notified();
+        if let Some(sq) = stored {
+            from_store = st.store.key_answers(sq).await.unwrap_or_default();
+        }
         let all = {
             let q = questions();
-            q.open
-                .iter()
-                .find(|q| q.id == qid)
-                .is_none_or(|q| fresh.iter().all(|h| q.answers.contains_key(h)))
+            q.open.iter().find(|q| q.id == qid).is_none_or(|q| {
+                fresh
+                    .iter()
+                    .all(|h| q.answers.contains_key(h) || from_store.iter().any(|(s, _)| s == h))
+            })
         };
-        if all || tokio::time::timeout_at(deadline, notified).await.is_err() {
+        if all || tokio::time::Instant::now() >= deadline {
             break;
         }
+        // Woken by an answer through serve, or every STORE_POLL for the
+        // store's.
+        let until = deadline.min(tokio::time::Instant::now() + STORE_POLL);
+        let _ = tokio::time::timeout_at(until, notified).await;
     }
-    let answers = {
+    let mut answers = {
         let mut q = questions();
         let i = q.open.iter().position(|q| q.id == qid);
         i.map(|i| q.open.remove(i).answers).unwrap_or_default()
     };
+    for (h, a) in from_store {
+        // Checked as an answer through serve is.
+        if let Ok((_, a)) = answer_from(&a) {
+            answers.entry(h).or_insert(a);
+        }
+    }
     Ok((fresh, answers))
 }
 

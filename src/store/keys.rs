@@ -127,3 +127,115 @@ impl Store {
         Ok(v.unwrap_or(0).max(0) as u64)
     }
 }
+
+/// A question of the fleet view for the agents that read the store
+/// itself: a key, or (`key` `None`) the strategy's top keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyQuestion {
+    pub id: u64,
+    pub strategy_id: u32,
+    pub key: Option<String>,
+}
+
+/// Longest answer kept (bytes of JSON).
+pub const ANSWER_MAX: usize = 8000;
+
+impl Store {
+    /// Records a question (questions older than a minute are deleted
+    /// with their answers); its id.
+    pub async fn key_ask(&self, id: u32, key: Option<&str>, now: u64) -> Result<u64> {
+        let old = now.saturating_sub(60_000) as i64;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&self.sql(
+            "DELETE FROM key_answers WHERE question_id IN (SELECT id FROM key_questions WHERE asked_ms < ?)",
+        ))
+        .bind(old)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(&self.sql("DELETE FROM key_questions WHERE asked_ms < ?"))
+            .bind(old)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            &self.sql(
+                "INSERT INTO key_questions (strategy_id, key_text, asked_ms) VALUES (?, ?, ?)",
+            ),
+        )
+        .bind(id as i64)
+        .bind(key)
+        .bind(now as i64)
+        .execute(&mut *tx)
+        .await?;
+        let qid: i64 = sqlx::query(
+            &self.sql("SELECT MAX(id) FROM key_questions WHERE strategy_id = ? AND asked_ms = ?"),
+        )
+        .bind(id as i64)
+        .bind(now as i64)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get(0)?;
+        tx.commit().await?;
+        Ok(qid.max(0) as u64)
+    }
+
+    /// Questions asked since `since_ms` that `host` has not answered.
+    pub async fn key_questions_for(&self, host: &str, since_ms: u64) -> Result<Vec<KeyQuestion>> {
+        let rows = sqlx::query(&self.sql(
+            "SELECT id, strategy_id, key_text FROM key_questions q WHERE asked_ms >= ? \
+             AND NOT EXISTS (SELECT 1 FROM key_answers a WHERE a.question_id = q.id AND a.host_id = ?) \
+             ORDER BY id LIMIT 256",
+        ))
+        .bind(since_ms.min(i64::MAX as u64) as i64)
+        .bind(host)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(KeyQuestion {
+                    id: r.try_get::<i64, _>(0)?.max(0) as u64,
+                    strategy_id: u32::try_from(r.try_get::<i64, _>(1)?).unwrap_or(0),
+                    key: r.try_get(2)?,
+                })
+            })
+            .collect()
+    }
+
+    /// `host`'s answer to question `id` (JSON, at most [`ANSWER_MAX`]
+    /// bytes; a longer one is not stored).
+    pub async fn key_answer(&self, id: u64, host: &str, answer: &serde_json::Value) -> Result<()> {
+        let text = answer.to_string();
+        if text.len() > ANSWER_MAX {
+            return Ok(());
+        }
+        sqlx::query(
+            &self.sql(
+                "INSERT INTO key_answers (question_id, host_id, answer_json) VALUES (?, ?, ?)",
+            ),
+        )
+        .bind(id.min(i64::MAX as u64) as i64)
+        .bind(host)
+        .bind(text)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The answers to question `id` by host (rows that are not JSON are
+    /// skipped).
+    pub async fn key_answers(&self, id: u64) -> Result<Vec<(String, serde_json::Value)>> {
+        let rows = sqlx::query(
+            &self.sql("SELECT host_id, answer_json FROM key_answers WHERE question_id = ?"),
+        )
+        .bind(id.min(i64::MAX as u64) as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let h: String = r.try_get(0).ok()?;
+                let a: String = r.try_get(1).ok()?;
+                Some((h, serde_json::from_str(&a).ok()?))
+            })
+            .collect())
+    }
+}
