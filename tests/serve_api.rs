@@ -772,6 +772,12 @@ fn openapi_matches_the_router() {
             validate(&doc, sc, ex, name).unwrap_or_else(|e| panic!("example of {name}: {e}"));
         }
     }
+    let (c, keyed) = s.req(
+        "POST",
+        "/api/v1/strategies",
+        Some(r#"{"name":"seed-keyed","algorithm":"fixed_window","rate":5,"per":"day","each":["ip"]}"#),
+    );
+    assert_eq!(c, 201, "{keyed}");
     let mut order: Vec<(String, String, Value)> = Vec::new();
     for (p, ops) in doc["paths"].as_object().unwrap() {
         for (m, o) in ops.as_object().unwrap() {
@@ -785,7 +791,11 @@ fn openapi_matches_the_router() {
             .replace("{id}", &created["id"].to_string())
             .replace("{host_id}", "web-1")
             .replace("{name}", "viewer-1");
-        let path = if p == "/api/v1/stats" {
+        let path = if p.contains("{key}") || p.ends_with("/top") {
+            // Issue 33: the key resource needs a per-key strategy.
+            p.replace("{id}", &keyed["id"].to_string())
+                .replace("{key}", "192.0.2.1")
+        } else if p == "/api/v1/stats" {
             format!("{path}?strategy=1&seconds=5")
         } else if p == "/api/v1/snapshot" {
             format!("{path}?after=0")

@@ -742,12 +742,36 @@ function openChart(id) {
   $('#chart-card').hidden = false;
   drawChart();
   pollStats();
+  loadTopKeys(s).catch((e) => reportError(e, 'Loading the top keys failed'));
   $('#chart-card').scrollIntoView({ block: 'nearest' });
+}
+
+// Issue 33: "limited now" of a per-key strategy, each key linked to its
+// view across the fleet (GET /strategies/{id}/keys/{key}).
+async function loadTopKeys(s) {
+  $('#top-card').hidden = !(s && s.each && s.each.length);
+  $('#top-key').textContent = '';
+  if ($('#top-card').hidden) return;
+  const data = await api('GET', `/strategies/${s.id}/top`);
+  const body = $('#top-table tbody');
+  body.replaceChildren();
+  for (const e of data.entries || []) {
+    const link = el('button', { type: 'button', class: 'link', onclick: () => showKey(s.id, e.key).catch((x) => reportError(x, 'Loading the key failed')) }, e.key);
+    body.append(el('tr', {}, el('td', {}, link), el('td', {}, String(e.rejections)), el('td', {}, String(e.requests)), el('td', {}, (e.hosts || []).join(', '))));
+  }
+  $('#top-empty').hidden = (data.entries || []).length > 0;
+}
+
+async function showKey(id, key) {
+  const v = await api('GET', `/strategies/${id}/keys/${encodeURIComponent(key)}`);
+  const hosts = (v.hosts || []).map((h) => h.answered ? `${h.host}: used ${h.used} of ${h.limit}, ${h.remaining} left` : `${h.host}: no answer`);
+  $('#top-key').textContent = `${v.key}: fleet used ${v.fleet.used}, remaining ${v.fleet.remaining}, reset in ${Math.ceil(v.fleet.reset_ms / 1000)} s. ${hosts.join('; ')}`;
 }
 
 function closeChart() {
   state.chartId = null;
   $('#chart-card').hidden = true;
+  $('#top-card').hidden = true;
 }
 $('#chart-close').addEventListener('click', closeChart);
 

@@ -35,6 +35,7 @@
 
 pub mod bans;
 pub mod delta;
+pub mod keys;
 pub mod publish;
 pub mod source;
 

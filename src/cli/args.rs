@@ -76,6 +76,9 @@ pub enum Command {
     /// Named API tokens of `rate-ctl serve` (in the store).
     #[command(subcommand)]
     Token(TokenCmd),
+    /// One key of a per-key strategy across the fleet: show, reset.
+    #[command(subcommand)]
+    Key(KeyCmd),
 }
 
 #[derive(Subcommand, Debug)]
@@ -522,5 +525,47 @@ pub enum ShmCmd {
     Inspect {
         #[arg(value_name = "PATH", default_value = "/run/rate-ctl/rate_ctl")]
         path: PathBuf,
+    },
+    /// One key of a per-key strategy on this host: used, remaining, reset
+    /// (ms), in flight (`concurrency`).
+    Key {
+        #[arg(value_name = "PATH", default_value = "/run/rate-ctl/rate_ctl")]
+        path: PathBuf,
+        /// The strategy's id.
+        #[arg(long, value_name = "ID")]
+        strategy: u32,
+        /// The key as `$rate_ctl_key` prints it (`ip=203.0.113.7`,
+        /// `ip=10.0.0.1,userid=u1`), or the bare value of a one-dimension key.
+        #[arg(long, value_name = "K")]
+        key: String,
+    },
+    /// The keys of a per-key strategy counted most in the last minute on
+    /// this host, by rejections then requests (admissions sampled).
+    Top {
+        #[arg(value_name = "PATH", default_value = "/run/rate-ctl/rate_ctl")]
+        path: PathBuf,
+        #[arg(long, value_name = "ID")]
+        strategy: u32,
+    },
+}
+
+/// One key of a per-key strategy across the fleet (issue 33).
+#[derive(Subcommand, Debug)]
+pub enum KeyCmd {
+    /// Every host's reading of the key and the fleet's sum (through
+    /// `rate-ctl serve`: --api).
+    Show {
+        #[arg(long, value_name = "ID")]
+        strategy: u32,
+        #[arg(long, value_name = "K")]
+        key: String,
+    },
+    /// Reset the key's state on every host (recorded in the store and
+    /// audited; the agents apply it within their poll).
+    Reset {
+        #[arg(long, value_name = "ID")]
+        strategy: u32,
+        #[arg(long, value_name = "K")]
+        key: String,
     },
 }

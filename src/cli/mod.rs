@@ -3,6 +3,7 @@
 pub mod args;
 pub mod ban_args;
 pub mod flags;
+pub mod keys;
 pub mod shm;
 
 use std::io::{BufRead, Write};
@@ -159,6 +160,13 @@ async fn run(cli: Cli, api_flag: bool) -> CmdResult {
             .await
         }
         Command::Shm(ShmCmd::Inspect { path }) => shm::inspect(&path, cli.json),
+        Command::Shm(ShmCmd::Top { path, strategy }) => keys::shm_top(&path, strategy, cli.json),
+        Command::Key(c) => keys::key_cmd(&target(store, api, cli.token)?, cli.json, c).await,
+        Command::Shm(ShmCmd::Key {
+            path,
+            strategy,
+            key,
+        }) => keys::shm_key(&path, strategy, &key, cli.json),
     }
 }
 
@@ -180,7 +188,7 @@ fn target(
     }
 }
 
-async fn open(target: &Target) -> Result<Backend, Failure> {
+pub(crate) async fn open(target: &Target) -> Result<Backend, Failure> {
     Backend::open(target).await.map_err(|e| match (e, target) {
         (StoreError::Url(m), Target::Api { .. }) => Failure::usage(format!("--api: {m}")),
         (StoreError::Url(m), Target::Store(_)) => Failure::usage(m),
@@ -211,7 +219,7 @@ fn out_removed(json: bool, what: &str, id: impl Into<u64>, version: u64) {
     }
 }
 
-fn out(line: impl AsRef<str>) {
+pub(crate) fn out(line: impl AsRef<str>) {
     let mut o = std::io::stdout().lock();
     let _ = writeln!(o, "{}", line.as_ref());
 }
@@ -890,12 +898,13 @@ async fn run_agent(url: &str, token: Option<String>, a: AgentArgs) -> CmdResult 
         Target::Store(url.to_string())
     };
     let timeout = opts.max_backoff.max(std::time::Duration::from_secs(1));
-    let source = agent::ConfigSource::new(target, timeout).map_err(|e| match e {
+    let source = agent::ConfigSource::new(target.clone(), timeout).map_err(|e| match e {
         StoreError::Url(m) => Failure::usage(format!("--store: {m}")),
         e => Failure::other(e.to_string()),
     })?;
-    agent::Agent::new(opts, sink, source)
-        .run(shutdown)
-        .await
-        .map_err(|e| Failure::other(e.to_string()))
+    // Key resets and the fleet view's questions (issue 33), beside the loop.
+    let keys = agent::keys::spawn(target, opts.host_id.clone(), a.shm.clone());
+    let r = agent::Agent::new(opts, sink, source).run(shutdown).await;
+    keys.abort();
+    r.map_err(|e| Failure::other(e.to_string()))
 }

@@ -8,6 +8,7 @@
 //! store's ([`crate::store::json`]), shared with `serve`.
 
 pub mod http;
+mod keys;
 pub mod protocol;
 
 use std::time::Duration;

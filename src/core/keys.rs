@@ -90,13 +90,16 @@
 mod charge;
 mod hash;
 mod probe;
+pub mod read;
 pub mod segment;
 pub mod state;
+pub mod top;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use hash::{Mix, MixKeys, Sip13};
+pub use read::{key_text, parse_key, KeyPart, KeyReading, KeyTextError};
 pub use state::{KeyLimiter, Step};
 
 use super::shm::error::ShmError;

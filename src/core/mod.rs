@@ -10,6 +10,7 @@ pub mod clock;
 pub mod escape;
 pub mod fuzz;
 pub mod headers;
+pub mod key_ops;
 pub mod keys;
 pub mod limiter;
 pub mod model;

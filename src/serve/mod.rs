@@ -15,6 +15,7 @@ pub mod conn;
 pub mod error;
 pub mod hosts;
 mod input;
+pub mod keys;
 pub mod metrics;
 pub mod openapi;
 pub mod snapshot;
@@ -160,6 +161,7 @@ fn routes() -> Routes {
         .merge(snapshot::router())
         .merge(stats::router())
         .merge(tokens::router())
+        .merge(keys::router())
         .add("/api/v1/openapi.json", &["GET"], get(openapi_doc))
 }
 

@@ -445,6 +445,21 @@ pub fn document() -> Value {
                 vec![json!({"name": "strategy", "in": "query", "required": true, "schema": {"type": "integer"}}),
                      query("seconds", "integer", "1 to 300, default 120")], None,
                 json!({"200": answer("one point per second", schema_ref("Stats")), "400": e400()}), true)},
+            // Issue 33: one key of a per-key strategy (docs/API.md, "Per-key operations").
+            "/api/v1/strategies/{id}/keys/{key}": {
+                "get": op("Every fresh host's reading of one key and the fleet's sum (waits at most 1 s for the agents)",
+                    vec![sid(), id_param("key", "string")], None,
+                    json!({"200": answer("per host and the fleet", json!({"type": "object"})), "404": e404(), "422": e422()}), true),
+                "delete": op("Reset one key on every host (recorded and audited; the agents apply it within 200 ms)",
+                    vec![sid(), id_param("key", "string")], None,
+                    json!({"202": answer("recorded", json!({"type": "object"})), "404": e404(), "422": e422()}), true),
+            },
+            "/api/v1/strategies/{id}/top": {"get": op("The fleet's top keys of a per-key strategy in the last minute, by rejections then requests (waits at most 1 s for the agents)",
+                vec![sid()], None,
+                json!({"200": answer("merged entries", json!({"type": "object"})), "404": e404(), "422": e422()}), true)},
+            "/api/v1/hosts/{host_id}/keys": {"post": op("Agent poll: key resets after `after`, the fleet view's questions; the agent's answers (admin or agent token)",
+                vec![id_param("host_id", "string")], Some(body(json!({"type": "object"}), json!({"after": 3, "answers": []}))),
+                json!({"200": answer("resets and questions", json!({"type": "object"})), "400": e400(), "422": e422()}), true)},
             "/api/v1/openapi.json": {"get": op("This document (no token)", vec![], None,
                 json!({"200": answer("OpenAPI 3.1", json!({"type": "object"}))}), false)},
         }

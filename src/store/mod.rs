@@ -18,6 +18,7 @@ pub use changes::Changes;
 pub mod error;
 mod hosts;
 pub mod json;
+pub mod keys;
 mod leases;
 pub mod record;
 mod samples;

@@ -350,6 +350,36 @@ pub const MIGRATIONS: &[Migration] = &[
         ],
     },
     Migration {
+        version: 133,
+        description: "key_resets, key_questions, key_answers: per-key resets and the fleet view of agents on the store (issue 33)",
+        steps: &[
+            Step::Table(TableDef {
+                name: "key_resets",
+                columns: "{id},
+                    strategy_id BIGINT NOT NULL,
+                    key_text VARCHAR(4200) NOT NULL,
+                    at_ms BIGINT NOT NULL",
+                indexes: &[],
+            }),
+            Step::Table(TableDef {
+                name: "key_questions",
+                columns: "{id},
+                    strategy_id BIGINT NOT NULL,
+                    key_text VARCHAR(4200) NULL,
+                    asked_ms BIGINT NOT NULL",
+                indexes: &[],
+            }),
+            Step::Table(TableDef {
+                name: "key_answers",
+                columns: "question_id BIGINT NOT NULL,
+                    host_id VARCHAR(255) NOT NULL,
+                    answer_json VARCHAR(8000) NOT NULL,
+                    PRIMARY KEY (question_id, host_id)",
+                indexes: &[],
+            }),
+        ],
+    },
+    Migration {
         version: 134,
         description:
             "audit_log: the token's role and the client's address; named API tokens (issue 34)",

@@ -728,6 +728,28 @@ test('admin page drives real nginx through serve and the agent', { timeout: 1200
     await page.screenshot({ path: path.join(ARTIFACTS, 'screenshot.png') });
   });
 
+  await step('a per-key strategy shows who is limited now, and a key its usage on each host (issue 33)', async () => {
+    const made = await apiCall('POST', '/strategies', { name: 'per-client-top', algorithm: 'fixed_window', rate: 1,
+      per: 'hour', each: ['ip'], match: { api: '/top-keys' } });
+    assert.equal(made.status, 201, JSON.stringify(made.body));
+    // Published once this client is refused: then two refusals more.
+    await waitFor('the per-key strategy to refuse', async () => (await nginxStatus('/top-keys')) === 503, 10000, 100);
+    assert.equal(await nginxStatus('/top-keys'), 503);
+    await page.getByRole('tab', { name: 'Hosts' }).click();
+    await page.getByRole('tab', { name: 'Strategies' }).click();
+    await page.getByRole('button', { name: 'Show live chart of per-client-top' }).click();
+    await page.locator('#top-card').waitFor();
+    const key = page.locator('#top-table tbody button', { hasText: 'ip=127.0.0.1' });
+    await key.waitFor({ timeout: 5000 });
+    const row = await page.locator('#top-table tbody tr').first().innerText();
+    assert.match(row, /ip=127\.0\.0\.1\s+[2-9]/, row);
+    await key.click();
+    await waitFor('the key view', async () => /ip=127\.0\.0\.1: fleet used 1, remaining 0/.test(
+      await page.locator('#top-key').innerText()), 5000, 100);
+    await page.getByRole('button', { name: 'Close chart' }).click();
+    assert.equal(await page.locator('#top-card').isHidden(), true);
+  });
+
   await step('a cluster strategy\'s chart adds up what every host admits and draws the fleet-wide rate', async () => {
     // A second host: its own agent and nginx through the same service.
     const dir2 = path.join(dir, 'host2');

@@ -32,6 +32,8 @@ pub const FILE_MAGIC: u64 = u64::from_le_bytes(*b"RATECTL\0");
 /// `month` 6, the calendar block ending a record with a `tz`).
 /// 5: the ban table at the end of the state file (`H_BANS_*`, issue 32,
 /// [`crate::core::bans`]) and the strategy record's flags (bytes 54..56).
+/// 5: the top-keys region at the end of the state file (issue 33,
+/// `H_TOP_*`, [`crate::core::keys::top`]).
 pub const LAYOUT_VERSION: u32 = 5;
 /// Value of the init flag once the file is fully initialised.
 pub const INIT_DONE: u32 = u32::from_le_bytes(*b"INIT");
@@ -77,6 +79,11 @@ pub const H_PAIR_ID: usize = 240;
 pub const H_BANS_OFF: usize = 256;
 pub const H_BANS_LEN: usize = 264;
 pub const H_BANS_CAPACITY: usize = 272;
+/// The top-keys region (issue 33): offset, length, tables
+/// ([`crate::core::keys::top`]); the last region of the state file.
+pub const H_TOP_OFF: usize = 280;
+pub const H_TOP_LEN: usize = 288;
+pub const H_TOP_CAPACITY: usize = 296;
 /// `"RCSTATE\0"`: magic of the state file's header.
 pub const STATE_MAGIC: u64 = u64::from_le_bytes(*b"RCSTATE\0");
 /// State file header fields (bytes from the start of the state file).
@@ -155,6 +162,22 @@ pub struct Geometry {
     pub bans_len: u64,
     /// Rows of the ban table.
     pub bans_capacity: u64,
+    /// The top-keys region (issue 33) and its tables.
+    pub top_off: u64,
+    pub top_len: u64,
+    pub top_tables: u32,
+}
+
+/// Where the top-keys region goes after the region ending at `end`, for
+/// `slot_count` stat slots: (offset, length, tables). The one place that
+/// sizes it (a region added before it chains its end in here).
+pub fn top_region(end: u64, slot_count: u32) -> (u64, u64, u32) {
+    let tables = crate::core::keys::top::tables_for(slot_count);
+    (
+        end,
+        page_up(crate::core::keys::top::region_bytes(tables)),
+        tables,
+    )
 }
 
 fn page_up(n: u64) -> u64 {
@@ -193,8 +216,9 @@ impl Geometry {
             keys_capacity,
         ));
         let (bans_off, bans_len, bans_capacity) = ban_region(keys_off + keys_len);
+        let (top_off, top_len, top_tables) = top_region(bans_off + bans_len, c.max_strategies);
         Ok(Geometry {
-            file_size: bans_off + bans_len,
+            file_size: top_off + top_len,
             state_off,
             slot_count: c.max_strategies,
             bitmap_off,
@@ -214,6 +238,9 @@ impl Geometry {
             bans_off,
             bans_len,
             bans_capacity,
+            top_off,
+            top_len,
+            top_tables,
         })
     }
 
@@ -239,6 +266,9 @@ impl Geometry {
         h.store(H_KEYS_OFF, self.keys_off);
         h.store(H_KEYS_LEN, self.keys_len);
         h.store(H_KEYS_CAPACITY, self.keys_capacity);
+        h.store(H_TOP_OFF, self.top_off);
+        h.store(H_TOP_LEN, self.top_len);
+        h.store(H_TOP_CAPACITY, self.top_tables as u64);
         h.store(H_STATE_OFF, self.state_off);
         h.store(H_BANS_OFF, self.bans_off);
         h.store(H_BANS_LEN, self.bans_len);
@@ -295,6 +325,9 @@ impl Geometry {
             bans_off: h.load(H_BANS_OFF),
             bans_len: h.load(H_BANS_LEN),
             bans_capacity: h.load(H_BANS_CAPACITY),
+            top_off: h.load(H_TOP_OFF),
+            top_len: h.load(H_TOP_LEN),
+            top_tables: h.load(H_TOP_CAPACITY).min(u32::MAX as u64) as u32,
         };
         if g.state_off > g.file_size || g.state_off < HEADER_SIZE {
             return Err(bad("state offset outside the file"));
@@ -326,6 +359,7 @@ impl Geometry {
             (g.ledger_off, g.ledger_len),
             (g.keys_off, g.keys_len),
             (g.bans_off, g.bans_len),
+            (g.top_off, g.top_len),
         ];
         let mut end = HEADER_SIZE;
         for (off, len) in regions {
@@ -350,6 +384,9 @@ impl Geometry {
         }
         if !crate::core::bans::fits(g.bans_capacity, g.bans_len) {
             return Err(bad("ban table capacity does not fit its region"));
+        }
+        if !crate::core::keys::top::fits(g.top_tables, g.slot_count, g.top_len) {
+            return Err(bad("top-keys tables do not fit their region"));
         }
         Ok(g)
     }

@@ -441,6 +441,15 @@ impl Mapping {
         )
     }
 
+    /// The top-keys tables (issue 33, [`crate::core::keys::top`]).
+    #[inline]
+    pub fn top(&self) -> crate::core::keys::top::TopKeys<'_> {
+        let g = &self.geometry;
+        let r = self.region().sub(g.top_off, g.top_len);
+        let empty = self.region().sub(0, 0).expect("empty");
+        crate::core::keys::top::TopKeys::new(r.unwrap_or(empty), g.top_tables)
+    }
+
     /// The concurrency ledger (see [`super::ledger`]).
     pub fn ledger(&self) -> super::ledger::Ledger<'_> {
         let g = &self.geometry;

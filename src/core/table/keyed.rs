@@ -301,7 +301,12 @@ fn decide_all<V: Values + ?Sized>(
                 });
                 continue;
             }
-            Charge::Rejected { retry_after_ns } => retry_after_ns,
+            Charge::Rejected { retry_after_ns } => {
+                if let Some(k) = key {
+                    track_top(map, table, si, r, k.ident, true);
+                }
+                retry_after_ns
+            }
             Charge::Full => {
                 full.get_or_insert((c.strategy.id, plan.on_full));
                 match plan.on_full {
@@ -499,7 +504,7 @@ fn decide_one<V: Values + ?Sized>(
     let Some(charge) = kt.charge_found(&key, &plan.limiter, now, false) else {
         return decide_all(table, &[si], map, r, o);
     };
-    match charge {
+    let (d, track) = match charge {
         Charge::Admitted {
             at, wait_ns, token, ..
         } => {
@@ -521,7 +526,7 @@ fn decide_one<V: Values + ?Sized>(
             if r.quota {
                 d.tightest = Some((id, plan.limiter.quota(token, plan.limiter.clock(now))));
             }
-            d
+            (d, super::super::keys::top::sampled(token))
         }
         Charge::Rejected { retry_after_ns } => {
             slot.limited().fetch_add(1, Ordering::Relaxed);
@@ -531,7 +536,7 @@ fn decide_one<V: Values + ?Sized>(
             } else {
                 None
             };
-            Decision {
+            let d = Decision {
                 verdict: Verdict::Reject {
                     id,
                     status: reject_status(c.strategy.action),
@@ -539,10 +544,46 @@ fn decide_one<V: Values + ?Sized>(
                 },
                 tightest,
                 ..Decision::pass()
-            }
+            };
+            (d, true)
         }
-        Charge::Full => decide_all(table, &[si], map, r, o),
+        Charge::Full => return decide_all(table, &[si], map, r, o),
+    };
+    // Top keys (issue 33): every rejection, sampled admissions; one call
+    // site, last, so that little is live across the (rare) call.
+    if track {
+        let rejected = matches!(d.verdict, Verdict::Reject { .. });
+        track_top(map, table, si, r, key.ident, rejected);
     }
+    d
+}
+
+/// Counts a request of strategy `si`'s key `ident` in the top-keys
+/// tables (issue 33, [`super::super::keys::top`]): a rejection, or a
+/// sampled admission worth [`SAMPLE`](super::super::keys::top::SAMPLE)
+/// requests. Out of line: the request path pays the sampling compare only.
+#[cold]
+#[inline(never)]
+fn track_top<V: Values + ?Sized>(
+    map: &Mapping,
+    table: &Table,
+    si: u32,
+    r: &Request<'_, V>,
+    ident: u64,
+    rejected: bool,
+) {
+    let c = &table.strategies()[si as usize];
+    let minute = r.now_unix_ms / 60_000;
+    let weight = super::super::keys::top::SAMPLE;
+    map.top().count(
+        c.slot,
+        c.generation,
+        ident,
+        minute,
+        rejected,
+        weight,
+        || c.key.as_ref()?.text(&table.dims, r),
+    );
 }
 
 /// The quota of strategy `si`'s key: from the word this request wrote, or
