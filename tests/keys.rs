@@ -196,6 +196,23 @@ fn set_layout_version(path: &std::path::Path, version: u32) {
         .unwrap();
 }
 
+/// `Writer::create_or_adopt` again after the last writer was dropped. Its
+/// lock (`flock`) may outlive the drop for a moment: a test of this binary
+/// that spawns a process at that instant shares the descriptor between
+/// fork and exec. A real restart is another process, started after the
+/// old one exited.
+fn readopt(path: &Path) -> Writer {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match Writer::create_or_adopt(path, caps(512), 0o600) {
+            Err(ShmError::Locked { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
 #[test]
 fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
@@ -215,7 +232,7 @@ fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
     }
     drop(w);
     // The agent restarts: the file (secret, keys) is adopted as it is.
-    let w = Writer::create_or_adopt(&path, caps(512), 0o600).unwrap();
+    let w = readopt(&path);
     assert!(matches!(w.opened(), Opened::Adopted { .. }));
     {
         let map = Mapping::open(&path).unwrap();
@@ -234,7 +251,7 @@ fn keys_survive_an_agent_restart_and_an_older_layout_is_replaced() {
         Err(ShmError::Version { found, .. }) => assert_eq!(found, LAYOUT_VERSION - 1),
         other => panic!("{:?}", other.map(|_| ())),
     }
-    let w = Writer::create_or_adopt(&path, caps(512), 0o600).unwrap();
+    let w = readopt(&path);
     match w.opened() {
         Opened::Recreated { reason } => assert!(reason.contains("layout version"), "{reason}"),
         other => panic!("{other:?}"),
