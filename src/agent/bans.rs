@@ -33,7 +33,13 @@ pub struct BanState {
 
 /// The reason stored with a ban's entry.
 fn reason<S: Sink>(a: &Agent<S>, r: &BanRow) -> String {
-    let s = a.strategies.iter().find(|s| s.id == r.strategy_id);
+    // The configuration as last read (strategies by id).
+    let s = a.table.as_ref().and_then(|t| {
+        let all = &t.snapshot().strategies;
+        all.binary_search_by_key(&r.strategy_id, |s| s.id)
+            .ok()
+            .map(|i| &*all[i])
+    });
     let name = s.map_or("?", |s| s.name.as_str());
     let within = s.and_then(|s| s.ban_within).unwrap_or(0);
     format!(
