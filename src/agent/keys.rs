@@ -14,8 +14,10 @@
 //! A reset sets the key's word in this host's file to a new key's
 //! ([`rate_ctl::core::key_ops::reset_published`]); a reading is
 //! [`rate_ctl::core::key_ops::read_published`], the same as `rate-ctl
-//! shm key`. The resets before the agent started are not applied (it
-//! starts from the newest). Faults (serve or store unreachable, a file
+//! shm key`. The id of the last reset applied is kept in the file's state
+//! header: a restarted agent goes on from it (a reset recorded while no
+//! agent ran is applied then); on a new file it starts after the newest
+//! (the file holds no state yet). Faults (serve or store unreachable, a file
 //! being replaced) are logged at debug and retried at the next poll: the
 //! agent's loop reports them already.
 
@@ -86,7 +88,16 @@ impl KeyOps {
                 let store = self.store.as_ref().expect("just opened");
                 let after = match self.after {
                     Some(a) => a,
-                    None => store.key_resets_last().await.map_err(|e| e.to_string())?,
+                    // Where this host's file says the last agent stopped
+                    // (a reset recorded meanwhile is applied), else after
+                    // the newest.
+                    None => {
+                        let newest = store.key_resets_last().await.map_err(|e| e.to_string())?;
+                        match self.applied_in_file() {
+                            0 => newest,
+                            f => f.min(newest),
+                        }
+                    }
                 };
                 let resets = store
                     .key_resets_after(after)
@@ -139,6 +150,10 @@ impl KeyOps {
 
     /// One poll of serve; `true` when it brought questions (readings owed).
     async fn poll_api(&mut self) -> Result<bool, String> {
+        if self.after.is_none() {
+            // Where this host's file says the last agent stopped.
+            self.after = Some(self.applied_in_file()).filter(|&f| f > 0);
+        }
         let client = self.client.as_ref().expect("made by round");
         let mut body = json!({"answers": self.owed});
         if let Some(a) = self.after {
@@ -194,7 +209,13 @@ impl KeyOps {
         Ok(true)
     }
 
-    /// Resets each `(id, strategy, key)` in this host's file.
+    /// The last reset applied to this host's file (0: none, or no file).
+    fn applied_in_file(&self) -> u64 {
+        Mapping::open(&self.shm).map_or(0, |m| m.key_reset_applied())
+    }
+
+    /// Resets each `(id, strategy, key)` in this host's file, then records
+    /// the last id in it (see `Mapping::key_reset_applied`).
     fn apply(&self, rows: &[(u64, u32, String)]) {
         if rows.is_empty() {
             return;
@@ -230,6 +251,9 @@ impl KeyOps {
                     strategy, "key reset: strategy not in this host's table"
                 ),
             }
+        }
+        if let Some(&(last, _, _)) = rows.last() {
+            map.set_key_reset_applied(last);
         }
     }
 }

@@ -90,6 +90,10 @@ pub const STATE_MAGIC: u64 = u64::from_le_bytes(*b"RCSTATE\0");
 pub const ST_MAGIC: usize = 0;
 pub const ST_VERSION: usize = 8;
 pub const ST_PAIR_ID: usize = 16;
+/// The id of the last key reset (issue 33) the agent applied to this
+/// file (0: none yet): an agent that restarts goes on from it, so a reset
+/// recorded while it was down is still applied.
+pub const ST_KEY_RESET: usize = 32;
 /// Geometry fields covered by the CRC at `H_GEOMETRY_CRC`.
 const GEOMETRY: std::ops::Range<usize> = H_FILE_SIZE..H_GEOMETRY_CRC;
 

@@ -376,6 +376,25 @@ impl Mapping {
         Ok(m)
     }
 
+    /// The id of the last key reset the agent applied to this file (0:
+    /// none; see [`ST_KEY_RESET`]).
+    pub fn key_reset_applied(&self) -> u64 {
+        self.state_header().map_or(0, |h| h.load(ST_KEY_RESET))
+    }
+
+    /// Records `id` as the last key reset applied (the agent's, after it
+    /// applied it).
+    pub fn set_key_reset_applied(&self, id: u64) {
+        if let Some(h) = self.state_header() {
+            h.store(ST_KEY_RESET, id);
+        }
+    }
+
+    /// The state file's header.
+    fn state_header(&self) -> Option<Region<'_>> {
+        self.region().sub(self.geometry.state_off, HEADER_SIZE)
+    }
+
     /// The open state file.
     pub(crate) fn state_file(&self) -> &File {
         &self.state
