@@ -13,7 +13,9 @@
 # nobody; a client an allow strategy lets through is never banned.
 # Host a runs the first target of RATE_CTL_TARGETS, host b the last (with
 # both builds: vendored 1.28 and Debian 1.22 in one fleet), then the other
-# way round.
+# way round; in the second round host a's agent reaches the store through
+# `rate-ctl serve` with an agent token bound to host a (its bans go
+# through `POST /api/v1/hosts/a/bans`).
 use strict;
 use warnings;
 use FindBin;
@@ -43,9 +45,11 @@ sub host {
     return $n->start;
 }
 
-for my $pair (@pairs) {
-    my ($ta, $tb) = @$pair;
-    subtest "host a $ta->{name}, host b $tb->{name}" => sub {
+for my $round (0 .. $#pairs) {
+    my ($ta, $tb) = @{ $pairs[$round] };
+    my $via_serve = $round == 1;
+    my $how = $via_serve ? ' (agent a through serve)' : '';
+    subtest "host a $ta->{name}, host b $tb->{name}$how" => sub {
         RateCtlTest::window_ahead(86_400, 60);
         my $dir = tempdir('rate_ctl_i32ban_XXXXXX', TMPDIR => 1, CLEANUP => !$ENV{RATE_CTL_KEEP});
         chmod 0755, $dir;
@@ -63,8 +67,19 @@ for my $pair (@pairs) {
         is($?, 0, 'an allow strategy for one client') or diag $out;
 
         my %n;
+        my %via = (a => ['--store', $store], b => ['--store', $store]);
+        if ($via_serve) {
+            spawn('serve', "$dir/serve.log", $bin, 'serve', '--store', $store, '--listen', '127.0.0.1:0',
+                '--admin-token-file', "$dir/admin.token");
+            my $addr = wait_until(10, sub { (slurp("$dir/serve.log") =~ m{listening on http://(\S+)\s*$}m)[0] })
+                or BAIL_OUT('serve did not start: ' . slurp("$dir/serve.log"));
+            my $created = `$bin --store $store token create --role agent --host a --name agent-a 2>&1`;
+            my ($token) = $created =~ /(\S+)\s*\z/;
+            ok($token && $? == 0, 'an agent token bound to host a') or diag $created;
+            $via{a} = ['--store', "http://$addr", '--token', $token];
+        }
         for my $h (qw(a b)) {
-            spawn("agent $h", "$dir/agent-$h.log", $bin, 'agent', '--store', $store, '--shm', "$dir/shm-$h",
+            spawn("agent $h", "$dir/agent-$h.log", $bin, 'agent', @{ $via{$h} }, '--shm', "$dir/shm-$h",
                 '--host-id', $h, '--max-strategies', 64, '--segment-bytes', 65536, '--blacklist-entries', 64,
                 '--keys', 1024, '--poll-ms', 50, agent_access());
         }
@@ -120,6 +135,7 @@ for my $pair (@pairs) {
         is($n{a}->get('/b', as($x))->{code}, 503, 'X on /b of host a: its limit still applies (503)');
 
         for my $h (qw(a b)) { $n{$h}->stop; $n{$h}->no_alerts; stop_one("agent $h") }
+        stop_one('serve') if $via_serve;
     };
 }
 

@@ -7,6 +7,8 @@
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/serve.rs"]
+mod serve;
 
 use cli::{add_refused, add_strategy, ok, reimport, stores, strategy_rows as rows};
 
@@ -153,4 +155,91 @@ fn bad_ban_arguments_name_the_flag_and_store_nothing() {
     assert_eq!(rows(s)[0]["ban_for"], 30 * 86_400);
     let list = ok(&["blacklist", "list", "--store", s]);
     assert!(list.contains("SOURCE"), "{list}");
+}
+
+/// `POST /api/v1/hosts/{id}/bans`, the route an agent on serve hands its
+/// host's bans to: one `source: ban` entry per key (a second host's ban of
+/// the same key is the same entry), a token bound to another host gets
+/// 403, a refused field is named, and nothing is stored for a refusal.
+#[test]
+fn agents_on_serve_hand_bans_over_one_entry_per_key() {
+    let (st, dir) = cli::sqlite_and_dir();
+    let srv = serve::Serve::start_in(&st.url, dir.path(), &[]);
+    let made = |host: &str| {
+        let out = ok(&[
+            "--store",
+            &st.url,
+            "token",
+            "create",
+            "--role",
+            "agent",
+            "--host",
+            host,
+            "--name",
+            &format!("agent-{host}"),
+        ]);
+        out.split_whitespace().last().unwrap().to_string()
+    };
+    let (ta, tb) = (made("a"), made("b"));
+    let until = rate_ctl_now_ms() + 60_000;
+    let ban = |v: &str| {
+        format!(
+            r#"{{"dimension":"ip","value":"{v}","expires_ms":{until},"reason":"penalty box: strategy 1","strategy":1}}"#
+        )
+    };
+    let addr = srv.url().trim_start_matches("http://").to_string();
+    let post = |token: &str, host: &str, body: &str| {
+        serve::http(
+            &addr,
+            "POST",
+            &format!("/api/v1/hosts/{host}/bans"),
+            Some(token),
+            Some(body),
+        )
+    };
+    let (c, v) = post(&ta, "a", &ban("192.0.2.10"));
+    assert_eq!((c, &v["created"]), (200, &serde_json::json!(true)), "{v}");
+    let (c, w) = post(&tb, "b", &ban("192.0.2.10"));
+    assert_eq!(
+        (c, &w["created"], &w["id"]),
+        (200, &serde_json::json!(false), &v["id"]),
+        "{w}"
+    );
+    let (c, e) = post(&tb, "a", &ban("192.0.2.11"));
+    assert_eq!(c, 403, "{e}");
+    for (bad, field) in [
+        (
+            r#"{"dimension":"method","value":"GET","expires_ms":9999999999999,"strategy":1}"#,
+            "dimension",
+        ),
+        (
+            r#"{"dimension":"ip","value":"192.0.2.12","expires_ms":1,"strategy":1}"#,
+            "expires_ms",
+        ),
+        (
+            r#"{"dimension":"ip","value":"192.0.2.12","expires_ms":9999999999999}"#,
+            "strategy",
+        ),
+    ] {
+        let (c, e) = post(&ta, "a", bad);
+        assert_eq!(
+            (c, &e["error"]["field"]),
+            (422, &serde_json::json!(field)),
+            "{bad}: {e}"
+        );
+    }
+    let list = ok(&["blacklist", "list", "--store", &st.url]);
+    assert_eq!(list.matches("192.0.2.10").count(), 1, "{list}");
+    assert!(
+        !list.contains("192.0.2.11") && !list.contains("192.0.2.12"),
+        "{list}"
+    );
+    assert!(list.contains(" ban "), "{list}");
+}
+
+fn rate_ctl_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }

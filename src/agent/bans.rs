@@ -6,8 +6,9 @@
 //! removed from the store (`blacklist rm`, the API, the page) is lifted
 //! from the ban table; rows nothing needs any more are freed.
 //!
-//! Writing needs the store itself (`--store` a database URL); an agent on
-//! `rate-ctl serve` (`--store http://…`) keeps its bans local (logged once).
+//! An agent on the store writes them itself; an agent on `rate-ctl serve`
+//! (`--store http://…`) through `POST /api/v1/hosts/{host}/bans`
+//! (`src/serve/bans.rs`, its agent token bound to its host).
 
 use std::collections::HashMap;
 
@@ -26,9 +27,6 @@ pub struct BanState {
     written: HashMap<(String, String), bool>,
     /// The config version of the last snapshot looked at.
     seen_version: u64,
-    /// Said once: bans stay local (the agent reaches the store through
-    /// serve).
-    said_local: bool,
 }
 
 /// The reason stored with a ban's entry.
@@ -106,13 +104,6 @@ pub(super) async fn tick<S: Sink>(a: &mut Agent<S>, now: u64) {
             table.set_reported(r.index, r.ident, r.banned_until_ms);
             continue;
         };
-        let Some(store) = a.source.store() else {
-            if !a.bans.said_local {
-                warn!("penalty box: this agent reaches the store through serve; bans stay on this host");
-                a.bans.said_local = true;
-            }
-            return;
-        };
         let rec = BlacklistRecord {
             id: 0,
             dimension: r.kind.dimension().to_string(),
@@ -134,15 +125,19 @@ pub(super) async fn tick<S: Sink>(a: &mut Agent<S>, now: u64) {
             "ban:{}",
             a.opts.host_id.chars().take(24).collect::<String>()
         );
-        match store.blacklist_ban(&rec, r.strategy_id, &who).await {
-            Ok(w) => {
+        match a
+            .source
+            .write_ban(&a.opts.host_id, &rec, r.strategy_id, &who)
+            .await
+        {
+            Ok((id, created)) => {
                 table.set_reported(r.index, r.ident, r.banned_until_ms);
                 a.bans
                     .written
                     .entry((rec.dimension.clone(), value.clone()))
                     .or_insert(false);
                 info!(dimension = %rec.dimension, %value, strategy = r.strategy_id, count = r.count,
-                      until_ms = r.banned_until_ms, entry = w.id, created = w.created,
+                      until_ms = r.banned_until_ms, entry = id, created,
                       "penalty box: banned; written to the store");
             }
             Err(e) => warn!(error = %e, "penalty box: writing a ban to the store failed; retrying"),

@@ -188,6 +188,42 @@ impl ConfigSource {
         Ok(w)
     }
 
+    /// Writes one penalty-box ban (issue 32) as the store's `source: ban`
+    /// blacklist entry: directly, or through serve's
+    /// `POST /api/v1/hosts/{host}/bans`. Returns the entry's id and whether
+    /// it is new.
+    pub async fn write_ban(
+        &self,
+        host_id: &str,
+        rec: &crate::store::valid::Valid<crate::store::record::BlacklistRecord>,
+        strategy_id: u32,
+        who: &str,
+    ) -> Result<(u64, bool), StoreError> {
+        match self.backend()? {
+            Backend::Store(store) => store
+                .blacklist_ban(rec, strategy_id, who)
+                .await
+                .map(|w| (w.id, w.created)),
+            Backend::Api(api) => {
+                let path = format!("/api/v1/hosts/{}/bans", percent_encode(host_id));
+                let body = json!({
+                    "dimension": rec.dimension,
+                    "value": rec.value,
+                    "expires_ms": rec.expires_ms,
+                    "reason": rec.reason,
+                    "strategy": strategy_id,
+                });
+                let a = api
+                    .client()
+                    .request("POST", &path, Some(&body), REQUEST_TIMEOUT)
+                    .await
+                    .map_err(|e| StoreError::Http(e.to_string()))?;
+                let v = ok_body(a, "ban")?;
+                Ok((v["id"].as_u64().unwrap_or(0), v["created"] == json!(true)))
+            }
+        }
+    }
+
     /// The store, when the agent reaches it directly.
     pub fn store(&self) -> Option<&Store> {
         match &self.backend {

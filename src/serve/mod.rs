@@ -9,6 +9,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod bans;
 pub mod blacklist;
 pub mod body;
 pub mod conn;
@@ -156,6 +157,7 @@ fn routes() -> Routes {
         .add("/api/v1/version", &["GET"], get(version))
         .merge(strategies::router())
         .merge(blacklist::router())
+        .merge(bans::router())
         .merge(hosts::router())
         .merge(audit::router())
         .merge(snapshot::router())

@@ -460,6 +460,9 @@ pub fn document() -> Value {
             "/api/v1/hosts/{host_id}/keys": {"post": op("Agent poll: key resets after `after`, the fleet view's questions; the agent's answers (admin or agent token)",
                 vec![id_param("host_id", "string")], Some(body(json!({"type": "object"}), json!({"after": 3, "answers": []}))),
                 json!({"200": answer("resets and questions", json!({"type": "object"})), "400": e400(), "422": e422()}), true)},
+            "/api/v1/hosts/{host_id}/bans": {"post": op("An agent's penalty-box ban of its host (issue 32): the store's `source: ban` blacklist entry, one per key (admin or agent token bound to the host)",
+                vec![id_param("host_id", "string")], Some(body(json!({"type": "object"}), json!({"dimension": "ip", "value": "192.0.2.10", "expires_ms": 1_900_000_000_000u64, "reason": "penalty box: strategy 1", "strategy": 1}))),
+                json!({"200": answer("the entry's id and whether it is new", json!({"type": "object"})), "400": e400(), "422": e422()}), true)},
             "/api/v1/openapi.json": {"get": op("This document (no token)", vec![], None,
                 json!({"200": answer("OpenAPI 3.1", json!({"type": "object"}))}), false)},
         }
