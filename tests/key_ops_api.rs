@@ -226,39 +226,33 @@ fn an_agent_on_the_store_answers_the_fleet_view_and_applies_resets() {
     );
     let v = srv.get(&format!("/api/v1/strategies/{id}/top"));
     assert_eq!(v["hosts_answered"], 1, "{v}");
-    cli::ok(&[
-        "key",
-        "reset",
-        "--store",
-        &st.url,
-        "--strategy",
-        &id.to_string(),
-        "--key",
-        "ip=10.1.2.3,userid=u1",
-    ]);
-    let log = agent::wait_for(std::time::Duration::from_secs(3), || {
-        let l = a.log_text();
-        l.contains("key reset applied").then_some(l)
-    });
-    assert!(log.is_some(), "{}", a.log_text());
+    let reset = |key: &str| {
+        let id = id.to_string();
+        cli::ok(&[
+            "key",
+            "reset",
+            "--store",
+            &st.url,
+            "--strategy",
+            &id,
+            "--key",
+            key,
+        ]);
+    };
+    let applied = |a: &agent::AgentProc, secs: u64| {
+        let log = agent::wait_for(std::time::Duration::from_secs(secs), || {
+            let l = a.log_text();
+            l.contains("key reset applied").then_some(l)
+        });
+        assert!(log.is_some(), "{}", a.log_text());
+    };
+    reset("ip=10.1.2.3,userid=u1");
+    applied(&a, 3);
     a.stop_with(15, std::time::Duration::from_secs(5));
     // A reset recorded while no agent runs is applied by the next one
     // (the file remembers the last reset applied).
-    cli::ok(&[
-        "key",
-        "reset",
-        "--store",
-        &st.url,
-        "--strategy",
-        &id.to_string(),
-        "--key",
-        "ip=10.1.2.4,userid=u2",
-    ]);
+    reset("ip=10.1.2.4,userid=u2");
     let mut b = agent::AgentProc::start(&st.url, &shm, "h1", &dir.path().join("h1b.log"), &[]);
-    let log = agent::wait_for(std::time::Duration::from_secs(5), || {
-        let l = b.log_text();
-        l.contains("key reset applied").then_some(l)
-    });
-    assert!(log.is_some(), "{}", b.log_text());
+    applied(&b, 5);
     b.stop_with(15, std::time::Duration::from_secs(5));
 }

@@ -68,6 +68,18 @@ impl Who {
     pub fn name(&self) -> &str {
         &self.actor
     }
+
+    /// 403 unless this caller may act for host `host_id`: a named agent
+    /// token is bound to one host (`doing`: what it may not do as another,
+    /// e.g. "report").
+    pub fn may_act_as(&self, host_id: &str, doing: &str) -> Result<(), ApiError> {
+        match &self.host {
+            Some(bound) if bound != host_id => Err(ApiError::forbidden(format!(
+                "this agent token is bound to host {bound:?}; it may not {doing} as {host_id:?}"
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The peer address of a connection, put on each of its requests by the

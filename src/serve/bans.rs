@@ -32,13 +32,7 @@ pub async fn write_ban(
     Path(host_id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    if let Some(bound) = &who.host {
-        if *bound != host_id {
-            return Err(ApiError::forbidden(format!(
-                "this agent token is bound to host {bound:?}; it may not write bans as {host_id:?}"
-            )));
-        }
-    }
+    who.may_act_as(&host_id, "write bans")?;
     let o = object(
         &body,
         &["dimension", "value", "expires_ms", "reason", "strategy"],

@@ -117,13 +117,7 @@ pub async fn report(
     // A named agent token reports as its own host only, and sets no weight
     // (weights are the admin's: one host's agent could otherwise take the
     // fleet's share of every cluster rate).
-    if let Some(bound) = &who.host {
-        if *bound != host_id {
-            return Err(ApiError::forbidden(format!(
-                "this agent token is bound to host {bound:?}; it may not report as {host_id:?}"
-            )));
-        }
-    }
+    who.may_act_as(&host_id, "report")?;
     if who.named && who.kind == super::auth::Kind::Agent && weight.is_some() {
         return Err(ApiError::new(
             axum::http::StatusCode::FORBIDDEN,

@@ -287,13 +287,7 @@ pub async fn agent_poll(
     Path(host_id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    if let Some(bound) = &who.host {
-        if *bound != host_id {
-            return Err(ApiError::forbidden(format!(
-                "this agent token is bound to host {bound:?}; it may not poll as {host_id:?}"
-            )));
-        }
-    }
+    who.may_act_as(&host_id, "poll")?;
     let o = object(&body, &["after", "answers"])?;
     let f = Fields(&o);
     let after = match f.uint("after", i64::MAX as u64)? {
