@@ -443,6 +443,65 @@ fn on_full_decides_for_new_keys_only() {
     }
 }
 
+/// The worker logs "key table full" for the request whose new key found
+/// it full, and not again for the requests after it that decide no key.
+#[test]
+fn a_full_key_table_is_reported_for_its_request_only() {
+    let mut s = keyed(
+        1,
+        &[("api", "/k")],
+        &["u"],
+        Algorithm::TokenBucket,
+        4,
+        Unit::Hour,
+    );
+    s.each.max_keys = 16;
+    let shared = strategy(
+        2,
+        &[("api", "/s")],
+        Algorithm::TokenBucket,
+        100,
+        Unit::Second,
+    );
+    let (_d, _w, t) = table_of(&[s, shared], 16);
+    for i in 0..16 {
+        assert_eq!(
+            count(
+                &t,
+                "10.0.0.1",
+                &[("api", "/k"), ("u", &format!("k{i}"))],
+                1,
+                NOW
+            ),
+            1
+        );
+    }
+    let mut scratch = Scratch::default();
+    let mut decide = |pairs: &[(&str, &str)]| {
+        let pairs: Vec<(&str, &[u8])> = pairs.iter().map(|&(d, v)| (d, v.as_bytes())).collect();
+        let values = t.values_of(&pairs);
+        let r = Request {
+            values: &values[..],
+            ip: Some("10.0.0.1".parse::<std::net::IpAddr>().unwrap().into()),
+            now_ns: NOW,
+            now_unix_ms: NOW / 1_000_000,
+            dry_run: false,
+            quota: false,
+        };
+        t.decide_into(&r, &mut smallvec::SmallVec::new(), &mut scratch);
+        scratch.take_notices().key_full
+    };
+    assert_eq!(
+        decide(&[("api", "/k"), ("u", "new")]),
+        Some((1, OnFull::Overflow))
+    );
+    assert_eq!(
+        decide(&[("api", "/s")]),
+        None,
+        "a request with no key reported it again"
+    );
+}
+
 #[test]
 fn per_key_concurrency_is_released_when_the_request_ends() {
     let s = keyed(1, &[], &["ip"], Algorithm::Concurrency, 2, Unit::Second);

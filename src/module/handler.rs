@@ -339,34 +339,38 @@ fn decide(
         scratch,
         out,
     );
-    if let Some((id, on_full)) = scratch.key_table_full() {
-        key_table_full(log, lc, r, id, on_full, now_ms);
-    }
-    // Only read here (a write per request costs more): taken out of line.
-    if scratch.ban.is_some() {
-        log_ban(table, sources, mc, r, lc, scratch);
+    // One flag read per request; what it stands for is taken out of line.
+    if scratch.has_notices() {
+        notices(table, sources, log, mc, r, lc, now_ms, scratch);
     }
     outcome
 }
 
-/// Logs what a rejection did to its key's ban count (issue 32): the key
-/// as text from the request built again (out of line: rare).
+/// Logs what the request left to report (rare, out of line): a new key
+/// that found the key table full, what a rejection did to its key's ban
+/// count (issue 32; the key as text from the request built again).
+#[allow(clippy::too_many_arguments)]
 #[cold]
 #[inline(never)]
-fn log_ban(
+fn notices(
     table: &Table,
     sources: &[ValueSource],
+    log: &mut EventLog,
     mc: &MainConf,
     r: &Request,
     lc: &LocConf,
+    now_ms: u64,
     scratch: &mut Scratch,
 ) {
-    let Some(e) = scratch.ban.take() else {
-        return;
-    };
-    let values = RequestValues::new(r, mc, sources);
-    let key = table.key_text(e.strategy_id, &values.request());
-    super::bans::log_ban(lc, r, e, key);
+    let n = scratch.take_notices();
+    if let Some((id, on_full)) = n.key_full {
+        key_table_full(log, lc, r, id, on_full, now_ms);
+    }
+    if let Some(e) = n.ban {
+        let values = RequestValues::new(r, mc, sources);
+        let key = table.key_text(e.strategy_id, &values.request());
+        super::bans::log_ban(lc, r, e, key);
+    }
 }
 
 /// Logs that a new key of strategy `id` found the key table full: at most

@@ -21,11 +21,11 @@ struct Plan {
 }
 
 /// The table's penalty boxes: the distinct keys to check, and the
-/// strategies (id, index) that count rejections.
+/// strategies (id, index, key plan) that count rejections.
 #[derive(Debug, Clone, Default)]
 pub struct Bans {
     plans: SmallVec<[Plan; 1]>,
-    counting: Vec<(u32, u32)>,
+    counting: Vec<(u32, u32, Plan)>,
 }
 
 /// What a request's rejection did to its key's count (for the worker's
@@ -42,22 +42,13 @@ impl Bans {
     pub(super) fn of(strategies: &[super::Compiled]) -> Bans {
         let mut b = Bans::default();
         for (si, c) in strategies.iter().enumerate() {
-            let (Some(_), Some(plan), true) = (c.strategy.ban, &c.key, c.strategy.enabled) else {
+            let Some(p) = Plan::of(c).filter(|_| c.strategy.enabled) else {
                 continue;
-            };
-            let [(dim, is_ip)] = plan.dims[..] else {
-                continue;
-            };
-            let p = Plan {
-                kind: if is_ip { Kind::Ip } else { Kind::UserId },
-                dim,
-                v4: plan.ipv4_prefix,
-                v6: plan.ipv6_prefix,
             };
             if !b.plans.contains(&p) {
                 b.plans.push(p);
             }
-            b.counting.push((c.strategy.id, si as u32));
+            b.counting.push((c.strategy.id, si as u32, p));
         }
         b
     }
@@ -69,6 +60,22 @@ impl Bans {
 }
 
 impl Plan {
+    /// The key plan of a strategy with a penalty box (`each` one `ip` or
+    /// `userid` dimension, as the model requires of one).
+    fn of(c: &super::Compiled) -> Option<Plan> {
+        c.strategy.ban.as_ref()?;
+        let plan = c.key.as_ref()?;
+        let [(dim, is_ip)] = plan.dims[..] else {
+            return None;
+        };
+        Some(Plan {
+            kind: if is_ip { Kind::Ip } else { Kind::UserId },
+            dim,
+            v4: plan.ipv4_prefix,
+            v6: plan.ipv6_prefix,
+        })
+    }
+
     /// The request's key bytes for this plan, handed to `f` (`None`: an
     /// empty value or no client address).
     fn with_key<V: Values + ?Sized, T>(
@@ -132,28 +139,15 @@ impl Table {
     pub(crate) fn count_ban<V: Values + ?Sized>(
         &self,
         r: &Request<'_, V>,
-        outcome: &RequestOutcome<()>,
         d: &Decision,
     ) -> Option<BanEvent> {
-        let RequestOutcome::Limited(()) = outcome else {
-            return None;
-        };
         let (id, dry) = match d.verdict {
             Verdict::Reject { id, .. } => (id, false),
             _ => (d.dry_run_rejected?, true),
         };
-        let &(_, si) = self.bans.counting.iter().find(|(i, _)| *i == id)?;
+        let &(_, si, p) = self.bans.counting.iter().find(|(i, ..)| *i == id)?;
         let c = &self.strategies[si as usize];
-        let (ban, plan) = (c.strategy.ban.as_ref()?, c.key.as_ref()?);
-        let [(dim, is_ip)] = plan.dims[..] else {
-            return None;
-        };
-        let p = Plan {
-            kind: if is_ip { Kind::Ip } else { Kind::UserId },
-            dim,
-            v4: plan.ipv4_prefix,
-            v6: plan.ipv6_prefix,
-        };
+        let ban = c.strategy.ban.as_ref()?;
         let map: &Mapping = self.map.as_ref()?;
         let dry = dry || r.dry_run || c.strategy.action.is_dry_run();
         let counted = p.with_key(r, |key| {

@@ -105,7 +105,10 @@ impl Table {
             // A penalty box (issue 32) is on a per-key strategy: a
             // rejection it counts is decided here, and only here.
             if self.has_bans() {
-                scratch.ban = self.count_ban(r, &RequestOutcome::Limited(()), out);
+                scratch.ban = self.count_ban(r, out);
+            }
+            if scratch.key_full.is_some() || scratch.ban.is_some() {
+                scratch.notice = true;
             }
             return RequestOutcome::Limited(());
         }

@@ -107,8 +107,21 @@ pub struct Scratch {
     /// templates is loaded.
     tkey: Vec<u8>,
     /// What a request's rejection did to its key's ban count (issue 32;
-    /// set by [`Table::decide_in`] for a table with a penalty box, left
-    /// for the caller to take).
+    /// set by [`Table::decide_in`] for a table with a penalty box).
+    ban: Option<BanEvent>,
+    /// `key_full` or `ban` waits for the caller ([`Scratch::take_notices`]):
+    /// the one flag a request path reads after each request.
+    notice: bool,
+}
+
+/// What a request left for the worker to report (its log lines), taken
+/// once by [`Scratch::take_notices`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Notices {
+    /// The per-key strategy (id, `on_full`) whose new key found the key
+    /// table full.
+    pub key_full: Option<(u32, super::model::each::OnFull)>,
+    /// What a rejection did to its key's ban count (issue 32).
     pub ban: Option<BanEvent>,
 }
 
@@ -176,10 +189,21 @@ enum DeriveKind {
 }
 
 impl Scratch {
-    /// The per-key strategy (id, `on_full`) whose new key found the key
-    /// table full in the request decided last with this working space.
-    pub fn key_table_full(&self) -> Option<(u32, super::model::each::OnFull)> {
-        self.key_full
+    /// Some [`Notices`] wait since the last [`take_notices`](Self::take_notices).
+    #[inline(always)]
+    pub fn has_notices(&self) -> bool {
+        self.notice
+    }
+
+    /// What the requests decided since the last call left to report; the
+    /// caller takes it after each request it decides (else a later per-key
+    /// request's clears it).
+    pub fn take_notices(&mut self) -> Notices {
+        self.notice = false;
+        Notices {
+            key_full: self.key_full.take(),
+            ban: self.ban.take(),
+        }
     }
 
     /// Makes room for `table` now (when a worker loads it), so that no
