@@ -35,50 +35,19 @@ impl<'a> KeyTable<'a> {
         slots: &Region<'_>,
         owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
     ) -> Charge {
-        self.charge_capped(key, lim, NO_CAP, now, force, slots, owner)
+        self.charge_capped(key, lim, NO_CAP, now, force, 1, slots, owner)
     }
 
-    /// [`charge`](Self::charge) for a strategy whose `max_keys` is
+    /// [`charge`](Self::charge) of `n` units (`cost_from`, issue 31; see
+    /// [`KeyLimiter::step_units`]) for a strategy whose `max_keys` is
     /// `max_keys` (0: [`default_cap`](Self::default_cap)): a new key of a
     /// strategy whose keys hold that many entries gets none
     /// ([`Charge::Full`]) unless it can reuse a fresh entry of its own.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn charge_capped<'l>(
-        &self,
-        key: &KeyId,
-        lim: &KeyLimiter,
-        max_keys: u32,
-        now: Now,
-        force: bool,
-        slots: &Region<'_>,
-        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
-    ) -> Charge {
-        self.charge_n(key, lim, max_keys, now, force, 1, slots, owner)
-    }
-
-    /// [`charge`](Self::charge) of `n` units at once (`cost_from`, issue
-    /// 31; see [`KeyLimiter::step_units`]), never forced; `max_keys` as
-    /// in [`charge_capped`](Self::charge_capped).
-    #[allow(clippy::too_many_arguments)]
-    pub fn charge_units<'l>(
-        &self,
-        key: &KeyId,
-        lim: &KeyLimiter,
-        max_keys: u32,
-        now: Now,
-        n: u64,
-        slots: &Region<'_>,
-        owner: impl Fn(u32) -> Option<&'l KeyLimiter>,
-    ) -> Charge {
-        self.charge_n(key, lim, max_keys, now, false, n, slots, owner)
-    }
-
-    /// Both: the common case inline (the key's entry is there and one CAS
+    /// The common case inline (the key's entry is there and one CAS
     /// charges it); anything else (a new key, a race) takes the loop.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn charge_n<'l>(
+    pub fn charge_capped<'l>(
         &self,
         key: &KeyId,
         lim: &KeyLimiter,

@@ -429,6 +429,7 @@ fn charge_capped(
         max_keys,
         Now::from(now),
         false,
+        1,
         &f.slots.region(),
         |_| Some(l),
     )

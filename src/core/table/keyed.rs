@@ -269,12 +269,17 @@ fn decide_all<V: Values + ?Sized>(
         let key = kt.key(h, c.slot, c.generation);
         let charge = match key {
             Some(key) if check => kt.check_units(&key, &plan.limiter, now, units),
-            Some(key) if units != 1 => {
-                kt.charge_units(&key, &plan.limiter, plan.max_keys, now, units, slots, owner)
-            }
-            Some(key) => {
-                kt.charge_capped(&key, &plan.limiter, plan.max_keys, now, force, slots, owner)
-            }
+            // Several units are never forced (a dry run's concurrency unit is one).
+            Some(key) => kt.charge_capped(
+                &key,
+                &plan.limiter,
+                plan.max_keys,
+                now,
+                force && units == 1,
+                units,
+                slots,
+                owner,
+            ),
             None => Charge::Full,
         };
         let retry_after_ns = match charge {
