@@ -233,27 +233,21 @@ impl Table {
             }
         }
         if !self.template_bases.is_empty() {
-            sources += self.template_lookups(values, tkey, req, spans, ns, out);
+            self.template_lookups(values, tkey, &mut found);
         }
         sources
     }
 
-    /// The template part of [`derived_lookups`](Self::derived_lookups):
-    /// out of line, so that a table of prefixes alone does not carry it.
+    /// The template part of [`derived_lookups`](Self::derived_lookups),
+    /// each result handed to its `found`: out of line, so that a table of
+    /// prefixes alone does not carry it.
     #[inline(never)]
     fn template_lookups<V: Values + ?Sized>(
         &self,
         values: &V,
         tkey: &mut Vec<u8>,
-        req: &mut [u32],
-        spans: &mut [(u32, u32)],
-        ns: &mut usize,
-        out: &mut Vec<u32>,
-    ) -> u32 {
-        let mut sources = 0;
-        let mut found = |d: usize, e: Option<&ValueEntry>| {
-            found_entry(d, e, req, spans, ns, out, &mut sources);
-        };
+        found: &mut impl FnMut(usize, Option<&ValueEntry>),
+    ) {
         // Templates, by base: only the shapes the value's segment count
         // fits are visited (runs sorted by segment count); the others'
         // ids are cleared only where some strategy checks them beside its
@@ -281,7 +275,6 @@ impl Table {
                 found(t.dim as usize, self.template_entry(t, v, segs, tkey));
             }
         }
-        sources
     }
 
     /// The entry of template shape `t` for value `v` (of `segs` segments,
