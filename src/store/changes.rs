@@ -16,7 +16,7 @@ use super::record::{BlacklistRecord, StrategyRecord};
 use super::schema::{placeholders, Dialect};
 use super::strategies::{split_rows, STRATEGY_COLUMNS};
 use super::valid::Valid;
-use super::{read_version, BadRow, Result, Store};
+use super::{BadRow, Result, Store};
 
 /// Most strategies a delta reads; more changed, and the full read is as cheap.
 pub const MAX_DELTA_STRATEGIES: usize = 1_000;
@@ -41,14 +41,7 @@ impl Store {
     /// too many strategies, a version older than the log or newer than
     /// the store's).
     pub async fn changes_since(&self, after: u64) -> Result<Option<Changes>> {
-        let mut tx = self.pool.begin().await?;
-        if self.dialect == Dialect::Postgres {
-            // One view for the version and the rows (see `snapshot`).
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                .execute(&mut *tx)
-                .await?;
-        }
-        let version = read_version(self.dialect, &mut *tx).await?;
+        let (mut tx, version) = self.read_view().await?;
         if version < after {
             return Ok(None);
         }

@@ -315,19 +315,25 @@ impl Store {
 
     // ---- agent ---------------------------------------------------------
 
-    /// The full published set, read in one transaction so that the version
-    /// matches the rows.
-    pub async fn snapshot(&self) -> Result<Snapshot> {
+    /// A read transaction whose statements all see one version of the
+    /// store, and that version: PostgreSQL's default (read committed)
+    /// gives each statement its own view, so it is asked for repeatable
+    /// read (InnoDB's default does that; SQLite has one writer).
+    pub(super) async fn read_view(&self) -> Result<(Transaction<'static, Any>, u64)> {
         let mut tx = self.pool.begin().await?;
         if self.dialect == Dialect::Postgres {
-            // PostgreSQL's default (read committed) gives each statement its
-            // own view; the version must match the rows (InnoDB's default,
-            // repeatable read, does that; SQLite has one writer).
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 .execute(&mut *tx)
                 .await?;
         }
         let version = read_version(self.dialect, &mut *tx).await?;
+        Ok((tx, version))
+    }
+
+    /// The full published set, read in one transaction so that the version
+    /// matches the rows.
+    pub async fn snapshot(&self) -> Result<Snapshot> {
+        let (mut tx, version) = self.read_view().await?;
         let rows = sqlx::query(&self.sql(&format!(
             "SELECT {STRATEGY_COLUMNS} FROM strategies ORDER BY id"
         )))
