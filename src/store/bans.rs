@@ -157,25 +157,11 @@ impl Store {
             .bind(SOURCE_BAN)
             .execute(&mut *tx)
             .await?;
-            self.count_raised(&mut tx, strategy_id).await?;
-            super::changelog::log_change(&mut tx, version, super::Change::Blacklist).await?;
-            let mut after = rec.clone();
+            let mut after = rec;
             after.id = id;
-            audit(
-                &mut tx,
-                who,
-                "blacklist.ban",
-                &format!("blacklist/{id}"),
-                None,
-                Some(blacklist_api_json(&after)),
-            )
-            .await?;
-            tx.commit().await?;
-            return Ok(BanWritten {
-                id,
-                version: Some(version),
-                created: false,
-            });
+            return self
+                .ban_written(tx, version, strategy_id, who, after, false)
+                .await;
         }
         let (mut tx, version) = self.begin_change().await?;
         let created_ms = unix_ms();
@@ -196,27 +182,40 @@ impl Store {
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        let id: i64 =
-            sqlx::query(&self.sql("SELECT id FROM blacklist WHERE dimension = ? AND value = ?"))
-                .bind(&rec.dimension)
-                .bind(&rec.value)
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get(0)?;
+        let id = self
+            .blacklist_id(&mut tx, &rec.dimension, &rec.value)
+            .await?;
         if inserted == 0 {
             tx.rollback().await?;
             return Ok(BanWritten {
-                id: id as u64,
+                id,
                 version: None,
                 created: false,
             });
         }
-        self.count_raised(&mut tx, strategy_id).await?;
-        super::changelog::log_change(&mut tx, version, super::Change::Blacklist).await?;
         let mut after = rec;
-        after.id = id as u64;
+        after.id = id;
         after.created_ms = created_ms;
         after.source = Some(SOURCE_BAN.into());
+        self.ban_written(tx, version, strategy_id, who, after, true)
+            .await
+    }
+
+    /// The end of a ban's write (a new entry or one extended) in `tx`:
+    /// counted for `strategy_id`, logged as a blacklist change, audited as
+    /// `blacklist.ban` with the entry `after`, committed.
+    async fn ban_written(
+        &self,
+        mut tx: Transaction<'static, Any>,
+        version: u64,
+        strategy_id: u32,
+        who: &str,
+        after: BlacklistRecord,
+        created: bool,
+    ) -> Result<BanWritten> {
+        self.count_raised(&mut tx, strategy_id).await?;
+        super::changelog::log_change(&mut tx, version, super::Change::Blacklist).await?;
+        let id = after.id;
         audit(
             &mut tx,
             who,
@@ -228,9 +227,9 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(BanWritten {
-            id: id as u64,
+            id,
             version: Some(version),
-            created: true,
+            created,
         })
     }
 }

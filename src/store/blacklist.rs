@@ -1,7 +1,7 @@
 //! The blacklist table.
 
 use sqlx::any::AnyRow;
-use sqlx::Row;
+use sqlx::{Any, Row, Transaction};
 
 use super::audit::audit;
 use super::json::blacklist_api_json;
@@ -21,6 +21,24 @@ impl Store {
         self.blacklist_add_full(rec, who)
             .await
             .map(|(r, v)| (r.id, v))
+    }
+
+    /// The id of the entry for `(dimension, value)` (the blacklist's
+    /// unique key), read in `tx`.
+    pub(super) async fn blacklist_id(
+        &self,
+        tx: &mut Transaction<'static, Any>,
+        dimension: &str,
+        value: &str,
+    ) -> Result<u64> {
+        let id: i64 =
+            sqlx::query(&self.sql("SELECT id FROM blacklist WHERE dimension = ? AND value = ?"))
+                .bind(dimension)
+                .bind(value)
+                .fetch_one(&mut **tx)
+                .await?
+                .try_get(0)?;
+        Ok(id as u64)
     }
 
     /// [`Store::blacklist_add`], returning the stored entry.
@@ -59,14 +77,10 @@ impl Store {
         .bind(rec.source.clone())
         .execute(&mut *tx)
         .await?;
-        let id: i64 =
-            sqlx::query(&self.sql("SELECT id FROM blacklist WHERE dimension = ? AND value = ?"))
-                .bind(&rec.dimension)
-                .bind(&rec.value)
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get(0)?;
-        rec.id = id as u64;
+        let id = self
+            .blacklist_id(&mut tx, &rec.dimension, &rec.value)
+            .await?;
+        rec.id = id;
         audit(
             &mut tx,
             who,
