@@ -91,6 +91,14 @@ fn strategy_id(s: &str) -> Result<u32, ApiError> {
 /// strategy: 404 (`strategy`) for no such strategy, 422 (`strategy`) for
 /// one without `each`, 422 (`key`) for a key it cannot have.
 async fn checked_key(st: &Shared, id: &str, key: &str) -> Result<(u32, String), ApiError> {
+    let id = per_key_strategy(st, id).await?;
+    let key = st.store.canonical_key(id, key).await?;
+    Ok((id, key))
+}
+
+/// The id of the path, a per-key strategy's: 404 (`strategy`) for no such
+/// strategy, 422 (`strategy`) for one without `each`.
+async fn per_key_strategy(st: &Shared, id: &str) -> Result<u32, ApiError> {
     let id = strategy_id(id)?;
     let rec = st.store.get_strategy(id).await.map_err(|e| match e {
         StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, Some("strategy"), m),
@@ -102,8 +110,7 @@ async fn checked_key(st: &Shared, id: &str, key: &str) -> Result<(u32, String), 
             format!("strategy {id} is not per-key (no `each`): it has no keys"),
         ));
     }
-    let key = st.store.canonical_key(id, key).await?;
-    Ok((id, key))
+    Ok(id)
 }
 
 pub async fn reset_key(
@@ -377,21 +384,10 @@ const TOP_ENTRIES: usize = rate_ctl::core::keys::top::ENTRIES;
 /// `GET /api/v1/strategies/{id}/top`: the fleet's top keys of the last
 /// minute, merged (sums per key), by rejections then requests.
 pub async fn show_top(State(st): State<Shared>, _: ReadToken, Path(id): Path<String>) -> ApiResult {
-    let id = strategy_id(&id)?;
-    let rec = st.store.get_strategy(id).await.map_err(|e| match e {
-        StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, Some("strategy"), m),
-        e => e.into(),
-    })?;
-    if rec.each.is_empty() {
-        return Err(ApiError::invalid(
-            "strategy",
-            format!("strategy {id} is not per-key (no `each`): it has no keys"),
-        ));
-    }
+    let id = per_key_strategy(&st, &id).await?;
     let now = unix_ms();
     let (fresh, answers) = ask(&st, id, None, now).await?;
-    let mut merged: std::collections::BTreeMap<String, (u64, u64, Vec<String>)> =
-        Default::default();
+    let mut merged: std::collections::BTreeMap<String, Merged> = Default::default();
     for (host, a) in &answers {
         for e in a["entries"].as_array().into_iter().flatten() {
             let k = e["key"].as_str().unwrap_or("").to_string();
