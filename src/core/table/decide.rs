@@ -126,7 +126,7 @@ impl Table {
             *out = admit::admit_with(std::slice::from_ref(&hit), r.now(), r.dry_run, r.quota);
             if holds(&hit, out) {
                 held.push(si);
-                map.hold_unit(hit_slot(&self.strategies[si as usize]), hit.generation);
+                map.hold_unit(self.strategies[si as usize].slot, hit.generation);
             }
             return RequestOutcome::Limited(());
         }
@@ -195,7 +195,7 @@ impl Table {
         for (h, &si) in hits.iter().zip(&hit_index) {
             if holds(h, &decision) {
                 held.push(si);
-                map.hold_unit(hit_slot(&self.strategies[si as usize]), h.generation);
+                map.hold_unit(self.strategies[si as usize].slot, h.generation);
             }
         }
         if self.responsive {
@@ -266,11 +266,6 @@ pub(crate) fn owe_hits<V: Values + ?Sized>(
         }
         c.owe_slot(out, h.units, r.now());
     }
-}
-
-#[inline]
-pub(super) fn hit_slot(c: &Compiled) -> u32 {
-    c.slot
 }
 
 /// After a pass or a delay every concurrency hit holds one unit (a dry run
