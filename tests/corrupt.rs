@@ -155,6 +155,26 @@ fn a_worker_keeps_its_table_when_the_file_is_corrupted_under_it() {
     assert!(e.refresh(RECHECK_NS).is_none());
 }
 
+/// The PREACCESS test knob's reader: due for a check at every request,
+/// whatever refreshed it in between (the worker's watch timer does, every
+/// 5 ms); an ordinary reader is current for a second after a check.
+#[test]
+fn a_reader_told_to_recheck_always_stays_due_after_refreshes() {
+    let (_dir, path, mut w) = fresh_writer();
+    w.publish(&[api_bucket(1, "/a")], &[], 1).unwrap();
+    let mut plain = Reader::new(&path);
+    plain.refresh(0);
+    assert!(plain.is_current(1));
+    let mut knob = Reader::new(&path);
+    knob.refresh(0);
+    knob.recheck_always();
+    for now in [1, 2, RECHECK_NS + 3] {
+        knob.refresh(now);
+        assert!(!knob.is_current(now + 1), "at {now}");
+    }
+    assert_eq!(knob.table().unwrap().config_version(), 1);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 

@@ -377,7 +377,7 @@ pub fn start(mc: &MainConf, log: *mut ngx_log_t) {
         // The test knob's PREACCESS panic is raised where the handler
         // finds the table due for a check: make it due for every request.
         if super::guard::test_panic_asked(super::guard::Entry::Preaccess) {
-            w.reader.recheck_now();
+            w.reader.recheck_always();
         }
     });
     arm_watch_timer(mc);
@@ -420,11 +420,6 @@ extern "C" fn watch_timer_handler(ev: *mut ngx_event_t) {
         let log = cycle_log();
         with_existing_worker(|w| {
             w.refresh(mc, now_ns, log);
-            // The PREACCESS test knob (see `start`): the table stays due
-            // for a check at every request.
-            if super::guard::test_panic_asked(super::guard::Entry::Preaccess) {
-                w.reader.recheck_now();
-            }
         });
     })
 }

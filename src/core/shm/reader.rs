@@ -74,6 +74,9 @@ pub struct Reader {
     /// root or this uid is refused ([`Mapping::open_owned`]); `None`: by
     /// anyone but root or the owner of its directory.
     owner: Option<u32>,
+    /// [`recheck_always`](Self::recheck_always): every refresh leaves the
+    /// reader due for the next one.
+    always_due: bool,
 }
 
 impl Reader {
@@ -92,6 +95,7 @@ impl Reader {
             background: false,
             pending: None,
             owner: None,
+            always_due: false,
         }
     }
 
@@ -133,11 +137,20 @@ impl Reader {
         now_ns < self.next_check_ns && self.map.as_ref().is_none_or(|m| m.seq() == self.seen_seq)
     }
 
-    /// Makes [`is_current`](Self::is_current) say no until the next
-    /// [`refresh`](Self::refresh) (the module's test knob for a panic in
-    /// its request handler, which it raises on that path).
-    pub fn recheck_now(&mut self) {
+    /// Makes [`is_current`](Self::is_current) say no from now on, whatever
+    /// refreshes the reader meanwhile (the module's test knob for a panic
+    /// in its request handler, which it raises on that path).
+    pub fn recheck_always(&mut self) {
+        self.always_due = true;
         self.next_check_ns = 0;
+    }
+
+    /// When the file is checked next after a check at `now_ns`.
+    fn next_check(&self, now_ns: u64) -> u64 {
+        match self.always_due {
+            true => 0,
+            false => now_ns.saturating_add(RECHECK_NS),
+        }
     }
 
     /// Call once per request with a monotonic time in nanoseconds (or
@@ -155,12 +168,12 @@ impl Reader {
         {
             // Truncated under us (a zeroed mapping reads as a new sequence):
             // fail open now, look for a whole file again in a second.
-            self.next_check_ns = now_ns.saturating_add(RECHECK_NS);
+            self.next_check_ns = self.next_check(now_ns);
             return self.fail_open(&e);
         }
         let mut change = None;
         if now_ns >= self.next_check_ns {
-            self.next_check_ns = now_ns.saturating_add(RECHECK_NS);
+            self.next_check_ns = self.next_check(now_ns);
             change = self.check_file();
             // Calendar windows (issue 33): list the windows ahead again
             // once half of a list is behind (a load and a compare till then).
