@@ -41,8 +41,9 @@ const ROW_WORDS: usize = 32;
 pub const WINDOW: u64 = 8;
 /// Longest key a row holds (the rest of a row).
 pub const MAX_KEY: usize = 192;
-/// Default rows (`rate-ctl agent --bans N`): 4096 rows, 1 MiB.
-pub const DEFAULT_ROWS: u32 = 4096;
+/// Rows the agent lays the table out with: 4096 rows, 1 MiB (a reader
+/// takes the count the header gives, at least [`WINDOW`]).
+pub const ROWS: u64 = 4096;
 
 // Header words.
 /// Rows with a ban (raised, not yet freed by the agent): the request
@@ -78,11 +79,6 @@ impl Kind {
             Kind::UserId => "userid",
         }
     }
-}
-
-/// Rows for `rows` requested: at least one window.
-pub fn capacity_for(rows: u32) -> u64 {
-    (rows as u64).max(WINDOW)
 }
 
 /// Bytes of the region (before page rounding).

@@ -400,12 +400,11 @@ impl Geometry {
 /// (the end of the key table): the one function that sizes it, so that a
 /// region after it starts at `offset + length`.
 pub fn ban_region(from: u64) -> (u64, u64, u64) {
-    let capacity = crate::core::bans::capacity_for(crate::core::bans::DEFAULT_ROWS);
-    let off = page_up(from);
+    let rows = crate::core::bans::ROWS;
     (
-        off,
-        page_up(crate::core::bans::region_bytes(capacity)),
-        capacity,
+        page_up(from),
+        page_up(crate::core::bans::region_bytes(rows)),
+        rows,
     )
 }
 
