@@ -647,8 +647,12 @@ impl<S: Sink> Agent<S> {
             .into_iter()
             .map(|c| (c.id, c))
             .collect();
+        // A counter that never left zero is not sent: a table of 65,536
+        // new strategies would otherwise be reported whole at start.
+        let zero = |c: &CounterSample| c.passed == 0 && c.limited == 0 && c.delayed == 0;
         let mut report: Vec<CounterSample> = all
             .values()
+            .filter(|c| !(zero(c) && self.sent.get(&c.id).is_none_or(zero)))
             .filter(|c| self.sent.get(&c.id) != Some(*c) || self.moving.contains(&c.id))
             .copied()
             .collect();

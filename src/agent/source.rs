@@ -44,6 +44,10 @@ use rate_ctl::core::clock::unix_ms;
 const LONG_POLL_TIMEOUT: Duration = Duration::from_secs(40);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Counters per report through serve: at most about 110 bytes of JSON
+/// each, so a chunk stays well under serve's 2 MiB body limit.
+pub const REPORT_CHUNK: usize = 8_192;
+
 /// A lock on the long-poll's results; a task that panicked holding it
 /// left whole values (each is replaced in one assignment).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -260,6 +264,20 @@ impl ConfigSource {
                 Ok((store.hosts().await?, store.leases(Some(host_id)).await?))
             }
             Backend::Api(api) => {
+                // serve takes at most 2 MiB a request, and the counters of a
+                // full table (65,536 strategies) are about 4 MiB of JSON:
+                // they go in chunks, all but the last with counters only.
+                let mut counters = counters;
+                while counters.len() > REPORT_CHUNK {
+                    let (chunk, rest) = counters.split_at(REPORT_CHUNK);
+                    report(
+                        api.client(),
+                        host_id,
+                        json!({"counters": counters_json(chunk)}),
+                    )
+                    .await?;
+                    counters = rest;
+                }
                 let body = json!({
                     "applied_version": applied.map(|a| a.0),
                     "counters": counters_json(counters),

@@ -31,6 +31,19 @@ pub struct AgentProc {
 impl AgentProc {
     /// Starts `rate-ctl agent` with `extra` arguments after the usual ones.
     pub fn start(store: &str, shm: &Path, host: &str, log: &Path, extra: &[&str]) -> AgentProc {
+        AgentProc::start_with_caps(store, shm, host, log, SMALL_CAPS, extra)
+    }
+
+    /// [`start`](Self::start) with `caps` instead of [`SMALL_CAPS`] (empty:
+    /// the agent's defaults, a full-size file).
+    pub fn start_with_caps(
+        store: &str,
+        shm: &Path,
+        host: &str,
+        log: &Path,
+        caps: &[&str],
+        extra: &[&str],
+    ) -> AgentProc {
         let logf = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -47,7 +60,7 @@ impl AgentProc {
             "--log-level",
             "info",
         ];
-        args.extend_from_slice(SMALL_CAPS);
+        args.extend_from_slice(caps);
         args.extend_from_slice(extra);
         let child = crate::cli::command()
             .args(&args)
