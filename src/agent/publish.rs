@@ -31,7 +31,7 @@ impl Sink for ShmSink {
 
     fn publish(
         &mut self,
-        strategies: &[ValidStrategy],
+        strategies: &[&ValidStrategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
     ) -> Result<String, ShmError> {
