@@ -23,7 +23,7 @@
 //!   kernel, so `alloc_zeroed` writes nothing), grown or shrunk in place or
 //!   moved by `mremap`. A freed one is kept mapped for reuse by a later
 //!   request of its size or up to an eighth less (the surplus tail
-//!   unmapped then), at most 32 blocks and 32 MiB together, the oldest
+//!   unmapped then), at most 16 blocks and 16 MiB together, the oldest
 //!   returned to the system (`munmap`) first: the next table build reuses
 //!   the replaced table's pages instead of faulting fresh ones in.
 //! * **Alignment**: a request aligned to more than 16 bytes (at most a
