@@ -20,6 +20,10 @@
 # scripts/propagation.sh runs this suite with the strict bound (20 ms) on a
 # release build.
 #
+# PROPAGATION_TIMES=1 prints each trial's clock times (with RATE_CTL_KEEP=1
+# the agent's log stays, to line them up with its `configuration read` and
+# `published` lines).
+#
 # Store: PROPAGATION_STORE = sqlite (default), postgres
 # (RATE_CTL_TEST_POSTGRES_URL), mariadb (RATE_CTL_TEST_MYSQL_URL), or
 # serve (`rate-ctl serve` over SQLite; CLI --api, agent --store http://).
@@ -191,6 +195,12 @@ for_each_target(sub {
             next;
         }
         my ($last) = sort { $b <=> $a } values %first;
+        my ($firstok) = sort { $a <=> $b } values %first;
+        # PROPAGATION_TIMES=1: each trial's clock times, to line up with
+        # the agent's log (RATE_CTL_KEEP=1 keeps it).
+        diag sprintf('trial %d: add returned at %.6f; first connection 503 +%.1f ms, last +%.1f ms',
+            $i, $returned, ($firstok - $returned) * 1000, ($last - $returned) * 1000)
+            if $ENV{PROPAGATION_TIMES};
         push @lat, ($last - $returned) * 1000;
         sleep 0.2;
     }

@@ -261,6 +261,16 @@ impl Writer {
         &self.map
     }
 
+    /// The published strategies as `(id, slot, generation)`, by id: what
+    /// the active segment says, without decoding it (the agent reads the
+    /// counters of every strategy at each heartbeat).
+    pub fn published(&self) -> impl Iterator<Item = (u32, u32, u64)> + '_ {
+        self.assigned
+            .as_slice()
+            .iter()
+            .map(|(id, a)| (*id, a.slot, a.generation))
+    }
+
     pub fn path(&self) -> &Path {
         &self.map.path
     }
