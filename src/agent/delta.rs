@@ -107,7 +107,7 @@ impl Table {
     /// The ids changed since the last call, sorted, each once (`None`:
     /// any may have changed); from now on changes are counted afresh.
     pub fn take_changed(&mut self) -> Option<Vec<u32>> {
-        let mut ids = std::mem::replace(&mut self.changed, Some(Vec::new()))?;
+        let mut ids = self.changed.replace(Vec::new())?;
         ids.sort_unstable();
         ids.dedup();
         Some(ids)
