@@ -795,6 +795,60 @@ mod tests {
         .unwrap()
     }
 
+    /// Issue 29: a change re-derives only the strategies it names, and a
+    /// new share all of them; the result is what a derivation from scratch
+    /// gives.
+    #[test]
+    fn derived_rates_follow_changes_and_shares_as_a_full_derivation_does() {
+        let mk = |id: u32, rate: u64| {
+            let mut r = serde_json::from_str::<StrategyRecord>(&format!(
+                r#"{{"name":"s{id}","algorithm":"token_bucket","rate":{rate},"burst":4,"split":"static"}}"#
+            ))
+            .unwrap();
+            r.id = id;
+            r.into_valid().unwrap()
+        };
+        let snap = |strategies| Snapshot {
+            version: 1,
+            strategies,
+            bad_rows: vec![],
+            blacklist: vec![],
+        };
+        let half: Key = (
+            Share {
+                weight: 1,
+                total: 2,
+            },
+            Leases::new(),
+        );
+        let whole: Key = (
+            Share {
+                weight: 1,
+                total: 1,
+            },
+            Leases::new(),
+        );
+        let rates = |d: &Derived| -> Vec<(u32, Option<u64>)> {
+            d.items
+                .iter()
+                .map(|(id, _, s)| (*id, s.as_ref().map(|s| s.rate)))
+                .collect()
+        };
+        let mut d = Derived::default();
+        d.update(&snap(vec![mk(1, 100), mk(2, 200), mk(3, 300)]), &half, None);
+        assert_eq!(rates(&d), [(1, Some(50)), (2, Some(100)), (3, Some(150))]);
+        // 2 replaced, 3 removed, 4 added.
+        let s2 = snap(vec![mk(1, 100), mk(2, 400), mk(4, 40)]);
+        d.update(&s2, &half, Some(vec![2, 3, 4]));
+        assert_eq!(rates(&d), [(1, Some(50)), (2, Some(200)), (4, Some(20))]);
+        // Another share: everything again, though no strategy changed.
+        d.update(&s2, &whole, Some(vec![]));
+        assert_eq!(rates(&d), [(1, Some(100)), (2, Some(400)), (4, Some(40))]);
+        let mut scratch = Derived::default();
+        scratch.update(&s2, &whole, None);
+        assert_eq!(rates(&scratch), rates(&d));
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn publishes_on_change_and_skips_bad_rows_and_keeps_table_on_refusal() {
         let dir = tempfile::tempdir().unwrap();
