@@ -21,6 +21,10 @@ pub enum Update {
 pub struct Table {
     pub version: u64,
     snap: Snapshot,
+    /// Ids of the strategies changed (added, replaced, removed, turned
+    /// bad) since [`take_changed`](Self::take_changed) last ran; `None`:
+    /// any may have (a full read).
+    changed: Option<Vec<u32>>,
 }
 
 impl Table {
@@ -30,6 +34,7 @@ impl Table {
         Table {
             version: snap.version,
             snap,
+            changed: None,
         }
     }
 
@@ -61,6 +66,11 @@ impl Table {
     }
 
     fn apply_changes(&mut self, c: Changes) {
+        if let Some(changed) = &mut self.changed {
+            changed.extend(c.removed.iter().copied());
+            changed.extend(c.bad_rows.iter().filter_map(|b| u32::try_from(b.id).ok()));
+            changed.extend(c.strategies.iter().map(|s| s.id));
+        }
         for id in c.removed {
             self.remove(id);
         }
@@ -93,6 +103,15 @@ impl Table {
     pub fn snapshot(&self) -> &Snapshot {
         &self.snap
     }
+
+    /// The ids changed since the last call, sorted, each once (`None`:
+    /// any may have changed); from now on changes are counted afresh.
+    pub fn take_changed(&mut self) -> Option<Vec<u32>> {
+        let mut ids = self.changed.replace(Vec::new())?;
+        ids.sort_unstable();
+        ids.dedup();
+        Some(ids)
+    }
 }
 
 #[cfg(test)]
@@ -120,6 +139,8 @@ mod tests {
             blacklist: vec![],
         };
         assert!(Table::apply(&mut t, Update::Full(snap)));
+        // A full read: any strategy may have changed.
+        assert_eq!(t.as_mut().unwrap().take_changed(), None);
         let changes = Changes {
             version: 7,
             strategies: vec![rec(2, 25), rec(3, 30)],
@@ -133,6 +154,9 @@ mod tests {
                 changes: changes.clone()
             }
         ));
+        // The delta changed ids 1 to 3 (and nothing since).
+        assert_eq!(t.as_mut().unwrap().take_changed(), Some(vec![1, 2, 3]));
+        assert_eq!(t.as_mut().unwrap().take_changed(), Some(vec![]));
         let s = t.as_ref().unwrap().snapshot();
         assert_eq!(s.version, 7);
         let got: Vec<(u32, u64)> = s.strategies.iter().map(|r| (r.id, r.rate)).collect();

@@ -31,7 +31,7 @@ impl Sink for ShmSink {
 
     fn publish(
         &mut self,
-        strategies: &[ValidStrategy],
+        strategies: &[&ValidStrategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
     ) -> Result<String, ShmError> {
@@ -87,18 +87,16 @@ impl Sink for ShmSink {
     }
 
     fn counters(&self) -> Vec<CounterSample> {
-        let map = self.writer.mapping();
-        let Ok(Some(decoded)) = read_active(map) else {
-            return Vec::new();
-        };
-        let slots = map.slots();
-        decoded
-            .strategies
-            .iter()
-            .filter_map(|p| {
-                let c = Slot::counters_at(&slots, p.slot, p.generation)?;
+        // From the writer's slot assignments (what it published), not a
+        // decode of the whole segment: with 10,000 strategies that took
+        // milliseconds at every heartbeat, during which a change waited.
+        let slots = self.writer.mapping().slots();
+        self.writer
+            .published()
+            .filter_map(|(id, slot, generation)| {
+                let c = Slot::counters_at(&slots, slot, generation)?;
                 Some(CounterSample {
-                    id: p.strategy.id,
+                    id,
                     passed: c.passed,
                     limited: c.limited,
                     delayed: c.delayed,

@@ -75,15 +75,29 @@ pub enum SegmentError {
 /// Encodes strategies (already validated) and blacklist dimension names
 /// into a payload. Pure; used by the writer before touching the file.
 pub fn encode_payload(items: &[Published], bl_dims: &[String]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(items.len() * 96);
-    for p in items {
-        let s = &p.strategy;
+    encode_records(
+        items.iter().map(|p| (&p.strategy, p.slot, p.generation)),
+        bl_dims,
+        items.len() * 96,
+    )
+}
+
+/// [`encode_payload`] of `(strategy, slot, generation)` triples borrowed
+/// from the caller (the writer's plan: no copy of the table), into a
+/// buffer of `capacity` bytes to start with.
+pub fn encode_records<'a>(
+    items: impl Iterator<Item = (&'a Strategy, u32, u64)>,
+    bl_dims: &[String],
+    capacity: usize,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
+    for (s, slot, generation) in items {
         let start = out.len();
         out.extend_from_slice(&0u32.to_le_bytes()); // record length, patched below
         out.extend_from_slice(&s.id.to_le_bytes());
-        out.extend_from_slice(&p.slot.to_le_bytes());
+        out.extend_from_slice(&slot.to_le_bytes());
         out.extend_from_slice(&s.warm_up.period_ms.to_le_bytes());
-        out.extend_from_slice(&p.generation.to_le_bytes());
+        out.extend_from_slice(&generation.to_le_bytes());
         out.extend_from_slice(&s.rate.to_le_bytes());
         out.extend_from_slice(&s.burst.to_le_bytes());
         let (kind, status, max_delay) = match s.action {

@@ -15,7 +15,6 @@
 //!   [`SLOT_QUARANTINE_MS`], so a worker still on the previous table cannot
 //!   count into a slot that already belongs to someone else.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -25,7 +24,7 @@ use crate::core::blacklist::{self, Blacklist, BlacklistEntry};
 use crate::core::clock::{self, MonotonicClock};
 use crate::core::limiter::Limiter;
 use crate::core::model::{Algorithm, Strategy, ValidStrategy};
-use crate::core::shm::segment::{self, Published, MAX_TABLE_DIMENSIONS};
+use crate::core::shm::segment::{self, MAX_TABLE_DIMENSIONS};
 use crate::core::shm::slot::Slot;
 use crate::core::shm::{
     self, user_name, Capacities, Geometry, Mapping, ShmError, H_CONFIG_VERSION, H_HEARTBEAT, H_SEQ,
@@ -38,7 +37,7 @@ mod slots;
 use access::{apply_access, foreign_owner, lock, temp_name};
 pub use access::{mode_refusal, FileAccess};
 pub use publish::PublishReport;
-use slots::Assigned;
+use slots::{Assigned, AssignedList};
 
 /// How long a freed slot waits before it may be given to another strategy.
 pub const SLOT_QUARANTINE_MS: u64 = 2_000;
@@ -73,13 +72,15 @@ fn same_file(file: &File, path: &Path) -> bool {
 
 pub struct Writer {
     map: Arc<Mapping>,
-    assigned: HashMap<u32, Assigned>,
+    assigned: AssignedList,
     seq: u64,
     opened: Opened,
     access: FileAccess,
     /// What the agent last wrote, to notice what someone else changed
     /// ([`check_live`](Self::check_live)).
     live: Live,
+    /// The last payload's length: the next one's buffer is allocated once.
+    last_payload: usize,
 }
 
 /// What only the agent writes, as it last wrote it: the header (without
@@ -260,6 +261,16 @@ impl Writer {
         &self.map
     }
 
+    /// The published strategies as `(id, slot, generation)`, by id: what
+    /// the active segment says, without decoding it (the agent reads the
+    /// counters of every strategy at each heartbeat).
+    pub fn published(&self) -> impl Iterator<Item = (u32, u32, u64)> + '_ {
+        self.assigned
+            .as_slice()
+            .iter()
+            .map(|(id, a)| (*id, a.slot, a.generation))
+    }
+
     pub fn path(&self) -> &Path {
         &self.map.path
     }
@@ -368,16 +379,17 @@ impl Writer {
         Ok(Writer {
             live: Live::of(&map),
             map: Arc::new(map),
-            assigned: HashMap::new(),
+            assigned: AssignedList::default(),
             seq: 0,
             opened,
             access,
+            last_payload: 0,
         })
     }
 
     fn adopt(map: Mapping, access: FileAccess) -> Result<Writer, ShmError> {
         let seq = map.seq();
-        let mut assigned = HashMap::new();
+        let mut assigned = Vec::new();
         let mut count = 0;
         if seq != 0 {
             let mut buf = Vec::new();
@@ -386,7 +398,10 @@ impl Writer {
             if let Ok(d) = segment::read_segment(&map.segment((seq & 1) as usize), seq, &mut buf) {
                 count = d.strategies.len();
                 for p in &d.strategies {
-                    assigned.insert(p.strategy.id, Assigned::of(p));
+                    assigned.push((
+                        p.strategy.id,
+                        Assigned::of(&p.strategy, p.slot, p.generation),
+                    ));
                 }
             }
         }
@@ -397,6 +412,7 @@ impl Writer {
         header.read_bytes(shm::H_BOOT_ID, &mut file_boot);
         let boot = clock::boot_id();
         let boot_changed = file_boot != boot;
+        let assigned = AssignedList::from_unsorted(assigned);
         if boot_changed {
             let slots = map.slots();
             for a in assigned.values() {
@@ -425,6 +441,7 @@ impl Writer {
                 boot_changed,
             },
             access,
+            last_payload: 0,
         };
         w.reconcile_bitmap();
         Ok(w)

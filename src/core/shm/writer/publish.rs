@@ -1,6 +1,8 @@
 //! Publishing a table: plan (check capacities, assign slots, encode),
 //! then apply (blacklist, slots, the inactive segment, the sequence).
 
+use std::borrow::Borrow;
+
 use super::*;
 
 /// What a publish did.
@@ -17,10 +19,17 @@ pub struct PublishReport {
     pub deferred: usize,
 }
 
+/// One strategy of a plan: borrowed from the caller's table, with its slot.
+struct Item<'a> {
+    strategy: &'a Strategy,
+    slot: u32,
+    generation: u64,
+}
+
 /// What a publish will write, decided before anything is written.
-struct Plan {
+struct Plan<'a> {
     /// The strategies with their slots, by id.
-    published: Vec<Published>,
+    published: Vec<Item<'a>>,
     /// Indexes into `published` of the strategies that get a new slot.
     fresh: Vec<usize>,
     /// The blacklist's dimensions, in table order.
@@ -29,6 +38,35 @@ struct Plan {
     payload: Vec<u8>,
     /// The wall clock the plan was made at (slot quarantine, timestamps).
     now_ms: u64,
+}
+
+/// A set of slot numbers below the file's slot count (a bitmap).
+struct SlotSet {
+    bits: Vec<u64>,
+    len: u64,
+}
+
+impl SlotSet {
+    fn new(slot_count: u32) -> SlotSet {
+        SlotSet {
+            bits: vec![0; (slot_count as usize).div_ceil(64)],
+            len: 0,
+        }
+    }
+
+    fn insert(&mut self, slot: u32) {
+        if let Some(w) = self.bits.get_mut(slot as usize / 64) {
+            let m = 1u64 << (slot % 64);
+            self.len += u64::from(*w & m == 0);
+            *w |= m;
+        }
+    }
+
+    fn contains(&self, slot: u32) -> bool {
+        self.bits
+            .get(slot as usize / 64)
+            .is_some_and(|w| w & (1u64 << (slot % 64)) != 0)
+    }
 }
 
 impl Writer {
@@ -40,9 +78,9 @@ impl Writer {
     /// free (which frees the replaced ones), the rest once the freed slots
     /// may be reused. The report's `deferred` counts what is left for a
     /// later call with the same table (2 s on); 0 when complete.
-    pub fn publish_staged(
+    pub fn publish_staged<S: Borrow<ValidStrategy>>(
         &mut self,
-        strategies: &[ValidStrategy],
+        strategies: &[S],
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
@@ -50,18 +88,18 @@ impl Writer {
             Err(ShmError::SlotsBusy { free, .. }) => free as usize,
             other => return other,
         };
-        let mut first: Vec<ValidStrategy> = Vec::with_capacity(strategies.len());
+        let mut first: Vec<&ValidStrategy> = Vec::with_capacity(strategies.len());
         let mut new = 0;
-        let mut by_id: Vec<&ValidStrategy> = strategies.iter().collect();
+        let mut by_id: Vec<&ValidStrategy> = strategies.iter().map(|s| s.borrow()).collect();
         by_id.sort_by_key(|s| s.id);
         for s in by_id {
             let keeps = self
                 .assigned
-                .get(&s.id)
+                .get(s.id)
                 .is_some_and(|a| a.algorithm == s.algorithm);
             if keeps || new < free {
                 new += usize::from(!keeps);
-                first.push(s.clone());
+                first.push(s);
             }
         }
         // The first stage is not all of `config_version`: it goes out under
@@ -100,29 +138,35 @@ impl Writer {
 
     /// [`publish`](Self::publish) for strategies already validated (the
     /// agent's): they are not checked again.
-    pub fn publish_valid(
+    ///
+    /// The table is taken by reference (`&[ValidStrategy]` or
+    /// `&[&ValidStrategy]`): nothing in it is copied, and a table already
+    /// sorted by id (the agent's) is not sorted again.
+    pub fn publish_valid<S: Borrow<ValidStrategy>>(
         &mut self,
-        strategies: &[ValidStrategy],
+        strategies: &[S],
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
         self.ensure_whole()?;
-        let plan = self.plan(strategies, blacklist)?;
+        let list: Vec<&Strategy> = strategies.iter().map(|s| &**s.borrow()).collect();
+        let plan = self.plan(list, blacklist)?;
         self.apply(plan, blacklist, config_version)
     }
 
     /// Step 1 of a publish: checks every capacity (the strategies carry
     /// their validation), assigns slots and encodes the payload. No side
     /// effects.
-    fn plan(
+    fn plan<'a>(
         &self,
-        strategies: &[ValidStrategy],
+        mut list: Vec<&'a Strategy>,
         blacklist: &[BlacklistEntry],
-    ) -> Result<Plan, ShmError> {
+    ) -> Result<Plan<'a>, ShmError> {
         let g = self.map.geometry;
         let now_ms = clock::unix_ms();
-        let mut list: Vec<Strategy> = strategies.iter().map(|s| (**s).clone()).collect();
-        list.sort_by_key(|s| s.id);
+        if !list.is_sorted_by_key(|s| s.id) {
+            list.sort_by_key(|s| s.id);
+        }
         if let Some(w) = list.windows(2).find(|w| w[0].id == w[1].id) {
             return Err(ShmError::DuplicateId(w[0].id));
         }
@@ -177,20 +221,30 @@ impl Writer {
                 needed: all_dims as u64,
             });
         }
-        // Slot plan.
+        // Slot plan: the table and the assignments, both sorted by id,
+        // walked side by side.
         let slots = self.map.slots();
-        let mut plan: Vec<Published> = Vec::with_capacity(list.len());
+        let mut plan: Vec<Item> = Vec::with_capacity(list.len());
         let mut fresh: Vec<usize> = Vec::new(); // indexes into plan needing a new slot
+        let mut keep = SlotSet::new(g.slot_count);
+        let assigned = self.assigned.as_slice();
+        let mut j = 0;
         for s in list {
-            match self.assigned.get(&s.id) {
-                Some(a) if a.algorithm == s.algorithm => plan.push(Published {
-                    slot: a.slot,
-                    generation: a.generation,
-                    strategy: s,
-                }),
+            while j < assigned.len() && assigned[j].0 < s.id {
+                j += 1;
+            }
+            match assigned.get(j).filter(|a| a.0 == s.id) {
+                Some((_, a)) if a.algorithm == s.algorithm => {
+                    keep.insert(a.slot);
+                    plan.push(Item {
+                        slot: a.slot,
+                        generation: a.generation,
+                        strategy: s,
+                    })
+                }
                 _ => {
                     fresh.push(plan.len());
-                    plan.push(Published {
+                    plan.push(Item {
                         slot: u32::MAX,
                         generation: 0,
                         strategy: s,
@@ -198,11 +252,6 @@ impl Writer {
                 }
             }
         }
-        let keep: std::collections::HashSet<u32> = plan
-            .iter()
-            .filter(|p| p.slot != u32::MAX)
-            .map(|p| p.slot)
-            .collect();
         let mut free = Vec::with_capacity(fresh.len());
         let mut candidate = 0u32;
         while free.len() < fresh.len() && candidate < g.slot_count {
@@ -211,7 +260,7 @@ impl Writer {
                     let freed = s.freed_at().load(Ordering::Relaxed);
                     freed == 0 || now_ms.saturating_sub(freed) >= SLOT_QUARANTINE_MS
                 });
-            if usable && !keep.contains(&candidate) {
+            if usable && !keep.contains(candidate) {
                 free.push(candidate);
             }
             candidate += 1;
@@ -221,7 +270,7 @@ impl Writer {
             // that will be: freed by this publish or in quarantine.
             let free_now = (0..g.slot_count)
                 .filter(|&c| {
-                    !keep.contains(&c)
+                    !keep.contains(c)
                         && !self.slot_in_use(c)
                         && Slot::at(&slots, c).is_some_and(|s| {
                             let freed = s.freed_at().load(Ordering::Relaxed);
@@ -233,7 +282,7 @@ impl Writer {
             // strategy it drops, or in quarantine.
             let waiting = (g.slot_count as u64)
                 .saturating_sub(free_now)
-                .saturating_sub(keep.len() as u64);
+                .saturating_sub(keep.len);
             return Err(ShmError::SlotsBusy {
                 needed: fresh.len() as u64,
                 free: free_now,
@@ -250,7 +299,12 @@ impl Writer {
             plan[i].slot = slot;
             plan[i].generation = gen;
         }
-        let payload = segment::encode_payload(&plan, &bl_dims);
+        let payload = segment::encode_records(
+            plan.iter().map(|p| (p.strategy, p.slot, p.generation)),
+            &bl_dims,
+            // The last payload's size: one allocation, no regrowth.
+            (self.last_payload + 4096).max(plan.len() * 96),
+        );
         if payload.len() as u64 > segment::capacity_bytes(g.seg_len) {
             return Err(ShmError::Capacity {
                 what: "segment bytes",
@@ -271,7 +325,7 @@ impl Writer {
     /// slots, the inactive segment) and flips the sequence.
     fn apply(
         &mut self,
-        plan: Plan,
+        plan: Plan<'_>,
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
@@ -304,10 +358,17 @@ impl Writer {
             keys.reset_counters(p.slot);
             self.set_slot_bit(p.slot, true);
         }
+        // Both sorted by id: walked side by side.
         let mut freed = 0;
-        let in_plan: HashMap<u32, u32> = plan.iter().map(|p| (p.strategy.id, p.slot)).collect();
-        for (id, a) in &self.assigned {
-            if in_plan.get(id) != Some(&a.slot) {
+        let mut j = 0;
+        for (id, a) in self.assigned.as_slice() {
+            while j < plan.len() && plan[j].strategy.id < *id {
+                j += 1;
+            }
+            let kept = plan
+                .get(j)
+                .is_some_and(|p| p.strategy.id == *id && p.slot == a.slot);
+            if !kept {
                 if let Some(s) = Slot::at(&slots, a.slot) {
                     s.freed_at().store(now_ms.max(1), Ordering::Relaxed);
                 }
@@ -332,10 +393,17 @@ impl Writer {
             w.store(next, Ordering::Release);
         }
         self.seq = next;
-        self.assigned = plan
-            .iter()
-            .map(|p| (p.strategy.id, Assigned::of(p)))
-            .collect();
+        self.assigned = AssignedList::from_sorted(
+            plan.iter()
+                .map(|p| {
+                    (
+                        p.strategy.id,
+                        Assigned::of(p.strategy, p.slot, p.generation),
+                    )
+                })
+                .collect(),
+        );
+        self.last_payload = payload.len();
         self.live = Live::of(&self.map);
         Ok(PublishReport {
             seq: next,

@@ -13,13 +13,50 @@ pub(super) struct Assigned {
 }
 
 impl Assigned {
-    pub(super) fn of(p: &Published) -> Assigned {
+    pub(super) fn of(strategy: &Strategy, slot: u32, generation: u64) -> Assigned {
         Assigned {
-            slot: p.slot,
-            generation: p.generation,
-            algorithm: p.strategy.algorithm,
-            limiter: Limiter::from_strategy(&p.strategy),
+            slot,
+            generation,
+            algorithm: strategy.algorithm,
+            limiter: Limiter::from_strategy(strategy),
         }
+    }
+}
+
+/// Which slot each published strategy holds, sorted by strategy id: a
+/// publish (its table sorted by id too) walks both side by side, one
+/// sequential pass instead of a hash lookup per strategy (issue 29: with
+/// 10,000 strategies the lookups' cache misses alone cost ~1.4 ms a publish).
+#[derive(Debug, Clone, Default)]
+pub(super) struct AssignedList(Vec<(u32, Assigned)>);
+
+impl AssignedList {
+    /// From pairs in any order; a repeated id keeps its first pair.
+    pub(super) fn from_unsorted(mut v: Vec<(u32, Assigned)>) -> AssignedList {
+        v.sort_by_key(|p| p.0);
+        v.dedup_by_key(|p| p.0);
+        AssignedList(v)
+    }
+
+    /// From pairs already sorted by id, each id once.
+    pub(super) fn from_sorted(v: Vec<(u32, Assigned)>) -> AssignedList {
+        debug_assert!(v.windows(2).all(|w| w[0].0 < w[1].0));
+        AssignedList(v)
+    }
+
+    pub(super) fn get(&self, id: u32) -> Option<&Assigned> {
+        self.0
+            .binary_search_by_key(&id, |p| p.0)
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    pub(super) fn as_slice(&self) -> &[(u32, Assigned)] {
+        &self.0
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Assigned> {
+        self.0.iter().map(|p| &p.1)
     }
 }
 
