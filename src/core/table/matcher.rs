@@ -183,7 +183,17 @@ impl Table {
             out.sort_unstable();
         }
         if !self.negs.is_empty() {
-            self.drop_negated(values, out);
+            match out[..] {
+                // One match (the usual): its negations checked with
+                // little held across the value reads.
+                [si] => {
+                    if !self.negations_hold_for(values, si) {
+                        out.clear();
+                    }
+                }
+                [] => {}
+                _ => self.drop_negated(values, out),
+            }
         }
     }
 
@@ -260,7 +270,7 @@ impl Table {
             if v.is_empty() {
                 continue;
             }
-            let segs = v.iter().filter(|&&b| b == b'/').count() + 1;
+            let segs = pattern::segment_count(v);
             for t in &self.template_dims[tb.exact.0 as usize..tb.exact.1 as usize] {
                 match usize::from(t.shape.segments) {
                     n if n < segs => continue,
@@ -300,27 +310,76 @@ impl Table {
         }
     }
 
-    /// The matches whose negations fail removed (see [`negations_hold`]).
+    /// The matches whose negations fail removed (see [`negations_hold`]),
+    /// kept in order. A plain loop (not `Vec::retain`, whose guard and
+    /// closure cost more than the usual one match with one negation).
     #[inline(never)]
     pub(super) fn drop_negated<V: Values + ?Sized>(&self, values: &V, out: &mut Vec<u32>) {
-        out.retain(|&si| self.negations_hold(values, &self.strategies[si as usize]));
+        let mut kept = 0;
+        for i in 0..out.len() {
+            let si = out[i];
+            let Some(c) = self.strategies.get(si as usize) else {
+                continue;
+            };
+            if c.negs.0 == c.negs.1 || self.negations_hold(values, c) {
+                out[kept] = si;
+                kept += 1;
+            }
+        }
+        out.truncate(kept);
+    }
+
+    /// [`negations_hold`](Self::negations_hold) for strategy `si` (false
+    /// for an index out of the table). Out of line: only a table with
+    /// negations carries it.
+    #[inline(never)]
+    pub(super) fn negations_hold_for<V: Values + ?Sized>(&self, values: &V, si: u32) -> bool {
+        let Some(c) = self.strategies.get(si as usize) else {
+            return false;
+        };
+        let (from, to) = (c.negs.0 as usize, c.negs.1 as usize);
+        if to != from + 1 {
+            return from == to || self.negations_hold(values, c);
+        }
+        // One negation (the usual): straight-line, the negated bytes
+        // taken only once the value is known to be there.
+        let Some(&(d, at, end)) = self.negs.get(from) else {
+            return false;
+        };
+        if d == NONE {
+            return false;
+        }
+        match values.value(d as usize) {
+            Some(v) if !v.is_empty() => self
+                .neg_bytes
+                .get(at as usize..end as usize)
+                .is_none_or(|not| !bytes_eq(v, not)),
+            _ => true,
+        }
     }
 
     /// Whether the request's values differ from each value `c` negates
-    /// (an absent value differs from every value). Out of line: only a
-    /// table with negations carries it.
+    /// (an absent value differs from every value).
     #[inline]
     pub(super) fn negations_hold<V: Values + ?Sized>(&self, values: &V, c: &Compiled) -> bool {
-        self.negs[c.negs.0 as usize..c.negs.1 as usize]
-            .iter()
-            .all(|&(d, from, to)| {
-                let not = &self.neg_bytes[from as usize..to as usize];
-                match values.value(d as usize) {
-                    _ if d == NONE => false,
-                    Some(v) if !v.is_empty() => !bytes_eq(v, not),
-                    _ => true,
+        let Some(negs) = self.negs.get(c.negs.0 as usize..c.negs.1 as usize) else {
+            return false;
+        };
+        for &(d, from, to) in negs {
+            if d == NONE {
+                return false;
+            }
+            if let Some(v) = values.value(d as usize) {
+                let not = self
+                    .neg_bytes
+                    .get(from as usize..to as usize)
+                    .unwrap_or_default();
+                if !v.is_empty() && bytes_eq(v, not) {
+                    return false;
                 }
-            })
+            }
+        }
+        true
     }
 
     /// Whether the request's value of dimension `d` is interned value `v`:
