@@ -309,8 +309,7 @@ pub fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
     } else if n >= 4 {
         half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
     } else {
-        // 0 to 3 bytes: bytes 0, n / 2 and n - 1 are all of them.
-        n == 0 || (a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1])
+        a.iter().zip(b).all(|(x, y)| x == y)
     }
 }
 

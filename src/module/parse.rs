@@ -348,6 +348,60 @@ mod tests {
         assert_eq!(q("a", "a"), None);
     }
 
+    /// nginx's `ngx_http_arg` as it is written: a case-insensitive
+    /// substring search for the name (not in the last byte), accepted at
+    /// the start or after a `&` and followed by `=`, the value up to the
+    /// next `&`.
+    fn ngx_http_arg<'a>(args: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+        let (len, n) = (args.len(), name.len());
+        if len == 0 || n == 0 {
+            return None;
+        }
+        let mut p = 0;
+        while p + n < len {
+            let at = (p..len - n).find(|&s| args[s..s + n].eq_ignore_ascii_case(name))?;
+            if (at == 0 || args[at - 1] == b'&') && args[at + n] == b'=' {
+                let from = at + n + 1;
+                let to = args[from..]
+                    .iter()
+                    .position(|&b| b == b'&')
+                    .map_or(len, |k| from + k);
+                return Some(&args[from..to]);
+            }
+            p = at + 1;
+        }
+        None
+    }
+
+    #[test]
+    fn query_args_as_ngx_http_arg_on_random_query_strings() {
+        let alphabet = b"aAbB=&&x%";
+        let names: [&[u8]; 5] = [b"a", b"ab", b"b", b"aa", b"ba"];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for len in 0..40 {
+            for _ in 0..300 {
+                let args: Vec<u8> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        alphabet[(x % alphabet.len() as u64) as usize]
+                    })
+                    .collect();
+                for name in names {
+                    let mut seen = 0;
+                    assert_eq!(
+                        query_arg_seen(&args, name, &mut seen),
+                        ngx_http_arg(&args, name),
+                        "{:?} {:?}",
+                        String::from_utf8_lossy(&args),
+                        String::from_utf8_lossy(name)
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_miss_says_which_first_bytes_the_items_have() {
         let names: [&[u8]; 6] = [b"a", b"b", b"user", b"c", b"ab", b"u"];
