@@ -272,6 +272,7 @@ fn arg_first<'r>(
     }
     // The slot's flags as one word (bindgen's accessors are calls here).
     const { assert!(std::mem::offset_of!(ngx_http_variable_value_t, data) == 8) };
+    const { assert!(cfg!(target_endian = "little")) };
     // SAFETY: v is this request's slot (see `slot`), live with the
     // request; its first 4 bytes are the C bitfield word `len:28 valid:1
     // no_cacheable:1 not_found:1 escape:1`, allocated from the low bit
