@@ -251,8 +251,9 @@ pub fn template_key(t: &[u8]) -> &[u8] {
 
 /// How many `/`-separated segments `v` has (its `/`s plus one), as
 /// `v.iter().filter(|&&b| b == b'/').count() + 1`: eight bytes at a time
-/// (a request's path is counted once per template base), the last one to
-/// seven in two overlapping 4-byte words or bytes.
+/// (a request's path is counted once per template base; out of line,
+/// [`slashes_in_words`]), the last one to seven in two overlapping 4-byte
+/// words or bytes.
 #[inline(always)]
 pub fn segment_count(v: &[u8]) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
@@ -265,14 +266,12 @@ pub fn segment_count(v: &[u8]) -> usize {
     };
     // How many high bits `m` (of `slashes`) has: no popcnt needed.
     let count = |m: u64| ((m >> 7).wrapping_mul(ONES) >> 56) as usize;
+    let words = v.len() & !7;
     let mut n = 1;
-    let mut words = v.chunks_exact(8);
-    for w in &mut words {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(w);
-        n += count(slashes(u64::from_le_bytes(b)));
+    if words > 0 {
+        n += slashes_in_words(&v[..words]);
     }
-    let rest = words.remainder();
+    let rest = &v[words..];
     let r = rest.len();
     if r >= 4 {
         let word = |at: usize| {
@@ -288,6 +287,25 @@ pub fn segment_count(v: &[u8]) -> usize {
         for &b in rest {
             n += usize::from(b == b'/');
         }
+    }
+    n
+}
+
+/// How many `/`s `v` (a whole number of 8-byte words) has, eight bytes at
+/// a time: out of line, so that a short value's count (the usual path)
+/// carries none of its (vectorised) setup.
+#[inline(never)]
+fn slashes_in_words(v: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut n = 0;
+    for w in v.chunks_exact(8) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        let x = u64::from_le_bytes(b) ^ (ONES * u64::from(b'/'));
+        let m = !(((x & LOW7) + LOW7) | x) & HIGH;
+        n += ((m >> 7).wrapping_mul(ONES) >> 56) as usize;
     }
     n
 }

@@ -128,7 +128,11 @@ impl Table {
             found(d, e);
         }
         if self.derived {
-            sources += self.derived_lookups(values, tkey, req, spans, &mut ns, out);
+            // Templates alone (no prefix): straight to their lookups.
+            sources += match self.prefix_bases.is_empty() {
+                true => self.template_lookups(values, tkey, req, spans, &mut ns, out),
+                false => self.derived_lookups(values, tkey, req, spans, &mut ns, out),
+            };
         }
         if ns > 0 {
             if let [(at, 1)] = spans[..ns] {
@@ -243,53 +247,125 @@ impl Table {
             }
         }
         if !self.template_bases.is_empty() {
-            self.template_lookups(values, tkey, &mut found);
+            sources += self.template_lookups(values, tkey, req, spans, ns, out);
         }
         sources
     }
 
     /// The template part of [`derived_lookups`](Self::derived_lookups),
-    /// each result handed to its `found`: out of line, so that a table of
-    /// prefixes alone does not carry it.
+    /// each result recorded as a lookup's; returns how many lists it added
+    /// to `out`. Out of line (the handler's own registers stay as they
+    /// are for a table without templates), no closure.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn template_lookups<V: Values + ?Sized>(
         &self,
         values: &V,
         tkey: &mut Vec<u8>,
-        found: &mut impl FnMut(usize, Option<&ValueEntry>),
-    ) {
-        // Templates, by base: only the shapes the value's segment count
-        // fits are visited (runs sorted by segment count); the others'
-        // ids are cleared only where some strategy checks them beside its
-        // anchor (`template_resets`).
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+    ) -> u32 {
+        let mut sources = 0;
+        // Only the shapes a value fits are visited (`template_base`); the
+        // others' ids are cleared only where some strategy checks them
+        // beside its anchor (`template_resets`).
         for &d in self.template_resets.iter() {
-            found(d as usize, None);
+            req[d as usize] = NONE;
         }
-        for tb in self.template_bases.iter() {
-            let v = values.value(tb.base as usize).unwrap_or_default();
-            if v.is_empty() {
-                continue;
+        // The first base (the usual: `api` alone) outside the loop over
+        // the others: nothing is hoisted for it.
+        if let Some((first, more)) = self.template_bases.split_first() {
+            self.template_base(first, values, tkey, req, spans, ns, out, &mut sources);
+            for tb in more {
+                self.template_base(tb, values, tkey, req, spans, ns, out, &mut sources);
             }
-            let segs = pattern::segment_count(v);
-            for t in &self.template_dims[tb.exact.0 as usize..tb.exact.1 as usize] {
-                match usize::from(t.shape.segments) {
-                    n if n < segs => continue,
-                    n if n > segs => break,
-                    _ => found(t.dim as usize, self.template_entry(t, v, segs, tkey)),
-                }
-            }
-            for t in &self.template_dims[tb.rest.0 as usize..tb.rest.1 as usize] {
-                if usize::from(t.shape.segments) > segs {
-                    break;
-                }
-                found(t.dim as usize, self.template_entry(t, v, segs, tkey));
+        }
+        sources
+    }
+
+    /// One base's templates: only the shapes its value's segment count
+    /// fits are visited (found by that count in `template_fits`).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn template_base<V: Values + ?Sized>(
+        &self,
+        tb: &super::TemplateBase,
+        values: &V,
+        tkey: &mut Vec<u8>,
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+        sources: &mut u32,
+    ) {
+        let v = values.value(tb.base as usize).unwrap_or_default();
+        if v.is_empty() {
+            return;
+        }
+        let segs = pattern::segment_count(v);
+        let at = tb.fits.0 as usize + segs.min(tb.fits.1 as usize);
+        let Some(&fit) = self.template_fits.get(at) else {
+            return;
+        };
+        let dims = &*self.template_dims;
+        let exact = dims.get(fit.exact.0 as usize..fit.exact.1 as usize);
+        self.template_run(
+            exact.unwrap_or_default(),
+            v,
+            segs,
+            tkey,
+            req,
+            spans,
+            ns,
+            out,
+            sources,
+        );
+        let rest = dims.get(fit.rest.0 as usize..fit.rest.1 as usize);
+        self.template_run(
+            rest.unwrap_or_default(),
+            v,
+            segs,
+            tkey,
+            req,
+            spans,
+            ns,
+            out,
+            sources,
+        );
+    }
+
+    /// The shapes `run` probed for `v`: the first (the usual: one)
+    /// outside the loop over the others.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn template_run(
+        &self,
+        run: &[super::TemplateDim],
+        v: &[u8],
+        segs: usize,
+        tkey: &mut Vec<u8>,
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+        sources: &mut u32,
+    ) {
+        if let Some((t, more)) = run.split_first() {
+            let e = self.template_entry(t, v, segs, tkey);
+            found_entry(t.dim as usize, e, req, spans, ns, out, sources);
+            for t in more {
+                let e = self.template_entry(t, v, segs, tkey);
+                found_entry(t.dim as usize, e, req, spans, ns, out, sources);
             }
         }
     }
 
     /// The entry of template shape `t` for value `v` (of `segs` segments,
     /// which the shape fits): its first segments as they are (see
-    /// [`Table::template_escapes`]), else projected ([`pattern::project`]).
+    /// [`Table::template_escapes`]), else projected
+    /// ([`template_projected`](Self::template_projected)).
     #[inline(always)]
     fn template_entry(
         &self,
@@ -298,11 +374,37 @@ impl Table {
         segs: usize,
         tkey: &mut Vec<u8>,
     ) -> Option<&ValueEntry> {
+        match t.shape.wild == 0 && !self.template_escapes {
+            true => self.index[t.dim as usize]
+                .values
+                .get(pattern::first_segments(
+                    v,
+                    usize::from(t.shape.segments),
+                    segs,
+                )),
+            false => self.template_projected(t, v, segs, tkey),
+        }
+    }
+
+    /// [`template_entry`](Self::template_entry) for a shape with a
+    /// wildcard, or where some key holds an escape: out of line, so that
+    /// the usual probe holds fewer values across the shapes.
+    #[inline(never)]
+    fn template_projected(
+        &self,
+        t: &super::TemplateDim,
+        v: &[u8],
+        segs: usize,
+        tkey: &mut Vec<u8>,
+    ) -> Option<&ValueEntry> {
         let map = &self.index[t.dim as usize].values;
-        let n = usize::from(t.shape.segments);
         let special = || v.iter().any(|&b| b == b'*' || b == b'\\');
-        match t.shape.wild == 0 && (!self.template_escapes || !special()) {
-            true => map.get(pattern::first_segments(v, n, segs)),
+        match t.shape.wild == 0 && !special() {
+            true => map.get(pattern::first_segments(
+                v,
+                usize::from(t.shape.segments),
+                segs,
+            )),
             false => match pattern::project(t.shape, v, MAX_VALUE_LEN, tkey) {
                 true => map.get(&tkey[..]),
                 false => None,
