@@ -1,6 +1,11 @@
 # How rate_ctl_dimension values are read: a single variable by its index
 # (`$arg_NAME` straight from the query string, as nginx's $arg_ finds it),
-# `${name}`, templates; a grid of strategies matched by shape.
+# `${name}`, templates; a grid of strategies matched by shape. The module
+# reads a plain `$arg_NAME` from the query string itself: per-key
+# strategies show through `$rate_ctl_key` which value it read, compared
+# with nginx's own `$arg_a` on the same request (first item, name in any
+# case, `xa=`/`ab=` not it, empty and absent alike), and with the `last`
+# and `decode` flags' own rules.
 use strict;
 use warnings;
 use FindBin;
@@ -17,12 +22,21 @@ for_each_target(sub {
             rate_ctl_dimension hdr $http_x_user;
             rate_ctl_dimension tpl "t-$arg_t";
             rate_ctl_dimension m $arg_mapped;
+            rate_ctl_dimension w $arg_w last;
+            rate_ctl_dimension d $arg_d decode;
             map $arg_m $arg_mapped { default "mapped-$arg_m"; }
         },
         server => q{
             rate_ctl on;
             location / { empty_gif; }
             location /set { set $arg_a a-set; empty_gif; }
+            location /kw { add_header X-Key "[$rate_ctl_key]" always; empty_gif; }
+            location /kd { add_header X-Key "[$rate_ctl_key]" always; empty_gif; }
+            location /k {
+                add_header X-Arg "[$arg_a]" always;
+                add_header X-Key "[$rate_ctl_key]" always;
+                empty_gif;
+            }
         });
     my $grid = '';
     my $id = 100;
@@ -37,6 +51,9 @@ strategy id=2 algorithm=fixed_window rate=1 per=day when hdr=u1
 strategy id=3 algorithm=fixed_window rate=1 per=day when tpl=t-x
 strategy id=4 algorithm=fixed_window rate=1 per=day when m=mapped-q
 strategy id=5 algorithm=fixed_window rate=1 per=day when a=a-set
+strategy id=6 algorithm=fixed_window rate=1000 per=day each=a when api=/k
+strategy id=7 algorithm=fixed_window rate=1000 per=day each=w when api=/kw
+strategy id=8 algorithm=fixed_window rate=1000 per=day each=d when api=/kd
 $grid
 T
     $n->start;
@@ -48,6 +65,28 @@ T
     is_deeply([$n->codes('/?t=x', 2)], [200, 503], 'template "t-$arg_t": limited');
     is_deeply([$n->codes('/?m=q', 2)], [200, 503], 'a map-defined $arg_mapped is read through nginx');
     is_deeply([$n->codes('/set?a=zzz', 2)], [200, 503], 'set $arg_a overrides the query string, as in nginx');
+
+    # The value the module reads for `$arg_a` is nginx's, request by
+    # request (an empty value is absent: no key).
+    for my $q ('a=k1', 'A=k2', 'xa=k0&a=k3', 'a=k4&a=k5', 'ab=k0&A=k6&a=k7', 'a=&a=k8', '', 'a',
+               'b=k0&ab=k1', '&&a=k9&', 'a=k1=2&b', 'a=%6B1', 'x=1&a=', 'a=k%26&a=z', 'Aa=1&aA=2&a=k10') {
+        my $r = $n->get("/k?$q");
+        is($r->{code}, 200, "/k?$q passes");
+        my $arg = $r->{headers}{'x-arg'} // '';
+        my $want = $arg eq '[]' ? '[]' : $arg =~ s/^\[/[a=/r;
+        is($r->{headers}{'x-key'}, $want, "/k?$q: the module reads \$arg_a as nginx does ($arg)");
+    }
+    # `last`: the last item named w (any case) wins; `decode`: percent-decoded,
+    # NUL refused (absent).
+    for (['w=1&w=2', '[w=2]'], ['W=1&x=1&w=k2', '[w=k2]'], ['w=1&W=', '[]'], ['xw=1&wx=2', '[]'], ['w=k3', '[w=k3]'],
+         ['', '[]']) {
+        my ($q, $want) = @$_;
+        is($n->get("/kw?$q")->{headers}{'x-key'}, $want, "last: /kw?$q");
+    }
+    for (['d=%6B%31', '[d=k1]'], ['d=k2', '[d=k2]'], ['D=k%33&d=x', '[d=k3]'], ['d=a%00', '[]'], ['d=', '[]']) {
+        my ($q, $want) = @$_;
+        is($n->get("/kd?$q")->{headers}{'x-key'}, $want, "decode: /kd?$q");
+    }
 
     # The grid: every (a, b) pair its own strategy, 2 a day.
     is_deeply([$n->codes('/?a=a7&b=b29', 3)], [200, 200, 503], 'grid a7 b29: its own limit');

@@ -249,6 +249,67 @@ pub fn template_key(t: &[u8]) -> &[u8] {
     t.strip_suffix(b"/**").unwrap_or(t)
 }
 
+/// How many `/`-separated segments `v` has (its `/`s plus one), as
+/// `v.iter().filter(|&&b| b == b'/').count() + 1`: eight bytes at a time
+/// (a request's path is counted once per template base; out of line,
+/// [`slashes_in_words`]), the last one to seven in two overlapping 4-byte
+/// words or bytes.
+#[inline(always)]
+pub fn segment_count(v: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // The high bit of each byte of `w` that is `/`, no other bit.
+    let slashes = |w: u64| {
+        let x = w ^ (ONES * u64::from(b'/'));
+        !(((x & LOW7) + LOW7) | x) & HIGH
+    };
+    // How many high bits `m` (of `slashes`) has: no popcnt needed.
+    let count = |m: u64| ((m >> 7).wrapping_mul(ONES) >> 56) as usize;
+    let words = v.len() & !7;
+    let mut n = 1;
+    if words > 0 {
+        n += slashes_in_words(&v[..words]);
+    }
+    let rest = &v[words..];
+    let r = rest.len();
+    if r >= 4 {
+        let word = |at: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&rest[at..at + 4]);
+            u64::from(u32::from_le_bytes(b))
+        };
+        // `hi` repeats the last `8 - r` bytes of `lo` in its low bytes.
+        let m = slashes(word(0) | (word(r - 4) << 32));
+        let repeated = ((1u64 << (8 * (8 - r))) - 1) << 32;
+        n += count(m & !repeated);
+    } else {
+        for &b in rest {
+            n += usize::from(b == b'/');
+        }
+    }
+    n
+}
+
+/// How many `/`s `v` (a whole number of 8-byte words) has, eight bytes at
+/// a time: out of line, so that a short value's count (the usual path)
+/// carries none of its (vectorised) setup.
+#[inline(never)]
+fn slashes_in_words(v: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut n = 0;
+    for w in v.chunks_exact(8) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        let x = u64::from_le_bytes(b) ^ (ONES * u64::from(b'/'));
+        let m = !(((x & LOW7) + LOW7) | x) & HIGH;
+        n += ((m >> 7).wrapping_mul(ONES) >> 56) as usize;
+    }
+    n
+}
+
 /// The first `n` segments of `v` (of `segments` segments, at least `n`;
 /// no byte to escape): the literal key of a wildcard-free shape
 /// ([`literal_key`] without its checks, which the caller made).
@@ -300,6 +361,30 @@ pub fn literal_key(shape: Shape, v: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn segment_count_is_the_slashes_plus_one() {
+        let naive = |v: &[u8]| v.iter().filter(|&&b| b == b'/').count() + 1;
+        let alphabet = [b'/', b'a', b'.', 0x2e, 0xaf, 0x2f ^ 0x80, 0, 0xff, b'0'];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for len in 0..40 {
+            for _ in 0..200 {
+                let v: Vec<u8> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        alphabet[(x % alphabet.len() as u64) as usize]
+                    })
+                    .collect();
+                assert_eq!(segment_count(&v), naive(&v), "{v:?}");
+            }
+            let all = vec![b'/'; len];
+            assert_eq!(segment_count(&all), len + 1);
+        }
+        assert_eq!(segment_count(b"/bench"), 2);
+        assert_eq!(segment_count(b"/users/7/orders"), 4);
+    }
 
     #[test]
     fn first_segments_give_the_literal_key() {

@@ -117,8 +117,27 @@ pub unsafe fn index_decision(cf: *mut ngx_conf_t) -> Status {
 /// `seen` is the request's [`parse::query_arg_seen`] mask (0 until a
 /// `$arg` dimension was found absent): a later one it rules out is absent
 /// without a scan of the query string.
+/// The usual binding, a plain `$arg_NAME` (nginx's own argument
+/// variable, first item wins, no flag), is read by a short leaf path
+/// ([`arg_first`]); everything else by [`dimension_value_any`], a tail
+/// call (so the usual path saves no registers).
 #[inline(never)]
 pub fn dimension_value<'r>(
+    r: &'r Request,
+    d: &CustomDimension,
+    seen: &Cell<u64>,
+) -> Option<&'r [u8]> {
+    if let (DimensionValue::Arg(index, ref name, ref kind, false), None) = (&d.value, d.norm) {
+        if kind.get() == ArgKind::Builtin {
+            return arg_first(r.as_ref(), *index, name, seen);
+        }
+    }
+    dimension_value_any(r, d, seen)
+}
+
+/// [`dimension_value`] for any binding.
+#[inline(never)]
+fn dimension_value_any<'r>(
     r: &'r Request,
     d: &CustomDimension,
     seen: &Cell<u64>,
@@ -235,6 +254,63 @@ fn arg_variable<'r>(
         seen.set(mask);
     }
     found
+}
+
+/// [`arg_variable`] for nginx's own argument variable, the first item
+/// winning, an empty value absent: what [`dimension_value`] gives for a
+/// plain `$arg_NAME` binding. Few live values, no call: a leaf.
+#[inline(always)]
+fn arg_first<'r>(
+    rr: &'r ngx_http_request_t,
+    index: usize,
+    name: &[u8],
+    seen: &Cell<u64>,
+) -> Option<&'r [u8]> {
+    let v = slot(rr, index);
+    if v.is_null() {
+        return None;
+    }
+    // The slot's flags as one word (bindgen's accessors are calls here).
+    const { assert!(std::mem::offset_of!(ngx_http_variable_value_t, data) == 8) };
+    const { assert!(cfg!(target_endian = "little")) };
+    // SAFETY: v is this request's slot (see `slot`), live with the
+    // request; its first 4 bytes are the C bitfield word `len:28 valid:1
+    // no_cacheable:1 not_found:1 escape:1`, allocated from the low bit
+    // (x86-64 and AArch64 SysV ABIs; the offset of `data` checked above).
+    let flags = unsafe { v.cast::<u32>().read() };
+    if flags & (VALUE_VALID | VALUE_NOT_FOUND) != 0 && flags & VALUE_NO_CACHEABLE == 0 {
+        // SAFETY: as above.
+        return cached_value(unsafe { &*v });
+    }
+    if rr.args.len == 0 || rr.args.data.is_null() {
+        return None;
+    }
+    // SAFETY: r->args points to `len` bytes of the request line or the
+    // request pool, live with the request.
+    let args = unsafe { std::slice::from_raw_parts(rr.args.data, rr.args.len) };
+    let mask = seen.get();
+    if mask != 0 && mask & parse::first_byte_bit(*name.first()?) == 0 {
+        return None; // no item of the query string starts with it
+    }
+    let mut mask = 0;
+    let found = parse::query_arg_seen(args, name, &mut mask);
+    if mask != 0 {
+        seen.set(mask);
+    }
+    found.filter(|b| !b.is_empty())
+}
+
+/// The bits of an `ngx_variable_value_t`'s flag word (see [`arg_first`]).
+const VALUE_VALID: u32 = 1 << 28;
+const VALUE_NO_CACHEABLE: u32 = 1 << 29;
+const VALUE_NOT_FOUND: u32 = 1 << 30;
+
+/// A value stored in the slot of `$arg_NAME` (`set $arg_x ...;`): rare,
+/// out of line.
+#[cold]
+#[inline(never)]
+fn cached_value(v: &ngx_http_variable_value_t) -> Option<&[u8]> {
+    value_bytes(v).filter(|b| !b.is_empty())
 }
 
 /// What rate_ctl decided for a request.

@@ -9,8 +9,8 @@ use smallvec::SmallVec;
 use super::layout::{anchor, derived_resets, group_heavy_values, range_layout, Anchors};
 use super::{
     Compiled, DeriveKind, Derived, DimIndex, IpKey, IpRanges, PrefixDim, Table, TemplateBase,
-    TemplateDim, ValueEntry, BYTES, HEAVY, IP_CHECK, IP_VALUE, LOOKED_UP, RANGE_VALUE, TEXT_CHECK,
-    TEXT_VALUE,
+    TemplateDim, TemplateFit, ValueEntry, BYTES, HEAVY, IP_CHECK, IP_VALUE, LOOKED_UP, RANGE_VALUE,
+    TEXT_CHECK, TEXT_VALUE,
 };
 use crate::core::limiter::Limiter;
 use crate::core::model::ipnet::{parse_ip_net, prefix_mask, IpNet};
@@ -309,6 +309,7 @@ impl Table {
         let read = |d: &(u8, u32)| range_dims.contains(&usize::from(d.0));
         let checked = |si: usize| flat[conds_of(si)].iter().skip(1).any(read);
         derived_resets(&mut prefixes, &mut template_dims, &flat, &fspans);
+        let (template_bases, template_fits) = template_bases(&template_dims);
         let prefixes = prefixes.into_boxed_slice();
         let mut prefix_bases: Vec<(u32, u32, u32)> = Vec::new();
         for (i, p) in prefixes.iter().enumerate() {
@@ -340,7 +341,8 @@ impl Table {
             derived: !derived.is_empty(),
             prefixes,
             prefix_bases: prefix_bases.into_boxed_slice(),
-            template_bases: template_bases(&template_dims),
+            template_bases,
+            template_fits,
             template_resets: template_dims
                 .iter()
                 .filter(|t| t.reset)
@@ -748,8 +750,35 @@ fn negations(
 }
 
 /// Each base's runs of template shapes (sorted by base, rest, segments:
-/// see [`derived_dims`]).
-fn template_bases(dims: &[TemplateDim]) -> Box<[TemplateBase]> {
+/// see [`derived_dims`]), and per base the shapes each segment count fits
+/// (see [`TemplateBase::fits`]).
+fn template_bases(dims: &[TemplateDim]) -> (Box<[TemplateBase]>, Box<[TemplateFit]>) {
+    let mut bases = template_runs(dims);
+    let mut fits: Vec<TemplateFit> = Vec::new();
+    for b in bases.iter_mut() {
+        let start = fits.len() as u32;
+        let (exact, rest) = (
+            &dims[b.exact.0 as usize..b.exact.1 as usize],
+            &dims[b.rest.0 as usize..b.rest.1 as usize],
+        );
+        let longest = exact.iter().chain(rest).map(|t| t.shape.segments).max();
+        // Counts 0 ..= longest + 1: the last stands for every longer one.
+        for s in 0..=usize::from(longest.unwrap_or(0)) + 1 {
+            let first = |ts: &[TemplateDim], at: u32, n: usize| {
+                at + ts.partition_point(|t| usize::from(t.shape.segments) < n) as u32
+            };
+            fits.push(TemplateFit {
+                exact: (first(exact, b.exact.0, s), first(exact, b.exact.0, s + 1)),
+                rest: (b.rest.0, first(rest, b.rest.0, s + 1)),
+            });
+        }
+        b.fits = (start, fits.len() as u32 - start - 1);
+    }
+    (bases, fits.into_boxed_slice())
+}
+
+/// Each base's runs of template shapes (see [`template_bases`]).
+fn template_runs(dims: &[TemplateDim]) -> Box<[TemplateBase]> {
     let mut bases: Vec<TemplateBase> = Vec::new();
     for (i, t) in dims.iter().enumerate() {
         let i = i as u32;
@@ -763,6 +792,7 @@ fn template_bases(dims: &[TemplateDim]) -> Box<[TemplateBase]> {
                 base: t.base,
                 exact: if t.shape.rest { (i, i) } else { (i, i + 1) },
                 rest: if t.shape.rest { (i, i + 1) } else { (0, 0) },
+                fits: (0, 0),
             }),
         }
     }

@@ -128,7 +128,11 @@ impl Table {
             found(d, e);
         }
         if self.derived {
-            sources += self.derived_lookups(values, tkey, req, spans, &mut ns, out);
+            // Templates alone (no prefix): straight to their lookups.
+            sources += match self.prefix_bases.is_empty() {
+                true => self.template_lookups(values, tkey, req, spans, &mut ns, out),
+                false => self.derived_lookups(values, tkey, req, spans, &mut ns, out),
+            };
         }
         if ns > 0 {
             if let [(at, 1)] = spans[..ns] {
@@ -183,7 +187,17 @@ impl Table {
             out.sort_unstable();
         }
         if !self.negs.is_empty() {
-            self.drop_negated(values, out);
+            match out[..] {
+                // One match (the usual): its negations checked with
+                // little held across the value reads.
+                [si] => {
+                    if !self.negations_hold_for(values, si) {
+                        out.clear();
+                    }
+                }
+                [] => {}
+                _ => self.drop_negated(values, out),
+            }
         }
     }
 
@@ -233,53 +247,125 @@ impl Table {
             }
         }
         if !self.template_bases.is_empty() {
-            self.template_lookups(values, tkey, &mut found);
+            sources += self.template_lookups(values, tkey, req, spans, ns, out);
         }
         sources
     }
 
     /// The template part of [`derived_lookups`](Self::derived_lookups),
-    /// each result handed to its `found`: out of line, so that a table of
-    /// prefixes alone does not carry it.
+    /// each result recorded as a lookup's; returns how many lists it added
+    /// to `out`. Out of line (the handler's own registers stay as they
+    /// are for a table without templates), no closure.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn template_lookups<V: Values + ?Sized>(
         &self,
         values: &V,
         tkey: &mut Vec<u8>,
-        found: &mut impl FnMut(usize, Option<&ValueEntry>),
-    ) {
-        // Templates, by base: only the shapes the value's segment count
-        // fits are visited (runs sorted by segment count); the others'
-        // ids are cleared only where some strategy checks them beside its
-        // anchor (`template_resets`).
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+    ) -> u32 {
+        let mut sources = 0;
+        // Only the shapes a value fits are visited (`template_base`); the
+        // others' ids are cleared only where some strategy checks them
+        // beside its anchor (`template_resets`).
         for &d in self.template_resets.iter() {
-            found(d as usize, None);
+            req[d as usize] = NONE;
         }
-        for tb in self.template_bases.iter() {
-            let v = values.value(tb.base as usize).unwrap_or_default();
-            if v.is_empty() {
-                continue;
+        // The first base (the usual: `api` alone) outside the loop over
+        // the others: nothing is hoisted for it.
+        if let Some((first, more)) = self.template_bases.split_first() {
+            self.template_base(first, values, tkey, req, spans, ns, out, &mut sources);
+            for tb in more {
+                self.template_base(tb, values, tkey, req, spans, ns, out, &mut sources);
             }
-            let segs = v.iter().filter(|&&b| b == b'/').count() + 1;
-            for t in &self.template_dims[tb.exact.0 as usize..tb.exact.1 as usize] {
-                match usize::from(t.shape.segments) {
-                    n if n < segs => continue,
-                    n if n > segs => break,
-                    _ => found(t.dim as usize, self.template_entry(t, v, segs, tkey)),
-                }
-            }
-            for t in &self.template_dims[tb.rest.0 as usize..tb.rest.1 as usize] {
-                if usize::from(t.shape.segments) > segs {
-                    break;
-                }
-                found(t.dim as usize, self.template_entry(t, v, segs, tkey));
+        }
+        sources
+    }
+
+    /// One base's templates: only the shapes its value's segment count
+    /// fits are visited (found by that count in `template_fits`).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn template_base<V: Values + ?Sized>(
+        &self,
+        tb: &super::TemplateBase,
+        values: &V,
+        tkey: &mut Vec<u8>,
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+        sources: &mut u32,
+    ) {
+        let v = values.value(tb.base as usize).unwrap_or_default();
+        if v.is_empty() {
+            return;
+        }
+        let segs = pattern::segment_count(v);
+        let at = tb.fits.0 as usize + segs.min(tb.fits.1 as usize);
+        let Some(&fit) = self.template_fits.get(at) else {
+            return;
+        };
+        let dims = &*self.template_dims;
+        let exact = dims.get(fit.exact.0 as usize..fit.exact.1 as usize);
+        self.template_run(
+            exact.unwrap_or_default(),
+            v,
+            segs,
+            tkey,
+            req,
+            spans,
+            ns,
+            out,
+            sources,
+        );
+        let rest = dims.get(fit.rest.0 as usize..fit.rest.1 as usize);
+        self.template_run(
+            rest.unwrap_or_default(),
+            v,
+            segs,
+            tkey,
+            req,
+            spans,
+            ns,
+            out,
+            sources,
+        );
+    }
+
+    /// The shapes `run` probed for `v`: the first (the usual: one)
+    /// outside the loop over the others.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn template_run(
+        &self,
+        run: &[super::TemplateDim],
+        v: &[u8],
+        segs: usize,
+        tkey: &mut Vec<u8>,
+        req: &mut [u32],
+        spans: &mut [(u32, u32)],
+        ns: &mut usize,
+        out: &mut Vec<u32>,
+        sources: &mut u32,
+    ) {
+        if let Some((t, more)) = run.split_first() {
+            let e = self.template_entry(t, v, segs, tkey);
+            found_entry(t.dim as usize, e, req, spans, ns, out, sources);
+            for t in more {
+                let e = self.template_entry(t, v, segs, tkey);
+                found_entry(t.dim as usize, e, req, spans, ns, out, sources);
             }
         }
     }
 
     /// The entry of template shape `t` for value `v` (of `segs` segments,
     /// which the shape fits): its first segments as they are (see
-    /// [`Table::template_escapes`]), else projected ([`pattern::project`]).
+    /// [`Table::template_escapes`]), else projected
+    /// ([`template_projected`](Self::template_projected)).
     #[inline(always)]
     fn template_entry(
         &self,
@@ -288,11 +374,37 @@ impl Table {
         segs: usize,
         tkey: &mut Vec<u8>,
     ) -> Option<&ValueEntry> {
+        match t.shape.wild == 0 && !self.template_escapes {
+            true => self.index[t.dim as usize]
+                .values
+                .get(pattern::first_segments(
+                    v,
+                    usize::from(t.shape.segments),
+                    segs,
+                )),
+            false => self.template_projected(t, v, segs, tkey),
+        }
+    }
+
+    /// [`template_entry`](Self::template_entry) for a shape with a
+    /// wildcard, or where some key holds an escape: out of line, so that
+    /// the usual probe holds fewer values across the shapes.
+    #[inline(never)]
+    fn template_projected(
+        &self,
+        t: &super::TemplateDim,
+        v: &[u8],
+        segs: usize,
+        tkey: &mut Vec<u8>,
+    ) -> Option<&ValueEntry> {
         let map = &self.index[t.dim as usize].values;
-        let n = usize::from(t.shape.segments);
         let special = || v.iter().any(|&b| b == b'*' || b == b'\\');
-        match t.shape.wild == 0 && (!self.template_escapes || !special()) {
-            true => map.get(pattern::first_segments(v, n, segs)),
+        match t.shape.wild == 0 && !special() {
+            true => map.get(pattern::first_segments(
+                v,
+                usize::from(t.shape.segments),
+                segs,
+            )),
             false => match pattern::project(t.shape, v, MAX_VALUE_LEN, tkey) {
                 true => map.get(&tkey[..]),
                 false => None,
@@ -300,27 +412,76 @@ impl Table {
         }
     }
 
-    /// The matches whose negations fail removed (see [`negations_hold`]).
+    /// The matches whose negations fail removed (see [`negations_hold`]),
+    /// kept in order. A plain loop (not `Vec::retain`, whose guard and
+    /// closure cost more than the usual one match with one negation).
     #[inline(never)]
     pub(super) fn drop_negated<V: Values + ?Sized>(&self, values: &V, out: &mut Vec<u32>) {
-        out.retain(|&si| self.negations_hold(values, &self.strategies[si as usize]));
+        let mut kept = 0;
+        for i in 0..out.len() {
+            let si = out[i];
+            let Some(c) = self.strategies.get(si as usize) else {
+                continue;
+            };
+            if c.negs.0 == c.negs.1 || self.negations_hold(values, c) {
+                out[kept] = si;
+                kept += 1;
+            }
+        }
+        out.truncate(kept);
+    }
+
+    /// [`negations_hold`](Self::negations_hold) for strategy `si` (false
+    /// for an index out of the table). Out of line: only a table with
+    /// negations carries it.
+    #[inline(never)]
+    pub(super) fn negations_hold_for<V: Values + ?Sized>(&self, values: &V, si: u32) -> bool {
+        let Some(c) = self.strategies.get(si as usize) else {
+            return false;
+        };
+        let (from, to) = (c.negs.0 as usize, c.negs.1 as usize);
+        if to != from + 1 {
+            return from == to || self.negations_hold(values, c);
+        }
+        // One negation (the usual): straight-line, the negated bytes
+        // taken only once the value is known to be there.
+        let Some(&(d, at, end)) = self.negs.get(from) else {
+            return false;
+        };
+        if d == NONE {
+            return false;
+        }
+        match values.value(d as usize) {
+            Some(v) if !v.is_empty() => self
+                .neg_bytes
+                .get(at as usize..end as usize)
+                .is_none_or(|not| !bytes_eq(v, not)),
+            _ => true,
+        }
     }
 
     /// Whether the request's values differ from each value `c` negates
-    /// (an absent value differs from every value). Out of line: only a
-    /// table with negations carries it.
+    /// (an absent value differs from every value).
     #[inline]
     pub(super) fn negations_hold<V: Values + ?Sized>(&self, values: &V, c: &Compiled) -> bool {
-        self.negs[c.negs.0 as usize..c.negs.1 as usize]
-            .iter()
-            .all(|&(d, from, to)| {
-                let not = &self.neg_bytes[from as usize..to as usize];
-                match values.value(d as usize) {
-                    _ if d == NONE => false,
-                    Some(v) if !v.is_empty() => !bytes_eq(v, not),
-                    _ => true,
+        let Some(negs) = self.negs.get(c.negs.0 as usize..c.negs.1 as usize) else {
+            return false;
+        };
+        for &(d, from, to) in negs {
+            if d == NONE {
+                return false;
+            }
+            if let Some(v) = values.value(d as usize) {
+                let not = self
+                    .neg_bytes
+                    .get(from as usize..to as usize)
+                    .unwrap_or_default();
+                if !v.is_empty() && bytes_eq(v, not) {
+                    return false;
                 }
-            })
+            }
+        }
+        true
     }
 
     /// Whether the request's value of dimension `d` is interned value `v`:

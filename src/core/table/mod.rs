@@ -175,6 +175,21 @@ struct TemplateBase {
     exact: (u32, u32),
     /// Shapes with a rest, by segment count.
     rest: (u32, u32),
+    /// `(start, last)`: its runs by a value's segment count `s` are
+    /// [`Table::template_fits`]`[start + min(s, last)]` (entry `last`
+    /// stands for every count past the longest shape).
+    fits: (u32, u32),
+}
+
+/// The shapes a value of one segment count fits (see
+/// [`TemplateBase::fits`]): `template_dims[exact.0..exact.1]`, those
+/// without a rest of exactly that count, and `template_dims[rest.0..
+/// rest.1]`, those with a rest of at most that count. Built with the
+/// table: a request goes straight to them.
+#[derive(Clone, Copy)]
+struct TemplateFit {
+    exact: (u32, u32),
+    rest: (u32, u32),
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -389,6 +404,8 @@ pub struct Table {
     /// a rest, then those with one, each run by segment count (a request
     /// visits only the shapes its value's segment count fits).
     template_bases: Box<[TemplateBase]>,
+    /// Every base's [`TemplateFit`]s (see [`TemplateBase::fits`]).
+    template_fits: Box<[TemplateFit]>,
     /// The template dimensions some strategy checks beside its anchor
     /// ([`TemplateDim::reset`]): cleared before the shapes are probed.
     template_resets: Box<[u32]>,
