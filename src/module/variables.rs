@@ -235,15 +235,29 @@ fn arg_variable<'r>(
     if (v.valid() != 0 || v.not_found() != 0) && v.no_cacheable() == 0 {
         return value_bytes(v);
     }
+    let args = query_string(rr)?;
+    if last {
+        return parse::query_arg_last(args, name);
+    }
+    first_arg(args, name, seen)
+}
+
+/// The request's query string (`r->args`), if it has one.
+#[inline(always)]
+fn query_string(rr: &ngx_http_request_t) -> Option<&[u8]> {
     if rr.args.len == 0 || rr.args.data.is_null() {
         return None;
     }
     // SAFETY: r->args points to `len` bytes of the request line or the
     // request pool, live with the request.
-    let args = unsafe { std::slice::from_raw_parts(rr.args.data, rr.args.len) };
-    if last {
-        return parse::query_arg_last(args, name);
-    }
+    Some(unsafe { std::slice::from_raw_parts(rr.args.data, rr.args.len) })
+}
+
+/// The first item `name` of the query string `args`, as `ngx_http_arg`
+/// finds it, using and updating the request's `seen` mask (see
+/// [`dimension_value`]).
+#[inline(always)]
+fn first_arg<'r>(args: &'r [u8], name: &[u8], seen: &Cell<u64>) -> Option<&'r [u8]> {
     let mask = seen.get();
     if mask != 0 && mask & parse::first_byte_bit(*name.first()?) == 0 {
         return None; // no item of the query string starts with it
@@ -282,22 +296,7 @@ fn arg_first<'r>(
         // SAFETY: as above.
         return cached_value(unsafe { &*v });
     }
-    if rr.args.len == 0 || rr.args.data.is_null() {
-        return None;
-    }
-    // SAFETY: r->args points to `len` bytes of the request line or the
-    // request pool, live with the request.
-    let args = unsafe { std::slice::from_raw_parts(rr.args.data, rr.args.len) };
-    let mask = seen.get();
-    if mask != 0 && mask & parse::first_byte_bit(*name.first()?) == 0 {
-        return None; // no item of the query string starts with it
-    }
-    let mut mask = 0;
-    let found = parse::query_arg_seen(args, name, &mut mask);
-    if mask != 0 {
-        seen.set(mask);
-    }
-    found.filter(|b| !b.is_empty())
+    first_arg(query_string(rr)?, name, seen).filter(|b| !b.is_empty())
 }
 
 /// The bits of an `ngx_variable_value_t`'s flag word (see [`arg_first`]).
