@@ -375,15 +375,22 @@ impl Table {
         tkey: &mut Vec<u8>,
     ) -> Option<&ValueEntry> {
         match t.shape.wild == 0 && !self.template_escapes {
-            true => self.index[t.dim as usize]
-                .values
-                .get(pattern::first_segments(
-                    v,
-                    usize::from(t.shape.segments),
-                    segs,
-                )),
+            true => self.template_literal(t, v, segs),
             false => self.template_projected(t, v, segs, tkey),
         }
+    }
+
+    /// The entry of a wildcard-free shape `t`: `v`'s first segments as
+    /// they are.
+    #[inline(always)]
+    fn template_literal(
+        &self,
+        t: &super::TemplateDim,
+        v: &[u8],
+        segs: usize,
+    ) -> Option<&ValueEntry> {
+        let first = pattern::first_segments(v, usize::from(t.shape.segments), segs);
+        self.index[t.dim as usize].values.get(first)
     }
 
     /// [`template_entry`](Self::template_entry) for a shape with a
@@ -397,18 +404,13 @@ impl Table {
         segs: usize,
         tkey: &mut Vec<u8>,
     ) -> Option<&ValueEntry> {
-        let map = &self.index[t.dim as usize].values;
         let special = || v.iter().any(|&b| b == b'*' || b == b'\\');
-        match t.shape.wild == 0 && !special() {
-            true => map.get(pattern::first_segments(
-                v,
-                usize::from(t.shape.segments),
-                segs,
-            )),
-            false => match pattern::project(t.shape, v, MAX_VALUE_LEN, tkey) {
-                true => map.get(&tkey[..]),
-                false => None,
-            },
+        if t.shape.wild == 0 && !special() {
+            return self.template_literal(t, v, segs);
+        }
+        match pattern::project(t.shape, v, MAX_VALUE_LEN, tkey) {
+            true => self.index[t.dim as usize].values.get(&tkey[..]),
+            false => None,
         }
     }
 
@@ -443,18 +445,28 @@ impl Table {
         if to != from + 1 {
             return from == to || self.negations_hold(values, c);
         }
-        // One negation (the usual): straight-line, the negated bytes
-        // taken only once the value is known to be there.
-        let Some(&(d, at, end)) = self.negs.get(from) else {
-            return false;
-        };
+        // One negation (the usual): straight-line.
+        self.negs
+            .get(from)
+            .is_some_and(|n| self.negation_holds(values, n))
+    }
+
+    /// Whether the request's value of a negation's dimension differs from
+    /// the negated bytes (an absent or empty value differs from every
+    /// value; a negation of a dimension the table lacks never holds).
+    #[inline(always)]
+    fn negation_holds<V: Values + ?Sized>(
+        &self,
+        values: &V,
+        &(d, from, to): &(u32, u32, u32),
+    ) -> bool {
         if d == NONE {
             return false;
         }
         match values.value(d as usize) {
             Some(v) if !v.is_empty() => self
                 .neg_bytes
-                .get(at as usize..end as usize)
+                .get(from as usize..to as usize)
                 .is_none_or(|not| !bytes_eq(v, not)),
             _ => true,
         }
@@ -467,21 +479,7 @@ impl Table {
         let Some(negs) = self.negs.get(c.negs.0 as usize..c.negs.1 as usize) else {
             return false;
         };
-        for &(d, from, to) in negs {
-            if d == NONE {
-                return false;
-            }
-            if let Some(v) = values.value(d as usize) {
-                let not = self
-                    .neg_bytes
-                    .get(from as usize..to as usize)
-                    .unwrap_or_default();
-                if !v.is_empty() && bytes_eq(v, not) {
-                    return false;
-                }
-            }
-        }
-        true
+        negs.iter().all(|n| self.negation_holds(values, n))
     }
 
     /// Whether the request's value of dimension `d` is interned value `v`:
