@@ -21,12 +21,16 @@ use smallvec::SmallVec;
 
 use super::segment::REC_FIXED;
 
-/// Ids that changed, at most [`MAX_CHANGED`] kept inline.
-pub type Changed = SmallVec<[u32; 8]>;
+/// Ids that changed, ascending, each with where its record is in the new
+/// payload (`None`: removed).
+pub type Changed = SmallVec<[(u32, Option<(usize, usize)>); 8]>;
 
 /// The bound a worker would use: a change of more strategies than this
 /// is a full rebuild.
 pub const MAX_CHANGED: usize = 64;
+
+/// One record: its id, its bytes, where they start.
+type Rec<'a> = (u32, &'a [u8], usize);
 
 /// Walks the `count` records at the start of a payload: `(id, bytes)` of
 /// each, then where the records end.
@@ -49,7 +53,7 @@ impl<'a> Records<'a> {
 
     /// The next record, `Ok(None)` after the last, `Err` for a record
     /// that cannot be one (the whole comparison is then refused).
-    fn next(&mut self) -> Result<Option<(u32, &'a [u8])>, ()> {
+    fn next(&mut self) -> Result<Option<Rec<'a>>, ()> {
         if self.left == 0 {
             return Ok(None);
         }
@@ -68,13 +72,14 @@ impl<'a> Records<'a> {
         self.last = Some(id);
         self.left -= 1;
         self.pos = end;
-        Ok(Some((id, &self.payload[start..end])))
+        Ok(Some((id, &self.payload[start..end], start)))
     }
 }
 
 /// The ids whose records differ between payload `old` (`old_count`
 /// records) and `new` (`new_count`): added, removed, or with any byte
-/// changed (conditions, rate, enabled, slot, generation...), ascending.
+/// changed (conditions, rate, enabled, slot, generation...), ascending,
+/// each with its record's bytes `start..end` in `new` (`None`: removed).
 /// `None` when more than `max` differ, when the bytes after the records
 /// (the blacklist dimensions) differ, or when either payload is not a
 /// well-formed run of records (lengths, ascending ids).
@@ -88,35 +93,35 @@ pub fn changed_ids(
     let mut a = Records::new(old, old_count);
     let mut b = Records::new(new, new_count);
     let mut out = Changed::new();
-    let push = |id: u32, out: &mut Changed| {
-        out.push(id);
+    let push = |id: u32, at: Option<(usize, &[u8])>, out: &mut Changed| {
+        out.push((id, at.map(|(start, r)| (start, start + r.len()))));
         out.len() <= max
     };
     let (mut x, mut y) = (a.next().ok()?, b.next().ok()?);
     loop {
         match (x, y) {
             (None, None) => break,
-            (Some((i, ra)), Some((j, rb))) if i == j => {
-                if ra != rb && !push(i, &mut out) {
+            (Some((i, ra, _)), Some((j, rb, at))) if i == j => {
+                if ra != rb && !push(i, Some((at, rb)), &mut out) {
                     return None;
                 }
                 x = a.next().ok()?;
                 y = b.next().ok()?;
             }
-            (Some((i, _)), Some((j, _))) if i < j => {
-                if !push(i, &mut out) {
+            (Some((i, _, _)), Some((j, _, _))) if i < j => {
+                if !push(i, None, &mut out) {
                     return None;
                 }
                 x = a.next().ok()?;
             }
-            (Some((i, _)), None) => {
-                if !push(i, &mut out) {
+            (Some((i, _, _)), None) => {
+                if !push(i, None, &mut out) {
                     return None;
                 }
                 x = a.next().ok()?;
             }
-            (_, Some((j, _))) => {
-                if !push(j, &mut out) {
+            (_, Some((j, rb, at))) => {
+                if !push(j, Some((at, rb)), &mut out) {
                     return None;
                 }
                 y = b.next().ok()?;
@@ -164,8 +169,14 @@ mod tests {
         (encode_payload(list, &bl), list.len() as u32)
     }
 
+    fn ids(c: &Changed) -> Vec<u32> {
+        c.iter().map(|x| x.0).collect()
+    }
+
     fn table(n: u32) -> Vec<Published> {
-        (1..=n).map(|i| strategy(i * 2, &format!("/a{i}"), 10)).collect()
+        (1..=n)
+            .map(|i| strategy(i * 2, &format!("/a{i}"), 10))
+            .collect()
     }
 
     #[test]
@@ -181,15 +192,29 @@ mod tests {
         next.push(strategy(1000, "/last", 1)); // added at the end
         let (new, nc) = payload(&next, &[]);
         let got = changed_ids(&old, oc, &new, nc, 64).unwrap();
-        assert_eq!(&got[..], &[8, 12, 21, 150, 1000]);
+        assert_eq!(ids(&got), [8, 12, 21, 150, 1000]);
+        // Where each record is in the new payload (150: removed).
+        for &(id, at) in &got {
+            match at {
+                Some((from, to)) => {
+                    let got = u32::from_le_bytes(new[from + 4..from + 8].try_into().unwrap());
+                    assert_eq!(got, id);
+                    assert_eq!(
+                        u32::from_le_bytes(new[from..from + 4].try_into().unwrap()) as usize,
+                        to - from
+                    );
+                }
+                None => assert_eq!(id, 150),
+            }
+        }
         // The other way round: the same ids.
         let back = changed_ids(&new, nc, &old, oc, 64).unwrap();
-        assert_eq!(&back[..], &[8, 12, 21, 150, 1000]);
+        assert_eq!(ids(&back), [8, 12, 21, 150, 1000]);
         // A new stat slot or generation is a change too.
         let mut moved = base.clone();
         moved[0].generation = 2;
         let (m, mc) = payload(&moved, &[]);
-        assert_eq!(&changed_ids(&old, oc, &m, mc, 64).unwrap()[..], &[2]);
+        assert_eq!(ids(&changed_ids(&old, oc, &m, mc, 64).unwrap()), [2]);
     }
 
     #[test]
