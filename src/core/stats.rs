@@ -75,6 +75,9 @@ pub fn snapshot(reader: &Reader) -> Stats {
                 })
             })
             .collect();
+        // By id, as a whole table lists them (a patched one lists its
+        // base's first: issue 29).
+        s.strategies.sort_by_key(|x| x.id);
     }
     s
 }
