@@ -54,6 +54,13 @@ fn ip_api(n: u32) -> Vec<Strategy> {
     l
 }
 
+/// t-nginx/43-propagation.t's background table: `userid=u<i> AND api=/y`.
+fn userid_api(n: u32) -> Vec<Strategy> {
+    (1..=n)
+        .map(|i| passing(i, &[("userid", format!("u{i}")), ("api", "/y".to_string())]))
+        .collect()
+}
+
 /// The CPU time this thread has used.
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -129,6 +136,7 @@ fn loads<M: Measurement>(c: &mut Criterion<M>, group: &str) {
         (65_536, "grid256", grid(256)),
         (65_536, "ip_api", ip_api(65_536)),
         (10_000, "random", strategies(10_000)),
+        (10_000, "userid_api", userid_api(10_000)),
     ] {
         let path = dir.path().join(format!("load-{name}-{n}"));
         let caps = Capacities::tables(131_072, 64 << 20);
@@ -147,10 +155,10 @@ fn loads<M: Measurement>(c: &mut Criterion<M>, group: &str) {
                 black_box(t)
             })
         });
-        if name == "random" && n == 65_536 {
+        if (name == "random" && n == 65_536) || name == "userid_api" {
             // The first half alone: copy out, checksum, decode and check
             // every record (no table built).
-            g.bench_function(BenchmarkId::new("check-only", n), |b| {
+            g.bench_function(BenchmarkId::new(format!("check-only-{name}"), n), |b| {
                 b.iter(|| {
                     let seq = map.seq();
                     let seg = map.segment((seq & 1) as usize);
@@ -162,7 +170,62 @@ fn loads<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             });
         }
     }
+    patch_parts(&mut g, &dir);
     g.finish();
+}
+
+/// What a worker that holds sequence N-1 of t-nginx/43's 10,000-strategy
+/// table would do for a one-strategy change (issue 29; compare
+/// `userid_api/10000`, the full build): copy and checksum the payload,
+/// find the changed ids against N-1's payload
+/// ([`changed_ids`](rate_ctl::core::shm::segment_diff::changed_ids)),
+/// build a table of the changed strategy alone.
+fn patch_parts<M: Measurement>(g: &mut criterion::BenchmarkGroup<'_, M>, dir: &tempfile::TempDir) {
+    use rate_ctl::core::shm::segment::{Decoded, Published};
+    use rate_ctl::core::shm::segment_diff::{changed_ids, MAX_CHANGED};
+    let n = 10_000u32;
+    let mut list = userid_api(n);
+    let path = dir.path().join("load-patch");
+    let mut w =
+        Writer::create_or_adopt(&path, Capacities::tables(16_384, 16 << 20), 0o600).unwrap();
+    w.publish(&list, &[], 1).unwrap();
+    let mut r = Reader::new(&path);
+    r.refresh(1);
+    let map = r.table().unwrap().mapping().unwrap().clone();
+    let mut old = Vec::new();
+    let seq = map.seq();
+    read_raw(&map.segment((seq & 1) as usize), seq, &mut old).unwrap();
+    list.push(passing(n + 1, &[("api", "/fresh".to_string())]));
+    w.publish(&list, &[], 2).unwrap();
+    let seq = map.seq();
+    let mut new = Vec::new();
+    read_raw(&map.segment((seq & 1) as usize), seq, &mut new).unwrap();
+    let changed = changed_ids(&old, n, &new, n + 1, MAX_CHANGED).unwrap();
+    assert_eq!(changed[0].0, n + 1);
+    let mut buf = Vec::new();
+    g.bench_function(BenchmarkId::new("patch-copy-checksum", n), |b| {
+        b.iter(|| {
+            let seq = map.seq();
+            black_box(read_raw(&map.segment((seq & 1) as usize), seq, &mut buf).unwrap())
+        })
+    });
+    g.bench_function(BenchmarkId::new("patch-changed-ids", n), |b| {
+        b.iter(|| black_box(changed_ids(&old, n, &new, n + 1, MAX_CHANGED)))
+    });
+    let one = Decoded {
+        publish_seq: seq,
+        config_version: 2,
+        published_unix_ms: 0,
+        strategies: vec![Published {
+            strategy: list[n as usize].clone(),
+            slot: 0,
+            generation: 1,
+        }],
+        blacklist_dimensions: Vec::new(),
+    };
+    g.bench_function(BenchmarkId::new("patch-build-one", n), |b| {
+        b.iter_with_large_drop(|| Table::build(black_box(one.clone()), Some(map.clone())))
+    });
 }
 
 criterion_group!(benches, load);

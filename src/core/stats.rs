@@ -61,8 +61,7 @@ pub fn snapshot(reader: &Reader) -> Stats {
         s.config_version = t.config_version();
         let slots = map.slots();
         s.strategies = t
-            .strategies()
-            .iter()
+            .all_strategies()
             .filter_map(|c| {
                 let k = Slot::counters_at(&slots, c.slot, c.generation)?;
                 Some(StrategyStats {
@@ -76,6 +75,9 @@ pub fn snapshot(reader: &Reader) -> Stats {
                 })
             })
             .collect();
+        // By id, as a whole table lists them (a patched one lists its
+        // base's first: issue 29).
+        s.strategies.sort_by_key(|x| x.id);
     }
     s
 }

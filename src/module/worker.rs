@@ -206,7 +206,10 @@ pub enum ValueSource {
 
 pub struct Worker {
     pub reader: Reader,
-    sources_version: Option<u64>,
+    /// The table they were made for: its sequence, and whether it is a
+    /// patch (issue 29; the full build of the same sequence that replaces
+    /// it may number its dimensions otherwise).
+    sources_version: Option<(u64, bool)>,
     pub sources: Vec<ValueSource>,
     /// Dimensions of the current table this nginx does not define, with
     /// the strategies that use them (they never match); for stats.
@@ -274,7 +277,7 @@ impl Worker {
         // Once per table: map its dimensions to request sources and make
         // room in the working space.
         let table = self.reader.table();
-        let version = table.map(|t| t.version());
+        let version = table.map(|t| (t.version(), t.is_patched()));
         if version != self.sources_version {
             self.sources = match table {
                 Some(t) => {

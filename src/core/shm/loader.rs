@@ -74,12 +74,15 @@ impl Pending {
 }
 
 /// Starts reading segment `seq` of `map` on a helper thread; `None` if no
-/// thread could be started (the caller loads it itself).
-pub fn start(map: Arc<Mapping>, seq: u64) -> Option<Pending> {
+/// thread could be started (the caller loads it itself). With `base`, the
+/// table the caller decides with (read from `map`), a change of a few
+/// strategies is made a patch over it ([`Table::read_patch`], issue 29),
+/// which the caller replaces with a full build once installed.
+pub fn start(map: Arc<Mapping>, seq: u64, base: Option<Arc<Table>>) -> Option<Pending> {
     IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
     let handle = spawn_quiet("rate_ctl-load", move || {
         let _done = InFlight;
-        build(&map, seq)
+        build(&map, seq, base)
     });
     if handle.is_none() {
         IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
@@ -123,8 +126,28 @@ pub fn announced_strategies(map: &Mapping, seq: u64) -> u32 {
     crate::core::shm::segment::announced_count(&map.segment((seq & 1) as usize))
 }
 
-fn build(map: &Arc<Mapping>, seq: u64) -> Built {
+fn build(map: &Arc<Mapping>, seq: u64, base: Option<Arc<Table>>) -> Built {
     let mut buf = Vec::new();
+    let table = |table: Table| Built::Table {
+        strategies: table.published_strategies(),
+        config_version: table.config_version(),
+        table: Box::new(table),
+    };
+    if let Some(base) = base.filter(|b| b.mapping().is_some_and(|m| Arc::ptr_eq(m, map))) {
+        for _ in 0..BUSY_RETRIES {
+            if map.seq() != seq {
+                return Built::Busy;
+            }
+            match Table::read_patch(&base, &map.segment((seq & 1) as usize), seq, &mut buf) {
+                Ok(Some(patched)) => return table(patched),
+                // Not a patch: the whole table below.
+                Ok(None) => break,
+                Err(SegmentError::Busy) => std::thread::yield_now(),
+                Err(SegmentError::Sequence { .. }) => return Built::Busy,
+                Err(e) => return Built::Refused(e.to_string()),
+            }
+        }
+    }
     for _ in 0..BUSY_RETRIES {
         if map.seq() != seq {
             return Built::Busy;
@@ -135,12 +158,10 @@ fn build(map: &Arc<Mapping>, seq: u64) -> Built {
             &mut buf,
             Some(map.clone()),
         ) {
-            Ok(table) => {
-                return Built::Table {
-                    strategies: table.published_strategies(),
-                    config_version: table.config_version(),
-                    table: Box::new(table),
-                };
+            Ok(mut t) => {
+                // Compared with the next publish (`read_patch`).
+                t.keep_payload(std::mem::take(&mut buf));
+                return table(t);
             }
             Err(SegmentError::Busy) => std::thread::yield_now(),
             Err(SegmentError::Sequence { .. }) => return Built::Busy,

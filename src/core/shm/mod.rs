@@ -15,6 +15,7 @@ pub mod reader;
 pub mod region;
 pub mod segment;
 pub mod segment_ban;
+pub mod segment_diff;
 pub mod sigbus;
 pub mod slot;
 pub mod writer;

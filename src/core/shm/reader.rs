@@ -288,7 +288,13 @@ impl Reader {
             && seq != 0
             && loader::announced_strategies(map, seq) >= loader::BACKGROUND_MIN
         {
-            if let Some(p) = loader::start(map.clone(), seq) {
+            // The table decided with now, unless it is already a patch:
+            // the base of a patch if few strategies changed (issue 29).
+            let base = self
+                .table
+                .clone()
+                .filter(|t| !t.is_patched() && t.mapping().is_some_and(|m| Arc::ptr_eq(m, map)));
+            if let Some(p) = loader::start(map.clone(), seq, base) {
                 self.pending = Some((p, map.clone()));
                 return None;
             }
@@ -306,9 +312,15 @@ impl Reader {
             }
             let seg = map.segment((seq & 1) as usize);
             match Table::read(&seg, seq, &mut self.buf, Some(map.clone())) {
-                Ok(table) => {
+                Ok(mut table) => {
                     let n = table.published_strategies();
                     let version = table.config_version();
+                    if n >= loader::BACKGROUND_MIN as usize {
+                        // A large table is read again on a helper thread
+                        // at the next publish, which may patch it (issue
+                        // 29) by comparing with its payload.
+                        table.keep_payload(std::mem::take(&mut self.buf));
+                    }
                     self.table = Some(Arc::new(table));
                     self.seen_seq = seq;
                     return self.file_state(
@@ -353,10 +365,13 @@ impl Reader {
                 strategies,
                 config_version,
             } => {
+                let patched = table.is_patched();
                 if let Some(old) = self.table.replace(Arc::from(table)) {
                     loader::drop_later(old);
                 }
-                self.seen_seq = seq;
+                // A patch (issue 29) is replaced by the whole table, built
+                // from the next refresh on (it is never the base of another).
+                self.seen_seq = if patched { u64::MAX } else { seq };
                 self.set_state(
                     State::Enforcing,
                     Severity::Notice,

@@ -21,6 +21,7 @@ use crate::core::shm::segment::{
     decode_blacklist_dimensions, decode_records, read_raw, Decoded, RawSegment, Record,
     SegmentError, MAX_TABLE_DIMENSIONS,
 };
+use crate::core::shm::segment_diff::{changed_ids, MAX_CHANGED};
 use crate::core::shm::Mapping;
 use crate::core::tuple_map::{Group, NONE};
 use crate::core::value_map::{bytes_eq, hash_bytes, MapKey, ValueMap};
@@ -138,6 +139,26 @@ impl<'a> Builder<'a> {
     }
 }
 
+/// Whether a changed strategy can be patched in (see
+/// [`Table::read_patch`]): enabled ones are plain (no key, no ranking, no
+/// concurrency, response or penalty box), on exact values (`ip`: one
+/// address); a disabled one is only masked.
+fn patchable(r: &Record<'_>) -> bool {
+    let s = &r.strategy;
+    if !s.enabled {
+        return true;
+    }
+    s.priority == 0
+        && s.action != Action::Allow
+        && s.algorithm != crate::core::model::Algorithm::Concurrency
+        && !s.each.is_keyed()
+        && s.response.is_plain()
+        && s.ban.is_none()
+        && r.conditions.iter().all(|&(dim, op, value)| {
+            op == Op::Exact && (dim != "ip" || ip_net(value).is_some_and(|n| n.is_host()))
+        })
+}
+
 /// An `ip` condition's value as a network (an address: the `/128`): the
 /// IPv4 dotted quad most values are without the general parser.
 pub(super) fn ip_net(value: &[u8]) -> Option<IpNet> {
@@ -179,7 +200,7 @@ impl Table {
             count: b.published as u32,
             bl_dims: decoded.blacklist_dimensions.len() as u32,
         };
-        Table::finish(b, meta, &decoded.blacklist_dimensions, map)
+        Table::finish(b, meta, &decoded.blacklist_dimensions, map, &[])
     }
 
     /// What a worker does when a table is published: copies segment `seg`
@@ -194,14 +215,120 @@ impl Table {
         map: Option<Arc<Mapping>>,
     ) -> Result<Table, SegmentError> {
         let raw = read_raw(seg, expected_seq, buf)?;
+        Table::from_payload(raw, buf, map)
+    }
+
+    /// [`read`](Self::read) after the copy: the table of `payload`, which
+    /// `raw` describes (checked record by record).
+    pub(super) fn from_payload(
+        raw: RawSegment,
+        payload: &[u8],
+        map: Option<Arc<Mapping>>,
+    ) -> Result<Table, SegmentError> {
         // `read_raw` bounded the count by the payload; the reservation is
         // bounded here too, whatever a later change does to that check.
         let mut b = Builder::new(
-            (raw.count as usize).min(crate::core::shm::segment::max_records(buf.len())),
+            (raw.count as usize).min(crate::core::shm::segment::max_records(payload.len())),
         );
-        let end = decode_records(buf, raw.count, |r| b.add(r))?;
-        let bl = decode_blacklist_dimensions(buf, end, raw.count, raw.bl_dims)?;
-        Ok(Table::finish(b, raw, &bl, map))
+        let end = decode_records(payload, raw.count, |r| b.add(r))?;
+        let bl = decode_blacklist_dimensions(payload, end, raw.count, raw.bl_dims)?;
+        Ok(Table::finish(b, raw, &bl, map, &[]))
+    }
+
+    /// Keeps `payload` (what [`read`](Self::read) read this table from,
+    /// `buf` after it) for [`read_patch`](Self::read_patch) at the next
+    /// publish: a worker's loader thread, whose buffer is its own.
+    pub fn keep_payload(&mut self, payload: Vec<u8>) {
+        self.payload = Some((payload, self.published as u32));
+    }
+
+    /// Issue 29: what a worker holding `base` makes of segment `seg`
+    /// (sequence `expected_seq`) when few strategies changed: a table of
+    /// the changed strategies alone, numbered as `base` numbers its
+    /// dimensions, which decides with `base`'s other strategies (see
+    /// [`decide_in`](Self::decide_in)). The segment is copied and
+    /// checksummed as [`read`](Self::read) does, and compared with the
+    /// payload `base` was read from record by record
+    /// ([`changed_ids`]): only the changed records are decoded and checked
+    /// (the others' bytes are those checked when `base` was read).
+    ///
+    /// `Ok(None)`: no patch, build the whole table (the fallback): `base`
+    /// kept no payload, is itself a patch, or has per-key, ranked
+    /// (priority or `allow`), concurrency, response or penalty-box
+    /// strategies; more than [`MAX_CHANGED`] strategies changed, or the
+    /// blacklist's dimensions; a changed strategy is one of those kinds,
+    /// has a condition other than an exact value (a prefix, template,
+    /// negation or address range), or names a dimension `base` has not.
+    /// `buf` holds the payload afterwards (see [`keep_payload`](Self::keep_payload)).
+    pub fn read_patch(
+        base: &Arc<Table>,
+        seg: &Region<'_>,
+        expected_seq: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<Option<Table>, SegmentError> {
+        let raw = read_raw(seg, expected_seq, buf)?;
+        Table::patch_payload(base, raw, buf)
+    }
+
+    /// [`read_patch`](Self::read_patch) after the copy.
+    pub(super) fn patch_payload(
+        base: &Arc<Table>,
+        raw: RawSegment,
+        buf: &[u8],
+    ) -> Result<Option<Table>, SegmentError> {
+        let Some((old, old_count)) = base.payload.as_ref() else {
+            return Ok(None);
+        };
+        if base.patch.is_some()
+            || base.ranked
+            || base.keyed
+            || base.concurrency
+            || base.responsive
+            || base.has_bans
+        {
+            return Ok(None);
+        }
+        let Some(changed) = changed_ids(old, *old_count, buf, raw.count, MAX_CHANGED) else {
+            return Ok(None);
+        };
+        let mut b = Builder::new(changed.len());
+        let mut plain = true;
+        for &(_, span) in &changed {
+            let Some((from, to)) = span else { continue };
+            // One record alone, checked with the model's rules as
+            // `decode_records` checks every record.
+            decode_records(&buf[from..to], 1, |r| {
+                plain &= patchable(&r);
+                b.add(r);
+            })?;
+        }
+        if !plain {
+            return Ok(None);
+        }
+        b.published = raw.count as usize;
+        let mut masked: Vec<u32> = changed
+            .iter()
+            .filter_map(|&(id, _)| {
+                base.strategies
+                    .binary_search_by_key(&id, |c| c.strategy.id)
+                    .ok()
+                    .map(|i| i as u32)
+            })
+            .collect();
+        masked.sort_unstable();
+        let bl: Vec<String> = Vec::new();
+        let mut t = Table::finish(b, raw, &bl, base.map.clone(), &base.dims);
+        // Unchanged blacklist dimensions (`changed_ids` compared them):
+        // the base's blacklist decides.
+        if t.dims.len() != base.dims.len() {
+            return Ok(None);
+        }
+        t.bl_check = true;
+        t.patch = Some(Box::new(super::Patch {
+            base: base.clone(),
+            masked: masked.into_boxed_slice(),
+        }));
+        Ok(Some(t))
     }
 
     fn finish(
@@ -209,6 +336,7 @@ impl Table {
         meta: RawSegment,
         blacklist_dimensions: &[String],
         map: Option<Arc<Mapping>>,
+        seed_dims: &[String],
     ) -> Table {
         let Builder {
             strategies: pending,
@@ -235,7 +363,15 @@ impl Table {
             plans,
             response_plans,
             responsive,
-        } = intern(&pool, &cond_spans, &names, &keyed, &pending, map.as_ref());
+        } = intern(
+            &pool,
+            &cond_spans,
+            &names,
+            &keyed,
+            &pending,
+            map.as_ref(),
+            seed_dims,
+        );
         drop(pool);
         let (negs, neg_bytes) = negations(&neg_pool, &mut dims);
         let (mut prefixes, mut template_dims) = derived_dims(&mut derived);
@@ -326,6 +462,9 @@ impl Table {
             r.addrs = Vec::new();
         }
         let bans = super::bans::Bans::of(&strategies);
+        let concurrency = strategies
+            .iter()
+            .any(|c| c.strategy.algorithm == crate::core::model::Algorithm::Concurrency);
         let bl_dims_empty = bl_dims.is_empty();
         Table {
             map,
@@ -382,6 +521,9 @@ impl Table {
             has_bans: !bans.is_empty(),
             bl_check: bl_ip || !bl_dims_empty || !bans.is_empty(),
             bans,
+            concurrency,
+            payload: None,
+            patch: None,
         }
     }
 }
@@ -436,8 +578,10 @@ fn intern(
     keyed: &[bool],
     pending: &[Compiled],
     map: Option<&Arc<Mapping>>,
+    seed_dims: &[String],
 ) -> Interned {
-    let mut dims: Vec<String> = Vec::new();
+    // A patch numbers its dimensions as its base does (see `read_patch`).
+    let mut dims: Vec<String> = seed_dims.to_vec();
     // Prefix lengths and template shapes in use (see `derived`).
     let mut derived: Vec<Derived> = Vec::new();
     // Per dimension: value → its entry (interned id, anchored list);

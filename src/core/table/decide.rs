@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 use super::{
-    Compiled, Request, RequestOutcome, ResponseOut, Scratch, Table, TableDecision, Values,
+    Compiled, Patch, Request, RequestOutcome, ResponseOut, Scratch, Table, TableDecision, Values,
 };
 use crate::core::admit::{self, Decision, Hit, Verdict};
 use crate::core::model::{Action, Algorithm};
@@ -59,8 +59,10 @@ impl Table {
         // An empty blacklist costs nothing per request.
         // And the penalty box's local bans (issue 32), answered as the
         // blacklist: one flag for both.
+        // And a patched table (issue 29): decided out of line, with its
+        // base, behind the same flag.
         if self.bl_check {
-            if let Some(o) = self.blacklisted(r) {
+            if let Some(o) = self.screened(r, scratch, out) {
                 return o;
             }
         }
@@ -204,6 +206,126 @@ impl Table {
         decision
     }
 
+    /// The blacklist's and the penalty box's verdict on the request, or a
+    /// patched table's whole decision (see [`decide_patched`](Self::decide_patched)).
+    #[cold]
+    fn screened<V: Values + ?Sized>(
+        &self,
+        r: &Request<'_, V>,
+        scratch: &mut Scratch,
+        out: &mut Decision,
+    ) -> Option<RequestOutcome<()>> {
+        match &self.patch {
+            Some(p) => Some(self.decide_patched(p, r, scratch, out)),
+            None => self.blacklisted(r),
+        }
+    }
+
+    /// Issue 29: the decision of a patched table, as the whole table
+    /// would decide: the base's blacklist, then the base's matches except
+    /// the strategies that changed, and this table's (the changed ones),
+    /// by id as one table lists them, admitted together. A patch holds
+    /// and sits over only plain strategies ([`Table::read_patch`]): no
+    /// ranking, key, concurrency unit, response plan or ban to decide.
+    #[inline(never)]
+    fn decide_patched<V: Values + ?Sized>(
+        &self,
+        p: &Patch,
+        r: &Request<'_, V>,
+        scratch: &mut Scratch,
+        out: &mut Decision,
+    ) -> RequestOutcome<()> {
+        let base = &*p.base;
+        if base.bl_check {
+            if let Some(o) = base.blacklisted(r) {
+                return o;
+            }
+        }
+        let mut m = std::mem::take(&mut scratch.patched);
+        self.patched_matches(p, r.values, r.ip, scratch, &mut m);
+        let outcome = match (&self.map, m.is_empty()) {
+            (Some(map), false) => {
+                let slots = map.slots();
+                let hits: SmallVec<[Hit<'_>; 8]> = m
+                    .iter()
+                    .filter_map(|&(_, own, si)| match own {
+                        true => self.strategies[si as usize].hit(&slots),
+                        false => base.strategies[si as usize].hit(&slots),
+                    })
+                    .collect();
+                *out = admit::admit_with(&hits, r.now(), r.dry_run, r.quota);
+                RequestOutcome::Limited(())
+            }
+            _ => RequestOutcome::NoMatch,
+        };
+        scratch.patched = m;
+        outcome
+    }
+
+    /// A patched table's matches: `(id, this table's, index)`, the base's
+    /// unchanged ones and this table's merged by id.
+    pub(super) fn patched_matches<V: Values + ?Sized>(
+        &self,
+        p: &Patch,
+        values: &V,
+        ip: Option<super::IpKey>,
+        scratch: &mut Scratch,
+        out: &mut Vec<(u32, bool, u32)>,
+    ) {
+        out.clear();
+        let base = &*p.base;
+        // Through a type of its own: the request path's `match_request`
+        // stays the one instance of its values' type, inlined there (a
+        // second call made it a call: +25 instructions per request).
+        let values = &Apart(values);
+        let listed = |t: &Table, scratch: &mut Scratch, own: bool, out: &mut Vec<_>| {
+            let list: &[u32] = if t.match_free {
+                &t.unconditioned
+            } else {
+                t.match_request(values, ip, scratch);
+                &scratch.matches
+            };
+            for &si in list {
+                if own || p.masked.binary_search(&si).is_err() {
+                    out.push((t.strategies[si as usize].strategy.id, own, si));
+                }
+            }
+        };
+        listed(base, scratch, false, out);
+        let at = out.len();
+        listed(self, scratch, true, out);
+        if at > 0 && at < out.len() {
+            // Two runs, each ascending: merged (a few entries).
+            out.sort_unstable_by_key(|x| x.0);
+        }
+    }
+
+    /// The ids of the strategies a request with `values` is decided over,
+    /// in the order the decision lists them (a patched table's merged
+    /// with its base's): what a patched and a fully built table must agree
+    /// on (tests).
+    pub fn matching_ids<V: Values + ?Sized>(&self, values: &V) -> Vec<u32> {
+        let mut scratch = Scratch::default();
+        match &self.patch {
+            Some(p) => {
+                let mut m = Vec::new();
+                self.patched_matches(p, values, None, &mut scratch, &mut m);
+                m.into_iter().map(|x| x.0).collect()
+            }
+            None => {
+                let list: Vec<u32> = if self.match_free {
+                    self.unconditioned.clone()
+                } else {
+                    self.match_request(values, None, &mut scratch);
+                    scratch.matches.clone()
+                };
+                list.iter()
+                    .map(|&si| self.strategies[si as usize].strategy.id)
+                    .collect()
+            }
+        }
+    }
+
     /// The blacklist's verdict on the request, if it holds the client
     /// address or one of its values.
     #[cold]
@@ -234,6 +356,17 @@ impl Table {
             }
         }
         None
+    }
+}
+
+/// A request's values seen by a patched table's matching (see
+/// [`Table::patched_matches`]).
+struct Apart<'a, V: ?Sized>(&'a V);
+
+impl<V: Values + ?Sized> Values for Apart<'_, V> {
+    #[inline]
+    fn value(&self, dim: usize) -> Option<&[u8]> {
+        self.0.value(dim)
     }
 }
 

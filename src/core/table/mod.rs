@@ -109,6 +109,8 @@ pub struct Scratch {
     /// What a request's rejection did to its key's ban count (issue 32;
     /// set by [`Table::decide_in`] for a table with a penalty box).
     ban: Option<BanEvent>,
+    /// A patched table's matches (issue 29, see `Table::decide_patched`).
+    patched: Vec<(u32, bool, u32)>,
     /// `key_full` or `ban` waits for the caller ([`Scratch::take_notices`]):
     /// the one flag a request path reads after each request.
     notice: bool,
@@ -224,12 +226,18 @@ impl Scratch {
     /// Makes room for `table` now (when a worker loads it), so that no
     /// request allocates.
     pub fn fit(&mut self, table: &Table) {
+        if let Some(p) = &table.patch {
+            self.fit(&p.base);
+        }
         let n = table.dimensions().len();
         if self.req.len() < n {
             self.req.resize(n, NONE);
             self.spans.resize(n, (0, 0));
         }
         self.matches.reserve(MATCHES_ROOM);
+        if table.patch.is_some() {
+            self.patched.reserve(MATCHES_ROOM);
+        }
         if table.templates && self.tkey.capacity() < TKEY_ROOM {
             self.tkey.reserve(TKEY_ROOM);
         }
@@ -503,9 +511,30 @@ pub struct Table {
     bans: bans::Bans,
     /// `!bans.is_empty()`.
     has_bans: bool,
-    /// `bl_ip || !bl_dims.is_empty() || has_bans`: the request path's one
-    /// load for the blacklist and the penalty box.
+    /// `bl_ip || !bl_dims.is_empty() || has_bans || patch.is_some()`: the
+    /// request path's one load for the blacklist, the penalty box and a
+    /// patched table (issue 29: no load more for a table without them).
     bl_check: bool,
+    /// Some strategy is a concurrency limit (a patch is made only over a
+    /// table without one: see [`Table::read_patch`]).
+    concurrency: bool,
+    /// The payload this table was read from, kept by a worker's loader
+    /// thread ([`Table::keep_payload`]) so that the next publish can be
+    /// compared with it record by record ([`Table::read_patch`]).
+    payload: Option<(Vec<u8>, u32)>,
+    /// Issue 29: this table holds only the strategies that changed since
+    /// `patch.base` (whose dimension numbering it shares); the others are
+    /// decided in the base ([`Table::decide_in`]'s patched path). A worker
+    /// replaces it with a full build as soon as that is done.
+    patch: Option<Box<Patch>>,
+}
+
+/// What a patched table decides with besides its own strategies.
+struct Patch {
+    base: Arc<Table>,
+    /// Indexes in `base.strategies` of the strategies that changed
+    /// (replaced or removed by this table), ascending.
+    masked: Box<[u32]>,
 }
 
 impl Table {
@@ -629,8 +658,31 @@ impl Table {
         self.published_unix_ms
     }
 
+    /// This table's compiled strategies: for a patched table
+    /// ([`is_patched`](Self::is_patched)), the changed ones only (see
+    /// [`all_strategies`](Self::all_strategies)).
     pub fn strategies(&self) -> &[Compiled] {
         &self.strategies
+    }
+
+    /// Every strategy the table decides with: a patched table's own and
+    /// its base's unchanged ones (stats).
+    pub fn all_strategies(&self) -> impl Iterator<Item = &Compiled> {
+        let base = self.patch.as_deref().map(|p| {
+            p.base
+                .strategies
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| p.masked.binary_search(&(*i as u32)).is_err())
+                .map(|(_, c)| c)
+        });
+        base.into_iter().flatten().chain(self.strategies.iter())
+    }
+
+    /// Whether this table is a patch over the previous one (issue 29),
+    /// which a full build replaces shortly.
+    pub fn is_patched(&self) -> bool {
+        self.patch.is_some()
     }
 
     /// The number of tuple-space groups the matcher probes by shape (0
@@ -709,5 +761,7 @@ pub use request::{IpKey, Request, RequestOutcome, TableDecision, Values};
 pub use response_plan::ResponsePlan;
 pub use units::Units;
 
+#[cfg(test)]
+mod patch_tests;
 #[cfg(test)]
 mod tests;
