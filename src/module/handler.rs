@@ -21,7 +21,7 @@ use ngx::ngx_log_error;
 
 use smallvec::SmallVec;
 
-use super::conf::{LocConf, MainConf};
+use super::conf::{CustomDimension, LocConf, MainConf};
 use super::decision::ReqStatus;
 use super::ext::bytes_in_pool;
 use super::guard::{guard, test_panic, Entry};
@@ -257,6 +257,29 @@ impl<'a> RequestValues<'a> {
 impl Values for RequestValues<'_> {
     #[inline(always)]
     fn value(&self, dim: usize) -> Option<&[u8]> {
+        self.read(dim, variables::dimension_value)
+    }
+
+    /// A custom dimension's reader inlined too (see
+    /// [`Values::value_inline`]).
+    #[inline(always)]
+    fn value_inline(&self, dim: usize) -> Option<&[u8]> {
+        self.read(dim, variables::dimension_value_inline)
+    }
+}
+
+impl<'a> RequestValues<'a> {
+    /// The value of dimension `dim`, a custom dimension's read by `custom`.
+    #[inline(always)]
+    fn read(
+        &self,
+        dim: usize,
+        custom: for<'r> fn(
+            &'r Request,
+            &CustomDimension,
+            &std::cell::Cell<u64>,
+        ) -> Option<&'r [u8]>,
+    ) -> Option<&'a [u8]> {
         let rr: &ngx_http_request_t = self.r.as_ref();
         match *self.sources.get(dim)? {
             ValueSource::Ip | ValueSource::Unbound => None,
@@ -280,7 +303,7 @@ impl Values for RequestValues<'_> {
                 .mc
                 .dimensions
                 .get(i)
-                .and_then(|d| variables::dimension_value(self.r, d, &self.args_seen)),
+                .and_then(|d| custom(self.r, d, &self.args_seen)),
         }
     }
 }

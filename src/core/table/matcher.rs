@@ -9,7 +9,7 @@ use super::{
 use crate::core::model::MAX_VALUE_LEN;
 use crate::core::pattern;
 use crate::core::tuple_map::NONE;
-use crate::core::value_map::{bytes_eq, hash_bytes};
+use crate::core::value_map::{bytes_eq, bytes_eq_inline, hash_bytes};
 
 impl Table {
     /// [`matching`](Self::matching) with the `ip` dimension taken from the
@@ -463,11 +463,13 @@ impl Table {
         if d == NONE {
             return false;
         }
-        match values.value(d as usize) {
+        // The value read through the reader's inline path and compared
+        // in place: the check is out of line, one call per request.
+        match values.value_inline(d as usize) {
             Some(v) if !v.is_empty() => self
                 .neg_bytes
                 .get(from as usize..to as usize)
-                .is_none_or(|not| !bytes_eq(v, not)),
+                .is_none_or(|not| !bytes_eq_inline(v, not)),
             _ => true,
         }
     }
