@@ -228,16 +228,16 @@ impl Table {
             let value = values.value(b as usize).unwrap_or_default();
             for p in &self.prefixes[start as usize..end as usize] {
                 let n = p.len as usize;
-                let e = match value.get(..n) {
-                    Some(v)
-                        if n > 0
-                            && p.last[usize::from(v[n - 1] >> 6)] >> (v[n - 1] & 63) & 1 == 1 =>
-                    {
-                        self.index[p.dim as usize].values.get(v)
+                // The prefix's last byte: one bound check for 1 <= n <=
+                // the value's length.
+                let e = match value.get(n.wrapping_sub(1)) {
+                    Some(&b) if p.last[usize::from(b >> 6)] >> (b & 63) & 1 == 1 => {
+                        self.index[p.dim as usize].values.get(&value[..n])
                     }
                     // Sorted by length: no longer one fits, none needs
-                    // clearing: on to the next base.
-                    None if !p.reset_after => break,
+                    // clearing: on to the next base. (An empty prefix,
+                    // which the model refuses, matches nothing.)
+                    None if n > 0 && !p.reset_after => break,
                     _ => None,
                 };
                 match e {
