@@ -309,22 +309,11 @@ impl Table {
         let Some(&fit) = self.template_fits.get(at) else {
             return;
         };
-        let dims = &*self.template_dims;
-        let exact = dims.get(fit.exact.0 as usize..fit.exact.1 as usize);
+        let run = self
+            .template_runs
+            .get(fit.run.0 as usize..fit.run.1 as usize);
         self.template_run(
-            exact.unwrap_or_default(),
-            v,
-            segs,
-            tkey,
-            req,
-            spans,
-            ns,
-            out,
-            sources,
-        );
-        let rest = dims.get(fit.rest.0 as usize..fit.rest.1 as usize);
-        self.template_run(
-            rest.unwrap_or_default(),
+            run.unwrap_or_default(),
             v,
             segs,
             tkey,
