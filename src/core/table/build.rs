@@ -132,6 +132,7 @@ impl<'a> Builder<'a> {
             // Where `Table::finish` interns them: `conds[i]` is `pool[i]`.
             conds: (start, end),
             negs: (neg_start, self.neg_pool.len() as u32),
+            neg: (NONE, Box::default()),
             key: None,
             response: None,
         });
@@ -256,7 +257,12 @@ impl Table {
             unconditioned,
         } = anchor(&mut flat, &fspans, &counts, &value_keys);
         let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
-        let strategies = compiled(pending, &dropped, plans, response_plans);
+        let mut strategies = compiled(pending, &dropped, plans, response_plans);
+        for c in strategies.iter_mut() {
+            if let Some(&[(d, from, to)]) = negs.get(c.negs.0 as usize..c.negs.1 as usize) {
+                c.neg = (d, neg_bytes[from as usize..to as usize].into());
+            }
+        }
         let (mut groups, group_lists, mut spans) =
             group_heavy_values(|si| &flat[conds_of(si as usize)], &anchored, &starts);
         let ip_dim = dims.iter().position(|d| d == "ip");

@@ -434,10 +434,8 @@ impl Table {
         if to != from + 1 {
             return from == to || self.negations_hold(values, c);
         }
-        // One negation (the usual): straight-line.
-        self.negs
-            .get(from)
-            .is_some_and(|n| self.negation_holds(values, n))
+        // One negation (the usual): straight-line, from the record.
+        value_differs(values, c.neg.0, &c.neg.1)
     }
 
     /// Whether the request's value of a negation's dimension differs from
@@ -565,6 +563,22 @@ impl Table {
             }
         }
         sources
+    }
+}
+
+/// Whether the request's value of dimension `d` differs from `not` (an
+/// absent or empty value differs from every value; a dimension the table
+/// lacks, `NONE`, never does): one negation, read through the reader's
+/// inline path and compared in place (the check is out of line, one call
+/// per request).
+#[inline(always)]
+fn value_differs<V: Values + ?Sized>(values: &V, d: u32, not: &[u8]) -> bool {
+    if d == NONE {
+        return false;
+    }
+    match values.value_inline(d as usize) {
+        Some(v) if !v.is_empty() => !bytes_eq_inline(v, not),
+        _ => true,
     }
 }
 

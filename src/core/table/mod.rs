@@ -252,6 +252,10 @@ pub struct Compiled {
     /// Its negated conditions, `Table::negs[start..end]` (checked after
     /// the matcher found it, or on every request when it has no other).
     negs: (u32, u32),
+    /// Its negation when it has exactly one (the usual): `(dimension,
+    /// value)` as in `Table::negs`, read by the matcher without going
+    /// through `Table::negs` and `Table::neg_bytes`.
+    neg: (u32, Box<[u8]>),
     /// Per-key strategies (`each`): how the key is built, its limiter.
     pub key: Option<Box<keyed::KeyPlan>>,
     /// `count_if`, `cost_from`, `cost_after` (issue 31; `None`: plain).
