@@ -261,10 +261,26 @@ impl Values for RequestValues<'_> {
     }
 
     /// A custom dimension's reader inlined too (see
-    /// [`Values::value_inline`]).
+    /// [`Values::value_inline`]); the other sources out of line, so the
+    /// caller holds only this path.
     #[inline(always)]
     fn value_inline(&self, dim: usize) -> Option<&[u8]> {
-        self.read(dim, variables::dimension_value_inline)
+        match self.sources.get(dim) {
+            Some(&ValueSource::Custom(i)) => self
+                .mc
+                .dimensions
+                .get(i)
+                .and_then(|d| variables::dimension_value_inline(self.r, d, &self.args_seen)),
+            _ => self.value_other(dim),
+        }
+    }
+}
+
+impl<'a> RequestValues<'a> {
+    /// [`Values::value`] out of line, for `value_inline`'s other sources.
+    #[inline(never)]
+    fn value_other(&self, dim: usize) -> Option<&'a [u8]> {
+        self.read(dim, variables::dimension_value)
     }
 }
 
