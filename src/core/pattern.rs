@@ -279,10 +279,10 @@ pub fn segment_count(v: &[u8]) -> usize {
             b.copy_from_slice(&rest[at..at + 4]);
             u64::from(u32::from_le_bytes(b))
         };
-        // `hi` repeats the last `8 - r` bytes of `lo` in its low bytes.
-        let m = slashes(word(0) | (word(r - 4) << 32));
-        let repeated = ((1u64 << (8 * (8 - r))) - 1) << 32;
-        n += count(m & !repeated);
+        // The last word's bytes that `word(0)` already holds (its low
+        // `8 - r`) shifted out: the high bytes left are 0, not `/`.
+        let hi = word(r - 4) >> (8 * (8 - r));
+        n += count(slashes(word(0) | (hi << 32)));
     } else {
         for &b in rest {
             n += usize::from(b == b'/');

@@ -297,6 +297,34 @@ pub fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
     if n != b.len() {
         return false;
     }
+    match n >= 4 {
+        true => words_eq(a, b),
+        false => a.iter().zip(b).all(|(x, y)| x == y),
+    }
+}
+
+/// [`bytes_eq`], always inlined, a short pair compared without a loop:
+/// for a caller out of line that compares once (a negation's check),
+/// where a call would cost more than the bytes.
+#[inline(always)]
+pub fn bytes_eq_inline(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    match n {
+        0 => true,
+        // Bytes 0, n / 2 and n - 1 are every byte of 1 to 3.
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        _ => words_eq(a, b),
+    }
+}
+
+/// `a == b` for two slices of the same length, at least 4: a word at a
+/// time, overlapping at the end.
+#[inline(always)]
+fn words_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
     if n >= 8 {
         let mut i = 0;
         while i + 8 < n {
@@ -306,10 +334,8 @@ pub fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
             i += 8;
         }
         word(a, n - 8) == word(b, n - 8)
-    } else if n >= 4 {
-        half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
     } else {
-        a.iter().zip(b).all(|(x, y)| x == y)
+        half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
     }
 }
 
@@ -374,12 +400,16 @@ mod tests {
         fn bytes_eq_is_equality(a in proptest::collection::vec(any::<u8>(), 0..40), flip in any::<(usize, u8)>()) {
             let mut b = a.clone();
             prop_assert!(bytes_eq(&a, &b));
+            prop_assert!(bytes_eq_inline(&a, &b));
             if !b.is_empty() {
                 let i = flip.0 % b.len();
                 b[i] ^= flip.1 | 1;
                 prop_assert!(!bytes_eq(&a, &b));
+                prop_assert!(!bytes_eq_inline(&a, &b));
             }
-            prop_assert!(!bytes_eq(&a, &a[..a.len().saturating_sub(1)]) || a.is_empty());
+            let shorter = &a[..a.len().saturating_sub(1)];
+            prop_assert!(!bytes_eq(&a, shorter) || a.is_empty());
+            prop_assert!(!bytes_eq_inline(&a, shorter) || a.is_empty());
         }
     }
 }

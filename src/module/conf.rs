@@ -36,6 +36,10 @@ pub enum ArgKind {
     Unchecked,
     /// nginx's argument variable: the query string is read directly.
     Builtin,
+    /// [`Builtin`](Self::Builtin) bound without a flag and without `last`:
+    /// read by the request path's leaf (see
+    /// [`super::variables::dimension_value`]; set on its first read).
+    Plain,
     /// Defined otherwise (`map ... $arg_x`): read through nginx.
     Other,
 }

@@ -21,7 +21,7 @@ use ngx::ngx_log_error;
 
 use smallvec::SmallVec;
 
-use super::conf::{LocConf, MainConf};
+use super::conf::{CustomDimension, LocConf, MainConf};
 use super::decision::ReqStatus;
 use super::ext::bytes_in_pool;
 use super::guard::{guard, test_panic, Entry};
@@ -257,6 +257,45 @@ impl<'a> RequestValues<'a> {
 impl Values for RequestValues<'_> {
     #[inline(always)]
     fn value(&self, dim: usize) -> Option<&[u8]> {
+        self.read(dim, variables::dimension_value)
+    }
+
+    /// A custom dimension's reader inlined too (see
+    /// [`Values::value_inline`]); the other sources out of line, so the
+    /// caller holds only this path.
+    #[inline(always)]
+    fn value_inline(&self, dim: usize) -> Option<&[u8]> {
+        match self.sources.get(dim) {
+            Some(&ValueSource::Custom(i)) => self
+                .mc
+                .dimensions
+                .get(i)
+                .and_then(|d| variables::dimension_value_inline(self.r, d, &self.args_seen)),
+            _ => self.value_other(dim),
+        }
+    }
+}
+
+impl<'a> RequestValues<'a> {
+    /// [`Values::value`] out of line, for `value_inline`'s other sources.
+    #[inline(never)]
+    fn value_other(&self, dim: usize) -> Option<&'a [u8]> {
+        self.read(dim, variables::dimension_value)
+    }
+}
+
+impl<'a> RequestValues<'a> {
+    /// The value of dimension `dim`, a custom dimension's read by `custom`.
+    #[inline(always)]
+    fn read(
+        &self,
+        dim: usize,
+        custom: for<'r> fn(
+            &'r Request,
+            &CustomDimension,
+            &std::cell::Cell<u64>,
+        ) -> Option<&'r [u8]>,
+    ) -> Option<&'a [u8]> {
         let rr: &ngx_http_request_t = self.r.as_ref();
         match *self.sources.get(dim)? {
             ValueSource::Ip | ValueSource::Unbound => None,
@@ -280,7 +319,7 @@ impl Values for RequestValues<'_> {
                 .mc
                 .dimensions
                 .get(i)
-                .and_then(|d| variables::dimension_value(self.r, d, &self.args_seen)),
+                .and_then(|d| custom(self.r, d, &self.args_seen)),
         }
     }
 }

@@ -278,10 +278,10 @@ pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option
     let mut bits = 0;
     let mut i = 0; // the start of an item
     while i < len {
-        bits |= first_byte_bit(args[i]);
         if i + n < len && args[i + n] == b'=' {
             let mut k = 0;
-            while k < n && args[i + k].to_ascii_lowercase() == name[k] {
+            // The usual item is spelled as the name: no case folded.
+            while k < n && (args[i + k] == name[k] || args[i + k].to_ascii_lowercase() == name[k]) {
                 k += 1;
             }
             if k == n {
@@ -293,6 +293,9 @@ pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option
                 return Some(&args[from..to]);
             }
         }
+        // Not this item: its first byte noted (only an absent name
+        // leaves `seen`).
+        bits |= first_byte_bit(args[i]);
         while i < len && args[i] != b'&' {
             i += 1;
         }

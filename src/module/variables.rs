@@ -127,9 +127,21 @@ pub fn dimension_value<'r>(
     d: &CustomDimension,
     seen: &Cell<u64>,
 ) -> Option<&'r [u8]> {
-    if let (DimensionValue::Arg(index, ref name, ref kind, false), None) = (&d.value, d.norm) {
-        if kind.get() == ArgKind::Builtin {
-            return arg_first(r.as_ref(), *index, name, seen);
+    dimension_value_inline(r, d, seen)
+}
+
+/// [`dimension_value`] inlined into its caller: for a caller out of line
+/// that reads one value per request (a negation's check, see
+/// `Values::value_inline`).
+#[inline(always)]
+pub fn dimension_value_inline<'r>(
+    r: &'r Request,
+    d: &CustomDimension,
+    seen: &Cell<u64>,
+) -> Option<&'r [u8]> {
+    if let DimensionValue::Arg(index, ref name, ref kind, _) = d.value {
+        if kind.get() == ArgKind::Plain {
+            return arg_first(r.as_ref(), index, name, seen);
         }
     }
     dimension_value_any(r, d, seen)
@@ -145,7 +157,13 @@ fn dimension_value_any<'r>(
     let bytes = match d.value {
         DimensionValue::Variable(index) => flushed_variable(r, index)?,
         DimensionValue::Arg(index, ref name, ref kind, last) => {
-            arg_variable(r, index, name, kind, seen, last)?
+            let v = arg_variable(r, index, name, kind, seen, last);
+            // Found nginx's own, bound without flag or `last`: the leaf's
+            // from now on.
+            if kind.get() == ArgKind::Builtin && !last && d.norm.is_none() {
+                kind.set(ArgKind::Plain);
+            }
+            v?
         }
         // SAFETY: the complex value was compiled at configuration time
         // from the configuration pool, which outlives requests.
@@ -226,7 +244,7 @@ fn arg_variable<'r>(
     if kind.get() == ArgKind::Unchecked {
         kind.set(arg_kind(r, index));
     }
-    if kind.get() != ArgKind::Builtin {
+    if !matches!(kind.get(), ArgKind::Builtin | ArgKind::Plain) {
         return flushed_variable(r, index);
     }
     let v = slot(rr, index);

@@ -133,6 +133,7 @@ impl<'a> Builder<'a> {
             // Where `Table::finish` interns them: `conds[i]` is `pool[i]`.
             conds: (start, end),
             negs: (neg_start, self.neg_pool.len() as u32),
+            neg: (NONE, Box::default()),
             key: None,
             response: None,
         });
@@ -392,7 +393,12 @@ impl Table {
             unconditioned,
         } = anchor(&mut flat, &fspans, &counts, &value_keys);
         let conds_of = |si: usize| fspans[si].0 as usize..fspans[si].1 as usize;
-        let strategies = compiled(pending, &dropped, plans, response_plans);
+        let mut strategies = compiled(pending, &dropped, plans, response_plans);
+        for c in strategies.iter_mut() {
+            if let Some(&[(d, from, to)]) = negs.get(c.negs.0 as usize..c.negs.1 as usize) {
+                c.neg = (d, neg_bytes[from as usize..to as usize].into());
+            }
+        }
         let (mut groups, group_lists, mut spans) =
             group_heavy_values(|si| &flat[conds_of(si as usize)], &anchored, &starts);
         let ip_dim = dims.iter().position(|d| d == "ip");
@@ -445,7 +451,7 @@ impl Table {
         let read = |d: &(u8, u32)| range_dims.contains(&usize::from(d.0));
         let checked = |si: usize| flat[conds_of(si)].iter().skip(1).any(read);
         derived_resets(&mut prefixes, &mut template_dims, &flat, &fspans);
-        let (template_bases, template_fits) = template_bases(&template_dims);
+        let (template_bases, template_fits, template_runs) = template_bases(&template_dims);
         let prefixes = prefixes.into_boxed_slice();
         let mut prefix_bases: Vec<(u32, u32, u32)> = Vec::new();
         for (i, p) in prefixes.iter().enumerate() {
@@ -482,12 +488,12 @@ impl Table {
             prefix_bases: prefix_bases.into_boxed_slice(),
             template_bases,
             template_fits,
+            template_runs,
             template_resets: template_dims
                 .iter()
                 .filter(|t| t.reset)
                 .map(|t| t.dim)
                 .collect(),
-            template_dims,
             negs: negs.into_boxed_slice(),
             neg_bytes: neg_bytes.into_boxed_slice(),
             value_keys,
@@ -895,10 +901,14 @@ fn negations(
 
 /// Each base's runs of template shapes (sorted by base, rest, segments:
 /// see [`derived_dims`]), and per base the shapes each segment count fits
-/// (see [`TemplateBase::fits`]).
-fn template_bases(dims: &[TemplateDim]) -> (Box<[TemplateBase]>, Box<[TemplateFit]>) {
+/// (see [`TemplateBase::fits`]), one run each in the returned shapes.
+#[allow(clippy::type_complexity)]
+fn template_bases(
+    dims: &[TemplateDim],
+) -> (Box<[TemplateBase]>, Box<[TemplateFit]>, Box<[TemplateDim]>) {
     let mut bases = template_runs(dims);
     let mut fits: Vec<TemplateFit> = Vec::new();
+    let mut runs: Vec<TemplateDim> = Vec::new();
     for b in bases.iter_mut() {
         let start = fits.len() as u32;
         let (exact, rest) = (
@@ -908,17 +918,17 @@ fn template_bases(dims: &[TemplateDim]) -> (Box<[TemplateBase]>, Box<[TemplateFi
         let longest = exact.iter().chain(rest).map(|t| t.shape.segments).max();
         // Counts 0 ..= longest + 1: the last stands for every longer one.
         for s in 0..=usize::from(longest.unwrap_or(0)) + 1 {
-            let first = |ts: &[TemplateDim], at: u32, n: usize| {
-                at + ts.partition_point(|t| usize::from(t.shape.segments) < n) as u32
-            };
+            let from = runs.len() as u32;
+            let n = |t: &&TemplateDim| usize::from(t.shape.segments);
+            runs.extend(exact.iter().filter(|t| n(t) == s));
+            runs.extend(rest.iter().filter(|t| n(t) <= s));
             fits.push(TemplateFit {
-                exact: (first(exact, b.exact.0, s), first(exact, b.exact.0, s + 1)),
-                rest: (b.rest.0, first(rest, b.rest.0, s + 1)),
+                run: (from, runs.len() as u32),
             });
         }
         b.fits = (start, fits.len() as u32 - start - 1);
     }
-    (bases, fits.into_boxed_slice())
+    (bases, fits.into_boxed_slice(), runs.into_boxed_slice())
 }
 
 /// Each base's runs of template shapes (see [`template_bases`]).

@@ -9,7 +9,7 @@ use super::{
 use crate::core::model::MAX_VALUE_LEN;
 use crate::core::pattern;
 use crate::core::tuple_map::NONE;
-use crate::core::value_map::{bytes_eq, hash_bytes};
+use crate::core::value_map::{bytes_eq, bytes_eq_inline, hash_bytes};
 
 impl Table {
     /// [`matching`](Self::matching) with the `ip` dimension taken from the
@@ -228,16 +228,16 @@ impl Table {
             let value = values.value(b as usize).unwrap_or_default();
             for p in &self.prefixes[start as usize..end as usize] {
                 let n = p.len as usize;
-                let e = match value.get(..n) {
-                    Some(v)
-                        if n > 0
-                            && p.last[usize::from(v[n - 1] >> 6)] >> (v[n - 1] & 63) & 1 == 1 =>
-                    {
-                        self.index[p.dim as usize].values.get(v)
+                // The prefix's last byte: one bound check for 1 <= n <=
+                // the value's length.
+                let e = match value.get(n.wrapping_sub(1)) {
+                    Some(&b) if p.last[usize::from(b >> 6)] >> (b & 63) & 1 == 1 => {
+                        self.index[p.dim as usize].values.get(&value[..n])
                     }
                     // Sorted by length: no longer one fits, none needs
-                    // clearing: on to the next base.
-                    None if !p.reset_after => break,
+                    // clearing: on to the next base. (An empty prefix,
+                    // which the model refuses, matches nothing.)
+                    None if n > 0 && !p.reset_after => break,
                     _ => None,
                 };
                 match e {
@@ -309,22 +309,11 @@ impl Table {
         let Some(&fit) = self.template_fits.get(at) else {
             return;
         };
-        let dims = &*self.template_dims;
-        let exact = dims.get(fit.exact.0 as usize..fit.exact.1 as usize);
+        let run = self
+            .template_runs
+            .get(fit.run.0 as usize..fit.run.1 as usize);
         self.template_run(
-            exact.unwrap_or_default(),
-            v,
-            segs,
-            tkey,
-            req,
-            spans,
-            ns,
-            out,
-            sources,
-        );
-        let rest = dims.get(fit.rest.0 as usize..fit.rest.1 as usize);
-        self.template_run(
-            rest.unwrap_or_default(),
+            run.unwrap_or_default(),
             v,
             segs,
             tkey,
@@ -445,10 +434,8 @@ impl Table {
         if to != from + 1 {
             return from == to || self.negations_hold(values, c);
         }
-        // One negation (the usual): straight-line.
-        self.negs
-            .get(from)
-            .is_some_and(|n| self.negation_holds(values, n))
+        // One negation (the usual): straight-line, from the record.
+        value_differs(values, c.neg.0, &c.neg.1)
     }
 
     /// Whether the request's value of a negation's dimension differs from
@@ -463,11 +450,13 @@ impl Table {
         if d == NONE {
             return false;
         }
-        match values.value(d as usize) {
+        // The value read through the reader's inline path and compared
+        // in place: the check is out of line, one call per request.
+        match values.value_inline(d as usize) {
             Some(v) if !v.is_empty() => self
                 .neg_bytes
                 .get(from as usize..to as usize)
-                .is_none_or(|not| !bytes_eq(v, not)),
+                .is_none_or(|not| !bytes_eq_inline(v, not)),
             _ => true,
         }
     }
@@ -574,6 +563,22 @@ impl Table {
             }
         }
         sources
+    }
+}
+
+/// Whether the request's value of dimension `d` differs from `not` (an
+/// absent or empty value differs from every value; a dimension the table
+/// lacks, `NONE`, never does): one negation, read through the reader's
+/// inline path and compared in place (the check is out of line, one call
+/// per request).
+#[inline(always)]
+fn value_differs<V: Values + ?Sized>(values: &V, d: u32, not: &[u8]) -> bool {
+    if d == NONE {
+        return false;
+    }
+    match values.value_inline(d as usize) {
+        Some(v) if !v.is_empty() => !bytes_eq_inline(v, not),
+        _ => true,
     }
 }
 

@@ -159,7 +159,8 @@ struct PrefixDim {
     reset_after: bool,
 }
 
-/// A template shape in use (see [`Table::template_dims`]).
+/// A template shape in use (see [`Table::template_runs`]).
+#[derive(Clone, Copy)]
 struct TemplateDim {
     base: u32,
     dim: u32,
@@ -170,7 +171,7 @@ struct TemplateDim {
 }
 
 /// One base's template shapes (see [`Table::template_bases`]): ranges of
-/// [`Table::template_dims`].
+/// the table's shapes (by base, rest, segment count) at build.
 struct TemplateBase {
     base: u32,
     /// Shapes without a rest, by segment count.
@@ -184,14 +185,12 @@ struct TemplateBase {
 }
 
 /// The shapes a value of one segment count fits (see
-/// [`TemplateBase::fits`]): `template_dims[exact.0..exact.1]`, those
-/// without a rest of exactly that count, and `template_dims[rest.0..
-/// rest.1]`, those with a rest of at most that count. Built with the
-/// table: a request goes straight to them.
+/// [`TemplateBase::fits`]): `template_runs[run.0..run.1]`, those without
+/// a rest of exactly that count, then those with a rest of at most that
+/// count. Built with the table: a request goes straight to one run.
 #[derive(Clone, Copy)]
 struct TemplateFit {
-    exact: (u32, u32),
-    rest: (u32, u32),
+    run: (u32, u32),
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -261,6 +260,10 @@ pub struct Compiled {
     /// Its negated conditions, `Table::negs[start..end]` (checked after
     /// the matcher found it, or on every request when it has no other).
     negs: (u32, u32),
+    /// Its negation when it has exactly one (the usual): `(dimension,
+    /// value)` as in `Table::negs`, read by the matcher without going
+    /// through `Table::negs` and `Table::neg_bytes`.
+    neg: (u32, Box<[u8]>),
     /// Per-key strategies (`each`): how the key is built, its limiter.
     pub key: Option<Box<keyed::KeyPlan>>,
     /// `count_if`, `cost_from`, `cost_after` (issue 31; `None`: plain).
@@ -407,13 +410,17 @@ pub struct Table {
     /// Per base (ascending): `(base, start, end)`, its lengths in
     /// `prefixes[start..end]`.
     prefix_bases: Box<[(u32, u32, u32)]>,
-    template_dims: Box<[TemplateDim]>,
-    /// Per base (ascending), its shapes in `template_dims`: those without
+    /// Per base (ascending), its shapes (at build): those without
     /// a rest, then those with one, each run by segment count (a request
     /// visits only the shapes its value's segment count fits).
     template_bases: Box<[TemplateBase]>,
     /// Every base's [`TemplateFit`]s (see [`TemplateBase::fits`]).
     template_fits: Box<[TemplateFit]>,
+    /// Per base and segment count, the shapes it fits, one contiguous run
+    /// each (copies: a shape with a rest is in
+    /// the run of every count from its own to the longest shape's + 1, so
+    /// at most [`pattern::MAX_TEMPLATE_SEGMENTS`] + 1 times).
+    template_runs: Box<[TemplateDim]>,
     /// The template dimensions some strategy checks beside its anchor
     /// ([`TemplateDim::reset`]): cleared before the shapes are probed.
     template_resets: Box<[u32]>,

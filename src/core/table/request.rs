@@ -16,6 +16,14 @@ use crate::core::model::parse_ip;
 /// never collects values no strategy names). An empty value is absent.
 pub trait Values {
     fn value(&self, dim: usize) -> Option<&[u8]>;
+
+    /// [`value`](Self::value), for a caller out of line that reads one
+    /// value (a negation's check): a reader whose `value` keeps part of
+    /// its work out of line (the module's) may inline all of it here.
+    #[inline(always)]
+    fn value_inline(&self, dim: usize) -> Option<&[u8]> {
+        self.value(dim)
+    }
 }
 
 impl Values for [Option<&[u8]>] {
