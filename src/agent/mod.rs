@@ -59,11 +59,14 @@ pub use source::ConfigSource;
 pub trait Sink {
     /// Publishes the full table; `Ok` carries a one-line summary, `Err` a
     /// message naming what was refused (the previous table stays).
+    /// `changed`: the ids (sorted) that may differ from the last
+    /// successful publish; `None`: any (see `Writer::publish_staged_changed`).
     fn publish(
         &mut self,
         strategies: &[&ValidStrategy],
         blacklist: &[BlacklistRecord],
         config_version: u64,
+        changed: Option<&[u32]>,
     ) -> Result<String, ShmError>;
     /// Writes the agent heartbeat (unix ms) into the file header.
     fn heartbeat(&self, unix_ms: u64);
@@ -216,6 +219,9 @@ struct Derived {
     /// By strategy id: whether the fleet leases it (`split: demand`) and
     /// its local form (`None`: the derivation failed, logged when it did).
     items: Vec<(u32, bool, Option<Box<ValidStrategy>>)>,
+    /// The ids re-derived since the last successful publish, sorted
+    /// (`None`: all of them): the writer encodes only these (issue 29).
+    dirty: Option<Vec<u32>>,
 }
 
 impl Derived {
@@ -239,8 +245,14 @@ impl Derived {
         let Some(changed) = changed else {
             self.items = snap.strategies.iter().map(derive).collect();
             self.key = Some(share.clone());
+            self.dirty = None;
             return;
         };
+        if let Some(dirty) = &mut self.dirty {
+            dirty.extend_from_slice(&changed);
+            dirty.sort_unstable();
+            dirty.dedup();
+        }
         for id in changed {
             let rec = snap
                 .strategies
@@ -633,7 +645,16 @@ impl<S: Sink> Agent<S> {
             .collect();
         let prepare_us = prepared.elapsed().as_micros() as u64;
         let started = std::time::Instant::now();
-        match self.sink.publish(&strategies, &blacklist, snap.version) {
+        let result = self.sink.publish(
+            &strategies,
+            &blacklist,
+            snap.version,
+            self.derived.dirty.as_deref(),
+        );
+        if result.is_ok() {
+            self.derived.dirty = Some(Vec::new());
+        }
+        match result {
             Ok(summary) if self.sink.deferred() > 0 => {
                 warn!(
                     version = snap.version,
@@ -776,6 +797,7 @@ mod tests {
             strategies: &[&ValidStrategy],
             _blacklist: &[BlacklistRecord],
             v: u64,
+            _changed: Option<&[u32]>,
         ) -> Result<String, ShmError> {
             if let Some(l) = self.limit {
                 if strategies.len() > l {
@@ -860,13 +882,22 @@ mod tests {
         let mut d = Derived::default();
         d.update(&snap(vec![mk(1, 100), mk(2, 200), mk(3, 300)]), &half, None);
         assert_eq!(rates(&d), [(1, Some(50)), (2, Some(100)), (3, Some(150))]);
+        // Nothing published yet: the writer encodes every record.
+        assert_eq!(d.dirty, None);
+        // Published (the agent empties the list on success).
+        d.dirty = Some(Vec::new());
         // 2 replaced, 3 removed, 4 added.
         let s2 = snap(vec![mk(1, 100), mk(2, 400), mk(4, 40)]);
-        d.update(&s2, &half, Some(vec![2, 3, 4]));
+        d.update(&s2, &half, Some(vec![4, 2, 3]));
         assert_eq!(rates(&d), [(1, Some(50)), (2, Some(200)), (4, Some(20))]);
+        assert_eq!(d.dirty.as_deref(), Some(&[2, 3, 4][..]));
+        // Not published (refused): the next change adds to the list.
+        d.update(&s2, &half, Some(vec![1, 2]));
+        assert_eq!(d.dirty.as_deref(), Some(&[1, 2, 3, 4][..]));
         // Another share: everything again, though no strategy changed.
         d.update(&s2, &whole, Some(vec![]));
         assert_eq!(rates(&d), [(1, Some(100)), (2, Some(400)), (4, Some(40))]);
+        assert_eq!(d.dirty, None);
         let mut scratch = Derived::default();
         scratch.update(&s2, &whole, None);
         assert_eq!(rates(&scratch), rates(&d));

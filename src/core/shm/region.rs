@@ -191,10 +191,25 @@ impl<'a> Region<'a> {
         if off % 8 != 0 || end > self.len {
             return false;
         }
-        for (i, chunk) in src.chunks(8).enumerate() {
+        // SAFETY: `[off, end)` is inside the region and `off` 8-aligned
+        // (checked above; the mapping is page-aligned), so it holds
+        // `padded / 8` aligned words, only ever accessed atomically
+        // (contract of `from_raw`). One bounds check for the whole copy
+        // (issue 29: a 10,000-strategy payload is 100,000 words).
+        let words = unsafe {
+            std::slice::from_raw_parts(self.ptr.add(off) as *const AtomicU64, padded / 8)
+        };
+        let mut chunks = src.chunks_exact(8);
+        for (w, chunk) in words.iter().zip(&mut chunks) {
             let mut buf = [0u8; 8];
-            buf[..chunk.len()].copy_from_slice(chunk);
-            self.store(off + i * 8, u64::from_le_bytes(buf));
+            buf.copy_from_slice(chunk);
+            w.store(u64::from_le_bytes(buf), Ordering::Relaxed);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut buf = [0u8; 8];
+            buf[..rest.len()].copy_from_slice(rest);
+            words[padded / 8 - 1].store(u64::from_le_bytes(buf), Ordering::Relaxed);
         }
         true
     }
@@ -232,7 +247,11 @@ mod tests {
         assert!(r.sub(8, 24).is_some());
         assert!(r.sub(8, 25).is_none());
         assert!(r.sub(u64::MAX, 8).is_none());
+        r.store(16, u64::MAX);
         assert!(r.write_bytes(8, b"hello world"));
+        // The trailing partial word is zero-padded.
+        assert_eq!(r.load(16), u64::from_le_bytes(*b"rld\0\0\0\0\0"));
+        assert!(r.write_bytes(32, &[]));
         let mut out = [0u8; 11];
         assert!(r.read_bytes(8, &mut out));
         assert_eq!(&out, b"hello world");

@@ -92,58 +92,73 @@ pub fn encode_records<'a>(
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(capacity);
     for (s, slot, generation) in items {
-        let start = out.len();
-        out.extend_from_slice(&0u32.to_le_bytes()); // record length, patched below
-        out.extend_from_slice(&s.id.to_le_bytes());
-        out.extend_from_slice(&slot.to_le_bytes());
-        out.extend_from_slice(&s.warm_up.period_ms.to_le_bytes());
-        out.extend_from_slice(&generation.to_le_bytes());
-        out.extend_from_slice(&s.rate.to_le_bytes());
-        out.extend_from_slice(&s.burst.to_le_bytes());
-        let (kind, status, max_delay) = match s.action {
-            Action::Reject { status } => (1u8, status.unwrap_or(0), 0u32),
-            Action::Delay { max_delay_ms } => (2, 0, max_delay_ms),
-            Action::DryRun => (3, 0, 0),
-            // Readers that predate it see a plain dry run (they ignore the cap).
-            Action::DryRunDelay { max_delay_ms } => (3, 0, max_delay_ms),
-            Action::Allow => (4, 0, 0),
-        };
-        out.extend_from_slice(&max_delay.to_le_bytes());
-        out.push(s.algorithm as u8);
-        out.push(s.per as u8);
-        out.push(kind);
-        out.push(s.conditions.len() as u8);
-        out.extend_from_slice(&status.to_le_bytes());
-        out.push(s.enabled as u8);
-        out.push(s.warm_up.cold_factor);
-        out.extend_from_slice(&s.priority.to_le_bytes());
-        // The name's length (checked: at most MAX_NAME_LEN), 2 reserved
-        // bytes, then the name before the conditions.
-        out.extend_from_slice(&(s.name.len() as u16).to_le_bytes());
-        // Record flags (bytes 54..56): which optional blocks end the
-        // record (bit 0: the penalty box, last; bit 15: the calendar,
-        // before it).
-        let flags = super::calendar_block::flags(s) | super::segment_ban::flags(&s.ban);
-        out.extend_from_slice(&flags.to_le_bytes());
-        out.extend_from_slice(s.name.as_bytes());
-        for c in &s.conditions {
-            // The operator in the top two bits (a name is at most 32 bytes).
-            out.push(c.dimension.len() as u8 | (c.op as u8) << 6);
-            out.extend_from_slice(c.dimension.as_bytes());
-            out.extend_from_slice(&(c.value.len() as u16).to_le_bytes());
-            out.extend_from_slice(&c.value);
-        }
-        crate::core::keys::segment::encode(&s.each, &mut out);
-        encode_response(&s.each, &s.response, &mut out);
-        // Last: it ends at the record's end (src/core/shm/calendar_block.rs).
-        super::calendar_block::encode(s, start, &mut out);
-        while out.len() % 8 != 0 {
-            out.push(0);
-        }
-        super::segment_ban::encode(&s.ban, &mut out);
-        let len = (out.len() - start) as u32;
-        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        encode_record(s, slot, generation, &mut out);
     }
+    encode_tail(bl_dims, &mut out);
+    out
+}
+
+/// Appends one strategy's record to `out` (whose length is a multiple
+/// of 8: every record starts 8-aligned). A record's bytes depend only on
+/// the strategy, its slot and generation, not on where it starts: the
+/// writer copies the unchanged ones from its previous payload (issue 29).
+pub fn encode_record(s: &Strategy, slot: u32, generation: u64, out: &mut Vec<u8>) {
+    debug_assert!(out.len() % 8 == 0);
+    let start = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes()); // record length, patched below
+    out.extend_from_slice(&s.id.to_le_bytes());
+    out.extend_from_slice(&slot.to_le_bytes());
+    out.extend_from_slice(&s.warm_up.period_ms.to_le_bytes());
+    out.extend_from_slice(&generation.to_le_bytes());
+    out.extend_from_slice(&s.rate.to_le_bytes());
+    out.extend_from_slice(&s.burst.to_le_bytes());
+    let (kind, status, max_delay) = match s.action {
+        Action::Reject { status } => (1u8, status.unwrap_or(0), 0u32),
+        Action::Delay { max_delay_ms } => (2, 0, max_delay_ms),
+        Action::DryRun => (3, 0, 0),
+        // Readers that predate it see a plain dry run (they ignore the cap).
+        Action::DryRunDelay { max_delay_ms } => (3, 0, max_delay_ms),
+        Action::Allow => (4, 0, 0),
+    };
+    out.extend_from_slice(&max_delay.to_le_bytes());
+    out.push(s.algorithm as u8);
+    out.push(s.per as u8);
+    out.push(kind);
+    out.push(s.conditions.len() as u8);
+    out.extend_from_slice(&status.to_le_bytes());
+    out.push(s.enabled as u8);
+    out.push(s.warm_up.cold_factor);
+    out.extend_from_slice(&s.priority.to_le_bytes());
+    // The name's length (checked: at most MAX_NAME_LEN), 2 reserved
+    // bytes, then the name before the conditions.
+    out.extend_from_slice(&(s.name.len() as u16).to_le_bytes());
+    // Record flags (bytes 54..56): which optional blocks end the
+    // record (bit 0: the penalty box, last; bit 15: the calendar,
+    // before it).
+    let flags = super::calendar_block::flags(s) | super::segment_ban::flags(&s.ban);
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.extend_from_slice(s.name.as_bytes());
+    for c in &s.conditions {
+        // The operator in the top two bits (a name is at most 32 bytes).
+        out.push(c.dimension.len() as u8 | (c.op as u8) << 6);
+        out.extend_from_slice(c.dimension.as_bytes());
+        out.extend_from_slice(&(c.value.len() as u16).to_le_bytes());
+        out.extend_from_slice(&c.value);
+    }
+    crate::core::keys::segment::encode(&s.each, out);
+    encode_response(&s.each, &s.response, out);
+    // Last: it ends at the record's end (src/core/shm/calendar_block.rs).
+    super::calendar_block::encode(s, start, out);
+    while out.len() % 8 != 0 {
+        out.push(0);
+    }
+    super::segment_ban::encode(&s.ban, out);
+    let len = (out.len() - start) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Appends the blacklist dimension names after the records, padded to 8.
+pub fn encode_tail(bl_dims: &[String], out: &mut Vec<u8>) {
     for d in bl_dims {
         out.push(d.len() as u8);
         out.extend_from_slice(d.as_bytes());
@@ -151,7 +166,6 @@ pub fn encode_records<'a>(
     while out.len() % 8 != 0 {
         out.push(0);
     }
-    out
 }
 
 /// Marks the response section of a record (layout version 4).

@@ -81,6 +81,11 @@ pub struct Writer {
     live: Live,
     /// The last payload's length: the next one's buffer is allocated once.
     last_payload: usize,
+    /// The payload this writer last wrote, its own copy (never read back
+    /// from the file): a publish told which strategies changed since
+    /// copies the others' records from it (issue 29). `None` after
+    /// creating or adopting a file.
+    prev: Option<publish::Prev>,
 }
 
 /// What only the agent writes, as it last wrote it: the header (without
@@ -384,6 +389,7 @@ impl Writer {
             opened,
             access,
             last_payload: 0,
+            prev: None,
         })
     }
 
@@ -442,6 +448,7 @@ impl Writer {
             },
             access,
             last_payload: 0,
+            prev: None,
         };
         w.reconcile_bitmap();
         Ok(w)

@@ -36,8 +36,40 @@ struct Plan<'a> {
     bl_dims: Vec<String>,
     /// The encoded segment payload.
     payload: Vec<u8>,
+    /// Each record's strategy id and start in `payload`, by id.
+    starts: Vec<(u32, u32)>,
+    /// Where the records end in `payload` (the blacklist's names follow).
+    records_end: usize,
     /// The wall clock the plan was made at (slot quarantine, timestamps).
     now_ms: u64,
+}
+
+/// The payload a writer last wrote, kept to copy unchanged records from.
+pub(super) struct Prev {
+    payload: Vec<u8>,
+    /// Each record's strategy id and start, by id.
+    starts: Vec<(u32, u32)>,
+    records_end: usize,
+}
+
+impl Prev {
+    /// The record of strategy `id` at `starts[j]` (the caller's walk), if
+    /// it was written with `slot` and `generation`.
+    fn record(&self, j: usize, id: u32, slot: u32, generation: u64) -> Option<&[u8]> {
+        let &(at_id, start) = self.starts.get(j)?;
+        if at_id != id {
+            return None;
+        }
+        let end = self
+            .starts
+            .get(j + 1)
+            .map_or(self.records_end, |n| n.1 as usize);
+        let r = self.payload.get(start as usize..end)?;
+        // Bytes 8..12 the slot, 16..24 the generation (encode_record).
+        let same = r.get(8..12) == Some(&slot.to_le_bytes()[..])
+            && r.get(16..24) == Some(&generation.to_le_bytes()[..]);
+        same.then_some(r)
+    }
 }
 
 /// A set of slot numbers below the file's slot count (a bitmap).
@@ -84,7 +116,24 @@ impl Writer {
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
-        let free = match self.publish_valid(strategies, blacklist, config_version) {
+        self.publish_staged_changed(strategies, blacklist, config_version, None)
+    }
+
+    /// [`publish_staged`](Self::publish_staged) told which strategies may
+    /// differ from this writer's last successful publish: `changed`, ids
+    /// sorted ascending (`None`: any of them). The records of the others
+    /// that keep their slot are copied from the last payload instead of
+    /// encoded again (issue 29: a one-strategy change of a 10,000-strategy
+    /// table). A `changed` list that misses a changed strategy publishes
+    /// its old record: the caller must list every id it touched.
+    pub fn publish_staged_changed<S: Borrow<ValidStrategy>>(
+        &mut self,
+        strategies: &[S],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+        changed: Option<&[u32]>,
+    ) -> Result<PublishReport, ShmError> {
+        let free = match self.publish_changed(strategies, blacklist, config_version, changed) {
             Err(ShmError::SlotsBusy { free, .. }) => free as usize,
             other => return other,
         };
@@ -107,7 +156,7 @@ impl Writer {
         // the agent's applied version, host lag) sees the new version only
         // once the whole table is in.
         let previous = self.map.header().load(H_CONFIG_VERSION);
-        let mut report = self.publish_valid(&first, blacklist, previous)?;
+        let mut report = self.publish_changed(&first, blacklist, previous, changed)?;
         report.deferred = strategies.len() - first.len();
         Ok(report)
     }
@@ -148,9 +197,24 @@ impl Writer {
         blacklist: &[BlacklistEntry],
         config_version: u64,
     ) -> Result<PublishReport, ShmError> {
+        self.publish_changed(strategies, blacklist, config_version, None)
+    }
+
+    /// [`publish_valid`](Self::publish_valid) with the ids that may have
+    /// changed since the last publish (see [`publish_staged_changed`](Self::publish_staged_changed)).
+    pub fn publish_changed<S: Borrow<ValidStrategy>>(
+        &mut self,
+        strategies: &[S],
+        blacklist: &[BlacklistEntry],
+        config_version: u64,
+        changed: Option<&[u32]>,
+    ) -> Result<PublishReport, ShmError> {
+        // A file replaced here drops `prev`: everything is encoded.
         self.ensure_whole()?;
         let list: Vec<&Strategy> = strategies.iter().map(|s| &**s.borrow()).collect();
-        let plan = self.plan(list, blacklist)?;
+        // Any doubt (no list, not sorted): every record encoded.
+        let changed = changed.filter(|c| c.is_sorted());
+        let plan = self.plan(list, blacklist, changed)?;
         self.apply(plan, blacklist, config_version)
     }
 
@@ -161,6 +225,7 @@ impl Writer {
         &self,
         mut list: Vec<&'a Strategy>,
         blacklist: &[BlacklistEntry],
+        changed: Option<&[u32]>,
     ) -> Result<Plan<'a>, ShmError> {
         let g = self.map.geometry;
         let now_ms = clock::unix_ms();
@@ -299,12 +364,32 @@ impl Writer {
             plan[i].slot = slot;
             plan[i].generation = gen;
         }
-        let payload = segment::encode_records(
-            plan.iter().map(|p| (p.strategy, p.slot, p.generation)),
-            &bl_dims,
-            // The last payload's size: one allocation, no regrowth.
-            (self.last_payload + 4096).max(plan.len() * 96),
-        );
+        // The last payload's size: one allocation, no regrowth.
+        let mut payload = Vec::with_capacity((self.last_payload + 4096).max(plan.len() * 96));
+        let mut starts = Vec::with_capacity(plan.len());
+        // Unchanged records (not in `changed`, same slot and generation)
+        // copied from the last payload, both walked by id; the rest encoded.
+        let reuse = changed.zip(self.prev.as_ref());
+        let mut j = 0;
+        for p in &plan {
+            let id = p.strategy.id;
+            starts.push((id, payload.len() as u32));
+            let old = reuse.and_then(|(changed, prev)| {
+                while prev.starts.get(j).is_some_and(|s| s.0 < id) {
+                    j += 1;
+                }
+                if changed.binary_search(&id).is_ok() {
+                    return None;
+                }
+                prev.record(j, id, p.slot, p.generation)
+            });
+            match old {
+                Some(bytes) => payload.extend_from_slice(bytes),
+                None => segment::encode_record(p.strategy, p.slot, p.generation, &mut payload),
+            }
+        }
+        let records_end = payload.len();
+        segment::encode_tail(&bl_dims, &mut payload);
         if payload.len() as u64 > segment::capacity_bytes(g.seg_len) {
             return Err(ShmError::Capacity {
                 what: "segment bytes",
@@ -317,6 +402,8 @@ impl Writer {
             fresh,
             bl_dims,
             payload,
+            starts,
+            records_end,
             now_ms,
         })
     }
@@ -334,6 +421,8 @@ impl Writer {
             fresh,
             bl_dims,
             payload,
+            starts,
+            records_end,
             now_ms,
         } = plan;
         let slots = self.map.slots();
@@ -404,6 +493,12 @@ impl Writer {
                 .collect(),
         );
         self.last_payload = payload.len();
+        let payload_bytes = payload.len();
+        self.prev = Some(Prev {
+            payload,
+            starts,
+            records_end,
+        });
         self.live = Live::of(&self.map);
         Ok(PublishReport {
             seq: next,
@@ -411,7 +506,7 @@ impl Writer {
             new_slots: fresh.len(),
             freed_slots: freed,
             blacklist_entries: bl_report.entries,
-            payload_bytes: payload.len(),
+            payload_bytes,
             deferred: 0,
         })
     }
