@@ -20,5 +20,7 @@ pub mod response;
 pub mod shm;
 pub mod stats;
 pub mod table;
+#[cfg(test)]
+pub(crate) mod test_rng;
 pub mod tuple_map;
 pub mod value_map;

@@ -366,17 +366,10 @@ mod tests {
     fn segment_count_is_the_slashes_plus_one() {
         let naive = |v: &[u8]| v.iter().filter(|&&b| b == b'/').count() + 1;
         let alphabet = [b'/', b'a', b'.', 0x2e, 0xaf, 0x2f ^ 0x80, 0, 0xff, b'0'];
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = crate::core::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
         for len in 0..40 {
             for _ in 0..200 {
-                let v: Vec<u8> = (0..len)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        alphabet[(x % alphabet.len() as u64) as usize]
-                    })
-                    .collect();
+                let v: Vec<u8> = (0..len).map(|_| rng.pick(&alphabet)).collect();
                 assert_eq!(segment_count(&v), naive(&v), "{v:?}");
             }
             let all = vec![b'/'; len];

@@ -771,12 +771,10 @@ mod tests {
             let a = Arc::clone(&a);
             let tx = txs[(t + 1) % THREADS].clone();
             handles.push(std::thread::spawn(move || {
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let mut rng = crate::core::test_rng::Rng(0x9e37_79b9_7f4a_7c15 ^ t as u64);
                 let mut live: Vec<(usize, Layout, u8)> = Vec::new();
                 for round in 0..ROUNDS {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next();
                     let size = match x % 100 {
                         0 => 65_000 + (x >> 8) as usize % 200_000,
                         1..=9 => 1 + (x >> 8) as usize % SMALL_MAX,

@@ -380,17 +380,10 @@ mod tests {
     fn query_args_as_ngx_http_arg_on_random_query_strings() {
         let alphabet = b"aAbB=&&x%";
         let names: [&[u8]; 5] = [b"a", b"ab", b"b", b"aa", b"ba"];
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = crate::core::test_rng::Rng(0x2545_f491_4f6c_dd1d);
         for len in 0..40 {
             for _ in 0..300 {
-                let args: Vec<u8> = (0..len)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        alphabet[(x % alphabet.len() as u64) as usize]
-                    })
-                    .collect();
+                let args: Vec<u8> = (0..len).map(|_| rng.pick(alphabet)).collect();
                 for name in names {
                     let mut seen = 0;
                     assert_eq!(

@@ -20,13 +20,8 @@ fn user(v: &str) -> BlacklistEntry {
 
 #[test]
 fn fastmod_is_the_remainder() {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x as u32
-    };
+    let mut rng = crate::core::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
+    let mut next = move || rng.next() as u32;
     let edges = [0, 1, 2, 3, 16, 17, u32::MAX - 1, u32::MAX];
     let divisors: Vec<u32> = edges.into_iter().chain((0..2000).map(|_| next())).collect();
     let numerators: Vec<u32> = edges.into_iter().chain((0..200).map(|_| next())).collect();

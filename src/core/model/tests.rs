@@ -63,11 +63,9 @@ fn canonical_ipv4_parses_exactly_what_std_parses() {
         cases.push(format!("{}.{}.{}.{}", o(0), o(1), o(2), o(3)).into_bytes());
     }
     let alphabet = b"0129.5x";
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rng = crate::core::test_rng::Rng(0x9E37_79B9_7F4A_7C15);
     for _ in 0..100_000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next();
         let mut y = x;
         let v: Vec<u8> = (0..x % 16)
             .map(|_| {

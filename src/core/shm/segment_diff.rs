@@ -258,13 +258,11 @@ mod tests {
         for cut in 0..old.len() {
             let _ = changed_ids(&old, oc, &old[..cut], oc, 64);
         }
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rng = crate::core::test_rng::Rng(0x9E37_79B9_7F4A_7C15);
         for _ in 0..2000 {
             let mut junk = old.clone();
             for _ in 0..4 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = rng.next();
                 let at = (x as usize) % junk.len();
                 junk[at] = (x >> 32) as u8;
             }

@@ -196,13 +196,8 @@ fn a_hostile_changed_record_is_refused_whole() {
 /// patched (every base names the four dimensions).
 #[test]
 fn patched_tables_decide_as_rebuilt_ones() {
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut rnd = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut rng = crate::core::test_rng::Rng(0x2545_F491_4F6C_DD1D);
+    let mut rnd = move |n: u64| rng.below(n);
     let random = |rnd: &mut dyn FnMut(u64) -> u64, id: u32| {
         let mut conds: Vec<(usize, usize)> = (0..rnd(3))
             .map(|_| (rnd(4) as usize, rnd(5) as usize))
