@@ -195,7 +195,7 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         "capacity: this table needs 6 new stat slots; 2 are free now and 4 more become free \
          within 2 s (the slots of removed strategies wait before reuse; max strategies 6)"
     );
-    let first = w.publish_staged(&valid(&six), &[], 2).unwrap();
+    let first = w.publish_staged(&valid(&six), &[], 2, None).unwrap();
     assert_eq!(
         (first.strategies, first.deferred, first.freed_slots),
         (2, 4, 4)
@@ -211,9 +211,14 @@ fn a_table_that_fits_once_replaced_slots_are_free_is_published_in_stages() {
         .collect();
     assert_eq!(ids, [11, 12], "the first stage: what fits now");
     // Within the quarantine: nothing more yet.
-    assert_eq!(w.publish_staged(&valid(&six), &[], 2).unwrap().deferred, 4);
+    assert_eq!(
+        w.publish_staged(&valid(&six), &[], 2, None)
+            .unwrap()
+            .deferred,
+        4
+    );
     std::thread::sleep(std::time::Duration::from_millis(2_100));
-    let done = w.publish_staged(&valid(&six), &[], 2).unwrap();
+    let done = w.publish_staged(&valid(&six), &[], 2, None).unwrap();
     assert_eq!((done.strategies, done.deferred), (6, 0));
 }
 
@@ -227,7 +232,7 @@ fn capacity_and_invalid_input_leave_the_previous_table_active() {
     assert!(matches!(err, ShmError::Capacity { .. }), "{err}");
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     // publish_staged does not split a table over the capacity.
-    let err = w.publish_staged(&valid(&five), &[], 2).unwrap_err();
+    let err = w.publish_staged(&valid(&five), &[], 2, None).unwrap_err();
     assert!(err.to_string().contains("max strategies (4)"), "{err}");
     let mut bad = one.clone();
     bad.rate = 0;

@@ -60,7 +60,7 @@ pub trait Sink {
     /// Publishes the full table; `Ok` carries a one-line summary, `Err` a
     /// message naming what was refused (the previous table stays).
     /// `changed`: the ids (sorted) that may differ from the last
-    /// successful publish; `None`: any (see `Writer::publish_staged_changed`).
+    /// successful publish; `None`: any (see `Writer::publish_staged`).
     fn publish(
         &mut self,
         strategies: &[&ValidStrategy],

@@ -44,9 +44,9 @@ impl Sink for ShmSink {
                 expires_unix_ms: b.expires_ms,
             })
             .collect();
-        let r =
-            self.writer
-                .publish_staged_changed(strategies, &entries, config_version, changed)?;
+        let r = self
+            .writer
+            .publish_staged(strategies, &entries, config_version, changed)?;
         self.deferred = r.deferred;
         // A full key table lifts these strategies' limit for new keys.
         let allow: Vec<u32> = strategies

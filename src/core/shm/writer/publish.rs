@@ -110,23 +110,14 @@ impl Writer {
     /// free (which frees the replaced ones), the rest once the freed slots
     /// may be reused. The report's `deferred` counts what is left for a
     /// later call with the same table (2 s on); 0 when complete.
-    pub fn publish_staged<S: Borrow<ValidStrategy>>(
-        &mut self,
-        strategies: &[S],
-        blacklist: &[BlacklistEntry],
-        config_version: u64,
-    ) -> Result<PublishReport, ShmError> {
-        self.publish_staged_changed(strategies, blacklist, config_version, None)
-    }
-
-    /// [`publish_staged`](Self::publish_staged) told which strategies may
-    /// differ from this writer's last successful publish: `changed`, ids
-    /// sorted ascending (`None`: any of them). The records of the others
+    ///
+    /// `changed`: the ids (sorted ascending) that may differ from this
+    /// writer's last successful publish (`None`: any of them). The records of the others
     /// that keep their slot are copied from the last payload instead of
     /// encoded again (issue 29: a one-strategy change of a 10,000-strategy
     /// table). A `changed` list that misses a changed strategy publishes
     /// its old record: the caller must list every id it touched.
-    pub fn publish_staged_changed<S: Borrow<ValidStrategy>>(
+    pub fn publish_staged<S: Borrow<ValidStrategy>>(
         &mut self,
         strategies: &[S],
         blacklist: &[BlacklistEntry],
@@ -201,7 +192,7 @@ impl Writer {
     }
 
     /// [`publish_valid`](Self::publish_valid) with the ids that may have
-    /// changed since the last publish (see [`publish_staged_changed`](Self::publish_staged_changed)).
+    /// changed since the last publish (see [`publish_staged`](Self::publish_staged)).
     pub fn publish_changed<S: Borrow<ValidStrategy>>(
         &mut self,
         strategies: &[S],
