@@ -35,6 +35,18 @@ pub const BACKGROUND_MIN: u32 = 4096;
 /// Attempts to read a segment the writer is busy with.
 const BUSY_RETRIES: usize = 64;
 
+/// A worker tries to patch its table ([`Table::read_patch`]) on its own
+/// thread, at once, for segments of up to this many strategies (issue 29):
+/// copying, checksumming and comparing the payload costs about 0.15 ms per
+/// 10,000 strategies (`cargo bench --bench load`, `patch-*`), so at most
+/// about 1 ms of the event loop once per change, less than the inline
+/// build of a table just under [`BACKGROUND_MIN`]. A helper thread
+/// started for it would first wait for the scheduler to run it: a new
+/// thread waits its turn behind every runnable one (up to a scheduling
+/// period, several ms on a busy host), which was the largest term of
+/// "change published → every worker enforces it".
+pub const INLINE_PATCH_MAX: u32 = 65_536;
+
 /// What a helper thread made of one segment.
 pub enum Built {
     Table {
@@ -54,6 +66,17 @@ pub struct Pending {
     /// The publish sequence being read.
     pub seq: u64,
     handle: JoinHandle<Built>,
+}
+
+impl Built {
+    /// A table built (or patched) from segment `table.version()`.
+    pub fn of(table: Table) -> Built {
+        Built::Table {
+            strategies: table.published_strategies(),
+            config_version: table.config_version(),
+            table: Box::new(table),
+        }
+    }
 }
 
 impl Pending {
@@ -128,11 +151,7 @@ pub fn announced_strategies(map: &Mapping, seq: u64) -> u32 {
 
 fn build(map: &Arc<Mapping>, seq: u64, base: Option<Arc<Table>>) -> Built {
     let mut buf = Vec::new();
-    let table = |table: Table| Built::Table {
-        strategies: table.published_strategies(),
-        config_version: table.config_version(),
-        table: Box::new(table),
-    };
+    let table = Built::of;
     if let Some(base) = base.filter(|b| b.mapping().is_some_and(|m| Arc::ptr_eq(m, map))) {
         for _ in 0..BUSY_RETRIES {
             if map.seq() != seq {

@@ -284,16 +284,29 @@ impl Reader {
             loader::drop_later(p.take());
         }
         let seq = map.seq();
-        if self.background
-            && seq != 0
-            && loader::announced_strategies(map, seq) >= loader::BACKGROUND_MIN
-        {
+        let announced = loader::announced_strategies(map, seq);
+        if self.background && seq != 0 && announced >= loader::BACKGROUND_MIN {
             // The table decided with now, unless it is already a patch:
             // the base of a patch if few strategies changed (issue 29).
-            let base = self
+            let mut base = self
                 .table
                 .clone()
                 .filter(|t| !t.is_patched() && t.mapping().is_some_and(|m| Arc::ptr_eq(m, map)));
+            // A patch is tried here, at once (see `INLINE_PATCH_MAX`): no
+            // helper thread to wait for. Not one (`Ok(None)`): the whole
+            // table on a helper thread. Busy, moved on or refused: the
+            // helper thread tries the patch again, as it always did, and
+            // reports what it finds.
+            if let Some(b) = base
+                .as_ref()
+                .filter(|_| announced <= loader::INLINE_PATCH_MAX)
+            {
+                match Table::read_patch(b, &map.segment((seq & 1) as usize), seq, &mut self.buf) {
+                    Ok(Some(patched)) => return self.install_built(seq, Built::of(patched)),
+                    Ok(None) => base = None,
+                    Err(_) => {}
+                }
+            }
             if let Some(p) = loader::start(map.clone(), seq, base) {
                 self.pending = Some((p, map.clone()));
                 return None;
