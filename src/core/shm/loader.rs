@@ -11,7 +11,9 @@
 //! on deciding with the table it has and installs the new one at the first
 //! request or tick of its watch timer (every 5 ms, see the module's
 //! `worker.rs`) after the thread is done (one atomic load per request until
-//! then). The table replaced is dropped on a helper thread too.
+//! then). The table replaced is dropped on a helper thread too. A change
+//! of a few strategies is patched in by the worker itself, at once (issue
+//! 29, [`INLINE_PATCH_MAX`]); the whole table follows here.
 //!
 //! The helper threads run nginx-free code only (this crate's core) and
 //! start with every asynchronous signal blocked: nginx's signals (reload,
