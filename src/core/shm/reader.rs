@@ -294,17 +294,23 @@ impl Reader {
                 .filter(|t| !t.is_patched() && t.mapping().is_some_and(|m| Arc::ptr_eq(m, map)));
             // A patch is tried here, at once (see `INLINE_PATCH_MAX`): no
             // helper thread to wait for. Not one (`Ok(None)`): the whole
-            // table on a helper thread. Busy, moved on or refused: the
-            // helper thread tries the patch again, as it always did, and
-            // reports what it finds.
+            // table on a helper thread. Busy, moved on or refused — or a
+            // panic, which must not leave every request retrying it on this
+            // thread: the helper thread tries the patch again, as it always
+            // did, and reports what it finds (its panic refuses the segment).
             if let Some(b) = base
                 .as_ref()
                 .filter(|_| announced <= loader::INLINE_PATCH_MAX)
             {
-                match Table::read_patch(b, &map.segment((seq & 1) as usize), seq, &mut self.buf) {
-                    Ok(Some(patched)) => return self.install_built(seq, Built::of(patched)),
-                    Ok(None) => base = None,
-                    Err(_) => {}
+                let seg = map.segment((seq & 1) as usize);
+                let buf = &mut self.buf;
+                let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Table::read_patch(b, &seg, seq, buf)
+                }));
+                match tried {
+                    Ok(Ok(Some(patched))) => return self.install_built(seq, Built::of(patched)),
+                    Ok(Ok(None)) => base = None,
+                    Ok(Err(_)) | Err(_) => {}
                 }
             }
             if let Some(p) = loader::start(map.clone(), seq, base) {
