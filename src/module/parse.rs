@@ -270,6 +270,20 @@ pub fn first_byte_bit(b: u8) -> u64 {
 /// path's `$arg` reader is a leaf around it.)
 #[inline(always)]
 pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option<&'a [u8]> {
+    let from = query_arg_from(args, name, seen)?;
+    let mut to = from;
+    while to < args.len() && args[to] != b'&' {
+        to += 1;
+    }
+    args.get(from..to)
+}
+
+/// Where [`query_arg_seen`]'s value starts in `args` (just after the
+/// item's `=`: at most `args.len()`), `seen` as it sets it; the value runs
+/// to the next `&`. For a caller that compares the value in place
+/// ([`query_value_differs`]) rather than finding its end.
+#[inline(always)]
+pub fn query_arg_from(args: &[u8], name: &[u8], seen: &mut u64) -> Option<usize> {
     let n = name.len();
     let len = args.len();
     if n == 0 {
@@ -285,12 +299,7 @@ pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option
                 k += 1;
             }
             if k == n {
-                let from = i + n + 1;
-                let mut to = from;
-                while to < len && args[to] != b'&' {
-                    to += 1;
-                }
-                return Some(&args[from..to]);
+                return Some(i + n + 1);
             }
         }
         // Not this item: its first byte noted (only an absent name
@@ -303,6 +312,26 @@ pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option
     }
     *seen = bits;
     None
+}
+
+/// Whether the value starting at `args[from]` (up to the next `&`, see
+/// [`query_arg_from`]) differs from `not`, an empty value differing from
+/// every value (it is absent): compared in place, without finding the
+/// value's end first. The value is `not` when `not`'s bytes are there,
+/// followed by the end or a `&`, and `not` holds no `&` (a value never
+/// does); the last two are looked at only when the bytes are the same.
+#[inline(always)]
+pub fn query_value_differs(args: &[u8], from: usize, not: &[u8]) -> bool {
+    let m = not.len();
+    let Some(rest) = args.get(from..) else {
+        return true;
+    };
+    match rest.get(..m) {
+        Some(v) if crate::core::value_map::bytes_eq_inline(v, not) => {
+            not.is_empty() || !(rest.get(m).is_none_or(|&b| b == b'&') && !not.contains(&b'&'))
+        }
+        _ => true,
+    }
 }
 
 /// `rate_ctl_shm_owner USER`: a user name or uid.
