@@ -328,7 +328,7 @@ pub fn query_value_differs(args: &[u8], from: usize, not: &[u8]) -> bool {
     };
     match rest.get(..m) {
         Some(v) if crate::core::value_map::bytes_eq_inline(v, not) => {
-            not.is_empty() || !(rest.get(m).is_none_or(|&b| b == b'&') && !not.contains(&b'&'))
+            not.is_empty() || rest.get(m).is_some_and(|&b| b != b'&') || not.contains(&b'&')
         }
         _ => true,
     }
