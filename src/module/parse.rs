@@ -427,6 +427,50 @@ mod tests {
         }
     }
 
+    /// A negated plain `$arg` is compared in place (issue 30, session 18):
+    /// where its value starts, then `not`'s bytes there, never the value's
+    /// end. On random query strings that is the value read whole and
+    /// compared, an absent or empty value differing from every value, and
+    /// leaves `seen` as the whole read does.
+    #[test]
+    fn a_negated_arg_compared_in_place_is_the_value_read_then_compared() {
+        let alphabet = b"aAbB=&&x%";
+        let names: [&[u8]; 5] = [b"a", b"ab", b"b", b"aa", b"ba"];
+        let nots: [&[u8]; 9] = [b"x", b"a", b"ab", b"x%", b"xx", b"B", b"&", b"x&", b"a=b"];
+        let mut rng = crate::core::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
+        let mut equal = 0;
+        for len in 0..24 {
+            for _ in 0..300 {
+                let args: Vec<u8> = (0..len).map(|_| rng.pick(alphabet)).collect();
+                for name in names {
+                    for not in nots {
+                        let (mut s1, mut s2) = (0, 0);
+                        let read = match query_arg_seen(&args, name, &mut s1) {
+                            Some(v) if !v.is_empty() => v != not,
+                            _ => true,
+                        };
+                        let in_place = query_arg_from(&args, name, &mut s2)
+                            .is_none_or(|from| query_value_differs(&args, from, not));
+                        assert_eq!(
+                            (in_place, s2),
+                            (read, s1),
+                            "{:?} {:?} != {:?}",
+                            String::from_utf8_lossy(&args),
+                            String::from_utf8_lossy(name),
+                            String::from_utf8_lossy(not)
+                        );
+                        equal += usize::from(!read);
+                    }
+                }
+            }
+        }
+        // Not a test of absent values only: many cases hold the value.
+        assert!(
+            equal > 100,
+            "{equal} cases where the value is the negated one"
+        );
+    }
+
     #[test]
     fn a_miss_says_which_first_bytes_the_items_have() {
         let names: [&[u8]; 6] = [b"a", b"b", b"user", b"c", b"ab", b"u"];
