@@ -274,6 +274,19 @@ impl Values for RequestValues<'_> {
             _ => self.value_other(dim),
         }
     }
+
+    /// [`value_inline`](Values::value_inline)'s path, a custom dimension
+    /// compared where the reader finds it (a plain `$arg` in the query
+    /// string, without finding the value's end first).
+    #[inline(always)]
+    fn differs(&self, dim: usize, not: &[u8]) -> bool {
+        match self.sources.get(dim) {
+            Some(&ValueSource::Custom(i)) => self.mc.dimensions.get(i).is_none_or(|d| {
+                variables::dimension_differs_inline(self.r, d, &self.args_seen, not)
+            }),
+            _ => variables::value_differs(self.value_other(dim), not),
+        }
+    }
 }
 
 impl<'a> RequestValues<'a> {

@@ -270,6 +270,20 @@ pub fn first_byte_bit(b: u8) -> u64 {
 /// path's `$arg` reader is a leaf around it.)
 #[inline(always)]
 pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option<&'a [u8]> {
+    let from = query_arg_from(args, name, seen)?;
+    let mut to = from;
+    while to < args.len() && args[to] != b'&' {
+        to += 1;
+    }
+    args.get(from..to)
+}
+
+/// Where [`query_arg_seen`]'s value starts in `args` (just after the
+/// item's `=`: at most `args.len()`), `seen` as it sets it; the value runs
+/// to the next `&`. For a caller that compares the value in place
+/// ([`query_value_differs`]) rather than finding its end.
+#[inline(always)]
+pub fn query_arg_from(args: &[u8], name: &[u8], seen: &mut u64) -> Option<usize> {
     let n = name.len();
     let len = args.len();
     if n == 0 {
@@ -285,12 +299,7 @@ pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option
                 k += 1;
             }
             if k == n {
-                let from = i + n + 1;
-                let mut to = from;
-                while to < len && args[to] != b'&' {
-                    to += 1;
-                }
-                return Some(&args[from..to]);
+                return Some(i + n + 1);
             }
         }
         // Not this item: its first byte noted (only an absent name
@@ -303,6 +312,26 @@ pub fn query_arg_seen<'a>(args: &'a [u8], name: &[u8], seen: &mut u64) -> Option
     }
     *seen = bits;
     None
+}
+
+/// Whether the value starting at `args[from]` (up to the next `&`, see
+/// [`query_arg_from`]) differs from `not`, an empty value differing from
+/// every value (it is absent): compared in place, without finding the
+/// value's end first. The value is `not` when `not`'s bytes are there,
+/// followed by the end or a `&`, and `not` holds no `&` (a value never
+/// does); the last two are looked at only when the bytes are the same.
+#[inline(always)]
+pub fn query_value_differs(args: &[u8], from: usize, not: &[u8]) -> bool {
+    let m = not.len();
+    let Some(rest) = args.get(from..) else {
+        return true;
+    };
+    match rest.get(..m) {
+        Some(v) if crate::core::value_map::bytes_eq_inline(v, not) => {
+            not.is_empty() || rest.get(m).is_some_and(|&b| b != b'&') || not.contains(&b'&')
+        }
+        _ => true,
+    }
 }
 
 /// `rate_ctl_shm_owner USER`: a user name or uid.
@@ -396,6 +425,50 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A negated plain `$arg` is compared in place (issue 30, session 18):
+    /// where its value starts, then `not`'s bytes there, never the value's
+    /// end. On random query strings that is the value read whole and
+    /// compared, an absent or empty value differing from every value, and
+    /// leaves `seen` as the whole read does.
+    #[test]
+    fn a_negated_arg_compared_in_place_is_the_value_read_then_compared() {
+        let alphabet = b"aAbB=&&x%";
+        let names: [&[u8]; 5] = [b"a", b"ab", b"b", b"aa", b"ba"];
+        let nots: [&[u8]; 9] = [b"x", b"a", b"ab", b"x%", b"xx", b"B", b"&", b"x&", b"a=b"];
+        let mut rng = crate::core::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
+        let mut equal = 0;
+        for len in 0..24 {
+            for _ in 0..300 {
+                let args: Vec<u8> = (0..len).map(|_| rng.pick(alphabet)).collect();
+                for name in names {
+                    for not in nots {
+                        let (mut s1, mut s2) = (0, 0);
+                        let read = match query_arg_seen(&args, name, &mut s1) {
+                            Some(v) if !v.is_empty() => v != not,
+                            _ => true,
+                        };
+                        let in_place = query_arg_from(&args, name, &mut s2)
+                            .is_none_or(|from| query_value_differs(&args, from, not));
+                        assert_eq!(
+                            (in_place, s2),
+                            (read, s1),
+                            "{:?} {:?} != {:?}",
+                            String::from_utf8_lossy(&args),
+                            String::from_utf8_lossy(name),
+                            String::from_utf8_lossy(not)
+                        );
+                        equal += usize::from(!read);
+                    }
+                }
+            }
+        }
+        // Not a test of absent values only: many cases hold the value.
+        assert!(
+            equal > 100,
+            "{equal} cases where the value is the negated one"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use super::{
 use crate::core::model::MAX_VALUE_LEN;
 use crate::core::pattern;
 use crate::core::tuple_map::NONE;
-use crate::core::value_map::{bytes_eq, bytes_eq_inline, hash_bytes};
+use crate::core::value_map::{bytes_eq, hash_bytes};
 
 impl Table {
     /// [`matching`](Self::matching) with the `ip` dimension taken from the
@@ -187,17 +187,24 @@ impl Table {
             out.sort_unstable();
         }
         if !self.negs.is_empty() {
-            match out[..] {
-                // One match (the usual): its negations checked with
-                // little held across the value reads.
-                [si] => {
-                    if !self.negations_hold_for(values, si) {
-                        out.clear();
-                    }
+            self.apply_negations(values, out);
+        }
+    }
+
+    /// The matches `out` whose negations fail removed. Out of line: only
+    /// a table with negations carries it.
+    #[inline(never)]
+    pub(super) fn apply_negations<V: Values + ?Sized>(&self, values: &V, out: &mut Vec<u32>) {
+        match out[..] {
+            // One match (the usual): its negations checked with little
+            // held across the value reads.
+            [si] => {
+                if !self.negations_hold_for(values, si) {
+                    out.clear();
                 }
-                [] => {}
-                _ => self.drop_negated(values, out),
             }
+            [] => {}
+            _ => self.drop_negated(values, out),
         }
     }
 
@@ -423,19 +430,20 @@ impl Table {
     }
 
     /// [`negations_hold`](Self::negations_hold) for strategy `si` (false
-    /// for an index out of the table). Out of line: only a table with
-    /// negations carries it.
-    #[inline(never)]
+    /// for an index out of the table).
+    #[inline(always)]
     pub(super) fn negations_hold_for<V: Values + ?Sized>(&self, values: &V, si: u32) -> bool {
         let Some(c) = self.strategies.get(si as usize) else {
             return false;
         };
-        let (from, to) = (c.negs.0 as usize, c.negs.1 as usize);
-        if to != from + 1 {
-            return from == to || self.negations_hold(values, c);
+        // One negation of a dimension the table has (the usual):
+        // straight-line, from the record. `neg` is `NONE` otherwise (no
+        // negation, several, or one of a dimension the table lacks, which
+        // `negations_hold` finds failing).
+        match c.neg.0 {
+            NONE => c.negs.0 == c.negs.1 || self.negations_hold(values, c),
+            d => values.differs(d as usize, &c.neg.1),
         }
-        // One negation (the usual): straight-line, from the record.
-        value_differs(values, c.neg.0, &c.neg.1)
     }
 
     /// Whether the request's value of a negation's dimension differs from
@@ -450,15 +458,11 @@ impl Table {
         if d == NONE {
             return false;
         }
-        // The value read through the reader's inline path and compared
-        // in place: the check is out of line, one call per request.
-        match values.value_inline(d as usize) {
-            Some(v) if !v.is_empty() => self
-                .neg_bytes
-                .get(from as usize..to as usize)
-                .is_none_or(|not| !bytes_eq_inline(v, not)),
-            _ => true,
-        }
+        // Compared through the reader's inline path: the check is out of
+        // line, one call per request.
+        self.neg_bytes
+            .get(from as usize..to as usize)
+            .is_none_or(|not| values.differs(d as usize, not))
     }
 
     /// Whether the request's values differ from each value `c` negates
@@ -563,22 +567,6 @@ impl Table {
             }
         }
         sources
-    }
-}
-
-/// Whether the request's value of dimension `d` differs from `not` (an
-/// absent or empty value differs from every value; a dimension the table
-/// lacks, `NONE`, never does): one negation, read through the reader's
-/// inline path and compared in place (the check is out of line, one call
-/// per request).
-#[inline(always)]
-fn value_differs<V: Values + ?Sized>(values: &V, d: u32, not: &[u8]) -> bool {
-    if d == NONE {
-        return false;
-    }
-    match values.value_inline(d as usize) {
-        Some(v) if !v.is_empty() => !bytes_eq_inline(v, not),
-        _ => true,
     }
 }
 

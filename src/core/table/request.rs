@@ -24,6 +24,19 @@ pub trait Values {
     fn value_inline(&self, dim: usize) -> Option<&[u8]> {
         self.value(dim)
     }
+
+    /// Whether the value of `dim` differs from `not`, an absent (or
+    /// empty) value differing from every value: a negation's check, out
+    /// of line and once per request like
+    /// [`value_inline`](Self::value_inline). A reader may compare in
+    /// place without finding the whole value (the module's `$arg`).
+    #[inline(always)]
+    fn differs(&self, dim: usize, not: &[u8]) -> bool {
+        match self.value_inline(dim) {
+            Some(v) if !v.is_empty() => !crate::core::value_map::bytes_eq_inline(v, not),
+            _ => true,
+        }
+    }
 }
 
 impl Values for [Option<&[u8]>] {
