@@ -284,7 +284,7 @@ impl Values for RequestValues<'_> {
             Some(&ValueSource::Custom(i)) => self.mc.dimensions.get(i).is_none_or(|d| {
                 variables::dimension_differs_inline(self.r, d, &self.args_seen, not)
             }),
-            _ => variables::value_differs(self.value_other(dim), not),
+            _ => crate::core::table::value_differs(self.value_other(dim), not),
         }
     }
 }

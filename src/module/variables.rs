@@ -164,16 +164,7 @@ pub fn dimension_differs_inline(
             return arg_first_differs(r.as_ref(), index, name, seen, not);
         }
     }
-    value_differs(dimension_value_any(r, d, seen), not)
-}
-
-/// Whether `v` (a value read, `None` when absent) differs from `not`.
-#[inline(always)]
-pub fn value_differs(v: Option<&[u8]>, not: &[u8]) -> bool {
-    match v {
-        Some(v) if !v.is_empty() => !crate::core::value_map::bytes_eq_inline(v, not),
-        _ => true,
-    }
+    crate::core::table::value_differs(dimension_value_any(r, d, seen), not)
 }
 
 /// [`dimension_value`] for any binding.
@@ -383,7 +374,7 @@ fn arg_first_differs(
     let flags = unsafe { v.cast::<u32>().read() };
     if slot_holds_value(flags) {
         // SAFETY: as above.
-        return value_differs(cached_value(unsafe { &*v }), not);
+        return crate::core::table::value_differs(cached_value(unsafe { &*v }), not);
     }
     let Some(args) = query_string(rr) else {
         return true;

@@ -764,7 +764,7 @@ mod units;
 pub use bans::BanEvent;
 pub(crate) use decide::owe_hits;
 pub use keyed::{KeyHolds, KeyPlan};
-pub use request::{IpKey, Request, RequestOutcome, TableDecision, Values};
+pub use request::{value_differs, IpKey, Request, RequestOutcome, TableDecision, Values};
 pub use response_plan::ResponsePlan;
 pub use units::Units;
 

@@ -32,10 +32,17 @@ pub trait Values {
     /// place without finding the whole value (the module's `$arg`).
     #[inline(always)]
     fn differs(&self, dim: usize, not: &[u8]) -> bool {
-        match self.value_inline(dim) {
-            Some(v) if !v.is_empty() => !crate::core::value_map::bytes_eq_inline(v, not),
-            _ => true,
-        }
+        value_differs(self.value_inline(dim), not)
+    }
+}
+
+/// Whether `v`, a value read (`None` when absent), differs from `not`: an
+/// absent or empty value differs from every value (a negation's rule).
+#[inline(always)]
+pub fn value_differs(v: Option<&[u8]>, not: &[u8]) -> bool {
+    match v {
+        Some(v) if !v.is_empty() => !crate::core::value_map::bytes_eq_inline(v, not),
+        _ => true,
     }
 }
 
